@@ -1,0 +1,64 @@
+"""The ``fabric-dra`` command line.
+
+Subcommands are loaded lazily so that ``fabric-dra --help`` stays fast and the simulators
+(``app.sim``) are imported only by the ``sim`` commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands live in other modules, imported on first use.
+
+    ``lazy`` maps a command name to ``"module:attribute"``.
+    """
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            module_name, attribute = self.lazy[cmd_name].split(":")
+            command = getattr(importlib.import_module(module_name), attribute)
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy={
+        "db": "app.commands.db:db",
+        "inventory": "app.commands.inventory:inventory",
+        "demo": "app.commands.demo:demo",
+        "sim": "app.cli:sim",
+    },
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(package_name="fabric-dra")
+def main() -> None:
+    """fabric-dra: publish network-attached fabric devices to Kubernetes through DRA.
+
+    Settings come from a YAML file (--config or FABRIC_DRA_CONFIG), environment variables
+    (FABRIC_DRA_...) and flags; see `fabric-dra <command> --help`.
+    """
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy={
+        "redfish": "app.sim.redfish:cli",
+        "kube": "app.sim.kubeapi:cli",
+    },
+)
+def sim() -> None:
+    """Simulators for demos and tests: a Redfish fabric manager and a Kubernetes API."""

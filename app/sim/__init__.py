@@ -1,0 +1,1 @@
+"""Simulators for demos and tests. Never imported by the controller's own code paths."""
