@@ -1,0 +1,468 @@
+"""Settings: one validated model read from a YAML file, the environment and flags.
+
+Precedence, lowest to highest: built-in defaults, the YAML file (``--config`` or
+``FABRIC_DRA_CONFIG``), environment variables ``FABRIC_DRA_<SECTION>__<NAME>`` (for example
+``FABRIC_DRA_FABRIC__URL``; top-level settings have no section: ``FABRIC_DRA_DRIVER_NAME``), and
+command-line flags. Everything is validated once at start; a bad value raises
+:class:`ConfigError` with one line naming the setting, where the value came from, what is wrong
+and the expected form.
+
+Secrets never travel in settings values: the settings hold *paths* to files, and
+:func:`read_secret` reads them at start into :class:`pydantic.SecretStr`, which never prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "FABRIC_DRA_"
+ENV_CONFIG_FILE = "FABRIC_DRA_CONFIG"
+NESTED_DELIMITER = "__"
+MAX_SECRET_BYTES = 64 * 1024
+
+# Kubernetes rules (k8s.io/apimachinery pkg/util/validation): a DNS-1123 subdomain is at most
+# 253 characters of lowercase alphanumerics, '-' and '.', starting and ending alphanumeric; a
+# label-key name part is at most 63 characters of alphanumerics, '-', '_' and '.'.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+LocationKey = Literal["region", "zone", "site", "row", "rack", "fabric", "fabric_zone", "chassis"]
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid. The message is one line meant for a person."""
+
+
+def _driver_name(value: str) -> str:
+    """Check a DRA driver name: a lowercase DNS subdomain of at most 63 characters.
+
+    Source: k8s.io/kubernetes pkg/apis/resource/validation (validateDriverName).
+    """
+    if len(value) > 63:
+        raise ValueError(f"is {len(value)} characters long, at most 63 are allowed")
+    if not _DNS_SUBDOMAIN.match(value):
+        raise ValueError("is not a lowercase DNS subdomain")
+    return value
+
+
+def is_label_key(value: str) -> bool:
+    """True when ``value`` is a valid Kubernetes label key (``[prefix/]name``).
+
+    Source: k8s.io/apimachinery pkg/util/validation (IsQualifiedName): the prefix is a DNS
+    subdomain of at most 253 characters, the name at most 63 characters.
+    """
+    prefix, slash, name = value.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
+
+
+def _label_key(value: str) -> str:
+    if not is_label_key(value):
+        raise ValueError("is not a valid Kubernetes label key")
+    return value
+
+
+DriverName = Annotated[str, AfterValidator(_driver_name)]
+LabelKey = Annotated[str, AfterValidator(_label_key)]
+Seconds = Annotated[float, Field(gt=0, le=86_400)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatabaseSettings(_Section):
+    """Where the inventory and reservation journal live."""
+
+    url: str = Field(
+        default="sqlite+aiosqlite:///fabric-dra.db",
+        description="a SQLAlchemy URL: sqlite+aiosqlite:///path.db or "
+        "postgresql+asyncpg://user@host:5432/db",
+    )
+    migrate_on_start: bool = Field(
+        default=True, description="true or false: upgrade the schema to head when starting"
+    )
+    pool_size: int = Field(default=5, ge=1, le=100, description="an integer from 1 to 100")
+
+    @field_validator("url")
+    @classmethod
+    def _async_driver(cls, value: str) -> str:
+        """Normalise plain ``sqlite://`` and ``postgresql://`` URLs to their async drivers."""
+        scheme, sep, rest = value.partition("://")
+        if not sep or not rest:
+            raise ValueError("is not a URL")
+        normalised = {
+            "sqlite": "sqlite+aiosqlite",
+            "sqlite+aiosqlite": "sqlite+aiosqlite",
+            "postgresql": "postgresql+asyncpg",
+            "postgres": "postgresql+asyncpg",
+            "postgresql+asyncpg": "postgresql+asyncpg",
+        }.get(scheme)
+        if normalised is None:
+            raise ValueError(f"uses the unsupported scheme {scheme!r}")
+        return f"{normalised}://{rest}"
+
+
+class FabricSettings(_Section):
+    """The fabric manager to inventory and to attach through."""
+
+    kind: Literal["redfish"] = Field(default="redfish", description="redfish")
+    url: str | None = Field(
+        default=None, description="the fabric manager's base URL, e.g. https://fm.example:443"
+    )
+    auth: Literal["session", "basic"] = Field(default="session", description="session or basic")
+    username_file: Path | None = Field(
+        default=None, description="path of a file holding the user name"
+    )
+    password_file: Path | None = Field(
+        default=None, description="path of a file holding the password"
+    )
+    ca_bundle: Path | None = Field(
+        default=None, description="path of a PEM file of CA certificates to trust"
+    )
+    tls_verify: bool = Field(
+        default=True, description="true or false: verify the fabric manager's TLS certificate"
+    )
+    timeout_seconds: Seconds = Field(default=30.0, description="seconds per HTTP call, > 0")
+    concurrency: int = Field(default=8, ge=1, le=256, description="an integer from 1 to 256")
+    retry_attempts: int = Field(default=4, ge=1, le=20, description="an integer from 1 to 20")
+    task_timeout_seconds: Seconds = Field(
+        default=300.0, description="seconds to wait for a long-running attach or detach, > 0"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.match(r"^https?://[^/\s:]+(:\d{1,5})?(/\S*)?$", value):
+            raise ValueError("is not an http:// or https:// URL")
+        return value.rstrip("/")
+
+
+class InventorySettings(_Section):
+    """How often and how patiently the inventory is read from the fabric manager."""
+
+    poll_interval_seconds: Seconds = Field(default=60.0, description="seconds, > 0")
+    stale_after_failures: int = Field(
+        default=3, ge=1, le=1000, description="failed syncs in a row before the inventory is stale"
+    )
+    removed_retention_days: int = Field(
+        default=30, ge=0, le=3650, description="days to keep removed devices, 0 keeps them forever"
+    )
+
+
+class PoolSettings(_Section):
+    """How devices are grouped into DRA pools."""
+
+    grouping_keys: Annotated[tuple[LocationKey, ...], NoDecode] = Field(
+        default=("region", "rack"),
+        description="a non-empty list of location keys without repeats, from: region, zone, "
+        "site, row, rack, fabric, fabric_zone, chassis",
+    )
+
+    @field_validator("grouping_keys", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                try:
+                    return json.loads(value)
+                except json.JSONDecodeError as err:
+                    raise ValueError("is neither a JSON list nor a comma-separated list") from err
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("grouping_keys")
+    @classmethod
+    def _non_empty_unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("is empty")
+        if len(set(value)) != len(value):
+            raise ValueError("repeats a key")
+        return value
+
+
+class NodeLabelSettings(_Section):
+    """Which node label carries each location key (there is no standard rack label)."""
+
+    region: LabelKey = Field(default="topology.kubernetes.io/region", description="a label key")
+    zone: LabelKey = Field(default="topology.kubernetes.io/zone", description="a label key")
+    site: LabelKey = Field(default="fabric-dra.io/site", description="a label key")
+    row: LabelKey = Field(default="fabric-dra.io/row", description="a label key")
+    rack: LabelKey = Field(default="fabric-dra.io/rack", description="a label key")
+    fabric: LabelKey = Field(default="fabric-dra.io/fabric", description="a label key")
+    fabric_zone: LabelKey = Field(default="fabric-dra.io/fabric-zone", description="a label key")
+    chassis: LabelKey = Field(default="fabric-dra.io/chassis", description="a label key")
+
+    def for_key(self, key: str) -> str:
+        """The node label key that carries location ``key`` (one of :data:`LocationKey`)."""
+        value = getattr(self, key)
+        assert isinstance(value, str)
+        return value
+
+
+class LogSettings(_Section):
+    """Logging."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="DEBUG, INFO, WARNING or ERROR"
+    )
+    json_format: bool = Field(default=False, description="true or false: one JSON object a line")
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+
+class Settings(BaseSettings):
+    """Every setting of fabric-dra. Build it with :func:`load_settings`, not directly."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
+    )
+
+    driver_name: DriverName = Field(
+        default="fabric.example.com",
+        description="a lowercase DNS subdomain of at most 63 characters, e.g. fabric.example.com",
+    )
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    fabric: FabricSettings = Field(default_factory=FabricSettings)
+    inventory: InventorySettings = Field(default_factory=InventorySettings)
+    pools: PoolSettings = Field(default_factory=PoolSettings)
+    node_labels: NodeLabelSettings = Field(default_factory=NodeLabelSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: Any, init_settings: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        # Layers are merged by load_settings so that errors can name where a value came
+        # from; the model itself validates only what it is given.
+        return (init_settings,)
+
+    @model_validator(mode="after")
+    def _fabric_complete(self) -> Settings:
+        if self.fabric.password_file is not None and self.fabric.username_file is None:
+            raise ValueError("fabric.password_file is set but fabric.username_file is not")
+        return self
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"config file {str(path)!r}: cannot read it: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {str(path)!r}: not UTF-8 text") from err
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {str(path)!r}: not valid YAML{where}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {str(path)!r}: expected a mapping of settings at the top level, "
+            f"found {type(data).__name__}"
+        )
+    return data
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings given by ``FABRIC_DRA_*`` variables, nested; unknown names are errors."""
+    known_sections = {
+        name: info.annotation for name, info in Settings.model_fields.items()
+    }
+    for key in environ:
+        if not key.upper().startswith(ENV_PREFIX) or key.upper() == ENV_CONFIG_FILE:
+            continue
+        head, _, tail = key[len(ENV_PREFIX) :].lower().partition(NESTED_DELIMITER)
+        section = known_sections.get(head)
+        unknown = section is None or (
+            bool(tail)
+            and not (
+                isinstance(section, type)
+                and issubclass(section, BaseModel)
+                and tail in section.model_fields
+            )
+        )
+        if unknown:
+            raise ConfigError(
+                f"environment variable {key}: no such setting; settings are "
+                f"{ENV_PREFIX}<NAME> or {ENV_PREFIX}<SECTION>{NESTED_DELIMITER}<NAME>, "
+                f"sections: {', '.join(sorted(known_sections))}"
+            )
+    source = EnvSettingsSource(
+        Settings,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=NESTED_DELIMITER,
+        case_sensitive=False,
+    )
+    # EnvSettingsSource reads os.environ; an explicit mapping keeps tests independent.
+    source.env_vars = {k.lower(): v for k, v in environ.items()}
+    try:
+        return dict(source())
+    except Exception as err:  # pydantic-settings raises SettingsError for undecodable JSON
+        raise ConfigError(f"environment: {err}") from err
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _lookup(layer: Mapping[str, Any], loc: tuple[int | str, ...]) -> bool:
+    # A value found at a prefix of ``loc`` (a list given as one string) counts as given here.
+    node: Any = layer
+    for part in loc:
+        if not isinstance(node, Mapping):
+            return True
+        if part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _describe(loc: tuple[int | str, ...]) -> str:
+    node: Any = Settings
+    description = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = getattr(node, "model_fields", None)
+        if not fields or part not in fields:
+            return ""
+        info = fields[part]
+        node = info.annotation
+        description = info.description
+    return description or ""
+
+
+def load_settings(
+    config_file: Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Read, merge and validate the settings.
+
+    Args:
+        config_file: a YAML file; when None, ``FABRIC_DRA_CONFIG`` from ``environ`` names it,
+            and with neither there is no file layer.
+        flags: values from the command line as a nested mapping (``{"fabric": {"url": ...}}``);
+            None values are ignored, so unset flags do not override.
+        environ: the environment; defaults to ``os.environ``.
+
+    Returns:
+        The frozen :class:`Settings`.
+
+    Raises:
+        ConfigError: one line per the first invalid setting, e.g.
+            ``setting fabric.url (from environment FABRIC_DRA_FABRIC__URL): value 'ftp://x' is
+            not an http:// or https:// URL; expected the fabric manager's base URL, e.g. ...``.
+    """
+    environ = os.environ if environ is None else environ
+    if config_file is None and environ.get(ENV_CONFIG_FILE):
+        config_file = Path(environ[ENV_CONFIG_FILE])
+    file_layer = _read_yaml(config_file) if config_file is not None else {}
+    env_layer = _env_layer(environ)
+    flag_layer = _drop_none(flags or {})
+    merged = _deep_merge(_deep_merge(file_layer, env_layer), flag_layer)
+    try:
+        return Settings(**merged)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = tuple(first["loc"])
+        name = ".".join(str(part) for part in loc) or "(settings)"
+        if _lookup(flag_layer, loc):
+            source = "from the command line"
+        elif _lookup(env_layer, loc):
+            env_name = ENV_PREFIX + NESTED_DELIMITER.join(
+                p for p in loc if isinstance(p, str)
+            ).upper()
+            source = f"from environment {env_name}"
+        elif _lookup(file_layer, loc):
+            source = f"from {config_file}"
+        else:
+            source = "default"
+        problem = str(first["msg"]).removeprefix("Value error, ")
+        value = first.get("input")
+        problem = problem[:1].lower() + problem[1:]
+        if first["type"] == "missing" or isinstance(value, Mapping):
+            shown = ""
+        elif problem.startswith("input "):
+            shown = f"value {value!r}: "
+        else:
+            shown = f"value {value!r} "
+        expected = _describe(loc)
+        hint = f"; expected {expected}" if expected else ""
+        more = f" (and {len(err.errors()) - 1} more problems)" if len(err.errors()) > 1 else ""
+        raise ConfigError(f"setting {name} ({source}): {shown}{problem}{hint}{more}") from None
+
+
+def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            nested = _drop_none(value)
+            if nested:
+                result[key] = nested
+        elif value is not None:
+            result[key] = value
+    return result
+
+
+def read_secret(path: Path, what: str) -> SecretStr:
+    """Read a secret (password, token) from a file, stripping one trailing newline.
+
+    Args:
+        path: the file.
+        what: the setting's name for error messages (the secret itself is never shown).
+
+    Raises:
+        ConfigError: the file is missing, unreadable, empty, larger than 64 KiB or not text.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"setting {what}: cannot read {str(path)!r}: {err.strerror}") from None
+    if len(raw) > MAX_SECRET_BYTES:
+        raise ConfigError(f"setting {what}: {str(path)!r} is larger than 64 KiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"setting {what}: {str(path)!r} is not UTF-8 text") from None
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text:
+        raise ConfigError(f"setting {what}: {str(path)!r} is empty")
+    return SecretStr(text)

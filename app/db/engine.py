@@ -1,0 +1,127 @@
+"""Engine and session factory for SQLite (aiosqlite) and PostgreSQL (asyncpg).
+
+SQLite is set up for a service: WAL journal, a busy timeout, foreign keys on, and transactions
+that BEGIN explicitly. pysqlite would otherwise start a transaction only at the first write, so a
+read-then-write would not be isolated; :meth:`Database.write` begins with ``BEGIN IMMEDIATE`` to
+take the write lock up front (PITFALLS.md, "SQLAlchemy 2.1 async + Alembic").
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+SQLITE_BUSY_TIMEOUT_MS = 15_000
+_BEGIN_MODE = "fabric_dra_sqlite_begin"
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot be reached or refused the connection."""
+
+
+def _setup_sqlite(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event below emit BEGIN instead of pysqlite's lazy one.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        mode = connection.get_execution_options().get(_BEGIN_MODE, "DEFERRED")
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def make_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncEngine:
+    """Create an async engine for ``url`` (``sqlite+aiosqlite://`` or ``postgresql+asyncpg://``).
+
+    The engine belongs to the running event loop: create and dispose it within one loop.
+
+    Raises:
+        ValueError: the URL names another database, or an in-memory SQLite database (its one
+            shared connection breaks session isolation; use a file).
+    """
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise ValueError("in-memory SQLite is not supported; give a file path")
+        engine = create_async_engine(
+            url, echo=echo, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+        )
+        _setup_sqlite(engine)
+        return engine
+    if backend == "postgresql":
+        return create_async_engine(
+            url, echo=echo, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+        )
+    raise ValueError(f"unsupported database {backend!r}: use SQLite or PostgreSQL")
+
+
+@dataclass
+class Database:
+    """An engine with its session factory. Close it with :meth:`dispose`."""
+
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+
+    @classmethod
+    def connect(cls, url: str, *, pool_size: int = 5, echo: bool = False) -> Database:
+        """Build a Database for ``url`` (no connection is opened until first use)."""
+        engine = make_engine(url, pool_size=pool_size, echo=echo)
+        return cls(engine=engine, sessions=async_sessionmaker(engine, expire_on_commit=False))
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.engine.dialect.name
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncSession]:
+        """A session for reading; its transaction is rolled back at the end."""
+        async with self.sessions() as session:
+            yield session
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[AsyncSession]:
+        """A session in one transaction, committed at the end or rolled back on error.
+
+        On SQLite the transaction starts with ``BEGIN IMMEDIATE`` so that what it reads cannot
+        change before it writes.
+        """
+        async with self.sessions() as session, session.begin():
+            if self.dialect == "sqlite":
+                await session.connection(execution_options={_BEGIN_MODE: "IMMEDIATE"})
+            yield session
+
+    async def ping(self) -> None:
+        """Run ``SELECT 1``.
+
+        Raises:
+            DatabaseUnavailable: with the driver's reason (no credentials in it).
+        """
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        except Exception as err:
+            raise DatabaseUnavailable(f"database unreachable: {type(err).__name__}") from err
+
+    async def dispose(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()

@@ -1,0 +1,423 @@
+"""The inventory sync: keeps the database equal to what the fabric manager reports.
+
+Each sync gathers (lists hosts and devices from the backend, outside any database transaction),
+validates (pure), plans (pure, :mod:`app.inventory.plan`) and applies the plan in one database
+transaction, then records the outcome (status row, metrics, logs). A listing that fails, even
+part-way, changes no device: the last known inventory stays, and after
+``stale_after_failures`` failures in a row the backend's inventory is marked stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+
+from app.db.engine import Database
+from app.db.models import Device, DeviceEvent, Host, InventoryStatus
+from app.fabric.backend import FabricBackend
+from app.fabric.errors import FabricError
+from app.fabric.types import FabricDevice, FabricHost, Location, Rejected
+from app.inventory.plan import Plan, StoredItem, plan_devices, plan_hosts
+from app.inventory.validate import split_valid_devices, split_valid_hosts
+from app.metrics import InventoryMetrics
+
+log = logging.getLogger(__name__)
+
+MAX_STORED_REJECTS = 100
+_CHUNK = 500
+
+
+def utcnow() -> dt.datetime:
+    """The current time, aware, in UTC."""
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """The outcome of one sync.
+
+    Attributes:
+        ok: True when the listing was complete and the plan applied.
+        error: one line saying why not, when ``ok`` is False.
+        added, changed, removed, returned, health_changed: device counts.
+        hosts_written: host rows inserted, updated or marked removed.
+        rejected: the vendor items rejected in this listing.
+        row_writes: device and host rows written (0 for a sync that found no change).
+        devices: devices present after the sync.
+        seconds: wall time of the sync.
+    """
+
+    ok: bool
+    error: str | None = None
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
+    returned: int = 0
+    health_changed: int = 0
+    hosts_written: int = 0
+    rejected: tuple[Rejected, ...] = ()
+    row_writes: int = 0
+    devices: int = 0
+    seconds: float = 0.0
+    stale: bool = False
+
+
+def _location_values(location: Location) -> dict[str, str | None]:
+    return {
+        "region": location.region,
+        "zone": location.zone,
+        "site": location.site,
+        "row": location.row,
+        "rack": location.rack,
+        "chassis": location.chassis,
+        "slot": location.slot,
+        "fabric": location.fabric,
+        "fabric_zone": location.fabric_zone,
+    }
+
+
+def device_values(device: FabricDevice) -> dict[str, Any]:
+    """The ``devices`` columns for ``device`` (identity, times and name excluded)."""
+    return {
+        "attach_unit": device.attach_unit,
+        "device_type": str(device.device_type),
+        "vendor_name": device.name,
+        "vendor": device.vendor,
+        "model": device.model,
+        "serial": device.serial,
+        "uuid": device.uuid,
+        "part_number": device.part_number,
+        "firmware_version": device.firmware_version,
+        "memory_mib": device.memory_mib,
+        "capacity": dict(device.capacity),
+        "attributes": dict(device.attributes),
+        "health": str(device.health),
+        "state": device.state,
+        "host_id": device.host_id,
+        "shareable": device.shareable,
+        **_location_values(device.location),
+    }
+
+
+def host_values(host: FabricHost) -> dict[str, Any]:
+    """The ``hosts`` columns for ``host`` (identity and times excluded)."""
+    return {
+        "name": host.name,
+        "hostname": host.hostname,
+        "uuid": host.uuid,
+        "serial": host.serial,
+        "health": str(host.health),
+        "attached_units": list(host.attached_units),
+        **_location_values(host.location),
+    }
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+@dataclass
+class InventorySync:
+    """Syncs one backend's inventory into the database.
+
+    Args:
+        backend: the fabric backend to list from.
+        db: the database.
+        stale_after_failures: failed syncs in a row before the inventory is marked stale.
+        metrics: where to count; optional.
+        clock: returns the current aware UTC time (injected in tests).
+    """
+
+    backend: FabricBackend
+    db: Database
+    stale_after_failures: int = 3
+    metrics: InventoryMetrics | None = None
+    clock: Callable[[], dt.datetime] = utcnow
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _known_rejects: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
+    last_result: SyncResult | None = field(default=None, init=False)
+
+    def trigger(self) -> None:
+        """Ask the running loop to sync now instead of waiting for the interval."""
+        self._wake.set()
+
+    async def run(self, interval_seconds: float) -> None:
+        """Sync every ``interval_seconds`` (or sooner on :meth:`trigger`) until cancelled.
+
+        Never raises because of a failed sync: errors are recorded and the loop goes on.
+        """
+        while True:
+            try:
+                await self.sync_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A bug must not stop the loop; it is logged with its traceback and counted.
+                log.exception("inventory sync of backend %s failed unexpectedly", self.backend.kind)
+                if self.metrics:
+                    self.metrics.syncs.labels(self.backend.kind, "failed").inc()
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval_seconds)
+
+    async def sync_once(self) -> SyncResult:
+        """List the backend and make the database match it.
+
+        Returns:
+            The :class:`SyncResult`; ``ok`` is False when the listing failed (the database
+            then keeps every device as it was).
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the database failed; nothing was half-written.
+        """
+        started = time.monotonic()
+        now = self.clock()
+        try:
+            hosts_listing = await self.backend.list_hosts()
+            devices_listing = await self.backend.list_devices()
+        except FabricError as err:
+            result = await self._record_failure(now, f"{type(err).__name__}: {err}")
+            return self._finish(result, started)
+
+        hosts, host_rejects = split_valid_hosts(hosts_listing.items)
+        devices, device_rejects = split_valid_devices(devices_listing.items)
+        rejected = (
+            *hosts_listing.rejected, *host_rejects, *devices_listing.rejected, *device_rejects
+        )
+        result = await self._apply(now, hosts, devices, rejected)
+        self._log_rejects(rejected)
+        return self._finish(result, started)
+
+    async def _apply(
+        self,
+        now: dt.datetime,
+        hosts: list[FabricHost],
+        devices: list[FabricDevice],
+        rejected: tuple[Rejected, ...],
+    ) -> SyncResult:
+        kind = self.backend.kind
+        rejected_keys = {r.vendor_id for r in rejected}
+        async with self.db.write() as session:
+            status = await session.get(InventoryStatus, kind)
+            previous_success = status.last_success_at if status else None
+
+            stored_hosts = [
+                StoredItem(row.id, row.host_id, row.content_hash, row.removed_at is not None,
+                           row.health)
+                for row in await session.execute(
+                    select(Host.id, Host.host_id, Host.content_hash, Host.removed_at, Host.health)
+                    .where(Host.backend == kind)
+                )
+            ]
+            host_plan = plan_hosts(stored_hosts, hosts, rejected_keys)
+
+            stored_devices = [
+                StoredItem(row.id, row.vendor_id, row.content_hash, row.removed_at is not None,
+                           row.health, row.host_id, row.name)
+                for row in await session.execute(
+                    select(Device.id, Device.vendor_id, Device.content_hash, Device.removed_at,
+                           Device.health, Device.host_id, Device.name)
+                    .where(Device.backend == kind)
+                )
+            ]
+            stored_keys = {s.key for s in stored_devices}
+            taken: set[str] = set()
+            if any(d.vendor_id not in stored_keys for d in devices):
+                taken = set((await session.scalars(select(Device.name))).all())
+            device_plan = plan_devices(stored_devices, devices, rejected_keys, taken)
+
+            await self._write_hosts(session, host_plan, now, previous_success)
+            await self._write_devices(session, device_plan, now, previous_success)
+
+            present = len(devices) + sum(
+                1 for s in stored_devices
+                if s.key in rejected_keys and not s.removed
+            )
+            status = status or InventoryStatus(backend=kind)
+            session.add(status)
+            status.last_attempt_at = now
+            status.last_success_at = now
+            status.consecutive_failures = 0
+            status.stale = False
+            status.last_error = None
+            status.device_count = present
+            status.host_count = len(hosts)
+            status.rejected_count = len(rejected)
+            status.last_rejects = [
+                {"vendor_id": r.vendor_id, "kind": r.kind, "reason": r.reason}
+                for r in rejected[:MAX_STORED_REJECTS]
+            ]
+            removed_total = await session.scalar(
+                select(func.count()).select_from(Device)
+                .where(Device.backend == kind, Device.removed_at.is_not(None))
+            )
+
+        if self.metrics:
+            self.metrics.devices.labels(kind, "present").set(present)
+            self.metrics.devices.labels(kind, "removed").set(removed_total or 0)
+            self.metrics.row_writes.labels(kind, "devices").inc(device_plan.row_writes)
+            self.metrics.row_writes.labels(kind, "hosts").inc(host_plan.row_writes)
+            self.metrics.stale.labels(kind).set(0)
+            self.metrics.last_success.labels(kind).set(now.timestamp())
+            for item in rejected:
+                self.metrics.rejected.labels(kind, item.kind).inc()
+        kinds = [e.kind for e in device_plan.events]
+        return SyncResult(
+            ok=True,
+            added=len(device_plan.inserts),
+            changed=sum(1 for u in device_plan.updates if not u.returned),
+            removed=len(device_plan.removals),
+            returned=sum(1 for u in device_plan.updates if u.returned),
+            health_changed=kinds.count("health"),
+            hosts_written=host_plan.row_writes,
+            rejected=rejected,
+            row_writes=device_plan.row_writes + host_plan.row_writes,
+            devices=present,
+        )
+
+    async def _write_hosts(
+        self, session: Any, plan: Plan, now: dt.datetime, previous_success: dt.datetime | None
+    ) -> None:
+        kind = self.backend.kind
+        rows = []
+        for new in plan.inserts:
+            assert isinstance(new.item, FabricHost)
+            rows.append({
+                "backend": kind, "host_id": new.item.host_id, "content_hash": new.content_hash,
+                "first_seen": now, "last_seen": now, "removed_at": None,
+                **host_values(new.item),
+            })
+        for chunk in _chunks(rows):
+            await session.execute(insert(Host), list(chunk))
+        updates = []
+        for changed in plan.updates:
+            assert isinstance(changed.item, FabricHost)
+            updates.append({
+                "id": changed.stored.id, "content_hash": changed.content_hash,
+                "last_seen": now, "removed_at": None, **host_values(changed.item),
+            })
+        for chunk in _chunks(updates):
+            await session.execute(update(Host), list(chunk))
+        removed_ids = [s.id for s in plan.removals]
+        for chunk in _chunks(removed_ids):
+            await session.execute(
+                update(Host).where(Host.id.in_(chunk))
+                .values(removed_at=now, last_seen=previous_success or now)
+                .execution_options(synchronize_session=False)
+            )
+
+    async def _write_devices(
+        self, session: Any, plan: Plan, now: dt.datetime, previous_success: dt.datetime | None
+    ) -> None:
+        kind = self.backend.kind
+        ids: dict[str, int] = {c.stored.key: c.stored.id for c in plan.updates}
+        ids.update({s.key: s.id for s in plan.removals})
+        rows = []
+        for new in plan.inserts:
+            assert isinstance(new.item, FabricDevice)
+            rows.append({
+                "backend": kind, "vendor_id": new.item.vendor_id, "name": new.name,
+                "content_hash": new.content_hash, "first_seen": now, "last_seen": now,
+                "health_changed_at": None, "removed_at": None, **device_values(new.item),
+            })
+        for chunk in _chunks(rows):
+            result = await session.execute(
+                insert(Device).returning(Device.id, Device.vendor_id), list(chunk)
+            )
+            ids.update({vendor_id: row_id for row_id, vendor_id in result.all()})
+
+        health_moved = {e.key for e in plan.events if e.kind == "health"}
+        updates = []
+        for changed in plan.updates:
+            assert isinstance(changed.item, FabricDevice)
+            values = {
+                "id": changed.stored.id, "content_hash": changed.content_hash,
+                "last_seen": now, "removed_at": None, **device_values(changed.item),
+            }
+            if changed.stored.key in health_moved:
+                values["health_changed_at"] = now
+            updates.append(values)
+        # Rows with and without health_changed_at go in separate batches: a bulk UPDATE by
+        # primary key needs the same columns in every row of one batch.
+        for batch in (
+            [u for u in updates if "health_changed_at" in u],
+            [u for u in updates if "health_changed_at" not in u],
+        ):
+            for chunk in _chunks(batch):
+                await session.execute(update(Device), list(chunk))
+
+        removed_ids = [s.id for s in plan.removals]
+        for chunk in _chunks(removed_ids):
+            await session.execute(
+                update(Device).where(Device.id.in_(chunk))
+                .values(removed_at=now, last_seen=previous_success or now)
+                .execution_options(synchronize_session=False)
+            )
+        events = [
+            {"device_id": ids[e.key], "at": now, "kind": e.kind, "old": e.old, "new": e.new}
+            for e in plan.events
+            if e.key in ids
+        ]
+        for chunk in _chunks(events):
+            await session.execute(insert(DeviceEvent), list(chunk))
+
+    async def _record_failure(self, now: dt.datetime, error: str) -> SyncResult:
+        kind = self.backend.kind
+        async with self.db.write() as session:
+            status = await session.get(InventoryStatus, kind)
+            if status is None:
+                status = InventoryStatus(
+                    backend=kind, consecutive_failures=0, device_count=0, host_count=0,
+                    rejected_count=0, last_rejects=[], stale=False,
+                )
+                session.add(status)
+            status.last_attempt_at = now
+            status.consecutive_failures = (status.consecutive_failures or 0) + 1
+            status.last_error = error[:2000]
+            status.stale = status.consecutive_failures >= self.stale_after_failures
+            stale = status.stale
+            failures = status.consecutive_failures
+        log.warning(
+            "inventory sync of backend %s failed (%d in a row%s): %s; keeping the last known "
+            "inventory", kind, failures, ", inventory is stale" if stale else "", error,
+        )
+        if self.metrics:
+            self.metrics.stale.labels(kind).set(1 if stale else 0)
+        return SyncResult(ok=False, error=error, stale=stale)
+
+    def _log_rejects(self, rejected: tuple[Rejected, ...]) -> None:
+        # Each distinct problem is logged once when it appears, not on every sync.
+        current = {(r.vendor_id, r.reason) for r in rejected}
+        for item in rejected:
+            if (item.vendor_id, item.reason) not in self._known_rejects:
+                log.warning(
+                    "backend %s: rejected %s: %s", self.backend.kind, item.vendor_id, item.reason
+                )
+        self._known_rejects = current
+
+    def _finish(self, result: SyncResult, started: float) -> SyncResult:
+        seconds = time.monotonic() - started
+        result = dataclasses.replace(result, seconds=seconds)
+        kind = self.backend.kind
+        if self.metrics:
+            self.metrics.syncs.labels(kind, "ok" if result.ok else "failed").inc()
+            self.metrics.sync_seconds.labels(kind).observe(seconds)
+        if result.ok:
+            log.info(
+                "inventory sync of backend %s: %d devices (%d added, %d changed, %d removed, "
+                "%d returned, %d rejected), %d rows written in %.2fs",
+                kind, result.devices, result.added, result.changed, result.removed,
+                result.returned, len(result.rejected), result.row_writes, seconds,
+            )
+        self.last_result = result
+        return result

@@ -1,0 +1,107 @@
+"""Small builders for tests: fabric value types and an in-memory fabric backend."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
+from app.fabric.types import (
+    DeviceType,
+    FabricDevice,
+    FabricHost,
+    Health,
+    Listing,
+    Location,
+    Operation,
+    OperationState,
+    Rejected,
+)
+
+
+def gpu(index: int, *, region: str = "us-east", rack: str = "rack-01", **changes: Any) -> FabricDevice:
+    """A healthy GPU with a Redfish-like vendor id."""
+    block = f"/redfish/v1/CompositionService/ResourceBlocks/{region}-{rack}-gpu-{index:03d}"
+    device = FabricDevice(
+        vendor_id=f"{block}/Processors/GPU0",
+        attach_unit=block,
+        device_type=DeviceType.GPU,
+        vendor="Example",
+        model="X100",
+        serial=f"SN-{region}-{rack}-{index:04d}",
+        uuid=f"00000000-0000-4000-8000-{index:012d}",
+        firmware_version="1.2.3",
+        memory_mib=81920,
+        location=Location(region=region, rack=rack, row="row-1", chassis=f"{rack}-encl"),
+        health=Health.OK,
+        state="Enabled",
+    )
+    return replace(device, **changes)
+
+
+def host(index: int, *, region: str = "us-east", rack: str = "rack-01", **changes: Any) -> FabricHost:
+    """A healthy host named like the simulator's."""
+    value = FabricHost(
+        host_id=f"{region}-{rack}-{index}",
+        name=f"server {index}",
+        hostname=f"node-{region}-{rack}-{index}",
+        location=Location(region=region, rack=rack),
+        health=Health.OK,
+    )
+    return replace(value, **changes)
+
+
+class MemoryBackend:
+    """A FabricBackend kept in memory, for tests of code above the backend.
+
+    Set ``fail_with`` to make listings raise; ``device_rejects`` are reported as the
+    backend's own rejections.
+    """
+
+    kind = "memory"
+
+    def __init__(self, devices: list[FabricDevice] | None = None,
+                 hosts: list[FabricHost] | None = None) -> None:
+        self.devices = list(devices or [])
+        self.hosts = list(hosts or [])
+        self.device_rejects: list[Rejected] = []
+        self.fail_with: FabricError | None = None
+        self.list_calls = 0
+        self.closed = False
+
+    async def list_hosts(self) -> Listing[FabricHost]:
+        self.list_calls += 1
+        if self.fail_with:
+            raise self.fail_with
+        return Listing(tuple(self.hosts))
+
+    async def list_devices(self) -> Listing[FabricDevice]:
+        if self.fail_with:
+            raise self.fail_with
+        return Listing(tuple(self.devices), tuple(self.device_rejects))
+
+    def _find(self, device: FabricDevice) -> int:
+        for i, d in enumerate(self.devices):
+            if d.vendor_id == device.vendor_id:
+                return i
+        raise FabricNotFound(f"device {device.vendor_id} not found")
+
+    async def attach(self, device: FabricDevice, host_id: str) -> Operation:
+        i = self._find(device)
+        holder = self.devices[i].host_id
+        if holder not in (None, host_id):
+            raise FabricConflict(f"device {device.vendor_id} is attached to {holder}")
+        self.devices[i] = replace(self.devices[i], host_id=host_id)
+        return Operation(None, OperationState.COMPLETED)
+
+    async def detach(self, device: FabricDevice, host_id: str) -> Operation:
+        i = self._find(device)
+        if self.devices[i].host_id == host_id:
+            self.devices[i] = replace(self.devices[i], host_id=None)
+        return Operation(None, OperationState.COMPLETED)
+
+    async def operation_status(self, op_id: str) -> Operation:
+        raise FabricNotFound(f"operation {op_id} not found")
+
+    async def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,230 @@
+"""The inventory sync against real databases (SQLite and PostgreSQL), with an in-memory backend.
+
+The same sync is tested over real HTTP with the Redfish backend and simulator in
+test_inventory_redfish.py; here the backend is a plain double so every case is exact.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import replace
+
+import pytest
+from builders import MemoryBackend, gpu, host
+from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
+
+from app.db.engine import Database
+from app.db.models import Device, DeviceEvent, Host, InventoryStatus
+from app.fabric.errors import FabricUnavailable
+from app.fabric.types import Health, Rejected
+from app.inventory import InventorySync
+from app.metrics import InventoryMetrics
+from app.naming import is_dns_label
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+    def __call__(self) -> dt.datetime:
+        self.now += dt.timedelta(minutes=1)
+        return self.now
+
+
+def inventory(regions: int = 2, racks: int = 4, per_rack: int = 16) -> MemoryBackend:
+    names = ["us-east", "us-west", "eu-central"][:regions]
+    devices = [
+        gpu(i, region=r, rack=f"rack-{k:02d}")
+        for r in names for k in range(1, racks + 1) for i in range(per_rack)
+    ]
+    hosts = [host(i, region=r, rack=f"rack-{k:02d}") for r in names for k in range(1, racks + 1)
+             for i in range(1, 3)]
+    return MemoryBackend(devices, hosts)
+
+
+def make_sync(backend: MemoryBackend, db: Database, **kw) -> tuple[InventorySync, InventoryMetrics]:
+    metrics = InventoryMetrics.create(CollectorRegistry())
+    return InventorySync(backend, db, metrics=metrics, clock=Clock(), **kw), metrics
+
+
+async def devices_by_vendor_id(db: Database) -> dict[str, Device]:
+    async with db.read() as s:
+        return {d.vendor_id: d for d in (await s.scalars(select(Device))).all()}
+
+
+async def count(db: Database, model) -> int:
+    async with db.read() as s:
+        return int(await s.scalar(select(func.count()).select_from(model)) or 0)
+
+
+async def test_first_sync_lands_every_device_with_its_location(db: Database) -> None:
+    backend = inventory()
+    sync, metrics = make_sync(backend, db)
+    result = await sync.sync_once()
+    assert result.ok and result.added == 128 and result.devices == 128
+    rows = await devices_by_vendor_id(db)
+    assert len(rows) == 128
+    sample = rows[gpu(3, region="us-west", rack="rack-02").vendor_id]
+    assert (sample.region, sample.rack, sample.row) == ("us-west", "rack-02", "row-1")
+    assert sample.health == "OK" and sample.device_type == "gpu"
+    assert sample.memory_mib == 81920 and sample.removed_at is None
+    assert sample.first_seen.tzinfo is not None
+    assert all(is_dns_label(d.name) for d in rows.values())
+    assert len({d.name for d in rows.values()}) == 128
+    assert await count(db, Host) == 16
+    assert metrics.devices.labels("memory", "present")._value.get() == 128
+
+
+async def test_a_second_sync_with_no_change_writes_no_row(db: Database) -> None:
+    sync, metrics = make_sync(inventory(), db)
+    await sync.sync_once()
+    before = await devices_by_vendor_id(db)
+    result = await sync.sync_once()
+    assert result.ok and result.row_writes == 0 and result.added == result.changed == 0
+    after = await devices_by_vendor_id(db)
+    assert {k: v.last_seen for k, v in after.items()} == {k: v.last_seen for k, v in before.items()}
+    assert await count(db, DeviceEvent) == 128  # only the "added" events of the first sync
+
+
+async def test_additions_removals_and_health_changes_are_reflected(db: Database) -> None:
+    backend = inventory(regions=1, racks=1, per_rack=4)
+    sync, _ = make_sync(backend, db)
+    await sync.sync_once()
+    names_before = {k: v.name for k, v in (await devices_by_vendor_id(db)).items()}
+
+    gone = backend.devices.pop(0)
+    backend.devices[0] = replace(backend.devices[0], health=Health.CRITICAL)
+    backend.devices.append(gpu(99))
+    result = await sync.sync_once()
+    assert (result.added, result.changed, result.removed, result.health_changed) == (1, 1, 1, 1)
+    assert result.row_writes == 3
+
+    rows = await devices_by_vendor_id(db)
+    assert rows[gone.vendor_id].removed_at is not None
+    assert rows[backend.devices[0].vendor_id].health == "Critical"
+    assert rows[backend.devices[0].vendor_id].health_changed_at is not None
+    async with db.read() as s:
+        kinds = sorted((await s.scalars(select(DeviceEvent.kind).where(
+            DeviceEvent.kind != "added"))).all())
+    assert kinds == ["health", "removed"]
+
+    # The removed device comes back: same row, same name, no longer removed.
+    backend.devices.append(gone)
+    result = await sync.sync_once()
+    assert result.returned == 1
+    rows = await devices_by_vendor_id(db)
+    assert rows[gone.vendor_id].removed_at is None
+    assert rows[gone.vendor_id].name == names_before[gone.vendor_id]
+
+
+async def test_bad_vendor_data_rejects_only_the_offending_devices(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = inventory(regions=1, racks=1, per_rack=4)
+    backend.devices += [
+        replace(gpu(50), serial="bad\x00serial"),
+        replace(gpu(51), memory_mib=-4),
+        gpu(52), gpu(52),
+        replace(gpu(53), model="Карта 🚀"),
+    ]
+    backend.device_rejects = [Rejected("/redfish/v1/x/broken", "Processor has no @odata.id",
+                                       "missing-field")]
+    sync, metrics = make_sync(backend, db)
+    with caplog.at_level(logging.WARNING):
+        result = await sync.sync_once()
+    assert result.ok and result.devices == 5
+    assert sorted(r.kind for r in result.rejected) == [
+        "bad-value", "bad-value", "duplicate", "duplicate", "missing-field"]
+    rows = await devices_by_vendor_id(db)
+    assert set(rows) == {d.vendor_id for d in backend.devices[:4]} | {gpu(53).vendor_id}
+    assert "bad\\x00serial" not in caplog.text
+    assert "serial contains control characters" in caplog.text
+    assert metrics.rejected.labels("memory", "duplicate")._value.get() == 2
+    async with db.read() as s:
+        status = await s.get(InventoryStatus, "memory")
+    assert status is not None and status.rejected_count == 5
+    assert {r["kind"] for r in status.last_rejects} == {"bad-value", "duplicate", "missing-field"}
+
+    # The same problems on the next sync are not logged again.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        await sync.sync_once()
+    assert "rejected" not in caplog.text
+
+
+async def test_a_device_that_turns_bad_keeps_its_last_known_state(db: Database) -> None:
+    backend = inventory(regions=1, racks=1, per_rack=2)
+    sync, _ = make_sync(backend, db)
+    await sync.sync_once()
+    backend.devices[0] = replace(backend.devices[0], memory_mib=-1)
+    result = await sync.sync_once()
+    assert result.removed == 0 and len(result.rejected) == 1
+    row = (await devices_by_vendor_id(db))[backend.devices[0].vendor_id]
+    assert row.removed_at is None and row.memory_mib == 81920
+
+
+async def test_backend_down_keeps_the_inventory_and_turns_stale(db: Database) -> None:
+    backend = inventory(regions=1, racks=1, per_rack=3)
+    sync, metrics = make_sync(backend, db, stale_after_failures=2)
+    await sync.sync_once()
+    backend.fail_with = FabricUnavailable("connection refused")
+    first = await sync.sync_once()
+    assert not first.ok and not first.stale and "connection refused" in (first.error or "")
+    second = await sync.sync_once()
+    assert second.stale
+    rows = await devices_by_vendor_id(db)
+    assert len(rows) == 3 and all(r.removed_at is None for r in rows.values())
+    async with db.read() as s:
+        status = await s.get(InventoryStatus, "memory")
+    assert status is not None and status.stale and status.consecutive_failures == 2
+    assert metrics.stale.labels("memory")._value.get() == 1
+
+    backend.fail_with = None
+    result = await sync.sync_once()
+    assert result.ok and result.row_writes == 0
+    async with db.read() as s:
+        status = await s.get(InventoryStatus, "memory")
+    assert status is not None and not status.stale and status.consecutive_failures == 0
+    assert metrics.stale.labels("memory")._value.get() == 0
+
+
+async def test_hosts_are_added_changed_and_removed(db: Database) -> None:
+    backend = inventory(regions=1, racks=1, per_rack=1)
+    sync, _ = make_sync(backend, db)
+    await sync.sync_once()
+    backend.hosts[0] = replace(backend.hosts[0], attached_units=("/rb/1",))
+    removed = backend.hosts.pop()
+    result = await sync.sync_once()
+    assert result.hosts_written == 2
+    async with db.read() as s:
+        rows = {h.host_id: h for h in (await s.scalars(select(Host))).all()}
+    assert rows[backend.hosts[0].host_id].attached_units == ["/rb/1"]
+    assert rows[removed.host_id].removed_at is not None
+
+
+async def test_the_loop_syncs_on_trigger_and_survives_errors(db: Database) -> None:
+    import asyncio
+
+    backend = inventory(regions=1, racks=1, per_rack=1)
+    sync, metrics = make_sync(backend, db)
+    task = asyncio.create_task(sync.run(interval_seconds=3600))
+    try:
+        for _ in range(200):
+            if sync.last_result is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert sync.last_result is not None and sync.last_result.ok
+        backend.fail_with = FabricUnavailable("down")
+        sync.trigger()
+        for _ in range(200):
+            if not sync.last_result.ok:
+                break
+            await asyncio.sleep(0.01)
+        assert not sync.last_result.ok
+        assert not task.done()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -1,0 +1,164 @@
+"""Settings: layers, precedence, validation messages, secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.config import ConfigError, is_label_key, load_settings, read_secret
+
+
+def test_defaults_need_nothing() -> None:
+    settings = load_settings(environ={})
+    assert settings.driver_name == "fabric.example.com"
+    assert settings.database.url == "sqlite+aiosqlite:///fabric-dra.db"
+    assert settings.fabric.tls_verify is True
+    assert settings.pools.grouping_keys == ("region", "rack")
+    assert settings.node_labels.region == "topology.kubernetes.io/region"
+
+
+def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "driver_name: file.example.com\n"
+        "fabric:\n  url: https://file:443\n  timeout_seconds: 5\n"
+        "inventory:\n  poll_interval_seconds: 10\n"
+    )
+    environ = {
+        "FABRIC_DRA_FABRIC__URL": "https://env:443",
+        "FABRIC_DRA_INVENTORY__POLL_INTERVAL_SECONDS": "20",
+    }
+    settings = load_settings(config, flags={"inventory": {"poll_interval_seconds": 30}},
+                             environ=environ)
+    assert settings.driver_name == "file.example.com"
+    assert settings.fabric.url == "https://env:443"
+    assert settings.fabric.timeout_seconds == 5
+    assert settings.inventory.poll_interval_seconds == 30
+
+
+def test_config_file_named_by_environment(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("driver_name: env-file.example.com\n")
+    settings = load_settings(environ={"FABRIC_DRA_CONFIG": str(config)})
+    assert settings.driver_name == "env-file.example.com"
+
+
+def test_unset_flags_do_not_override(tmp_path: Path) -> None:
+    settings = load_settings(flags={"fabric": {"url": None}, "driver_name": None},
+                             environ={"FABRIC_DRA_FABRIC__URL": "http://fm:8000"})
+    assert settings.fabric.url == "http://fm:8000"
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"FABRIC_DRA_FABRIC__URL": "ftp://x"},
+         "setting fabric.url (from environment FABRIC_DRA_FABRIC__URL): value 'ftp://x' is not "
+         "an http:// or https:// URL; expected the fabric manager's base URL"),
+        ({"FABRIC_DRA_DRIVER_NAME": "Bad_Name"},
+         "setting driver_name (from environment FABRIC_DRA_DRIVER_NAME): value 'Bad_Name' is not "
+         "a lowercase DNS subdomain"),
+        ({"FABRIC_DRA_DRIVER_NAME": "a" * 64},
+         "is 64 characters long, at most 63 are allowed"),
+        ({"FABRIC_DRA_FABRIC__TIMEOUT_SECONDS": "-1"},
+         "setting fabric.timeout_seconds (from environment FABRIC_DRA_FABRIC__TIMEOUT_SECONDS): "
+         "value '-1': input should be greater than 0; expected seconds per HTTP call, > 0"),
+        ({"FABRIC_DRA_FABRIC__TLS_VERIFY": "maybe"}, "setting fabric.tls_verify"),
+        ({"FABRIC_DRA_DATABASE__URL": "mysql://h/db"}, "unsupported scheme 'mysql'"),
+        ({"FABRIC_DRA_POOLS__GROUPING_KEYS": "region,shelf"},
+         "setting pools.grouping_keys.1 (from environment FABRIC_DRA_POOLS__GROUPING_KEYS): "
+         "value 'shelf': input should be 'region'"),
+        ({"FABRIC_DRA_POOLS__GROUPING_KEYS": "rack,rack"}, "repeats a key"),
+        ({"FABRIC_DRA_POOLS__GROUPING_KEYS": " , "}, "is empty"),
+        ({"FABRIC_DRA_NODE_LABELS__RACK": "not a label!"}, "is not a valid Kubernetes label key"),
+        ({"FABRIC_DRA_FABRICURL": "x"}, "environment variable FABRIC_DRA_FABRICURL: no such setting"),
+        ({"FABRIC_DRA_FABRIC__NOPE": "x"}, "FABRIC_DRA_FABRIC__NOPE: no such setting"),
+        ({"FABRIC_DRA_LOG__LEVEL": "loud"}, "setting log.level"),
+        ({"FABRIC_DRA_FABRIC__PASSWORD_FILE": "/p"}, "fabric.username_file is not"),
+    ],
+)
+def test_bad_environment_values_fail_with_one_clear_line(
+    environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ=environ)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("driver_name: [unclosed\n", "not valid YAML at line"),
+        ("- a\n- b\n", "expected a mapping of settings at the top level, found list"),
+        ("fabric:\n  urll: http://x\n", "setting fabric.urll (from"),
+        ("inventory:\n  poll_interval_seconds: soon\n", "setting inventory.poll_interval_seconds"),
+    ],
+)
+def test_bad_config_files_name_the_file_and_setting(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(config, environ={})
+    assert message in str(err.value)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_settings(tmp_path / "nope.yaml", environ={})
+
+
+def test_binary_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "bin.yaml"
+    config.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_settings(config, environ={})
+
+
+def test_bad_flag_names_the_command_line() -> None:
+    with pytest.raises(ConfigError, match=r"setting fabric.url \(from the command line\)"):
+        load_settings(flags={"fabric": {"url": "nope"}}, environ={})
+
+
+def test_plain_database_urls_get_async_drivers() -> None:
+    settings = load_settings(environ={"FABRIC_DRA_DATABASE__URL": "postgresql://u@h:5432/d"})
+    assert settings.database.url == "postgresql+asyncpg://u@h:5432/d"
+
+
+def test_secret_is_read_stripped_and_never_printed(tmp_path: Path) -> None:
+    path = tmp_path / "password"
+    path.write_text("s3cret-value\n")
+    secret = read_secret(path, "fabric.password_file")
+    assert secret.get_secret_value() == "s3cret-value"
+    assert "s3cret" not in repr(secret) and "s3cret" not in str(secret)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"", "is empty"), (b"\n", "is empty"), (b"\xff\xfe", "not UTF-8"),
+     (b"x" * (64 * 1024 + 1), "larger than 64 KiB")],
+)
+def test_bad_secret_files(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as err:
+        read_secret(path, "fabric.password_file")
+    assert "fabric.password_file" in str(err.value)
+
+
+def test_missing_secret_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_secret(tmp_path / "absent", "fabric.password_file")
+
+
+@pytest.mark.parametrize(
+    ("key", "valid"),
+    [("topology.kubernetes.io/region", True), ("rack", True), ("a/b", True),
+     ("Upper.Case/x", False), ("x/", False), ("/x", False), ("a" * 64, False),
+     ("example.com/" + "a" * 63, True), ("bad key", False)],
+)
+def test_label_keys(key: str, valid: bool) -> None:
+    assert is_label_key(key) is valid
