@@ -6,6 +6,10 @@ Everything else about the distribution is in pyproject.toml.
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["app", "app.*"]), "app.migrations", "app.migrations.versions"],
+    packages=[
+        *find_packages(include=["app", "app.*"]),
+        "app.migrations",
+        "app.migrations.versions",
+    ],
     package_dir={"app.migrations": "migrations"},
 )

@@ -44,6 +44,8 @@ MAX_SECRET_BYTES = 64 * 1024
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
+_USERINFO = re.compile(r"://[^/@\s]*@")
+
 LocationKey = Literal["region", "zone", "site", "row", "rack", "fabric", "fabric_zone", "chassis"]
 
 
@@ -127,9 +129,12 @@ class FabricSettings(_Section):
 
     kind: Literal["redfish"] = Field(default="redfish", description="redfish")
     url: str | None = Field(
-        default=None, description="the fabric manager's base URL, e.g. https://fm.example:443"
+        default=None,
+        description="the fabric manager's origin, without a path, e.g. https://fm.example:443",
     )
-    auth: Literal["session", "basic"] = Field(default="session", description="session or basic")
+    auth: Literal["session", "basic", "none"] = Field(
+        default="session", description="session, basic or none"
+    )
     username_file: Path | None = Field(
         default=None, description="path of a file holding the user name"
     )
@@ -154,8 +159,8 @@ class FabricSettings(_Section):
     def _http_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if not re.match(r"^https?://[^/\s:]+(:\d{1,5})?(/\S*)?$", value):
-            raise ValueError("is not an http:// or https:// URL")
+        if not re.match(r"^https?://[^/\s:@]+(:\d{1,5})?/?$", value):
+            raise ValueError("is not an http:// or https:// origin")
         return value.rstrip("/")
 
 
@@ -417,6 +422,8 @@ def load_settings(
             source = "default"
         problem = str(first["msg"]).removeprefix("Value error, ")
         value = first.get("input")
+        if isinstance(value, str):
+            value = redact_url(value)
         problem = problem[:1].lower() + problem[1:]
         if first["type"] == "missing" or isinstance(value, Mapping):
             shown = ""
@@ -428,6 +435,12 @@ def load_settings(
         hint = f"; expected {expected}" if expected else ""
         more = f" (and {len(err.errors()) - 1} more problems)" if len(err.errors()) > 1 else ""
         raise ConfigError(f"setting {name} ({source}): {shown}{problem}{hint}{more}") from None
+
+
+def redact_url(text: str) -> str:
+    """Hide the user information of every URL in ``text`` (``scheme://user:pw@host`` becomes
+    ``scheme://***@host``), so that URLs can be shown in errors and logs."""
+    return _USERINFO.sub("://***@", text)
 
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:

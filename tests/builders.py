@@ -19,7 +19,9 @@ from app.fabric.types import (
 )
 
 
-def gpu(index: int, *, region: str = "us-east", rack: str = "rack-01", **changes: Any) -> FabricDevice:
+def gpu(
+    index: int, *, region: str = "us-east", rack: str = "rack-01", **changes: Any
+) -> FabricDevice:
     """A healthy GPU with a Redfish-like vendor id."""
     block = f"/redfish/v1/CompositionService/ResourceBlocks/{region}-{rack}-gpu-{index:03d}"
     device = FabricDevice(
@@ -39,7 +41,9 @@ def gpu(index: int, *, region: str = "us-east", rack: str = "rack-01", **changes
     return replace(device, **changes)
 
 
-def host(index: int, *, region: str = "us-east", rack: str = "rack-01", **changes: Any) -> FabricHost:
+def host(
+    index: int, *, region: str = "us-east", rack: str = "rack-01", **changes: Any
+) -> FabricHost:
     """A healthy host named like the simulator's."""
     value = FabricHost(
         host_id=f"{region}-{rack}-{index}",

@@ -71,6 +71,14 @@ class SyncResult:
     stale: bool = False
 
 
+def _public_name(err: Exception) -> str:
+    """The name of the nearest public class of ``err`` (backends keep private subclasses)."""
+    for cls in type(err).__mro__:
+        if not cls.__name__.startswith("_"):
+            return cls.__name__
+    return type(err).__name__
+
+
 def _location_values(location: Location) -> dict[str, str | None]:
     return {
         "region": location.region,
@@ -186,7 +194,7 @@ class InventorySync:
             hosts_listing = await self.backend.list_hosts()
             devices_listing = await self.backend.list_devices()
         except FabricError as err:
-            result = await self._record_failure(now, f"{type(err).__name__}: {err}")
+            result = await self._record_failure(now, f"{_public_name(err)}: {err}")
             return self._finish(result, started)
 
         hosts, host_rejects = split_valid_hosts(hosts_listing.items)

@@ -78,7 +78,7 @@ async def test_first_sync_lands_every_device_with_its_location(db: Database) -> 
 
 
 async def test_a_second_sync_with_no_change_writes_no_row(db: Database) -> None:
-    sync, metrics = make_sync(inventory(), db)
+    sync, _ = make_sync(inventory(), db)
     await sync.sync_once()
     before = await devices_by_vendor_id(db)
     result = await sync.sync_once()
@@ -208,7 +208,7 @@ async def test_the_loop_syncs_on_trigger_and_survives_errors(db: Database) -> No
     import asyncio
 
     backend = inventory(regions=1, racks=1, per_rack=1)
-    sync, metrics = make_sync(backend, db)
+    sync, _ = make_sync(backend, db)
     task = asyncio.create_task(sync.run(interval_seconds=3600))
     try:
         for _ in range(200):

@@ -55,7 +55,9 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
     [
         ({"FABRIC_DRA_FABRIC__URL": "ftp://x"},
          "setting fabric.url (from environment FABRIC_DRA_FABRIC__URL): value 'ftp://x' is not "
-         "an http:// or https:// URL; expected the fabric manager's base URL"),
+         "an http:// or https:// origin; expected the fabric manager's origin, without a path"),
+        ({"FABRIC_DRA_FABRIC__URL": "https://fm:443/redfish/v1"}, "is not an http:// or https://"),
+        ({"FABRIC_DRA_FABRIC__URL": "https://user:pw@fm:443"}, "is not an http:// or https://"),
         ({"FABRIC_DRA_DRIVER_NAME": "Bad_Name"},
          "setting driver_name (from environment FABRIC_DRA_DRIVER_NAME): value 'Bad_Name' is not "
          "a lowercase DNS subdomain"),
@@ -72,7 +74,8 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
         ({"FABRIC_DRA_POOLS__GROUPING_KEYS": "rack,rack"}, "repeats a key"),
         ({"FABRIC_DRA_POOLS__GROUPING_KEYS": " , "}, "is empty"),
         ({"FABRIC_DRA_NODE_LABELS__RACK": "not a label!"}, "is not a valid Kubernetes label key"),
-        ({"FABRIC_DRA_FABRICURL": "x"}, "environment variable FABRIC_DRA_FABRICURL: no such setting"),
+        ({"FABRIC_DRA_FABRICURL": "x"},
+         "environment variable FABRIC_DRA_FABRICURL: no such setting"),
         ({"FABRIC_DRA_FABRIC__NOPE": "x"}, "FABRIC_DRA_FABRIC__NOPE: no such setting"),
         ({"FABRIC_DRA_LOG__LEVEL": "loud"}, "setting log.level"),
         ({"FABRIC_DRA_FABRIC__PASSWORD_FILE": "/p"}, "fabric.username_file is not"),
@@ -162,3 +165,14 @@ def test_missing_secret_file(tmp_path: Path) -> None:
 )
 def test_label_keys(key: str, valid: bool) -> None:
     assert is_label_key(key) is valid
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [{"FABRIC_DRA_FABRIC__URL": "https://admin:hunter2@fm:443"},
+     {"FABRIC_DRA_DATABASE__URL": "mysql://admin:hunter2@db/x"}],
+)
+def test_credentials_in_bad_urls_are_not_echoed(environ: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ=environ)
+    assert "hunter2" not in str(err.value) and "***@" in str(err.value)

@@ -1,0 +1,63 @@
+"""``fabric-dra db``: schema migrations."""
+
+from __future__ import annotations
+
+import click
+from alembic.util import CommandError
+
+from app.commands.common import Settings, run, settings_options
+from app.config import redact_url
+from app.db import migrate
+from app.db.engine import make_engine
+
+
+async def _do(settings: Settings, action: str, revision: str | None) -> str | None:
+    engine = make_engine(settings.database.url)
+    try:
+        if action == "upgrade":
+            await migrate.upgrade(engine, revision or "head")
+        elif action == "downgrade":
+            assert revision is not None
+            await migrate.downgrade(engine, revision)
+        return await migrate.current(engine)
+    except CommandError as err:
+        raise click.ClickException(f"migration failed: {err}") from None
+    except OSError as err:
+        raise click.ClickException(
+            f"database {redact_url(settings.database.url)} unreachable: {err}"
+        ) from None
+    finally:
+        await engine.dispose()
+
+
+@click.group()
+def db() -> None:
+    """Database schema: upgrade, downgrade, show the current revision."""
+
+
+@db.command()
+@click.argument("revision", default="head")
+@settings_options
+def upgrade(revision: str, settings: Settings) -> None:
+    """Upgrade the schema to REVISION (default: head, the newest)."""
+    now = run(_do(settings, "upgrade", revision))
+    click.echo(f"database at revision {now}")
+
+
+@db.command()
+@click.argument("revision")
+@settings_options
+def downgrade(revision: str, settings: Settings) -> None:
+    """Downgrade the schema to REVISION ('base' removes every table)."""
+    now = run(_do(settings, "downgrade", revision))
+    click.echo(f"database at revision {now or 'base (empty)'}")
+
+
+@db.command()
+@settings_options
+def current(settings: Settings) -> None:
+    """Print the schema's current revision ('none' for an empty database)."""
+    now = run(_do(settings, "current", None))
+    head = migrate.head_revision()
+    state = "up to date" if now == head else f"head is {head}"
+    click.echo(f"{now or 'none'} ({state})")

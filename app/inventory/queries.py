@@ -1,0 +1,105 @@
+"""Reads of the stored inventory, for the CLI and the admin API.
+
+Rows are converted here into plain value types, so callers do not hold ORM objects.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from app.db.engine import Database
+from app.db.models import Device, InventoryStatus
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """A stored device as shown to people (CLI table, JSON, admin API)."""
+
+    name: str
+    vendor_id: str
+    device_type: str
+    vendor: str | None
+    model: str | None
+    memory_mib: int | None
+    region: str | None
+    zone: str | None
+    row: str | None
+    rack: str | None
+    chassis: str | None
+    slot: str | None
+    fabric: str | None
+    health: str
+    state: str | None
+    host_id: str | None
+    removed_at: dt.datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (times as ISO 8601 strings in UTC)."""
+        data = {k: getattr(self, k) for k in self.__slots__}
+        data["removed_at"] = self.removed_at.isoformat() if self.removed_at else None
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    """The inventory sync status of one backend."""
+
+    backend: str
+    last_attempt_at: dt.datetime | None
+    last_success_at: dt.datetime | None
+    consecutive_failures: int
+    stale: bool
+    last_error: str | None
+    device_count: int
+    host_count: int
+    rejected_count: int
+    last_rejects: tuple[dict[str, str], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (times as ISO 8601 strings in UTC)."""
+        data = {k: getattr(self, k) for k in self.__slots__}
+        for key in ("last_attempt_at", "last_success_at"):
+            data[key] = data[key].isoformat() if data[key] else None
+        data["last_rejects"] = list(self.last_rejects)
+        return data
+
+
+async def list_devices(db: Database, *, include_removed: bool = False) -> list[DeviceView]:
+    """Every stored device, ordered by region, rack, name (unknown locations last)."""
+    query = select(Device)
+    if not include_removed:
+        query = query.where(Device.removed_at.is_(None))
+    async with db.read() as session:
+        rows = (await session.scalars(query)).all()
+    views = [
+        DeviceView(
+            name=r.name, vendor_id=r.vendor_id, device_type=r.device_type, vendor=r.vendor,
+            model=r.model, memory_mib=r.memory_mib, region=r.region, zone=r.zone, row=r.row,
+            rack=r.rack, chassis=r.chassis, slot=r.slot, fabric=r.fabric, health=r.health,
+            state=r.state, host_id=r.host_id, removed_at=r.removed_at,
+        )
+        for r in rows
+    ]
+    views.sort(key=lambda v: (v.region is None, v.region or "", v.rack is None, v.rack or "",
+                              v.name))
+    return views
+
+
+async def list_status(db: Database) -> list[StatusView]:
+    """The sync status of every backend that has synced at least once."""
+    async with db.read() as session:
+        rows = (await session.scalars(select(InventoryStatus))).all()
+    return [
+        StatusView(
+            backend=r.backend, last_attempt_at=r.last_attempt_at,
+            last_success_at=r.last_success_at, consecutive_failures=r.consecutive_failures,
+            stale=r.stale, last_error=r.last_error, device_count=r.device_count,
+            host_count=r.host_count, rejected_count=r.rejected_count,
+            last_rejects=tuple(r.last_rejects or ()),
+        )
+        for r in rows
+    ]

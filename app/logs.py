@@ -1,0 +1,71 @@
+"""Logging set-up: plain or JSON lines on stderr, with credentials redacted.
+
+Secrets are kept out of log calls by design (they live in :class:`pydantic.SecretStr` and
+private attributes); :class:`RedactingFilter` is the second line of defence: it hides URL user
+information and ``Authorization`` / ``X-Auth-Token`` / password values in every record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from typing import Any
+
+_PATTERNS = (
+    (re.compile(r"://[^/@\s]*@"), "://***@"),
+    (re.compile(r"(?i)(authorization|x-auth-token|password|token)(\"?\s*[:=]\s*\"?)[^\s\",}]+"),
+     r"\1\2***"),
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with URL user information and token or password values replaced by ``***``."""
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    """Renders each record's message once, redacted, so no handler sees the raw text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = redact(record.getMessage())
+        record.msg, record.args = message, None
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time (UTC, ISO 8601), level, logger, message, and exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = redact(self.formatException(record.exc_info))
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def setup_logging(level: str = "INFO", json_format: bool = False) -> None:
+    """Send log records of ``level`` and above to stderr, plain or as JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RedactingFilter())
+    if json_format:
+        handler.setFormatter(JsonFormatter())
+    else:
+        formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        formatter.converter = __import__("time").gmtime
+        handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # Library chatter below WARNING is noise for an operator.
+    for noisy in ("aiohttp.access", "sqlalchemy.engine", "alembic.runtime.migration"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
