@@ -148,7 +148,9 @@ class Rejected:
     """A vendor item that could not be turned into a value type.
 
     Attributes:
-        vendor_id: the item's id (URI) or the best name available for it.
+        vendor_id: the item's id (URI) or the best name available for it. A rejected attach
+            unit (a Redfish ResourceBlock that could not be read) covers every device in it:
+            the inventory keeps their last known state.
         reason: one line saying what is wrong, for logs and the admin status.
         kind: a short machine-readable class of problem (``missing-field``, ``bad-type``,
             ``duplicate``, ``bad-value``, ``fetch-failed``), used as a metric label.

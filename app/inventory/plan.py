@@ -31,6 +31,7 @@ class StoredItem:
         health: its last health value.
         host_id: the host it was attached to (devices only).
         name: its Kubernetes name (devices only).
+        unit: its attach unit (devices only): a rejection naming the unit covers the device.
     """
 
     id: int
@@ -40,6 +41,7 @@ class StoredItem:
     health: str
     host_id: str | None = None
     name: str | None = None
+    unit: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,8 @@ def plan_devices(
     Args:
         stored: every stored device of this backend (removed ones included).
         devices: the valid listed devices, unique by vendor id.
-        rejected_keys: vendor ids rejected in this listing; their stored rows are kept as they are.
+        rejected_keys: vendor ids (or attach units) rejected in this listing; the stored rows
+            they name, or whose attach unit they name, are kept as they are.
         taken_names: Kubernetes names already used in the database (all backends).
 
     Returns:
@@ -186,6 +189,9 @@ def _removals(
     stored: Iterable[StoredItem], listed: Set[str], rejected_keys: Set[str]
 ) -> tuple[StoredItem, ...]:
     # A rejected item is not "gone": its vendor data was bad this time, so it keeps its row.
+    # A backend that cannot read a whole attach unit rejects the unit, covering its devices.
     return tuple(
-        s for s in stored if not s.removed and s.key not in listed and s.key not in rejected_keys
+        s for s in stored
+        if not s.removed and s.key not in listed and s.key not in rejected_keys
+        and (s.unit is None or s.unit not in rejected_keys)
     )

@@ -231,10 +231,10 @@ class InventorySync:
 
             stored_devices = [
                 StoredItem(row.id, row.vendor_id, row.content_hash, row.removed_at is not None,
-                           row.health, row.host_id, row.name)
+                           row.health, row.host_id, row.name, row.attach_unit)
                 for row in await session.execute(
                     select(Device.id, Device.vendor_id, Device.content_hash, Device.removed_at,
-                           Device.health, Device.host_id, Device.name)
+                           Device.health, Device.host_id, Device.name, Device.attach_unit)
                     .where(Device.backend == kind)
                 )
             ]
@@ -247,9 +247,11 @@ class InventorySync:
             await self._write_hosts(session, host_plan, now, previous_success)
             await self._write_devices(session, device_plan, now, previous_success)
 
+            removed_keys = {s.key for s in device_plan.removals}
+            listed_keys = {d.vendor_id for d in devices}
             present = len(devices) + sum(
                 1 for s in stored_devices
-                if s.key in rejected_keys and not s.removed
+                if not s.removed and s.key not in listed_keys and s.key not in removed_keys
             )
             status = status or InventoryStatus(backend=kind)
             session.add(status)

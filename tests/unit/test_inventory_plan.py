@@ -60,6 +60,14 @@ def test_missing_device_is_removed_but_a_rejected_one_is_kept() -> None:
     assert [(e.key, e.kind) for e in plan.events] == [(b.vendor_id, "removed")]
 
 
+def test_a_rejected_attach_unit_keeps_its_devices() -> None:
+    a, b = gpu(1), gpu(2)
+    rows = [replace(stored(a, id_=1), unit=a.attach_unit),
+            replace(stored(b, id_=2), unit=b.attach_unit)]
+    plan = plan_devices(rows, [], {a.attach_unit}, set())
+    assert [r.id for r in plan.removals] == [2]
+
+
 def test_removed_device_that_returns_is_updated_not_inserted() -> None:
     a = gpu(1)
     plan = plan_devices([stored(a, id_=7, removed=True)], [a], set(), set())

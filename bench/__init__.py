@@ -1,0 +1,1 @@
+"""fabric-dra benchmarks. Figures are measured here, never asserted in tests."""

@@ -1,0 +1,89 @@
+"""Benchmark: inventory sync of N devices from the Redfish simulator (its own process).
+
+Measures, per size: the first sync (time, rows written, device listing time), a sync with no
+change (time, rows written: the target is 0), and this process's peak resident memory and CPU.
+
+    python -m bench.inventory_sync --devices 10000 [--database-url URL] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from app.db.engine import Database
+from app.db.migrate import upgrade
+from app.fabric.redfish import RedfishBackend
+from app.inventory import InventorySync
+from bench.common import cpu_seconds, peak_rss_mib, redfish_simulator_process
+
+
+async def measure(devices: int, database_url: str | None) -> dict[str, Any]:
+    """Run the benchmark for about ``devices`` devices; return its figures."""
+    racks = max(1, math.ceil(devices / 64))
+    per_rack = math.ceil(devices / racks)
+    regions = 2 if racks >= 2 else 1
+    racks_per_region = math.ceil(racks / regions)
+    args = ["--regions", str(regions), "--racks-per-region", str(racks_per_region),
+            "--devices-per-rack", str(per_rack), "--hosts-per-rack", "4", "--auth", "none"]
+    with tempfile.TemporaryDirectory() as tmp:
+        url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
+        database = Database.connect(url)
+        await upgrade(database.engine)
+        async with redfish_simulator_process(args) as fabric_url:
+            backend = RedfishBackend(fabric_url, auth="none", max_concurrency=16, timeout_s=60)
+            try:
+                started = time.perf_counter()
+                listing = await backend.list_devices()
+                list_seconds = time.perf_counter() - started
+
+                sync = InventorySync(backend, database)
+                cpu0 = cpu_seconds()
+                first = await sync.sync_once()
+                first_cpu = cpu_seconds() - cpu0
+                cpu0 = cpu_seconds()
+                second = await sync.sync_once()
+                second_cpu = cpu_seconds() - cpu0
+            finally:
+                await backend.close()
+                await database.dispose()
+    return {
+        "benchmark": "inventory_sync",
+        "database": url.split(":", 1)[0],
+        "devices": len(listing.items),
+        "list_devices_seconds": round(list_seconds, 3),
+        "first_sync_seconds": round(first.seconds, 3),
+        "first_sync_rows_written": first.row_writes,
+        "first_sync_cpu_seconds": round(first_cpu, 3),
+        "nochange_sync_seconds": round(second.seconds, 3),
+        "nochange_sync_rows_written": second.row_writes,
+        "nochange_sync_cpu_seconds": round(second_cpu, 3),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "ok": first.ok and second.ok,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--database-url", default=None,
+                        help="default: a temporary SQLite file")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    options = parser.parse_args()
+    results = []
+    for size in options.devices:
+        figures = asyncio.run(measure(size, options.database_url))
+        results.append(figures)
+        print(json.dumps(figures))
+    if options.json:
+        options.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The fabric-dra command line, run as a real subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from app.sim.redfish import InventorySpec, RedfishSimulator
+
+FABRIC_DRA = [sys.executable, "-m", "app"]
+
+
+async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
+              timeout: float = 90) -> tuple[int, str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
+    process = await asyncio.create_subprocess_exec(
+        *FABRIC_DRA, *args, cwd=cwd, env={**clean, **(env or {})},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture
+async def simulator() -> AsyncIterator[str]:
+    sim = RedfishSimulator(
+        spec=InventorySpec(regions=1, racks_per_region=2, devices_per_rack=3, hosts_per_rack=1),
+        username="operator", password="pa55-word-XYZ",
+    )
+    yield await sim.start()
+    await sim.stop()
+
+
+def credentials(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "user").write_text("operator\n")
+    (tmp_path / "password").write_text("pa55-word-XYZ\n")
+    return {
+        "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
+        "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
+    }
+
+
+async def test_help_lists_every_command(tmp_path: Path) -> None:
+    code, out, _ = await cli("--help", cwd=tmp_path)
+    assert code == 0
+    for command in ("db", "demo", "inventory", "sim"):
+        assert command in out
+    for sub in (["db", "upgrade"], ["db", "current"], ["inventory"], ["sim", "redfish"],
+                ["demo"]):
+        code, out, err = await cli(*sub, "--help", cwd=tmp_path)
+        assert code == 0, err
+        assert "Usage:" in out
+
+
+async def test_demo_once_tells_the_story_from_a_clean_directory(tmp_path: Path) -> None:
+    code, out, err = await cli("demo", "--once", cwd=tmp_path)
+    assert code == 0, err
+    assert "inventory synced: 32 devices" in out
+    assert "synced again with nothing changed: 0 rows written" in out
+    assert "health changes: 1" in out
+    assert (tmp_path / "fabric-dra-demo.db").exists()
+
+
+async def test_inventory_sync_prints_a_table_and_json(tmp_path: Path, simulator: str) -> None:
+    env = {"FABRIC_DRA_FABRIC__URL": simulator, **credentials(tmp_path)}
+    code, out, err = await cli("inventory", "--sync", cwd=tmp_path, env=env)
+    assert code == 0, err
+    assert "6 devices in 2 racks" in out
+    assert "us-east / rack-01: 3 devices" in out and "us-east / rack-02: 3 devices" in out
+    assert "backend redfish: ok" in out
+    assert "pa55-word-XYZ" not in out + err
+
+    code, out, err = await cli("inventory", "--json", cwd=tmp_path, env=env)
+    assert code == 0, err
+    data = json.loads(out)
+    assert len(data["devices"]) == 6
+    assert {d["rack"] for d in data["devices"]} == {"rack-01", "rack-02"}
+    assert data["backends"][0]["stale"] is False
+
+
+async def test_inventory_sync_with_the_fabric_down_keeps_data_and_says_why(
+    tmp_path: Path, simulator: str
+) -> None:
+    env = {"FABRIC_DRA_FABRIC__URL": simulator, **credentials(tmp_path)}
+    assert (await cli("inventory", "--sync", cwd=tmp_path, env=env))[0] == 0
+    env["FABRIC_DRA_FABRIC__URL"] = "http://127.0.0.1:9"
+    env["FABRIC_DRA_FABRIC__RETRY_ATTEMPTS"] = "1"
+    code, out, err = await cli("inventory", "--sync", cwd=tmp_path, env=env)
+    assert code == 0
+    assert "sync failed" in err and "cannot connect" in err
+    assert "6 devices in 2 racks" in out and "failing" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["inventory"], {"FABRIC_DRA_DRIVER_NAME": "Not_Valid"},
+         "setting driver_name (from environment FABRIC_DRA_DRIVER_NAME)"),
+        (["inventory", "--sync"], {}, "setting fabric.url is not set"),
+        (["inventory", "--sync"], {"FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9"},
+         "settings fabric.username_file and fabric.password_file are needed"),
+        (["inventory", "--sync"], {"FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9",
+                                   "FABRIC_DRA_FABRIC__USERNAME_FILE": "/nonexistent/u",
+                                   "FABRIC_DRA_FABRIC__PASSWORD_FILE": "/nonexistent/p"},
+         "setting fabric.username_file: cannot read '/nonexistent/u'"),
+        (["inventory", "--config", "missing.yaml"], {}, "config file 'missing.yaml'"),
+        (["inventory", "--database-url", "mysql://x@y/z"], {}, "unsupported scheme 'mysql'"),
+        (["inventory"], {}, "has no schema yet: run `fabric-dra db upgrade`"),
+        (["db", "upgrade", "nonexistent-rev"], {}, "migration failed"),
+    ],
+)
+async def test_bad_input_gives_one_clear_error(
+    tmp_path: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    code, out, err = await cli(*args, cwd=tmp_path, env=env)
+    assert code != 0
+    assert message in err
+    assert "Traceback" not in err
+
+
+async def test_db_upgrade_current_downgrade(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    code, out, err = await cli("db", "current", "--database-url", url, cwd=tmp_path)
+    assert code == 0 and out.startswith("none"), err
+    code, out, err = await cli("db", "upgrade", "--database-url", url, cwd=tmp_path)
+    assert code == 0 and "database at revision 0001" in out, err
+    code, out, _ = await cli("db", "current", "--database-url", url, cwd=tmp_path)
+    assert "(up to date)" in out
+    code, out, _ = await cli("db", "downgrade", "base", "--database-url", url, cwd=tmp_path)
+    assert code == 0 and "base (empty)" in out
