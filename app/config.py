@@ -171,9 +171,6 @@ class InventorySettings(_Section):
     stale_after_failures: int = Field(
         default=3, ge=1, le=1000, description="failed syncs in a row before the inventory is stale"
     )
-    removed_retention_days: int = Field(
-        default=30, ge=0, le=3650, description="days to keep removed devices, 0 keeps them forever"
-    )
 
 
 class PoolSettings(_Section):

@@ -15,8 +15,13 @@ from typing import Any
 
 _PATTERNS = (
     (re.compile(r"://[^/@\s]*@"), "://***@"),
-    (re.compile(r"(?i)(authorization|x-auth-token|password|token)(\"?\s*[:=]\s*\"?)[^\s\",}]+"),
-     r"\1\2***"),
+    (
+        re.compile(
+            r"(?i)(authorization|x-auth-token|password|passwd|secret|token)"
+            r"([\"']?\s*[:=]\s*[\"']?)((?:basic|bearer)\s+)?[^\s\"',}]+"
+        ),
+        r"\1\2\3***",
+    ),
 )
 
 
