@@ -83,7 +83,27 @@ def _label_key(value: str) -> str:
     return value
 
 
+def _split_list(value: Any) -> Any:
+    """Accept a list given as one string: JSON (``["a", "b"]``) or comma-separated."""
+    if isinstance(value, str):
+        if value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError("is neither a JSON list nor a comma-separated list") from err
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+def _condition_type(value: str) -> str:
+    # Source: k8s.io/apimachinery metav1 validation of Condition.type (a qualified name).
+    if not is_label_key(value):
+        raise ValueError("is not a valid condition type (a qualified name)")
+    return value
+
+
 DriverName = Annotated[str, AfterValidator(_driver_name)]
+ConditionType = Annotated[str, AfterValidator(_condition_type)]
 LabelKey = Annotated[str, AfterValidator(_label_key)]
 Seconds = Annotated[float, Field(gt=0, le=86_400)]
 
@@ -182,26 +202,56 @@ class PoolSettings(_Section):
         "site, row, rack, fabric, fabric_zone, chassis",
     )
 
-    @field_validator("grouping_keys", mode="before")
+    binds_to_node: bool = Field(
+        default=True,
+        description="true or false: devices carry bindsToNode and binding conditions (KEP-5007)",
+    )
+    binding_conditions: Annotated[tuple[ConditionType, ...], NoDecode] = Field(
+        default=("FabricDeviceReady",),
+        description="1 to 4 condition types the scheduler waits for before binding",
+    )
+    binding_failure_conditions: Annotated[tuple[ConditionType, ...], NoDecode] = Field(
+        default=("FabricDeviceFailed",),
+        description="1 to 4 condition types that make the scheduler give the device back",
+    )
+    unhealthy: Literal["taint", "withhold"] = Field(
+        default="taint",
+        description="taint (publish with a NoSchedule taint) or withhold (leave out of slices)",
+    )
+
+    @field_validator(
+        "grouping_keys", "binding_conditions", "binding_failure_conditions", mode="before"
+    )
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            if value.lstrip().startswith("["):
-                try:
-                    return json.loads(value)
-                except json.JSONDecodeError as err:
-                    raise ValueError("is neither a JSON list nor a comma-separated list") from err
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+        return _split_list(value)
 
-    @field_validator("grouping_keys")
+    @field_validator("grouping_keys", "binding_conditions", "binding_failure_conditions")
     @classmethod
     def _non_empty_unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:
             raise ValueError("is empty")
         if len(set(value)) != len(value):
-            raise ValueError("repeats a key")
+            raise ValueError("repeats an entry")
         return value
+
+    @field_validator("binding_conditions", "binding_failure_conditions")
+    @classmethod
+    def _at_most_four(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # Source: KEP-5007, ResourceSlice device validation (BindingConditionsMaxSize = 4).
+        if len(value) > 4:
+            raise ValueError(f"has {len(value)} entries, at most 4 are allowed")
+        return value
+
+    @model_validator(mode="after")
+    def _no_overlap(self) -> PoolSettings:
+        both = set(self.binding_conditions) & set(self.binding_failure_conditions)
+        if both:
+            raise ValueError(
+                f"pools.binding_conditions and pools.binding_failure_conditions share "
+                f"{sorted(both)}; a condition type may be in one list only"
+            )
+        return self
 
 
 class NodeLabelSettings(_Section):

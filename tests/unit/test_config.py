@@ -71,7 +71,12 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
         ({"FABRIC_DRA_POOLS__GROUPING_KEYS": "region,shelf"},
          "setting pools.grouping_keys.1 (from environment FABRIC_DRA_POOLS__GROUPING_KEYS): "
          "value 'shelf': input should be 'region'"),
-        ({"FABRIC_DRA_POOLS__GROUPING_KEYS": "rack,rack"}, "repeats a key"),
+        ({"FABRIC_DRA_POOLS__GROUPING_KEYS": "rack,rack"}, "repeats an entry"),
+        ({"FABRIC_DRA_POOLS__BINDING_CONDITIONS": "A,B,C,D,E"}, "has 5 entries, at most 4"),
+        ({"FABRIC_DRA_POOLS__BINDING_CONDITIONS": "Ready",
+          "FABRIC_DRA_POOLS__BINDING_FAILURE_CONDITIONS": "Ready"}, "share ['Ready']"),
+        ({"FABRIC_DRA_POOLS__BINDING_CONDITIONS": "not valid!"}, "is not a valid condition type"),
+        ({"FABRIC_DRA_POOLS__UNHEALTHY": "ignore"}, "setting pools.unhealthy"),
         ({"FABRIC_DRA_POOLS__GROUPING_KEYS": " , "}, "is empty"),
         ({"FABRIC_DRA_NODE_LABELS__RACK": "not a label!"}, "is not a valid Kubernetes label key"),
         ({"FABRIC_DRA_FABRICURL": "x"},
