@@ -1,0 +1,6 @@
+"""The Kubernetes edge: API client setup and resource.k8s.io version choice (``client``,
+``versions``), typed errors (``errors``), list-and-watch informers (``informer``), the
+rate-limited work queue (``workqueue``) and Lease-based leader election (``leader``).
+
+Importing this package does nothing; import the submodules you need.
+"""

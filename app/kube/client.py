@@ -1,0 +1,290 @@
+"""Building the Kubernetes API client, and one JSON call helper shared by the kube layer.
+
+A :class:`KubeClient` owns a kubernetes-asyncio ``ApiClient`` built from a frozen
+:class:`KubeClientSettings`: in-cluster (service-account token file and CA), a kubeconfig file
+(optionally a context), or a URL with an optional bearer token file and CA bundle. Nothing is
+read from the environment here; :meth:`KubeClientSettings.in_cluster` takes the environment
+mapping from its caller.
+
+Bearer tokens read from a file are re-read every ``token_refresh_s`` seconds, because the kubelet
+rotates projected service-account tokens in place (client-go's ``transport/token_source.go``
+caches the file for one minute the same way).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.config import load_kube_config
+
+from app.kube.errors import KubeError, KubeInvalidResponse, error_from_status, translate_error
+
+# The kubelet mounts these into every pod with a service account
+# (https://kubernetes.io/docs/tasks/run-application/access-api-from-pod/).
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+JsonDict = dict[str, Any]
+
+
+class KubeAuthMode(StrEnum):
+    """How the client finds the API server and authenticates."""
+
+    IN_CLUSTER = "in-cluster"
+    KUBECONFIG = "kubeconfig"
+    URL = "url"
+
+
+@dataclass(frozen=True)
+class KubeClientSettings:
+    """How to reach the Kubernetes API server.
+
+    Attributes:
+        mode: which of the fields below apply.
+        url: API server base URL (``https://10.0.0.1:443``); required for ``url`` and
+            ``in-cluster``.
+        token_file: bearer token file (``url``: optional; ``in-cluster``: the service-account
+            token).
+        ca_file: CA bundle to verify the server with (``url``, ``in-cluster``).
+        verify_tls: False turns certificate verification off (tests and demos only).
+        kubeconfig: kubeconfig path (``kubeconfig``).
+        context: kubeconfig context; None means the file's current context.
+        token_refresh_s: re-read the token file at most this often, seconds (>= 0).
+        user_agent: sent with every request.
+        connection_pool_size: most concurrent connections to the server (watches count).
+    """
+
+    mode: KubeAuthMode
+    url: str | None = None
+    token_file: Path | None = None
+    ca_file: Path | None = None
+    verify_tls: bool = True
+    kubeconfig: Path | None = None
+    context: str | None = None
+    token_refresh_s: float = 60.0
+    user_agent: str = "fabric-dra"
+    connection_pool_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.mode in (KubeAuthMode.URL, KubeAuthMode.IN_CLUSTER) and not self.url:
+            raise ValueError(f"kube client ({self.mode}): url is required")
+        if self.mode is KubeAuthMode.IN_CLUSTER and self.token_file is None:
+            raise ValueError("kube client (in-cluster): token_file is required")
+        if self.mode is KubeAuthMode.KUBECONFIG and self.kubeconfig is None:
+            raise ValueError("kube client (kubeconfig): kubeconfig path is required")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"kube client: url must start with http:// or https://: {self.url}")
+        if self.token_refresh_s < 0:
+            raise ValueError("kube client: token_refresh_s must be >= 0")
+        if self.connection_pool_size < 1:
+            raise ValueError("kube client: connection_pool_size must be >= 1")
+
+    @classmethod
+    def in_cluster(
+        cls, environ: Mapping[str, str], *, service_account_dir: Path = SERVICE_ACCOUNT_DIR
+    ) -> KubeClientSettings:
+        """Settings for a pod: host and port from ``KUBERNETES_SERVICE_HOST`` /
+        ``KUBERNETES_SERVICE_PORT`` in ``environ`` (pass ``os.environ``), token and CA from the
+        mounted service account (client-go ``rest.InClusterConfig``).
+
+        Raises:
+            KubeError: the variables are missing or empty.
+        """
+        host = environ.get("KUBERNETES_SERVICE_HOST", "")
+        port = environ.get("KUBERNETES_SERVICE_PORT", "")
+        if not host or not port:
+            raise KubeError(
+                "in-cluster config: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT must be "
+                "set (is this running in a pod?)"
+            )
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        return cls(
+            mode=KubeAuthMode.IN_CLUSTER,
+            url=f"https://{host}:{port}",
+            token_file=service_account_dir / "token",
+            ca_file=service_account_dir / "ca.crt",
+        )
+
+
+class _TokenFile:
+    """Reads a bearer token file and re-reads it when it may have been rotated."""
+
+    def __init__(self, path: Path, refresh_s: float, now: Callable[[], float]) -> None:
+        self._path = path
+        self._refresh_s = refresh_s
+        self._now = now
+        self._token: str | None = None
+        self._read_at = float("-inf")
+
+    def token(self) -> str:
+        """The current token; re-read from the file once ``refresh_s`` has passed.
+
+        Raises:
+            KubeError: the file is missing or empty at the first read. A failed re-read keeps the
+                last good token (the kubelet swaps the file atomically, but a read may race it).
+        """
+        now = self._now()
+        if self._token is None or now - self._read_at >= self._refresh_s:
+            try:
+                # A small tmpfs read; blocking the loop for it is cheaper than a thread hop.
+                text = self._path.read_text(encoding="utf-8").strip()
+            except OSError as err:
+                if self._token is None:
+                    raise KubeError(f"bearer token file {self._path}: {err}") from err
+                text = ""
+            if text:
+                self._token = text
+                self._read_at = now
+            elif self._token is None:
+                raise KubeError(f"bearer token file {self._path} is empty")
+        return self._token
+
+    def refresh_hook(self, configuration: Configuration) -> None:
+        """``Configuration.refresh_api_key_hook``: called before every authenticated request."""
+        configuration.api_key["BearerToken"] = self.token()
+        configuration.api_key_prefix["BearerToken"] = "Bearer"
+
+
+class KubeClient:
+    """Owns a kubernetes-asyncio ``ApiClient``; close it with :meth:`close` or ``async with``.
+
+    Build one with :func:`connect`. ``api`` is the ``ApiClient`` to pass to the typed API classes
+    (``ResourceV1Api(client.api)``).
+    """
+
+    def __init__(self, api: ApiClient, settings: KubeClientSettings) -> None:
+        self.api = api
+        self.settings = settings
+        self._closed = False
+
+    @property
+    def host(self) -> str:
+        """The API server base URL in use."""
+        return str(self.api.configuration.host)
+
+    async def close(self) -> None:
+        """Close the HTTP session. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            await self.api.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def sanitize(self, obj: Any) -> Any:
+        """A model object (or anything holding models) as plain JSON data."""
+        return self.api.sanitize_for_serialization(obj)
+
+
+async def build_configuration(
+    settings: KubeClientSettings, *, now: Callable[[], float] = time.monotonic
+) -> Configuration:
+    """Build the kubernetes-asyncio ``Configuration`` for ``settings``.
+
+    Raises:
+        KubeError: the kubeconfig or the token file cannot be used.
+    """
+    # type.__call__ skips Configuration's process-wide default copy: nothing global leaks in.
+    configuration: Configuration = type.__call__(Configuration)
+    if settings.mode is KubeAuthMode.KUBECONFIG:
+        assert settings.kubeconfig is not None
+        try:
+            await load_kube_config(
+                config_file=str(settings.kubeconfig),
+                context=settings.context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        except Exception as err:
+            raise KubeError(f"kubeconfig {settings.kubeconfig}: {err}") from err
+        if settings.ca_file is not None:
+            configuration.ssl_ca_cert = str(settings.ca_file)
+        if not settings.verify_tls:
+            configuration.verify_ssl = False
+    else:
+        assert settings.url is not None
+        configuration.host = settings.url.rstrip("/")
+        configuration.verify_ssl = settings.verify_tls
+        if settings.ca_file is not None:
+            configuration.ssl_ca_cert = str(settings.ca_file)
+        if settings.token_file is not None:
+            token_file = _TokenFile(settings.token_file, settings.token_refresh_s, now)
+            token_file.refresh_hook(configuration)  # fail early on a missing or empty file
+            configuration.refresh_api_key_hook = token_file.refresh_hook
+    configuration.connection_pool_maxsize = settings.connection_pool_size
+    return configuration
+
+
+async def connect(
+    settings: KubeClientSettings, *, now: Callable[[], float] = time.monotonic
+) -> KubeClient:
+    """Build a :class:`KubeClient` for ``settings`` (no request is sent yet).
+
+    Args:
+        settings: where the server is and how to authenticate.
+        now: monotonic clock for the token re-read interval.
+
+    Raises:
+        KubeError: the configuration cannot be used (missing kubeconfig, token file, ...).
+    """
+    configuration = await build_configuration(settings, now=now)
+    api = ApiClient(configuration=configuration)
+    api.user_agent = settings.user_agent
+    return KubeClient(api, settings)
+
+
+async def call_json(call: Awaitable[Any], what: str) -> JsonDict:
+    """Await a typed API call made with ``_preload_content=False`` and return its JSON body.
+
+    Working on the raw JSON keeps every field the server sent (the generated models drop fields
+    they do not know, and re-serialise timestamps in their own way).
+
+    Args:
+        call: e.g. ``api.read_namespaced_lease(name, ns, _preload_content=False)``.
+        what: what is being done, for error messages (``"read Lease kube-system/x"``).
+
+    Raises:
+        KubeError: the matching subclass for an error status, a transport error or a body that
+            is not a JSON object (temporary ones have ``retryable`` set).
+    """
+    try:
+        response = await call
+    except Exception as err:
+        raise translate_error(err, what) from err
+    if not isinstance(response, aiohttp.ClientResponse):
+        raise KubeInvalidResponse(
+            f"{what}: expected a raw response (call with _preload_content=False), "
+            f"got {type(response).__name__}"
+        )
+    try:
+        body = await response.read()
+    except Exception as err:
+        raise translate_error(err, what) from err
+    finally:
+        response.release()
+    if not 200 <= response.status <= 299:
+        raise error_from_status(response.status, what, body=body, headers=response.headers)
+    try:
+        data = json.loads(body)
+    except ValueError as err:
+        raise KubeInvalidResponse(f"{what}: the answer is not JSON") from err
+    if not isinstance(data, dict):
+        raise KubeInvalidResponse(f"{what}: the answer is not a JSON object")
+    return data

@@ -1,0 +1,154 @@
+"""Client construction and version discovery against the Kubernetes API emulator."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_asyncio.client import CoreV1Api, ResourceV1beta1Api
+
+from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
+from app.kube.errors import (
+    KubeError,
+    KubeNotFound,
+    KubeTooManyRequests,
+    KubeUnauthorized,
+    KubeUnavailable,
+    KubeVersionError,
+)
+from app.kube.versions import ResourceApiVersion, discover_served_versions, discover_version
+from app.sim.kubeapi import KubeEmulator
+
+
+@pytest.fixture
+async def secured() -> AsyncIterator[KubeEmulator]:
+    emu = KubeEmulator(token="s3cret")
+    await emu.start()
+    try:
+        yield emu
+    finally:
+        await emu.stop()
+
+
+async def test_bearer_token_from_a_file_and_its_rotation(
+    secured: KubeEmulator, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("wrong\n")
+    settings = KubeClientSettings(
+        mode=KubeAuthMode.URL, url=secured.url, token_file=token, token_refresh_s=0
+    )
+    async with await connect(settings) as client:
+        core = CoreV1Api(client.api)
+        with pytest.raises(KubeUnauthorized):
+            await call_json(core.list_namespace(_preload_content=False), "list namespaces")
+        # The kubelet rotates the token in place; the next call reads the new one.
+        token.write_text("s3cret\n")
+        namespaces = await call_json(core.list_namespace(_preload_content=False), "list ns")
+        assert "default" in {item["metadata"]["name"] for item in namespaces["items"]}
+        assert client.host == secured.url
+
+
+async def test_kubeconfig_with_a_context(secured: KubeEmulator, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "elsewhere",
+                "clusters": [
+                    {"name": "emu", "cluster": {"server": secured.url}},
+                    {"name": "other", "cluster": {"server": "http://127.0.0.1:9"}},
+                ],
+                "users": [{"name": "admin", "user": {"token": "s3cret"}}],
+                "contexts": [
+                    {"name": "test", "context": {"cluster": "emu", "user": "admin"}},
+                    {"name": "elsewhere", "context": {"cluster": "other", "user": "admin"}},
+                ],
+            }
+        )
+    )
+    settings = KubeClientSettings(
+        mode=KubeAuthMode.KUBECONFIG, kubeconfig=kubeconfig, context="test"
+    )
+    async with await connect(settings) as client:
+        assert await discover_version(client.api) is ResourceApiVersion.V1
+
+
+async def test_an_unreadable_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
+    settings = KubeClientSettings(mode=KubeAuthMode.KUBECONFIG, kubeconfig=tmp_path / "none")
+    with pytest.raises(KubeError, match="kubeconfig"):
+        await connect(settings)
+
+
+@pytest.mark.parametrize(
+    ("served", "control_plane", "expected"),
+    [
+        (("v1", "v1beta2", "v1beta1"), False, ResourceApiVersion.V1),
+        (("v1beta2", "v1beta1"), False, ResourceApiVersion.V1BETA2),
+        (("v1beta1",), False, ResourceApiVersion.V1BETA1),
+        (("v1alpha3",), True, ResourceApiVersion.V1ALPHA3),
+        (("v1beta1", "v1alpha3"), False, ResourceApiVersion.V1BETA1),
+    ],
+)
+async def test_version_choice_against_served_versions(
+    served: tuple[str, ...], control_plane: bool, expected: ResourceApiVersion
+) -> None:
+    emu = KubeEmulator(served_resource_versions=served)
+    url = await emu.start()
+    try:
+        async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
+            assert sorted(await discover_served_versions(client.api)) == sorted(served)
+            assert await discover_version(client.api, control_plane=control_plane) is expected
+    finally:
+        await emu.stop()
+
+
+@pytest.mark.parametrize(
+    ("served", "control_plane", "message"),
+    [
+        (("v1alpha3",), False, "serves v1alpha3; structured parameters needs v1 or v1beta2"),
+        (("v1",), True, "serves v1; the control-plane"),
+    ],
+)
+async def test_no_fitting_version_names_what_is_served(
+    served: tuple[str, ...], control_plane: bool, message: str
+) -> None:
+    emu = KubeEmulator(served_resource_versions=served)
+    url = await emu.start()
+    try:
+        async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
+            with pytest.raises(KubeVersionError, match=message):
+                await discover_version(client.api, control_plane=control_plane)
+    finally:
+        await emu.stop()
+
+
+async def test_typed_errors_carry_retry_after() -> None:
+    emu = KubeEmulator(served_resource_versions=("v1beta1",))
+    url = await emu.start()
+    try:
+        async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
+            api = ResourceV1beta1Api(client.api)
+            emu.fail_next(1, method="GET", path_regex="resourceslices", status=429,
+                          retry_after=2)
+            with pytest.raises(KubeTooManyRequests) as caught:
+                await call_json(
+                    api.read_resource_slice("x", _preload_content=False), "read slice x"
+                )
+            assert caught.value.retry_after == 2.0
+            assert caught.value.retryable
+            with pytest.raises(KubeNotFound, match="read slice x: HTTP 404 NotFound"):
+                await call_json(
+                    api.read_resource_slice("x", _preload_content=False), "read slice x"
+                )
+            emu.fail_next(
+                1, method="GET", path_regex=r"^/apis/resource\.k8s\.io/?$", status=503
+            )
+            with pytest.raises(KubeUnavailable, match=r"discover resource\.k8s\.io: HTTP 503"):
+                await discover_version(client.api)
+    finally:
+        await emu.stop()
