@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -150,6 +151,8 @@ class Device(LocationColumns, Base):
     last_seen: Mapped[dt.datetime] = mapped_column(UtcDateTime())
     health_changed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
     removed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    cordoned_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    cordon_reason: Mapped[str | None] = mapped_column(String(TEXT_LENGTH))
 
 
 class DeviceEvent(Base):
@@ -190,3 +193,56 @@ class InventoryStatus(Base):
     host_count: Mapped[int] = mapped_column(Integer, default=0)
     rejected_count: Mapped[int] = mapped_column(Integer, default=0)
     last_rejects: Mapped[list[dict[str, str]]] = mapped_column(JSON, default=list)
+
+
+ACTIVE_RESERVATION_STATES = ("pending", "attaching", "attached", "detaching", "failed")
+"""States in which a reservation holds its device (everything but ``released``)."""
+
+
+class Reservation(Base):
+    """The journal: our record that a device is held for a claim, and the fabric operation on it.
+
+    Every attach is written as ``attaching`` and every detach as ``detaching`` before the call
+    is sent (DESIGN.md, invariant 2), so after a crash the journal says what may be half done.
+
+    States: ``pending`` (held, nothing sent) -> ``attaching`` -> ``attached`` -> ``detaching``
+    -> ``released``; ``failed`` holds the device after an attach that cannot succeed, until it
+    is rolled back through ``detaching``. At most one active (not ``released``) exclusive
+    reservation per device: the partial unique index ``uq_reservations_active_device`` enforces
+    it on SQLite and PostgreSQL alike (invariant 1). Reservations of shareable devices are not
+    exclusive.
+    """
+
+    __tablename__ = "reservations"
+    __table_args__ = (
+        Index(
+            "uq_reservations_active_device",
+            "device_id",
+            unique=True,
+            sqlite_where=text("exclusive AND state != 'released'"),
+            postgresql_where=text("exclusive AND state != 'released'"),
+        ),
+        Index("ix_reservations_claim_uid", "claim_uid"),
+        Index("ix_reservations_state", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    claim_uid: Mapped[str] = mapped_column(String(64))
+    claim_namespace: Mapped[str] = mapped_column(String(63))
+    claim_name: Mapped[str] = mapped_column(String(253))
+    request: Mapped[str] = mapped_column(String(TEXT_LENGTH))
+    mode: Mapped[str] = mapped_column(String(16))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    device_name: Mapped[str] = mapped_column(String(63))
+    pool: Mapped[str] = mapped_column(String(253))
+    exclusive: Mapped[bool] = mapped_column(Boolean)
+    node: Mapped[str | None] = mapped_column(String(253))
+    host_id: Mapped[str | None] = mapped_column(String(VENDOR_ID_LENGTH))
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    operation_id: Mapped[str | None] = mapped_column(String(VENDOR_ID_LENGTH))
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    attached_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    released_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
