@@ -1,0 +1,827 @@
+"""A Redfish fabric manager simulator: CompositionService, Systems, sessions, tasks and faults.
+
+It serves either a generated inventory (:class:`InventorySpec`, reproducible by seed) or a
+DMTF mockup folder, over real HTTP (aiohttp), and attaches and detaches ResourceBlocks to
+ComputerSystems the two ways DMTF's composability white paper (DSP2050) describes: ``PATCH``
+of ``Links.ResourceBlocks`` on the System and the ``ComputerSystem.AddResourceBlock`` /
+``RemoveResourceBlock`` actions. Tests, the demo and docker-compose use it; the controller
+never imports it.
+
+Behaviour a client can rely on (DSP0266, the Redfish specification, unless said otherwise):
+
+* Authentication (``auth``): ``any`` accepts a session token (``X-Auth-Token``) or HTTP Basic;
+  ``session`` only tokens; ``basic`` only Basic (session login then answers 405); ``none``
+  needs nothing. ``/redfish``, the service root, ``/redfish/v1/odata``, ``$metadata`` and
+  ``POST .../Sessions`` are open. Anything else without valid credentials gets 401
+  ``NoValidSession``. Sessions do not time out.
+* ETags: every resource has an ``ETag`` header and ``@odata.etag`` (a hash of its content).
+  ``If-Match`` on PATCH and on the actions is honoured (412 ``PreconditionFailed``); with
+  ``require_if_match=True`` a PATCH without it gets 428 ``PreconditionRequired``. Actions may
+  carry ``ResourceBlockETag`` / ``ComputerSystemETag`` (412 on mismatch).
+  ``If-None-Match`` on GET gives 304.
+* Attach/detach outcomes: a change 200; re-attaching a block the System already holds, or
+  removing one it does not hold, is a no-op 200 (``NoOperation``); a block held by another
+  System (and not shareable with room left) 409 ``ResourceInUse``; an unknown block or System
+  404 ``ResourceNotFound``. The PATCH answers the System, the actions a message body.
+* ``task_mode``: writes answer 202 with ``Location`` (a task monitor) and ``Retry-After``.
+  The monitor (or the task) answers 202 ``task_polls`` times; the next read runs the
+  operation and answers its final status and body, as do later reads. Request checks
+  (JSON, body shape, ETags) happen at once; the state checks (404 block, 409) when the
+  operation runs.
+* Collections are paged when ``page_size`` is set: ``$skip``/``$top`` and
+  ``Members@odata.nextLink``; ``Members@odata.count`` is the full count. Other ``$`` query
+  options answer 501 ``QueryNotSupported``.
+* Shareable blocks (mockups only): a block whose ``CompositionStatus`` says ``SharingCapable``
+  and ``SharingEnabled`` may be held by up to ``MaxCompositions`` Systems;
+  :meth:`RedfishSimulator.attachments` then names the first holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import random
+import re
+import secrets
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import click
+from aiohttp import web
+
+from app.sim.redfish_state import (
+    FabricState,
+    RedfishError,
+    Result,
+    error_key_for,
+    etag_matches,
+    not_found,
+    parse_block_action,
+    parse_links_patch,
+)
+from app.sim.redfish_tree import (
+    ROOT,
+    SESSION_SERVICE,
+    SESSIONS,
+    TASK_MONITORS,
+    TASK_SERVICE,
+    TASKS,
+    InventorySpec,
+    JsonObject,
+    Tree,
+    TreeBuilder,
+    collection,
+    error_body,
+    link,
+    load_mockup,
+    message,
+    metadata_document,
+    normalise,
+    odata_service_document,
+    status,
+)
+
+__all__ = ["Faults", "InventorySpec", "RedfishSimulator", "cli"]
+
+log = logging.getLogger(__name__)
+
+AuthMode = Literal["any", "session", "basic", "none"]
+_ACTION_RE = re.compile(
+    r"^(?P<system>.+)/Actions/ComputerSystem\.(?P<verb>Add|Remove)ResourceBlock$")
+
+
+@dataclass
+class Faults:
+    """Fault knobs, all off by default; change the fields at run time through ``sim.faults``.
+
+    Attributes:
+        latency_s: seconds added before every answer.
+        error_rate: probability (0..1) that a request is answered with ``error_status`` and a
+            Redfish error body instead of being served.
+        error_status: the HTTP status of those errors.
+        drop_rate: probability that the connection is closed without any answer.
+        flap_health_rate: probability that a GET of a resource with ``Status.Health`` flips
+            its stored health (OK becomes Critical, anything else OK) before answering.
+    """
+
+    latency_s: float = 0.0
+    error_rate: float = 0.0
+    error_status: int = 503
+    drop_rate: float = 0.0
+    flap_health_rate: float = 0.0
+
+
+@dataclass
+class _FailRule:
+    remaining: int
+    method: str
+    path_prefix: str
+    status: int
+    body: str | None
+
+
+@dataclass
+class _Task:
+    task_id: str
+    run: Callable[[], Result]
+    polls: int = 0
+    result: Result | None = None
+
+
+def _json_response(result: Result) -> web.Response:
+    headers = {"OData-Version": "4.0", "Cache-Control": "no-cache", **result.headers}
+    if result.body is None:
+        return web.Response(status=result.status, headers=headers)
+    return web.json_response(result.body, status=result.status, headers=headers)
+
+
+def _now() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
+
+
+class RedfishSimulator:
+    """A Redfish CompositionService over HTTP, with attach/detach, tasks and fault knobs.
+
+    Args:
+        spec: generate this inventory (default :class:`InventorySpec()` when neither ``spec``
+            nor ``mockup_dir`` is given).
+        mockup_dir: serve this DMTF mockup folder instead (``<dir>/redfish/v1/...``).
+        username, password: the one account.
+        auth: ``any``, ``session``, ``basic`` or ``none`` (see the module docstring).
+        task_mode: writes answer 202 with a task monitor.
+        task_polls: how many monitor reads answer 202 before the operation runs.
+        page_size: page collections with this many members per page (None: no paging).
+        offer_actions: advertise and accept the AddResourceBlock / RemoveResourceBlock actions
+            on generated Systems (mockup Systems keep what their files advertise).
+        faults: the fault knobs (a new :class:`Faults` when None).
+        require_if_match: PATCH without ``If-Match`` answers 428.
+        retry_after_s: the ``Retry-After`` header of task answers, in seconds.
+
+    Raises:
+        ValueError: both ``spec`` and ``mockup_dir`` given, a bad spec, or an unreadable
+            mockup folder.
+    """
+
+    def __init__(
+        self, *, spec: InventorySpec | None = None, mockup_dir: Path | None = None,
+        username: str = "admin", password: str = "password", auth: AuthMode = "any",
+        task_mode: bool = False, task_polls: int = 2, page_size: int | None = None,
+        offer_actions: bool = True, faults: Faults | None = None,
+        require_if_match: bool = False, retry_after_s: int = 0,
+    ) -> None:
+        if spec is not None and mockup_dir is not None:
+            raise ValueError("give either an InventorySpec or a mockup folder, not both")
+        if auth not in ("any", "session", "basic", "none"):
+            raise ValueError(f"auth must be any, session, basic or none, got {auth!r}")
+        if page_size is not None and page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if task_polls < 0:
+            raise ValueError(f"task_polls must be >= 0, got {task_polls}")
+        self.username = username
+        self.password = password
+        self.auth: AuthMode = auth
+        self.task_mode = task_mode
+        self.task_polls = task_polls
+        self.page_size = page_size
+        self.offer_actions = offer_actions
+        self.faults = faults or Faults()
+        self.require_if_match = require_if_match
+        self.retry_after_s = retry_after_s
+        builder: TreeBuilder | None = None
+        if mockup_dir is not None:
+            self.tree: Tree = load_mockup(Path(mockup_dir))
+            seed = 0
+        else:
+            builder = TreeBuilder(spec or InventorySpec())
+            self.tree = builder.build()
+            seed = builder.spec.seed
+        self._rng = random.Random(seed)
+        self._add_service_resources()
+        self.state = FabricState(self.tree, builder)
+        if builder is not None and not offer_actions:
+            for uri in self.state.systems:
+                self.tree[uri].pop("Actions", None)
+        self._sessions: dict[str, str] = {}  # token -> session URI
+        self._session_seq = 0
+        self._tasks: dict[str, _Task] = {}  # task id -> task
+        self._task_seq = 0
+        self._fail_rules: list[_FailRule] = []
+        self._runner: web.AppRunner | None = None
+
+    # ----- setup -----------------------------------------------------------------------------
+
+    def _add_service_resources(self) -> None:
+        # Sessions and tasks are live state: a mockup's recorded session is replaced by an
+        # empty collection, and a TaskService is added when the mockup has none.
+        for uri in [u for u in self.tree if u.startswith(SESSIONS + "/")]:
+            del self.tree[uri]
+        self.tree[SESSIONS] = collection(SESSIONS, "SessionCollection", "Session Collection", [])
+        self.tree.setdefault(SESSION_SERVICE, {
+            "@odata.id": SESSION_SERVICE,
+            "@odata.type": "#SessionService.v1_2_0.SessionService",
+            "Id": "SessionService",
+            "Name": "Session Service",
+            "ServiceEnabled": True,
+            "SessionTimeout": 1800,
+            "Status": status(),
+            "Sessions": link(SESSIONS),
+        })
+        self.tree.setdefault(TASK_SERVICE, {
+            "@odata.id": TASK_SERVICE,
+            "@odata.type": "#TaskService.v1_3_0.TaskService",
+            "Id": "TaskService",
+            "Name": "Task Service",
+            "ServiceEnabled": True,
+            "CompletedTaskOverWritePolicy": "Manual",
+            "LifeCycleEventOnTaskStateChange": False,
+            "Status": status(),
+            "Tasks": link(TASKS),
+        })
+        self.tree.setdefault(TASKS, collection(TASKS, "TaskCollection", "Task Collection", []))
+
+    # ----- inspection and control for tests --------------------------------------------------
+
+    @property
+    def history(self) -> list[tuple[str, str, str]]:
+        """("attach" | "detach", block URI, System Id) for every real change, in order."""
+        return self.state.history
+
+    @history.setter
+    def history(self, value: list[tuple[str, str, str]]) -> None:
+        self.state.history = value
+
+    def block_uris(self) -> list[str]:
+        """Every ResourceBlock URI (``@odata.id``), in collection order."""
+        return self.state.block_uris()
+
+    def system_ids(self) -> list[str]:
+        """Every ComputerSystem ``Id``, in collection order."""
+        return self.state.system_ids()
+
+    def attachments(self) -> dict[str, str | None]:
+        """Block URI -> the ``Id`` of the System holding it (the first one if shared), or None."""
+        return self.state.attachments()
+
+    def holders(self, block_uri: str) -> list[str]:
+        """The ``Id`` of every System holding ``block_uri`` (several for a shared block).
+
+        Raises:
+            KeyError: the block is unknown.
+        """
+        return self.state.holders(block_uri)
+
+    def set_health(self, uri: str, health: str) -> None:
+        """Set ``Status.Health`` of the resource at ``uri`` (a block, device or System).
+
+        Raises:
+            KeyError: no resource at ``uri``.
+            ValueError: ``health`` is not OK, Warning or Critical (Resource.Health).
+        """
+        self.state.set_health(uri, health)
+
+    def remove_block(self, block_uri: str) -> None:
+        """Remove a block, its devices and every link to it (no history entry is written).
+
+        Raises:
+            KeyError: the block is unknown.
+        """
+        self.state.remove_block(block_uri)
+
+    def add_block(self, region: str, rack: str, device_type: str = "gpu") -> str:
+        """Add a device in a new ResourceBlock to an existing rack of a generated tree.
+
+        Args:
+            region: region name (``us-east``).
+            rack: rack name (``rack-01``).
+            device_type: ``gpu``, ``fpga``, ``nvme`` or ``cxl-memory``.
+
+        Returns:
+            The new block's URI.
+
+        Raises:
+            ValueError: the simulator serves a mockup, or the device type is unknown.
+            KeyError: no such rack.
+        """
+        return self.state.add_block(region, rack, device_type)
+
+    def expire_sessions(self) -> None:
+        """Forget every session, as a service restart or timeout would: their tokens get 401."""
+        for uri in set(self._sessions.values()):
+            self.tree.pop(uri, None)
+        self._sessions.clear()
+        self._set_members(SESSIONS, [])
+
+    def fail_next(self, n: int, *, method: str = "*", path_prefix: str = "/", status: int = 500,
+                  body: str | None = None) -> None:
+        """Make the next ``n`` matching requests fail, before authentication and routing.
+
+        Args:
+            n: how many requests.
+            method: HTTP method to match, ``*`` for any.
+            path_prefix: match requests whose path starts with this.
+            status: the HTTP status to answer.
+            body: a raw body (sent as ``application/json``, e.g. truncated JSON); None for a
+                Redfish error body.
+        """
+        if n > 0:
+            self._fail_rules.append(_FailRule(n, method.upper(), path_prefix, status, body))
+
+    # ----- server lifecycle ------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        """The aiohttp application serving the simulator (one catch-all route)."""
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on ``host:port`` (port 0: any free port).
+
+        Returns:
+            The base URL, e.g. ``http://127.0.0.1:PORT`` (no trailing slash).
+
+        Raises:
+            RuntimeError: already started.
+            OSError: the address cannot be bound.
+        """
+        if self._runner is not None:
+            raise RuntimeError("the simulator is already running")
+        runner = web.AppRunner(self.make_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        bound_host, bound_port = runner.addresses[0][:2]
+        host_part = f"[{bound_host}]" if ":" in bound_host else bound_host
+        return f"http://{host_part}:{bound_port}"
+
+    async def stop(self) -> None:
+        """Stop serving and close every connection. Safe to call twice."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    # ----- request entry ---------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        faults = self.faults
+        if faults.latency_s > 0:
+            await asyncio.sleep(faults.latency_s)
+        rule = self._take_fail_rule(request)
+        if rule is not None:
+            if rule.body is not None:
+                return web.Response(status=rule.status, text=rule.body,
+                                    content_type="application/json")
+            return self._error(RedfishError(rule.status, error_key_for(rule.status),
+                                            "Injected failure."))
+        if faults.drop_rate > 0 and self._rng.random() < faults.drop_rate:
+            if request.transport is not None:
+                request.transport.close()
+            # The transport is gone, so aiohttp discards whatever is returned.
+            return web.Response(status=500)
+        if faults.error_rate > 0 and self._rng.random() < faults.error_rate:
+            return self._error(RedfishError(faults.error_status,
+                                            error_key_for(faults.error_status),
+                                            "Injected failure."))
+        try:
+            return await self._dispatch(request)
+        except RedfishError as err:
+            return self._error(err)
+        except web.HTTPException as err:
+            # aiohttp's own refusals (a body over client_max_size, ...) get a Redfish body too.
+            return self._error(RedfishError(err.status, "GeneralError", err.reason))
+        except Exception:
+            log.exception("redfish simulator: %s %s failed", request.method, request.path)
+            return self._error(RedfishError(500, "InternalError", "Internal error."))
+
+    def _take_fail_rule(self, request: web.Request) -> _FailRule | None:
+        for rule in self._fail_rules:
+            if rule.method in ("*", request.method) and request.path.startswith(rule.path_prefix):
+                rule.remaining -= 1
+                if rule.remaining <= 0:
+                    self._fail_rules.remove(rule)
+                return rule
+        return None
+
+    def _error(self, err: RedfishError) -> web.Response:
+        headers = dict(err.headers)
+        if err.status == 401 and self.auth in ("any", "basic"):
+            headers.setdefault("WWW-Authenticate", 'Basic realm="fabric-dra simulator"')
+        return _json_response(Result(err.status, error_body(err.key, err.text, args=err.args_),
+                                     headers))
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        path = normalise(request.path)
+        method = request.method
+        if path == "/redfish":
+            self._require_method(method, "GET, HEAD")
+            return _json_response(Result(200, {"v1": "/redfish/v1/"}))
+        if path == f"{ROOT}/odata":
+            self._require_method(method, "GET, HEAD")
+            return _json_response(Result(200, odata_service_document(self.tree)))
+        if path == f"{ROOT}/$metadata":
+            self._require_method(method, "GET, HEAD")
+            return web.Response(text=metadata_document(self.tree), content_type="application/xml",
+                                headers={"OData-Version": "4.0"})
+        odata_version = request.headers.get("OData-Version")
+        if odata_version is not None and odata_version.strip() != "4.0":
+            raise RedfishError(412, "PreconditionFailed",
+                               f"OData-Version {odata_version} is not supported; use 4.0.")
+        # DSP0266: a POST to a collection's Members property equals a POST to the collection.
+        if path in (SESSIONS, f"{SESSIONS}/Members") and method == "POST":
+            return _json_response(await self._login(request))
+        if path != ROOT:
+            self._authenticate(request)
+        if path.startswith(TASK_MONITORS + "/"):
+            return _json_response(self._task_monitor(method, path))
+        action = _ACTION_RE.match(path)
+        if action is not None and self.state.is_system(action["system"]):
+            return _json_response(await self._action(request, action["system"], action["verb"]))
+        if path not in self.tree:
+            if "/Actions/" in path and path.split("/Actions/")[0] in self.tree:
+                self._require_method(method, "POST")
+                raise RedfishError(400, "ActionNotSupported",
+                                   f"The action {path} is not supported by the resource.",
+                                   args=[path])
+            raise not_found(path)
+        allowed = self._allowed(path)
+        self._require_method(method, allowed)
+        if method in ("GET", "HEAD"):
+            return _json_response(self._get(request, path, allowed))
+        if method == "PATCH":
+            return _json_response(await self._patch_system(request, path))
+        if method == "DELETE":
+            return _json_response(self._logout(path))
+        raise RedfishError(405, "OperationNotAllowed", "The HTTP method is not allowed.")
+
+    def _allowed(self, path: str) -> str:
+        if self.state.is_system(path):
+            return "GET, HEAD, PATCH"
+        if path == SESSIONS:
+            return "GET, HEAD" if self.auth == "basic" else "GET, HEAD, POST"
+        if path.startswith(SESSIONS + "/"):
+            return "GET, HEAD, DELETE"
+        return "GET, HEAD"
+
+    @staticmethod
+    def _require_method(method: str, allowed: str) -> None:
+        if method not in allowed.split(", "):
+            raise RedfishError(405, "OperationNotAllowed",
+                               f"The HTTP method {method} is not allowed on this resource.",
+                               headers={"Allow": allowed})
+
+    # ----- authentication --------------------------------------------------------------------
+
+    def _authenticate(self, request: web.Request) -> None:
+        if self.auth == "none":
+            return
+        token = request.headers.get("X-Auth-Token")
+        if token is not None and self.auth in ("any", "session") and token in self._sessions:
+            return
+        header = request.headers.get("Authorization", "")
+        if self.auth in ("any", "basic") and header[:6].lower() == "basic ":
+            try:
+                user, _, password = base64.b64decode(header[6:].strip(), validate=True) \
+                    .decode("utf-8").partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                user, password = "", ""
+            if self._credentials_match(user, password):
+                return
+        raise RedfishError(401, "NoValidSession",
+                           "There is no valid session established with the implementation.")
+
+    def _credentials_match(self, user: str, password: str) -> bool:
+        # Bytes, because compare_digest refuses non-ASCII str (a client may send any).
+        user_ok = secrets.compare_digest(user.encode(), self.username.encode())
+        password_ok = secrets.compare_digest(password.encode(), self.password.encode())
+        return user_ok and password_ok
+
+    async def _login(self, request: web.Request) -> Result:
+        if self.auth == "basic":
+            raise RedfishError(405, "OperationNotAllowed",
+                               "Sessions are disabled: use HTTP Basic authentication.",
+                               headers={"Allow": "GET, HEAD"})
+        body = await self._json_object(request)
+        for name in ("UserName", "Password"):
+            if name not in body:
+                raise RedfishError(400, "PropertyMissing",
+                                   f"The property {name} is a required property and must be "
+                                   "included in the request.", args=[name])
+            if not isinstance(body[name], str):
+                raise RedfishError(400, "PropertyValueTypeError",
+                                   f"The value for the property {name} is of a different type "
+                                   "than the property can accept.",
+                                   args=[json.dumps(body[name]), name])
+        unknown = sorted(set(body) - {"UserName", "Password"} - {k for k in body if "@" in k})
+        if unknown:
+            raise RedfishError(400, "PropertyUnknown",
+                               f"The property {unknown[0]} is not in the list of valid "
+                               "properties for the resource.", args=[unknown[0]])
+        if not self._credentials_match(body["UserName"], body["Password"]):
+            raise RedfishError(401, "ResourceAtUriUnauthorized",
+                               f"While accessing the resource at {SESSIONS}, the service "
+                               "received an authorization error: bad credentials.",
+                               args=[SESSIONS, "bad credentials"])
+        self._session_seq += 1
+        session_id = str(self._session_seq)
+        uri = f"{SESSIONS}/{session_id}"
+        token = secrets.token_urlsafe(24)
+        self.tree[uri] = {
+            "@odata.id": uri,
+            "@odata.type": "#Session.v1_8_0.Session",
+            "Id": session_id,
+            "Name": f"Session {session_id}",
+            "UserName": body["UserName"],
+        }
+        self._sessions[token] = uri
+        self._set_members(SESSIONS, [*self._member_uris(SESSIONS), uri])
+        return Result(201, self.state.with_etag(uri),
+                      {"X-Auth-Token": token, "Location": uri, "ETag": self.state.etag(uri)})
+
+    def _logout(self, path: str) -> Result:
+        del self.tree[path]
+        for token in [t for t, uri in self._sessions.items() if uri == path]:
+            del self._sessions[token]
+        self._set_members(SESSIONS, [u for u in self._member_uris(SESSIONS) if u != path])
+        return Result(204, None)
+
+    # ----- reading ---------------------------------------------------------------------------
+
+    def _member_uris(self, path: str) -> list[str]:
+        return [m["@odata.id"] for m in self.tree[path].get("Members", [])]
+
+    def _set_members(self, path: str, members: list[str]) -> None:
+        self.tree[path]["Members"] = [link(m) for m in members]
+        self.tree[path]["Members@odata.count"] = len(members)
+
+    def _get(self, request: web.Request, path: str, allowed: str) -> Result:
+        skip, top = self._query(request)
+        task = self._task_for_resource(path)
+        if task is not None:
+            self._advance(task)
+        self._maybe_flap(path)
+        etag = self.state.etag(path)
+        headers = {"ETag": etag, "Allow": allowed,
+                   "Link": f"<{ROOT}/$metadata>; rel=describedby"}
+        if_none_match = request.headers.get("If-None-Match")
+        if if_none_match is not None and etag_matches(if_none_match, etag):
+            return Result(304, None, headers)
+        members = self.tree[path].get("Members")
+        if not (isinstance(members, list) and (skip or top is not None or self.page_size)):
+            return Result(200, self.state.with_etag(path), headers)
+        total = len(members)
+        limit = min(x for x in (top, self.page_size, total) if x is not None)
+        body = self.state.with_etag(path, members=slice(skip, skip + limit))
+        body.pop("Members@odata.nextLink", None)
+        if skip + limit < total and (top is None or limit < top):
+            rest = "" if top is None else f"&$top={top - limit}"
+            body["Members@odata.nextLink"] = f"{path}?$skip={skip + limit}{rest}"
+        return Result(200, body, headers)
+
+    @staticmethod
+    def _query(request: web.Request) -> tuple[int, int | None]:
+        skip, top = 0, None
+        for key, value in request.query.items():
+            if key in ("$skip", "$top"):
+                try:
+                    number = int(value)
+                except ValueError:
+                    raise RedfishError(400, "QueryParameterValueTypeError",
+                                       f"The value {value} for the query parameter {key} is "
+                                       "of a different type than the parameter can accept.",
+                                       args=[value, key]) from None
+                if number < 0:
+                    raise RedfishError(400, "QueryParameterOutOfRange",
+                                       f"The value {value} for the query parameter {key} is "
+                                       "out of range.", args=[value, key, ">= 0"])
+                if key == "$skip":
+                    skip = number
+                else:
+                    top = number
+            elif key.startswith("$") or key in ("only", "excerpt"):
+                raise RedfishError(501, "QueryNotSupported",
+                                   f"Querying with {key} is not supported by the service.")
+        return skip, top
+
+    def _maybe_flap(self, path: str) -> None:
+        rate = self.faults.flap_health_rate
+        resource = self.tree[path]
+        current = resource.get("Status")
+        if rate > 0 and isinstance(current, dict) and "Health" in current \
+                and self._rng.random() < rate:
+            current["Health"] = "Critical" if current["Health"] == "OK" else "OK"
+
+    # ----- writing ---------------------------------------------------------------------------
+
+    async def _json_object(self, request: web.Request) -> JsonObject:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            raise RedfishError(400, "MalformedJSON",
+                               "The request body submitted was malformed JSON and could not "
+                               "be parsed by the receiving service.") from None
+        if not isinstance(body, dict):
+            raise RedfishError(400, "MalformedJSON",
+                               "The request body must be a JSON object.")
+        return body
+
+    def _check_if_match(self, request: web.Request, path: str, *, required: bool) -> None:
+        header = request.headers.get("If-Match")
+        if header is None:
+            if required:
+                raise RedfishError(428, "PreconditionRequired",
+                                   "A precondition header or annotation is required to change "
+                                   "the resource.", args=[path])
+            return
+        if not etag_matches(header, self.state.etag(path)):
+            raise RedfishError(412, "PreconditionFailed",
+                               "The ETag supplied did not match the ETag required to change "
+                               "this resource.", args=[path])
+
+    async def _patch_system(self, request: web.Request, path: str) -> Result:
+        body = await self._json_object(request)
+        self._check_if_match(request, path, required=self.require_if_match)
+        new = parse_links_patch(body, self.tree[path], self.state.system_blocks(path))
+        return await self._run_or_queue(request, path, lambda: self.state.apply_set(path, new))
+
+    async def _action(self, request: web.Request, system: str, verb: str) -> Result:
+        self._require_method(request.method, "POST")
+        actions = self.tree[system].get("Actions")
+        name = f"#ComputerSystem.{verb}ResourceBlock"
+        if not (isinstance(actions, dict) and name in actions):
+            raise RedfishError(400, "ActionNotSupported",
+                               f"The action {name[1:]} is not supported by the resource.",
+                               args=[name[1:]])
+        body = await self._json_object(request)
+        block, etags = parse_block_action(name[1:], body)
+        self._check_if_match(request, system, required=False)
+        for key, target in (("ComputerSystemETag", system), ("ResourceBlockETag", block)):
+            if key in etags:
+                if target not in self.tree:
+                    raise not_found(target)
+                if not etag_matches(etags[key], self.state.etag(target)):
+                    raise RedfishError(412, "PreconditionFailed",
+                                       f"The {key} supplied did not match the current ETag "
+                                       f"of {target}.", args=[target])
+        apply = self.state.apply_add if verb == "Add" else self.state.apply_remove
+        return await self._run_or_queue(request, system, lambda: apply(system, block))
+
+    # ----- tasks -----------------------------------------------------------------------------
+
+    async def _run_or_queue(self, request: web.Request, target: str,
+                            operation: Callable[[], Result]) -> Result:
+        if not self.task_mode:
+            return operation()
+
+        def run() -> Result:
+            try:
+                return operation()
+            except RedfishError as err:
+                return Result(err.status, error_body(err.key, err.text, args=err.args_),
+                              err.headers)
+
+        self._task_seq += 1
+        task_id = str(self._task_seq)
+        uri = f"{TASKS}/{task_id}"
+        monitor = f"{TASK_MONITORS}/{task_id}"
+        self._tasks[task_id] = _Task(task_id, run)
+        self.tree[uri] = {
+            "@odata.id": uri,
+            "@odata.type": "#Task.v1_7_4.Task",
+            "Id": task_id,
+            "Name": f"{request.method} {target}",
+            "TaskState": "Running",
+            "TaskStatus": "OK",
+            "PercentComplete": 0,
+            "StartTime": _now(),
+            "TaskMonitor": monitor,
+            "Messages": [],
+            "Payload": {"HttpOperation": request.method, "TargetUri": request.path,
+                        "HttpHeaders": [],
+                        "JsonBody": (await request.read()).decode("utf-8", "replace")},
+        }
+        self._set_members(TASKS, [*self._member_uris(TASKS), uri])
+        return Result(202, self.state.with_etag(uri),
+                      {"Location": monitor, "Retry-After": str(self.retry_after_s)})
+
+    def _task_for_resource(self, path: str) -> _Task | None:
+        if not path.startswith(TASKS + "/"):
+            return None
+        return self._tasks.get(path[len(TASKS) + 1:])
+
+    def _advance(self, task: _Task) -> None:
+        """Count one read of a task or its monitor; run the operation after ``task_polls``."""
+        if task.result is not None:
+            return
+        task.polls += 1
+        resource = self.tree[f"{TASKS}/{task.task_id}"]
+        if task.polls <= self.task_polls:
+            resource["PercentComplete"] = int(100 * task.polls / (self.task_polls + 1))
+            return
+        task.result = result = task.run()
+        ok = result.status < 400
+        resource.update({
+            "TaskState": "Completed" if ok else "Exception",
+            "TaskStatus": "OK" if ok else "Critical",
+            "PercentComplete": 100,
+            "EndTime": _now(),
+        })
+        body = result.body or {}
+        info = body.get("error", {}).get("@Message.ExtendedInfo") if not ok else \
+            body.get("@Message.ExtendedInfo")
+        resource["Messages"] = info or [message("Success", "The request completed "
+                                                "successfully.", severity="OK")]
+
+    def _task_monitor(self, method: str, path: str) -> Result:
+        task = self._tasks.get(path[len(TASK_MONITORS) + 1:])
+        if task is None:
+            raise not_found(path)
+        self._require_method(method, "GET, HEAD")
+        self._advance(task)
+        if task.result is None:
+            uri = f"{TASKS}/{task.task_id}"
+            return Result(202, self.state.with_etag(uri),
+                          {"Location": path, "Retry-After": str(self.retry_after_s)})
+        return task.result
+
+
+# ----- command line ------------------------------------------------------------------------
+
+async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    url = await sim.start(host, port)
+    click.echo(f"Redfish simulator serving {url}/redfish/v1 (Ctrl-C to stop)")
+    try:
+        await stop.wait()
+    finally:
+        await sim.stop()
+
+
+@click.command("redfish")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to bind (0: any free port).")
+@click.option("--regions", default=2, show_default=True, type=click.IntRange(0),
+              help="Generated regions.")
+@click.option("--racks-per-region", default=4, show_default=True, type=click.IntRange(0))
+@click.option("--devices-per-rack", default=16, show_default=True, type=click.IntRange(0))
+@click.option("--hosts-per-rack", default=4, show_default=True, type=click.IntRange(0))
+@click.option("--device-mix", default="gpu", show_default=True,
+              type=click.Choice(["gpu", "mixed"]), help="All GPUs, or GPU/FPGA/NVMe/CXL.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Same seed, same inventory.")
+@click.option("--mockup-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Serve this DMTF mockup folder instead of a generated inventory.")
+@click.option("--username", default="admin", show_default=True)
+@click.option("--password-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="File holding the password (default password: 'password').")
+@click.option("--auth", default="any", show_default=True,
+              type=click.Choice(["any", "session", "basic", "none"]))
+@click.option("--task-mode/--no-task-mode", default=False, show_default=True,
+              help="Answer writes with 202 and a task monitor.")
+@click.option("--page-size", type=click.IntRange(1), default=None,
+              help="Page collections with this many members.")
+@click.option("--latency", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds added to every answer.")
+@click.option("--error-rate", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of requests answered with 503.")
+@click.option("--require-if-match/--no-require-if-match", default=False, show_default=True,
+              help="Refuse a PATCH without If-Match (428).")
+def cli(host: str, port: int, regions: int, racks_per_region: int, devices_per_rack: int,
+        hosts_per_rack: int, device_mix: str, seed: int, mockup_dir: Path | None,
+        username: str, password_file: Path | None, auth: AuthMode, task_mode: bool,
+        page_size: int | None, latency: float, error_rate: float,
+        require_if_match: bool) -> None:
+    """Serve a simulated Redfish fabric manager (CompositionService) until Ctrl-C or SIGTERM."""
+    password = "password"
+    if password_file is not None:
+        password = password_file.read_text(encoding="utf-8").rstrip("\r\n")
+    spec = None if mockup_dir is not None else InventorySpec(
+        regions=regions, racks_per_region=racks_per_region, devices_per_rack=devices_per_rack,
+        hosts_per_rack=hosts_per_rack, device_mix=device_mix, seed=seed)
+    try:
+        sim = RedfishSimulator(spec=spec, mockup_dir=mockup_dir, username=username,
+                               password=password, auth=auth, task_mode=task_mode,
+                               page_size=page_size,
+                               faults=Faults(latency_s=latency, error_rate=error_rate),
+                               require_if_match=require_if_match)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    asyncio.run(_serve_until_stopped(sim, host, port))
