@@ -273,6 +273,21 @@ class NodeLabelSettings(_Section):
         return value
 
 
+class HostMappingSettings(_Section):
+    """How a Kubernetes node is matched to a fabric host (a Redfish ComputerSystem)."""
+
+    match: Literal["hostname", "label", "annotation", "provider_id"] = Field(
+        default="hostname",
+        description="hostname (node name or kubernetes.io/hostname label = the host's HostName, "
+        "short names allowed), label or annotation (its value = host id), or provider_id "
+        "(spec.providerID ends with the host id)",
+    )
+    key: LabelKey = Field(
+        default="fabric-dra.io/host-id",
+        description="the label or annotation key holding the host id (for label or annotation)",
+    )
+
+
 class LogSettings(_Section):
     """Logging."""
 
@@ -306,6 +321,7 @@ class Settings(BaseSettings):
     inventory: InventorySettings = Field(default_factory=InventorySettings)
     pools: PoolSettings = Field(default_factory=PoolSettings)
     node_labels: NodeLabelSettings = Field(default_factory=NodeLabelSettings)
+    hosts: HostMappingSettings = Field(default_factory=HostMappingSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     @classmethod

@@ -12,7 +12,10 @@ from typing import Any
 from sqlalchemy import select
 
 from app.db.engine import Database
-from app.db.models import Device, InventoryStatus
+from app.db.models import Device, Host, InventoryStatus, Reservation
+from app.fabric.types import Location
+from app.hostmap import HostRef
+from app.pools import PoolDevice
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +106,52 @@ async def list_status(db: Database) -> list[StatusView]:
         )
         for r in rows
     ]
+
+
+async def pool_devices(db: Database, backend: str | None = None) -> list[PoolDevice]:
+    """Every present device as a :class:`app.pools.PoolDevice`, for publishing.
+
+    ``attach_failed`` is True for devices whose active reservation is in state ``failed``.
+    """
+    query = select(Device).where(Device.removed_at.is_(None))
+    if backend is not None:
+        query = query.where(Device.backend == backend)
+    async with db.read() as session:
+        rows = (await session.scalars(query)).all()
+        failed = set(
+            (await session.scalars(
+                select(Reservation.device_id).where(Reservation.state == "failed")
+            )).all()
+        )
+    return [
+        PoolDevice(
+            name=r.name,
+            device_type=r.device_type,
+            location=Location(
+                region=r.region, zone=r.zone, site=r.site, row=r.row, rack=r.rack,
+                chassis=r.chassis, slot=r.slot, fabric=r.fabric, fabric_zone=r.fabric_zone,
+            ),
+            health=r.health,
+            vendor=r.vendor,
+            model=r.model,
+            uuid=r.uuid,
+            serial=r.serial,
+            part_number=r.part_number,
+            firmware_version=r.firmware_version,
+            memory_mib=r.memory_mib,
+            capacity=dict(r.capacity or {}),
+            attributes=dict(r.attributes or {}),
+            cordoned=r.cordoned_at is not None,
+            attach_failed=r.id in failed,
+        )
+        for r in rows
+    ]
+
+
+async def host_refs(db: Database) -> list[HostRef]:
+    """Every present host as a :class:`app.hostmap.HostRef`."""
+    async with db.read() as session:
+        rows = (await session.execute(
+            select(Host.host_id, Host.hostname).where(Host.removed_at.is_(None))
+        )).all()
+    return [HostRef(host_id, hostname) for host_id, hostname in rows]

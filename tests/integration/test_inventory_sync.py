@@ -228,3 +228,19 @@ async def test_the_loop_syncs_on_trigger_and_survives_errors(db: Database) -> No
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_pool_devices_and_host_refs_come_from_present_rows(db: Database) -> None:
+    from app.inventory.queries import host_refs, pool_devices
+
+    backend = inventory(regions=1, racks=1, per_rack=3)
+    sync, _ = make_sync(backend, db)
+    await sync.sync_once()
+    backend.devices.pop()
+    await sync.sync_once()
+    devices = await pool_devices(db)
+    assert len(devices) == 2
+    assert {d.location.rack for d in devices} == {"rack-01"}
+    assert all(not d.cordoned and not d.attach_failed for d in devices)
+    refs = await host_refs(db)
+    assert {r.hostname for r in refs} == {"node-us-east-rack-01-1", "node-us-east-rack-01-2"}
