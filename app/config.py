@@ -273,6 +273,48 @@ class NodeLabelSettings(_Section):
         return value
 
 
+class KubeSettings(_Section):
+    """How to reach the Kubernetes API server."""
+
+    mode: Literal["in-cluster", "kubeconfig", "url"] = Field(
+        default="in-cluster",
+        description="in-cluster (the pod's service account), kubeconfig or url",
+    )
+    url: str | None = Field(
+        default=None, description="the API server's URL for mode url, e.g. https://10.0.0.1:6443"
+    )
+    token_file: Path | None = Field(
+        default=None, description="path of a file holding a bearer token (mode url)"
+    )
+    ca_bundle: Path | None = Field(
+        default=None, description="path of a PEM CA bundle for the API server (mode url)"
+    )
+    tls_verify: bool = Field(
+        default=True, description="true or false: verify the API server's certificate"
+    )
+    kubeconfig: Path | None = Field(default=None, description="kubeconfig path (mode kubeconfig)")
+    context: str | None = Field(default=None, description="kubeconfig context name")
+    resource_api_version: Literal["auto", "v1", "v1beta2", "v1beta1"] = Field(
+        default="auto",
+        description="auto (from discovery: v1, then v1beta2, then v1beta1) or a fixed version",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s@]+/?$", value):
+            raise ValueError("is not an http:// or https:// URL without a path")
+        return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _mode_complete(self) -> KubeSettings:
+        if self.mode == "url" and self.url is None:
+            raise ValueError("kube.mode is url but kube.url is not set")
+        if self.mode == "kubeconfig" and self.kubeconfig is None:
+            raise ValueError("kube.mode is kubeconfig but kube.kubeconfig is not set")
+        return self
+
+
 class HostMappingSettings(_Section):
     """How a Kubernetes node is matched to a fabric host (a Redfish ComputerSystem)."""
 
@@ -322,6 +364,7 @@ class Settings(BaseSettings):
     pools: PoolSettings = Field(default_factory=PoolSettings)
     node_labels: NodeLabelSettings = Field(default_factory=NodeLabelSettings)
     hosts: HostMappingSettings = Field(default_factory=HostMappingSettings)
+    kube: KubeSettings = Field(default_factory=KubeSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     @classmethod

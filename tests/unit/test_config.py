@@ -181,3 +181,29 @@ def test_credentials_in_bad_urls_are_not_echoed(environ: dict[str, str]) -> None
     with pytest.raises(ConfigError) as err:
         load_settings(environ=environ)
     assert "hunter2" not in str(err.value) and "***@" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [({"FABRIC_DRA_KUBE__MODE": "url"}, "kube.mode is url but kube.url is not set"),
+     ({"FABRIC_DRA_KUBE__MODE": "kubeconfig"}, "kube.kubeconfig is not set"),
+     ({"FABRIC_DRA_KUBE__MODE": "url", "FABRIC_DRA_KUBE__URL": "ftp://x"},
+      "setting kube.url (from environment FABRIC_DRA_KUBE__URL)"),
+     ({"FABRIC_DRA_KUBE__RESOURCE_API_VERSION": "v2"}, "setting kube.resource_api_version"),
+     ({"FABRIC_DRA_HOSTS__MATCH": "guess"}, "setting hosts.match")],
+)
+def test_bad_kube_and_host_settings(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_settings(environ=environ)
+
+
+def test_kube_client_settings_from_settings(tmp_path: Path) -> None:
+    from app.kube.client import KubeAuthMode
+    from app.kube.factory import kube_client_settings
+
+    settings = load_settings(environ={"FABRIC_DRA_KUBE__MODE": "url",
+                                      "FABRIC_DRA_KUBE__URL": "http://127.0.0.1:6443"})
+    client = kube_client_settings(settings.kube)
+    assert client.mode is KubeAuthMode.URL and client.url == "http://127.0.0.1:6443"
+    with pytest.raises(ConfigError, match="settings kube: in-cluster config"):
+        kube_client_settings(load_settings(environ={}).kube, environ={})
