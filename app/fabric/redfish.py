@@ -1,0 +1,1105 @@
+"""The Redfish fabric backend: inventory and attach/detach through a Redfish CompositionService.
+
+This module owns the HTTP side: one request function (authentication, TLS, timeouts, the
+concurrency limit, error mapping), retries, collection paging, the listing walk and the
+attach/detach protocol. Turning payloads into value types is in :mod:`app.fabric.redfish_parse`,
+which also documents how Redfish locations and holders map to ours.
+
+Listing: ``/redfish/v1/`` -> ``CompositionService.ResourceBlocks`` -> each block -> its
+``Processors``, ``Drives``, ``Storage/*/Drives``, ``SimpleStorage`` devices, ``Memory``,
+``NetworkInterfaces`` and ``EthernetInterfaces``. ``vendor_id`` is the URI a device was reached
+at from its block and ``attach_unit`` is the block's URI; a device reachable twice is listed once
+(first block in collection order). Compute and ComputerSystem blocks contribute only their
+accelerator processors and are skipped, not rejected, when they have none.
+
+Attach / detach expand an existing System (Redfish "expandable system" composition): the
+``ComputerSystem.AddResourceBlock`` / ``RemoveResourceBlock`` actions when the System advertises
+them, else ``PATCH`` of the System's full ``Links.ResourceBlocks`` with ``If-Match``. Both are
+idempotent: the current holders are read first and nothing is written when the wanted state
+already holds.
+
+Retries (tenacity, exponential backoff with jitter): GETs on any
+:class:`~app.fabric.errors.FabricUnavailable` except TLS failures; writes only when nothing can
+have happened (the connection was never made, or the service answered 429/503, honouring
+``Retry-After``). A write whose outcome is unknown (timeout, dropped connection, another 5xx, a
+task monitor that vanished) is never resent blindly: the state is read again and the write is
+made again only if it has not taken effect, at most ``RetrySettings.attempts`` times.
+
+Errors beyond :mod:`app.fabric.errors`: :class:`FabricTaskTimeout` (a FabricTimeout carrying the
+task monitor URI as ``op_id``). Listings also raise FabricInvalidData when the service root or a
+collection page is malformed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import random
+import ssl
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+import aiohttp
+from multidict import CIMultiDictProxy
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+)
+from yarl import URL
+
+from app.fabric.errors import (
+    FabricAuthError,
+    FabricConflict,
+    FabricError,
+    FabricInvalidData,
+    FabricNotFound,
+    FabricPreconditionFailed,
+    FabricTimeout,
+    FabricUnavailable,
+)
+from app.fabric.redfish_parse import (
+    BadItem,
+    BlockInfo,
+    ChassisPlace,
+    DeviceContext,
+    DeviceSource,
+    SystemInfo,
+    block_hosts,
+    classify_message_ids,
+    error_from_response,
+    host_from_system,
+    is_task,
+    link,
+    location_from_chain,
+    message_ids,
+    norm_uri,
+    obj,
+    parse_block,
+    parse_chassis,
+    parse_collection_page,
+    parse_device,
+    parse_retry_after,
+    parse_simple_storage,
+    parse_system,
+    parse_task,
+    storage_drive_links,
+)
+from app.fabric.types import (
+    FabricDevice,
+    FabricHost,
+    Listing,
+    Location,
+    Operation,
+    OperationState,
+    Rejected,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+AuthMode = Literal["session", "basic", "none"]
+SERVICE_ROOT = "/redfish/v1/"
+SESSIONS = "/redfish/v1/SessionService/Sessions"
+MAX_CHASSIS_DEPTH = 8
+MAX_PAGES = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySettings:
+    """How calls are retried.
+
+    Attributes:
+        attempts: tries per call, first included (>= 1).
+        initial_backoff_s: first backoff in seconds; doubles each try, plus up to as much
+            random jitter.
+        max_backoff_s: largest backoff in seconds.
+        max_retry_after_s: largest ``Retry-After`` honoured, in seconds (longer is capped).
+    """
+
+    attempts: int = 4
+    initial_backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    max_retry_after_s: float = 60.0
+
+
+class FabricTaskTimeout(FabricTimeout):
+    """A Redfish task did not finish within the task timeout.
+
+    Attributes:
+        op_id: the task monitor URI; pass it to :meth:`RedfishBackend.operation_status`.
+    """
+
+    def __init__(self, message: str, *, op_id: str) -> None:
+        super().__init__(message)
+        self.op_id = op_id
+
+
+class _NotSent(FabricUnavailable):
+    """The connection could not be made: the request never reached the service."""
+
+
+class _Busy(FabricUnavailable):
+    """The service answered 429 or 503: it did nothing and asks to be called later."""
+
+    def __init__(
+        self, message: str, *, status: int, vendor_code: str | None, retry_after: float | None
+    ) -> None:
+        super().__init__(message, status=status, vendor_code=vendor_code)
+        self.retry_after = retry_after
+
+
+class _TlsFailure(FabricUnavailable):
+    """TLS verification failed; retrying cannot help until the configuration changes."""
+
+
+class _Secret:
+    """A string that never shows itself in repr or str."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, slots=True)
+class _Response:
+    status: int
+    headers: CIMultiDictProxy[str]
+    body: Any
+
+
+class RedfishBackend:
+    """A :class:`~app.fabric.backend.FabricBackend` speaking Redfish over aiohttp.
+
+    Args:
+        base_url: the service origin, ``https://host[:port]`` (no path, no user info).
+        username, password: credentials (plain values the caller has read); never logged,
+            never in messages or repr.
+        auth: ``session`` (``POST /redfish/v1/SessionService/Sessions``, ``X-Auth-Token``,
+            renewed once on 401, deleted on :meth:`close`), ``basic`` or ``none``.
+        verify_tls: verify the service's certificate (default True).
+        ca_file: a PEM CA bundle to verify against instead of the system store.
+        timeout_s: per HTTP call, in seconds.
+        max_concurrency: HTTP calls in flight at once.
+        session: an aiohttp session to use (not closed by :meth:`close`); else one is made on
+            first use and owned.
+        retry: see :class:`RetrySettings`.
+        task_poll_interval_s: seconds between task monitor polls when the service gives no
+            ``Retry-After``.
+        task_timeout_s: seconds to wait for a 202 task before :class:`FabricTaskTimeout`.
+
+    Raises:
+        ValueError: a malformed base URL, an unknown auth mode, missing credentials, or an
+            unreadable CA bundle.
+    """
+
+    kind = "redfish"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        auth: AuthMode = "session",
+        verify_tls: bool = True,
+        ca_file: str | Path | None = None,
+        timeout_s: float = 30.0,
+        max_concurrency: int = 16,
+        session: aiohttp.ClientSession | None = None,
+        retry: RetrySettings | None = None,
+        task_poll_interval_s: float = 1.0,
+        task_timeout_s: float = 300.0,
+    ) -> None:
+        origin = URL(base_url)
+        if not origin.is_absolute() or origin.scheme not in ("http", "https"):
+            raise ValueError(f"base URL {base_url!r} is not an http(s) URL")
+        if origin.user is not None or origin.password is not None:
+            raise ValueError("base URL must not carry credentials")
+        if origin.path not in ("", "/") or origin.query_string or origin.fragment:
+            raise ValueError(f"base URL {origin.origin()} must be an origin, without a path")
+        if auth not in ("session", "basic", "none"):
+            raise ValueError(f"auth mode {auth!r} is not one of session, basic, none")
+        if auth != "none" and (username is None or password is None):
+            raise ValueError(f"auth mode {auth!r} needs a username and a password")
+        if max_concurrency < 1 or timeout_s <= 0 or task_timeout_s <= 0:
+            raise ValueError("max_concurrency, timeout_s and task_timeout_s must be positive")
+        self._origin = origin.origin()
+        self._username = _Secret(username or "")
+        self._password = _Secret(password or "")
+        # RFC 7617 Basic credentials, UTF-8 encoded.
+        pair = f"{username or ''}:{password or ''}".encode()
+        self._basic = _Secret(f"Basic {base64.b64encode(pair).decode('ascii')}")
+        self._auth: AuthMode = auth
+        self._ssl: ssl.SSLContext | bool = False
+        if self._origin.scheme == "https":
+            if verify_tls:
+                try:
+                    self._ssl = ssl.create_default_context(
+                        cafile=None if ca_file is None else str(ca_file)
+                    )
+                except (OSError, ssl.SSLError) as err:
+                    raise ValueError(f"CA bundle {ca_file} cannot be used: {err}") from err
+            else:
+                self._ssl = False
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._max_concurrency = max_concurrency
+        self._session = session
+        self._owns_session = session is None
+        self._retry = retry or RetrySettings()
+        if self._retry.attempts < 1:
+            raise ValueError("retry.attempts must be at least 1")
+        self._poll_s = task_poll_interval_s
+        self._task_timeout_s = task_timeout_s
+        self._token: str | None = None
+        self._session_uri: str | None = None
+        self._login_lock = asyncio.Lock()
+        self._root: Mapping[str, Any] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RedfishBackend({str(self._origin)!r}, auth={self._auth!r})"
+
+    # --- transport ------------------------------------------------------------------------
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise FabricError(f"redfish backend for {self._origin} is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_concurrency)
+            )
+        return self._session
+
+    def _path(self, ref: str) -> str:
+        """The path (and query) of ``ref`` resolved against the service origin.
+
+        Raises:
+            FabricInvalidData: ``ref`` points at another origin; credentials are only sent to
+                the configured one.
+        """
+        target = self._origin.join(URL(ref))
+        if target.origin() != self._origin:
+            raise FabricInvalidData(f"refusing to follow {ref!r}: outside {self._origin}")
+        return target.raw_path_qs
+
+    def _redact(self, message: str) -> str:
+        for secret in (self._password.value, self._username.value):
+            if len(secret) >= 3:
+                message = message.replace(secret, "<redacted>")
+        return message
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        json_body: Any = None,
+        basic: bool = False,
+    ) -> tuple[int, CIMultiDictProxy[str], bytes]:
+        """One HTTP exchange; transport failures become typed errors."""
+        context = f"{method} {path}"
+        send_headers = dict(headers)
+        if basic:
+            send_headers["Authorization"] = self._basic.value
+        try:
+            async with (
+                self._semaphore,
+                self._http().request(
+                    method,
+                    self._origin.join(URL(path, encoded=True)),
+                    headers=send_headers,
+                    data=None if json_body is None else json.dumps(json_body),
+                    ssl=self._ssl,
+                    timeout=self._timeout,
+                    allow_redirects=False,
+                ) as response,
+            ):
+                raw = await response.read()
+                return response.status, response.headers, raw
+        except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as err:
+            raise _TlsFailure(
+                f"{context}: TLS verification of {self._origin} failed ({err.__class__.__name__}:"
+                f" {self._redact(str(err))}); configure the CA bundle that signed its certificate"
+            ) from err
+        except aiohttp.ClientConnectorError as err:
+            raise _NotSent(f"{context}: cannot connect to {self._origin}: {err}") from err
+        except TimeoutError as err:
+            raise FabricTimeout(f"{context}: no answer within {self._timeout.total} s") from err
+        except aiohttp.ServerDisconnectedError as err:
+            raise FabricUnavailable(f"{context}: server closed the connection") from err
+        except aiohttp.ClientError as err:
+            raise FabricUnavailable(
+                f"{context}: {err.__class__.__name__}: {self._redact(str(err))}"
+            ) from err
+
+    async def _login(self) -> None:
+        body = {"UserName": self._username.value, "Password": self._password.value}
+        status, headers, raw = await self._send(
+            "POST",
+            SESSIONS,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            json_body=body,
+        )
+        context = f"login to {self._origin}"
+        if status in (401, 403):
+            raise FabricAuthError(f"{context}: credentials refused (HTTP {status})", status=status)
+        if status >= 400:
+            error = error_from_response(status, _decode(raw), context=context)
+            raise type(error)(
+                self._redact(str(error)), status=status, vendor_code=error.vendor_code
+            )
+        token = headers.get("X-Auth-Token")
+        if not token:
+            raise FabricInvalidData(f"{context}: HTTP {status} without an X-Auth-Token header")
+        self._token = token
+        location = headers.get("Location")
+        if location is None:
+            decoded = _decode(raw)
+            if isinstance(decoded, Mapping) and isinstance(decoded.get("@odata.id"), str):
+                location = decoded["@odata.id"]
+        try:
+            self._session_uri = None if location is None else self._path(location)
+        except FabricInvalidData:
+            self._session_uri = None
+
+    async def _ensure_token(self) -> str:
+        if self._token is not None:
+            return self._token
+        async with self._login_lock:
+            if self._token is None:
+                await self._login()
+            assert self._token is not None
+            return self._token
+
+    async def _renew(self, stale: str) -> str:
+        async with self._login_lock:
+            # Concurrent requests may all see the same 401: only the first logs in again.
+            if self._token == stale:
+                self._token = None
+                self._session_uri = None
+                await self._login()
+            assert self._token is not None
+            return self._token
+
+    async def _request(
+        self,
+        method: str,
+        ref: str,
+        *,
+        json_body: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> _Response:
+        """The one request function: auth, error mapping and JSON decoding.
+
+        Returns:
+            A 1xx or 2xx answer, with its JSON body decoded (None when empty).
+
+        Raises:
+            FabricError: a subclass for every failure (see
+                :func:`app.fabric.redfish_parse.error_from_response`); 429/503 answers are
+                ``_Busy`` (a FabricUnavailable) with the ``Retry-After`` delay;
+                FabricInvalidData for a success body that is not JSON, or a redirect.
+        """
+        path = self._path(ref)
+        context = f"{method} {path}"
+        send_headers = {"Accept": "application/json", "OData-Version": "4.0"}
+        if json_body is not None:
+            send_headers["Content-Type"] = "application/json"
+        send_headers.update(headers or {})
+        token: str | None = None
+        if self._auth == "session":
+            token = await self._ensure_token()
+        for renewal in (False, True):
+            if token is not None:
+                send_headers["X-Auth-Token"] = token
+            status, response_headers, raw = await self._send(
+                method,
+                path,
+                headers=send_headers,
+                json_body=json_body,
+                basic=self._auth == "basic",
+            )
+            if status == 401 and token is not None and not renewal:
+                logger.info("redfish session for %s expired; logging in again", self._origin)
+                token = await self._renew(token)
+                continue
+            break
+        if status >= 400:
+            body = _decode(raw)
+            error = error_from_response(status, body, context=context)
+            if status in (429, 503):
+                raise _Busy(
+                    str(error),
+                    status=status,
+                    vendor_code=error.vendor_code,
+                    retry_after=parse_retry_after(response_headers.get("Retry-After")),
+                )
+            raise error
+        if 300 <= status < 400:
+            # Not followed: a redirect could carry the session token to another origin.
+            raise FabricInvalidData(
+                f"{context}: HTTP {status} redirect to {response_headers.get('Location')!r}"
+                " is not followed",
+                status=status,
+            )
+        if not raw.strip():
+            return _Response(status, response_headers, None)
+        try:
+            decoded = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise FabricInvalidData(
+                f"{context}: HTTP {status} body is not valid JSON ({err})", status=status
+            ) from err
+        return _Response(status, response_headers, decoded)
+
+    def _wait(self, state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, _Busy) and error.retry_after is not None:
+            return min(error.retry_after, self._retry.max_retry_after_s)
+        return self._backoff(state.attempt_number)
+
+    def _backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed try number ``attempt`` (from 1)."""
+        # Exponential backoff with jitter on top, so that many callers do not retry in
+        # lockstep after a shared outage.
+        settings = self._retry
+        step: float = settings.initial_backoff_s * 2.0 ** min(attempt - 1, 30)
+        return min(step + random.uniform(0.0, step), settings.max_backoff_s)
+
+    def _retrying(self, retryable: Callable[[BaseException], bool]) -> AsyncRetrying:
+        return AsyncRetrying(
+            stop=stop_after_attempt(self._retry.attempts),
+            wait=self._wait,
+            retry=retry_if_exception(retryable),
+            reraise=True,
+        )
+
+    async def _get(self, ref: str) -> _Response:
+        """GET with retries on FabricUnavailable (not on TLS failures)."""
+        retrying = self._retrying(
+            lambda err: isinstance(err, FabricUnavailable) and not isinstance(err, _TlsFailure)
+        )
+        return await retrying(self._request, "GET", ref)
+
+    async def _write(
+        self, method: str, ref: str, body: Any, headers: Mapping[str, str] | None = None
+    ) -> _Response:
+        """A write, retried only when the service cannot have acted on it."""
+        retrying = self._retrying(lambda err: isinstance(err, _NotSent | _Busy))
+        return await retrying(self._request, method, ref, json_body=body, headers=headers)
+
+    async def _gather(
+        self, func: Callable[[T], Coroutine[Any, Any, U]], items: Iterable[T]
+    ) -> list[U]:
+        """``func`` over ``items`` concurrently; the first error cancels the rest and is raised
+        as itself (not as an exception group)."""
+        tasks: list[asyncio.Task[U]] = []
+        try:
+            async with asyncio.TaskGroup() as group:
+                for item in items:
+                    tasks.append(group.create_task(func(item)))
+        except BaseExceptionGroup as errors:
+            first = _first_error(errors)
+            # Keep the error's own cause (the transport error) rather than the group.
+            raise first from first.__cause__
+        return [task.result() for task in tasks]
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def _service_root(self) -> Mapping[str, Any]:
+        if self._root is None:
+            response = await self._get(SERVICE_ROOT)
+            if not isinstance(response.body, Mapping):
+                raise FabricInvalidData(f"GET {SERVICE_ROOT}: body is not a JSON object")
+            self._root = response.body
+        return self._root
+
+    async def _root_link(self, *names: str) -> str:
+        current: Mapping[str, Any] = await self._service_root()
+        where = SERVICE_ROOT
+        for index, name in enumerate(names):
+            try:
+                uri = link(current.get(name), f"{where} {name}")
+            except BadItem as err:
+                raise FabricInvalidData(f"service has no usable {name}: {err.reason}") from err
+            if index == len(names) - 1:
+                return uri
+            response = await self._get(uri)
+            if not isinstance(response.body, Mapping):
+                raise FabricInvalidData(f"GET {uri}: body is not a JSON object")
+            current, where = response.body, uri
+        raise ValueError("no link names given")
+
+    async def _collection(self, uri: str) -> tuple[list[str], list[Rejected]]:
+        """Every member URI of a collection, following ``Members@odata.nextLink``.
+
+        Raises:
+            FabricUnavailable: any page could not be read (never a partial list).
+            FabricInvalidData: a page is not a collection, or the pages loop.
+            FabricAuthError: credentials refused.
+        """
+        members: dict[str, None] = {}
+        rejected: list[Rejected] = []
+        seen: set[str] = set()
+        page_ref: str | None = uri
+        while page_ref is not None:
+            page_path = self._path(page_ref)
+            if page_path in seen or len(seen) >= MAX_PAGES:
+                raise FabricInvalidData(f"collection {uri}: page {page_path} repeats")
+            seen.add(page_path)
+            try:
+                response = await self._get(page_path)
+            except (FabricUnavailable, FabricAuthError, FabricInvalidData):
+                raise
+            except FabricError as err:
+                raise FabricUnavailable(
+                    f"collection {uri}: page {page_path} unreadable: {err}",
+                    status=err.status,
+                    vendor_code=err.vendor_code,
+                ) from err
+            page = parse_collection_page(response.body, page_path)
+            for member in page.members:
+                members.setdefault(member, None)
+            rejected.extend(
+                Rejected(f"{uri}#/Members/{index}", f"collection member: {reason}", "bad-type")
+                for index, reason in page.bad_members
+            )
+            page_ref = page.next_link
+        return list(members), rejected
+
+    async def _read_item(self, uri: str) -> Any:
+        """A member resource's body, or BadItem when this one item cannot be read.
+
+        Listing-wide failures (FabricUnavailable, FabricAuthError) propagate.
+        """
+        try:
+            response = await self._get(uri)
+        except (FabricUnavailable, FabricAuthError):
+            raise
+        except FabricError as err:
+            raise BadItem(str(err), "fetch-failed") from err
+        return response.body
+
+    async def _systems(self) -> tuple[list[SystemInfo], list[Rejected]]:
+        systems_uri = await self._root_link("Systems")
+        uris, rejected = await self._collection(systems_uri)
+
+        async def read(uri: str) -> SystemInfo | Rejected:
+            try:
+                return parse_system(await self._read_item(uri), uri)
+            except BadItem as err:
+                return Rejected(uri, f"system: {err.reason}", err.kind)
+
+        systems: list[SystemInfo] = []
+        ids: set[str] = set()
+        for result in await self._gather(read, uris):
+            if isinstance(result, Rejected):
+                rejected.append(result)
+            elif result.host_id in ids:
+                rejected.append(
+                    Rejected(result.uri, f"system Id {result.host_id!r} repeats", "duplicate")
+                )
+            else:
+                ids.add(result.host_id)
+                systems.append(result)
+        return systems, rejected
+
+    async def list_hosts(self) -> Listing[FabricHost]:
+        """Every ComputerSystem as a :class:`FabricHost`.
+
+        Location comes from the System's first ``Links.Chassis`` (rules in
+        :mod:`app.fabric.redfish_parse`). A System that cannot be read or parsed is a
+        Rejected entry.
+
+        Raises:
+            FabricUnavailable: the listing could not be read completely.
+            FabricAuthError: credentials were refused.
+            FabricInvalidData: the service root or a collection page is malformed.
+        """
+        systems, rejected = await self._systems()
+        walk = _ChassisCache(self)
+
+        async def host(system: SystemInfo) -> FabricHost | Rejected:
+            try:
+                chain = await walk.chain(system.chassis[0]) if system.chassis else []
+            except BadItem as err:
+                return Rejected(system.uri, f"system location: {err.reason}", err.kind)
+            return host_from_system(system, location_from_chain(chain))
+
+        hosts: list[FabricHost] = []
+        for result in await self._gather(host, systems):
+            if isinstance(result, Rejected):
+                rejected.append(result)
+            else:
+                hosts.append(result)
+        return Listing(tuple(hosts), tuple(rejected))
+
+    async def list_devices(self) -> Listing[FabricDevice]:
+        """Every composable device, with location, health, holder and shareability.
+
+        A block, device, storage or chassis that cannot be read (404, malformed JSON) or
+        parsed becomes a Rejected entry for the devices it concerns; the rest still lists.
+        Systems are read too, to find holders that only the System records; a System that
+        cannot be parsed is reported by :meth:`list_hosts`, not here.
+
+        Raises:
+            FabricUnavailable: any collection page or a needed resource could not be read
+                after retries (never a partial listing).
+            FabricAuthError: credentials were refused.
+            FabricInvalidData: the service root or a collection page is malformed.
+        """
+        blocks_uri = await self._root_link("CompositionService", "ResourceBlocks")
+        block_uris, rejected = await self._collection(blocks_uri)
+        systems, _ = await self._systems()
+        walk = _DeviceWalk(
+            self,
+            blocks_by_system={s.uri: s.resource_blocks for s in systems},
+            system_ids={s.uri: s.host_id for s in systems},
+        )
+        devices: dict[str, FabricDevice] = {}
+        for results in await self._gather(walk.block, block_uris):
+            for result in results:
+                if isinstance(result, Rejected):
+                    rejected.append(result)
+                else:
+                    devices.setdefault(result.vendor_id, result)
+        return Listing(tuple(devices.values()), tuple(rejected))
+
+    # --- attach / detach ------------------------------------------------------------------
+
+    async def _system_uri(self, host_id: str) -> str:
+        systems_uri = await self._root_link("Systems")
+        return f"{norm_uri(systems_uri)}/{quote(host_id, safe='')}"
+
+    async def _read_system(self, host_id: str, what: str) -> tuple[SystemInfo, str | None]:
+        uri = await self._system_uri(host_id)
+        try:
+            response = await self._get(uri)
+        except FabricNotFound as err:
+            raise FabricNotFound(f"{what}: host not found: {err}", status=err.status) from err
+        try:
+            system = parse_system(response.body, uri)
+        except BadItem as err:
+            raise FabricInvalidData(f"{what}: system {uri}: {err.reason}") from err
+        return system, response.headers.get("ETag") or system.etag
+
+    async def _read_block(self, uri: str, what: str) -> BlockInfo:
+        try:
+            response = await self._get(uri)
+        except FabricNotFound as err:
+            raise FabricNotFound(f"{what}: device not found: {err}", status=err.status) from err
+        try:
+            return parse_block(response.body, uri)
+        except BadItem as err:
+            raise FabricInvalidData(f"{what}: block {uri}: {err.reason}") from err
+
+    async def attach(self, device: FabricDevice, host_id: str) -> Operation:
+        """Attach ``device.attach_unit`` (a ResourceBlock URI) to System ``host_id``.
+
+        Already held by ``host_id``: success with no write. Held by another System and not
+        shareable: FabricConflict. A 202 answer is followed to completion.
+
+        Returns:
+            COMPLETED, with the task monitor as ``op_id`` when the service ran a task.
+
+        Raises:
+            FabricNotFound: unknown block or host (HTTP 404 / ResourceNotFound).
+            FabricConflict: held by another host, or HTTP 409 / ResourceInUse.
+            FabricPreconditionFailed: the System's ETag changed twice in a row (HTTP 412).
+            FabricTaskTimeout: the task did not finish in time or its monitor stopped
+                answering (``op_id`` is the monitor).
+            FabricTimeout: the outcome stayed unknown after repeated re-reads.
+            FabricUnavailable: the service could not be reached.
+            FabricError: the service refused, or the task failed.
+        """
+        return await self._change(device, host_id, attach=True)
+
+    async def detach(self, device: FabricDevice, host_id: str) -> Operation:
+        """Detach ``device.attach_unit`` from System ``host_id``.
+
+        Not held by ``host_id`` (free, or held by another System only): success with no
+        write. Otherwise as :meth:`attach`.
+        """
+        return await self._change(device, host_id, attach=False)
+
+    async def _change(self, device: FabricDevice, host_id: str, *, attach: bool) -> Operation:
+        block_uri = norm_uri(self._path(device.attach_unit))
+        what = (
+            f"attach {block_uri} to host {host_id!r}"
+            if attach
+            else f"detach {block_uri} from host {host_id!r}"
+        )
+        precondition_retries = 0
+        unknown_outcomes = 0
+        while True:
+            system, etag = await self._read_system(host_id, what)
+            block = await self._read_block(block_uri, what)
+            holds = block_uri in system.resource_blocks or system.uri in block.linked_systems
+            if attach and holds:
+                return Operation(None, OperationState.COMPLETED, "already attached")
+            if not attach and not holds:
+                return Operation(None, OperationState.COMPLETED, "not attached")
+            if attach and not block.shareable:
+                others = [
+                    h
+                    for h in block_hosts(block, {}, {system.uri: system.host_id})
+                    if h != system.host_id
+                ]
+                if others:
+                    raise FabricConflict(f"{what}: block is attached to {', '.join(others)}")
+            try:
+                response = await self._write_change(system, etag, block_uri, attach)
+            except FabricPreconditionFailed:
+                if precondition_retries >= 1:
+                    raise
+                precondition_retries += 1
+                continue
+            except (_NotSent, _Busy):
+                raise
+            except FabricUnavailable as err:
+                # The write may or may not have happened: read the state again and decide.
+                unknown_outcomes += 1
+                if unknown_outcomes >= self._retry.attempts:
+                    raise FabricTimeout(
+                        f"{what}: outcome unknown after {unknown_outcomes} tries: {err}"
+                    ) from err
+                logger.warning("%s: outcome unknown (%s); reading the state again", what, err)
+                await asyncio.sleep(self._backoff(unknown_outcomes))
+                continue
+            if response.status != 202:
+                return Operation(None, OperationState.COMPLETED)
+            outcome = await self._follow_task(response, what)
+            if outcome is not None:
+                return outcome
+            unknown_outcomes += 1
+            if unknown_outcomes >= self._retry.attempts:
+                raise FabricTimeout(f"{what}: task outcome unknown after {unknown_outcomes} tries")
+
+    async def _write_change(
+        self, system: SystemInfo, etag: str | None, block_uri: str, attach: bool
+    ) -> _Response:
+        target = system.add_target if attach else system.remove_target
+        if target is not None:
+            return await self._write("POST", target, {"ResourceBlock": {"@odata.id": block_uri}})
+        if attach:
+            wanted = [*system.resource_blocks, block_uri]
+        else:
+            wanted = [uri for uri in system.resource_blocks if uri != block_uri]
+        headers = {"If-Match": etag} if etag else None
+        body = {"Links": {"ResourceBlocks": [{"@odata.id": uri} for uri in wanted]}}
+        return await self._write("PATCH", system.uri, body, headers)
+
+    async def _follow_task(self, accepted: _Response, what: str) -> Operation | None:
+        """Poll the task monitor of a 202 answer until the task ends.
+
+        Returns:
+            COMPLETED with the monitor as op_id, or None when the monitor vanished before
+            saying how it ended (the caller reads the state again).
+
+        Raises:
+            FabricTaskTimeout: not finished within the task timeout, or the monitor could not
+                be read (``op_id`` is the monitor either way).
+            FabricError: the task failed (class chosen by its MessageIds).
+        """
+        monitor_ref = accepted.headers.get("Location")
+        if monitor_ref is None and isinstance(accepted.body, Mapping):
+            raw_id = accepted.body.get("@odata.id")
+            monitor_ref = raw_id if isinstance(raw_id, str) else None
+        if monitor_ref is None:
+            raise FabricInvalidData(f"{what}: HTTP 202 without a task monitor Location")
+        monitor = self._path(monitor_ref)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._task_timeout_s
+        delay = parse_retry_after(accepted.headers.get("Retry-After"))
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise FabricTaskTimeout(
+                    f"{what}: task {monitor} not finished within {self._task_timeout_s} s",
+                    op_id=monitor,
+                )
+            # A service answering "Retry-After: 0" forever must not be polled in a busy loop.
+            pause = self._poll_s if delay is None else max(delay, self._poll_s / 10)
+            await asyncio.sleep(min(pause, self._retry.max_retry_after_s, remaining))
+            try:
+                response = await self._get(monitor)
+            except FabricNotFound:
+                logger.warning("%s: task monitor %s is gone; reading the state", what, monitor)
+                return None
+            except FabricUnavailable as err:
+                # The task may still run: hand out its monitor so the caller can ask later.
+                raise FabricTaskTimeout(
+                    f"{what}: task {monitor} could not be followed: {err}", op_id=monitor
+                ) from err
+            except FabricError as err:
+                if isinstance(err, FabricAuthError):
+                    raise
+                raise type(err)(
+                    f"{what}: task failed: {err}", status=err.status, vendor_code=err.vendor_code
+                ) from err
+            operation = _task_outcome(response, monitor)
+            if operation.state is OperationState.RUNNING:
+                delay = parse_retry_after(response.headers.get("Retry-After"))
+                continue
+            if operation.state is OperationState.FAILED:
+                raise _task_error(response.body, what, operation)
+            return operation
+
+    async def operation_status(self, op_id: str) -> Operation:
+        """The state of a task monitor or Task URI returned earlier.
+
+        Returns:
+            RUNNING while the monitor answers 202 (or the Task runs), COMPLETED when done,
+            FAILED with the service's message when the operation ended in an error.
+
+        Raises:
+            FabricNotFound: the monitor or task does not exist (any more).
+            FabricUnavailable, FabricAuthError: the service could not be asked.
+            FabricInvalidData: ``op_id`` is not on this service, or the answer is malformed.
+        """
+        monitor = self._path(op_id)
+        try:
+            response = await self._get(monitor)
+        except (FabricNotFound, FabricUnavailable, FabricAuthError, FabricInvalidData):
+            raise
+        except FabricError as err:
+            return Operation(monitor, OperationState.FAILED, str(err))
+        return _task_outcome(response, monitor)
+
+    async def close(self) -> None:
+        """Delete the login session (best effort) and close the owned HTTP session.
+
+        Safe to call twice.
+        """
+        if self._closed:
+            return
+        try:
+            if self._token is not None and self._session_uri is not None:
+                try:
+                    status, _, _ = await self._send(
+                        "DELETE", self._session_uri, headers={"X-Auth-Token": self._token}
+                    )
+                    if status >= 400 and status != 404:
+                        logger.info("redfish logout from %s: HTTP %s", self._origin, status)
+                except (FabricError, RuntimeError) as err:
+                    # RuntimeError: an injected session that its owner closed already.
+                    logger.info("redfish logout from %s failed: %s", self._origin, err)
+        finally:
+            self._token = None
+            self._closed = True
+            if self._owns_session and self._session is not None:
+                await self._session.close()
+            self._session = None
+
+
+class _ChassisCache:
+    """Chassis reads for one listing: each chassis is read once, however many ask for it."""
+
+    def __init__(self, backend: RedfishBackend) -> None:
+        self._backend = backend
+        self._places: dict[str, ChassisPlace | BadItem] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def place(self, uri: str) -> ChassisPlace:
+        key = norm_uri(uri)
+        if key not in self._places:
+            async with self._locks.setdefault(key, asyncio.Lock()):
+                if key not in self._places:
+                    try:
+                        self._places[key] = parse_chassis(await self._backend._read_item(key), key)
+                    except BadItem as err:
+                        self._places[key] = BadItem(f"chassis {key}: {err.reason}", err.kind)
+        value = self._places[key]
+        if isinstance(value, BadItem):
+            raise BadItem(value.reason, value.kind)
+        return value
+
+    async def chain(self, uri: str) -> list[ChassisPlace]:
+        """The chassis at ``uri`` and its ``ContainedBy`` parents, nearest first."""
+        chain: list[ChassisPlace] = []
+        seen: set[str] = set()
+        current: str | None = norm_uri(uri)
+        while current is not None and current not in seen and len(chain) < MAX_CHASSIS_DEPTH:
+            seen.add(current)
+            place = await self.place(current)
+            chain.append(place)
+            current = None if place.contained_by is None else norm_uri(place.contained_by)
+        return chain
+
+
+class _DeviceWalk:
+    """The per-listing walk from one ResourceBlock to its devices."""
+
+    def __init__(
+        self,
+        backend: RedfishBackend,
+        *,
+        blocks_by_system: Mapping[str, Sequence[str]],
+        system_ids: Mapping[str, str],
+    ) -> None:
+        self._backend = backend
+        self._chassis = _ChassisCache(backend)
+        self._blocks_by_system = blocks_by_system
+        self._system_ids = system_ids
+
+    async def block(self, uri: str) -> list[FabricDevice | Rejected]:
+        """The devices of one block, or Rejected entries for its bad parts."""
+        try:
+            block = parse_block(await self._backend._read_item(uri), uri)
+        except BadItem as err:
+            return [Rejected(uri, f"resource block: {err.reason}", err.kind)]
+        results: list[FabricDevice | Rejected] = []
+        device_links = list(block.device_links)
+        known = {device_uri for _, device_uri in device_links}
+        for storage_uri in block.storage:
+            try:
+                drives = storage_drive_links(
+                    await self._backend._read_item(storage_uri), storage_uri
+                )
+            except BadItem as err:
+                results.append(Rejected(storage_uri, f"storage: {err.reason}", err.kind))
+                continue
+            for drive in drives:
+                if drive not in known:
+                    known.add(drive)
+                    device_links.append((DeviceSource.DRIVE, drive))
+        simple_storage = block.simple_storage
+        if block.is_compute:
+            device_links = [d for d in device_links if d[0] is DeviceSource.PROCESSOR]
+            simple_storage = ()
+        if not device_links and not simple_storage:
+            return results
+
+        async def fetch(item: tuple[DeviceSource, str]) -> tuple[DeviceSource, str, Any]:
+            source, device_uri = item
+            try:
+                return source, device_uri, await self._backend._read_item(device_uri)
+            except BadItem as err:
+                return source, device_uri, err
+
+        async def fetch_simple(storage_uri: str) -> tuple[str, Any]:
+            try:
+                return storage_uri, await self._backend._read_item(storage_uri)
+            except BadItem as err:
+                return storage_uri, err
+
+        fetched = await self._backend._gather(fetch, device_links)
+        fetched_simple = await self._backend._gather(fetch_simple, simple_storage)
+        try:
+            location = await self._location(block, fetched)
+        except BadItem as err:
+            bad = [device_uri for _, device_uri, _ in fetched] + list(simple_storage)
+            return results + [Rejected(u, f"location: {err.reason}", err.kind) for u in bad]
+        holders = block_hosts(block, self._blocks_by_system, self._system_ids)
+        context = DeviceContext(block, location, holders[0] if holders else None)
+        for source, device_uri, payload in fetched:
+            if isinstance(payload, BadItem):
+                results.append(Rejected(device_uri, f"device: {payload.reason}", payload.kind))
+                continue
+            try:
+                device = parse_device(payload, device_uri, source, context)
+            except BadItem as err:
+                results.append(Rejected(device_uri, f"device: {err.reason}", err.kind))
+                continue
+            if device is not None:
+                results.append(device)
+        for storage_uri, payload in fetched_simple:
+            if isinstance(payload, BadItem):
+                results.append(Rejected(storage_uri, f"storage: {payload.reason}", payload.kind))
+                continue
+            try:
+                entries = parse_simple_storage(payload, storage_uri, context)
+            except BadItem as err:
+                results.append(Rejected(storage_uri, f"storage: {err.reason}", err.kind))
+                continue
+            for entry in entries:
+                if isinstance(entry, FabricDevice):
+                    results.append(entry)
+                else:
+                    vendor_id, problem = entry
+                    results.append(Rejected(vendor_id, f"device: {problem.reason}", problem.kind))
+        return results
+
+    async def _location(
+        self, block: BlockInfo, fetched: Sequence[tuple[DeviceSource, str, Any]]
+    ) -> Location:
+        chassis_uri = block.chassis[0] if block.chassis else None
+        if chassis_uri is None:
+            # No chassis on the block: use the first device's own Links.Chassis.
+            for _, _, payload in fetched:
+                if isinstance(payload, Mapping):
+                    try:
+                        device_chassis = obj(payload, "Links").get("Chassis")
+                        if isinstance(device_chassis, list):
+                            device_chassis = device_chassis[0] if device_chassis else None
+                        if device_chassis is not None:
+                            chassis_uri = link(device_chassis, "Links.Chassis")
+                            break
+                    except BadItem:
+                        continue
+        chain = await self._chassis.chain(chassis_uri) if chassis_uri else []
+        return location_from_chain(chain, fabric=block.fabric)
+
+
+def _decode(raw: bytes) -> Any:
+    """The JSON in an error body, or None when there is none or it is not JSON."""
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def _task_outcome(response: _Response, monitor: str) -> Operation:
+    if is_task(response.body):
+        return parse_task(response.body, monitor)
+    if response.status == 202:
+        return Operation(monitor, OperationState.RUNNING)
+    return Operation(monitor, OperationState.COMPLETED)
+
+
+def _task_error(body: Any, what: str, operation: Operation) -> FabricError:
+    ids = message_ids(body)
+    known = classify_message_ids(ids)
+    error_class, code = known if known is not None else (FabricError, ids[0] if ids else None)
+    return error_class(
+        f"{what}: task {operation.op_id} failed: {operation.message or 'no message'}",
+        vendor_code=code,
+    )
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The most telling error in a task group's failure: auth first, then any fabric error."""
+    leaves: list[BaseException] = []
+
+    def collect(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                collect(inner)
+        else:
+            leaves.append(error)
+
+    collect(group)
+    for wanted in (FabricAuthError, FabricError):
+        for leaf in leaves:
+            if isinstance(leaf, wanted):
+                return leaf
+    return leaves[0] if leaves else group
