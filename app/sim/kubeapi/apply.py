@@ -1,0 +1,297 @@
+"""Server-side apply: field ownership per manager, recorded in ``metadata.managedFields``.
+
+A simplified structured-merge-diff (sigs.k8s.io/structured-merge-diff, used by
+k8s.io/apiserver pkg/endpoints/handlers/fieldmanager): an applied configuration is merged into
+the live object; the manager owns exactly the leaf fields it sent; fields it owned before and
+no longer sends are removed unless another manager owns them; a field owned by another Apply
+manager with a different value is a 409 Conflict unless ``force``. Lists follow the strategic
+merge list strategies of :mod:`.patch`. Ownership from non-apply updates is recorded but never
+causes conflicts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import StatusError
+from .patch import list_strategy
+
+FieldPath = tuple[str, ...]
+
+# Identity fields that belong to nobody (the real field manager strips them too).
+_UNOWNED: set[FieldPath] = {
+    ("f:apiVersion",), ("f:kind",), ("f:metadata", "f:name"), ("f:metadata", "f:namespace"),
+    ("f:metadata", "f:resourceVersion"), ("f:metadata", "f:uid"),
+    ("f:metadata", "f:generateName"), ("f:metadata", "f:managedFields"),
+    ("f:metadata", "f:creationTimestamp"), ("f:metadata", "f:generation"),
+}
+
+
+def _plain(path: FieldPath) -> tuple[str, ...]:
+    return tuple(p[2:] for p in path if p.startswith("f:"))
+
+
+def field_set(obj: Any, prefix: FieldPath = ()) -> set[FieldPath]:
+    """Leaf field paths of ``obj`` in fieldsV1 element notation (``f:``, ``k:``, ``v:``)."""
+    out: set[FieldPath] = set()
+    if not isinstance(obj, dict):
+        return {prefix} if prefix else out
+    for key, value in obj.items():
+        path = (*prefix, f"f:{key}")
+        if path in _UNOWNED:
+            continue
+        if isinstance(value, dict) and value:
+            out |= field_set(value, path)
+        elif isinstance(value, list):
+            strategy = list_strategy(_plain(path))
+            if strategy == "set":
+                out |= {(*path, "v:" + json.dumps(v)) for v in value}
+            elif isinstance(strategy, tuple):
+                for item in value:
+                    if isinstance(item, dict) and all(k in item for k in strategy):
+                        key_json = json.dumps({k: item[k] for k in strategy},
+                                              separators=(",", ":"), sort_keys=True)
+                        out |= field_set(item, (*path, "k:" + key_json))
+                    else:
+                        out.add(path)
+            else:
+                out.add(path)
+        else:
+            out.add(path)
+    return out
+
+
+def to_fields_v1(paths: Iterable[FieldPath]) -> dict[str, Any]:
+    """Nest leaf paths into the ``fieldsV1`` JSON shape (``{"f:spec": {"f:x": {}}}``)."""
+    root: dict[str, Any] = {}
+    for path in sorted(paths):
+        node = root
+        for element in path:
+            node = node.setdefault(element, {})
+    return root
+
+
+def from_fields_v1(fields: dict[str, Any], prefix: FieldPath = ()) -> set[FieldPath]:
+    """Flatten a ``fieldsV1`` document back into leaf paths (the ``.`` marker is skipped)."""
+    out: set[FieldPath] = set()
+    for key, value in fields.items():
+        if key == ".":
+            continue
+        path = (*prefix, key)
+        if isinstance(value, dict) and any(k != "." for k in value):
+            out |= from_fields_v1(value, path)
+        else:
+            out.add(path)
+    return out
+
+
+def _get(obj: Any, path: FieldPath) -> tuple[bool, Any]:
+    current = obj
+    for element in path:
+        kind, _, rest = element.partition(":")
+        if kind == "f" and isinstance(current, dict) and rest in current:
+            current = current[rest]
+        elif kind == "k" and isinstance(current, list):
+            key = json.loads(rest)
+            match = [i for i in current
+                     if isinstance(i, dict) and all(i.get(k) == v for k, v in key.items())]
+            if not match:
+                return False, None
+            current = match[0]
+        elif kind == "v" and isinstance(current, list):
+            value = json.loads(rest)
+            return (value in current), value
+        else:
+            return False, None
+    return True, current
+
+
+def _remove(obj: Any, path: FieldPath) -> None:
+    parent_found, parent = _get(obj, path[:-1])
+    if not parent_found:
+        return
+    kind, _, rest = path[-1].partition(":")
+    if kind == "f" and isinstance(parent, dict):
+        parent.pop(rest, None)
+    elif kind == "v" and isinstance(parent, list):
+        value = json.loads(rest)
+        if value in parent:
+            parent.remove(value)
+    elif kind == "k" and isinstance(parent, list):
+        key = json.loads(rest)
+        parent[:] = [i for i in parent
+                     if not (isinstance(i, dict) and all(i.get(k) == v for k, v in key.items()))]
+
+
+def _merge(live: Any, config: Any, path: tuple[str, ...]) -> Any:
+    if not isinstance(config, dict) or not isinstance(live, dict):
+        return copy.deepcopy(config)
+    out = copy.deepcopy(live)
+    for key, value in config.items():
+        child = (*path, key)
+        if isinstance(value, dict):
+            out[key] = _merge(out.get(key), value, child)
+        elif isinstance(value, list) and isinstance(out.get(key), list):
+            strategy = list_strategy(child)
+            if strategy == "set":
+                out[key] = [*out[key], *[v for v in value if v not in out[key]]]
+            elif isinstance(strategy, tuple):
+                merged = list(out[key])
+                for item in value:
+                    index = next((i for i, cur in enumerate(merged)
+                                  if isinstance(cur, dict) and isinstance(item, dict)
+                                  and all(cur.get(k) == item.get(k) for k in strategy)), None)
+                    if index is None:
+                        merged.append(copy.deepcopy(item))
+                    else:
+                        merged[index] = _merge(merged[index], item, child)
+                out[key] = merged
+            else:
+                out[key] = copy.deepcopy(value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+@dataclass(frozen=True)
+class ManagerFields:
+    """One ``managedFields`` entry reduced to what ownership needs."""
+
+    manager: str
+    operation: str
+    subresource: str
+    fields: frozenset[FieldPath]
+
+
+def read_managed_fields(obj: dict[str, Any]) -> list[ManagerFields]:
+    """The managers recorded on ``obj`` (entries without fieldsV1 own nothing)."""
+    out: list[ManagerFields] = []
+    for entry in obj.get("metadata", {}).get("managedFields") or []:
+        out.append(ManagerFields(
+            entry.get("manager", ""), entry.get("operation", "Update"),
+            entry.get("subresource", ""),
+            frozenset(from_fields_v1(entry.get("fieldsV1") or {}))))
+    return out
+
+
+def server_side_apply(
+    live: dict[str, Any], config: dict[str, Any], manager: str, *, force: bool,
+    subresource: str = "",
+) -> tuple[dict[str, Any], list[ManagerFields]]:
+    """Apply ``config`` (the manager's full intent) to ``live`` and return the new object and the
+    new manager list (caller writes it to managedFields with timestamps).
+
+    Raises StatusError 409 Conflict listing the conflicting fields and managers when another
+    Apply manager owns a field with a different value and ``force`` is false
+    (sigs.k8s.io/structured-merge-diff merge.Conflicts).
+    """
+    managers = read_managed_fields(live)
+    wanted = field_set(config)
+    if subresource == "status":
+        wanted = {p for p in wanted if p[:1] == ("f:status",)}
+    else:
+        wanted = {p for p in wanted if p[:1] != ("f:status",)}
+    conflicts: list[str] = []
+    for other in managers:
+        if other.manager == manager or other.operation != "Apply":
+            continue
+        for path in wanted & other.fields:
+            found, current = _get(live, path)
+            _, desired = _get(config, path)
+            if found and current != desired:
+                conflicts.append(f'conflict with "{other.manager}": .{".".join(_plain(path))}')
+    if conflicts and not force:
+        message = (f"Apply failed with {len(conflicts)} conflict"
+                   f"{'s' if len(conflicts) > 1 else ''}: " + "\n".join(sorted(conflicts)))
+        raise StatusError(409, "Conflict", message, {
+            "causes": [{"reason": "FieldManagerConflict", "message": c.split(": ", 1)[0],
+                        "field": "." + c.split(": .", 1)[1]} for c in sorted(conflicts)]})
+    previous = next((m.fields for m in managers
+                     if m.manager == manager and m.operation == "Apply"
+                     and m.subresource == subresource), frozenset())
+    merged = _merge(live, config, ())
+    others: set[FieldPath] = set()
+    new_managers: list[ManagerFields] = []
+    for other in managers:
+        if other.manager == manager and other.operation == "Apply" \
+                and other.subresource == subresource:
+            continue
+        # With force the applier takes the fields over from everybody else.
+        kept = frozenset(other.fields - wanted) if force else other.fields
+        others |= kept
+        if kept:
+            new_managers.append(ManagerFields(other.manager, other.operation,
+                                              other.subresource, kept))
+    for path in sorted(previous - wanted - others, key=len, reverse=True):
+        _remove(merged, path)
+        # A map or list emptied by the removal goes too, so that dropping the last label
+        # leaves no ``labels: {}`` behind.
+        for depth in range(len(path) - 1, 1, -1):
+            found, container = _get(merged, path[:depth])
+            if found and container in ({}, []):
+                _remove(merged, path[:depth])
+    new_managers.append(ManagerFields(manager, "Apply", subresource, frozenset(wanted)))
+    return merged, new_managers
+
+
+def record_update(
+    old: dict[str, Any] | None, new: dict[str, Any], manager: str, subresource: str = "",
+) -> list[ManagerFields]:
+    """Managers after a non-apply write by ``manager``: it takes every leaf it changed (all of
+    them on create), and the others lose those fields without conflict, as an Update does in
+    k8s.io/apiserver fieldmanager.
+    """
+    new_fields = field_set(new)
+    if old is None:
+        changed = new_fields
+        managers: list[ManagerFields] = []
+    else:
+        old_fields = field_set(old)
+        changed = {p for p in new_fields
+                   if p not in old_fields or _get(old, p) != _get(new, p)}
+        managers = read_managed_fields(old)
+    if subresource == "status":
+        changed = {p for p in changed if p[:1] == ("f:status",)}
+    out: list[ManagerFields] = []
+    mine: set[FieldPath] = set(changed)
+    for entry in managers:
+        # Fields that vanished from the object are owned by nobody any more.
+        kept = frozenset((entry.fields - changed) & new_fields)
+        if entry.manager == manager and entry.operation == "Update" \
+                and entry.subresource == subresource:
+            mine |= kept
+            continue
+        if kept:
+            out.append(ManagerFields(entry.manager, entry.operation, entry.subresource, kept))
+    if mine:
+        out.append(ManagerFields(manager, "Update", subresource, frozenset(mine)))
+    return out
+
+
+def managed_fields_json(
+    managers: list[ManagerFields], api_version: str, now: str,
+    previous: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """The ``metadata.managedFields`` JSON for ``managers``; an entry whose fields did not change
+    keeps its old ``time``.
+    """
+    old_times = {(e.get("manager"), e.get("operation"), e.get("subresource", "")):
+                 (e.get("time"), e.get("fieldsV1")) for e in previous or []}
+    out: list[dict[str, Any]] = []
+    for m in managers:
+        fields_v1 = to_fields_v1(m.fields)
+        old_time, old_fields = old_times.get((m.manager, m.operation, m.subresource),
+                                             (None, None))
+        entry: dict[str, Any] = {
+            "manager": m.manager, "operation": m.operation, "apiVersion": api_version,
+            "time": old_time if old_fields == fields_v1 and old_time else now,
+            "fieldsType": "FieldsV1", "fieldsV1": fields_v1,
+        }
+        if m.subresource:
+            entry["subresource"] = m.subresource
+        out.append(entry)
+    return out

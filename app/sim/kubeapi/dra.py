@@ -1,0 +1,335 @@
+"""Go-side ResourceSlice rules of resource.k8s.io that the JSON schema cannot express, and
+the name and cause helpers the other resource.k8s.io rules share (:mod:`.dra_claims`).
+
+Ports of k8s.io/kubernetes pkg/apis/resource/validation (validation.go):
+validateResourceSliceSpec, validateDevice, validatePoolName, validateQualifiedName,
+validateDeviceAttribute, validateDeviceTaint, validateDriverName.
+Each function takes plain JSON and returns causes; field paths are those the Go code reports.
+v1beta1 and v1alpha3 devices keep their fields under ``basic``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import names
+from .errors import Cause
+
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+MAX_ATTRIBUTES_AND_CAPACITY = 32
+MAX_TAINTS = 16
+MAX_BINDING_CONDITIONS = 4
+MAX_ID_LENGTH = 32
+MAX_DOMAIN_LENGTH = 63
+MAX_DRIVER_LENGTH = 63
+MAX_POOL_NAME_LENGTH = 253
+MAX_STRING_LENGTH = 64
+MAX_RESERVED_FOR = 256
+MAX_CONDITIONS_PER_DEVICE = 8
+MAX_RESULTS = 32
+MAX_CEL_LENGTH = 10 * 1024
+MAX_PARAMETERS_SIZE = 10 * 1024
+MAX_POTENTIAL_NODES = 128
+TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
+_ATTRIBUTE_TYPES = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
+_LIST_TYPES = ("ints", "bools", "strings", "versions")
+
+
+def cause_invalid(field: str, value: Any, message: str) -> Cause:
+    """A FieldValueInvalid cause (field.Invalid)."""
+    return Cause("FieldValueInvalid", f"Invalid value: {json.dumps(value)}: {message}", field)
+
+
+def cause_required(field: str, message: str = "") -> Cause:
+    """A FieldValueRequired cause (field.Required)."""
+    return Cause("FieldValueRequired", "Required value" + (f": {message}" if message else ""),
+                 field)
+
+
+def cause_too_many(field: str, limit: int) -> Cause:
+    """A FieldValueTooMany cause (field.TooMany)."""
+    return Cause("FieldValueTooMany", f"Too many: must have at most {limit} items", field)
+
+
+def cause_too_long(field: str, limit: int) -> Cause:
+    """A FieldValueTooLong cause (field.TooLong)."""
+    return Cause("FieldValueTooLong", f"Too long: may not be more than {limit} bytes", field)
+
+
+def cause_forbidden(field: str, message: str) -> Cause:
+    """A FieldValueForbidden cause (field.Forbidden)."""
+    return Cause("FieldValueForbidden", f"Forbidden: {message}", field)
+
+
+def cause_duplicate(field: str, value: Any) -> Cause:
+    """A FieldValueDuplicate cause (field.Duplicate)."""
+    return Cause("FieldValueDuplicate", f"Duplicate value: {json.dumps(value)}", field)
+
+
+def driver_name_causes(value: Any, field: str) -> list[Cause]:
+    """A driver name: required DNS subdomain of at most 63 characters (validateDriverName)."""
+    if not value:
+        return [cause_required(field)]
+    if len(value) > MAX_DRIVER_LENGTH:
+        return [cause_too_long(field, MAX_DRIVER_LENGTH)]
+    return [cause_invalid(field, value, e) for e in names.dns_subdomain(value)]
+
+
+def pool_name_causes(value: Any, field: str) -> list[Cause]:
+    """A pool name: <= 253 characters, DNS subdomains joined by '/' (validatePoolName)."""
+    if not value:
+        return [cause_required(field)]
+    if len(value) > MAX_POOL_NAME_LENGTH:
+        return [cause_too_long(field, MAX_POOL_NAME_LENGTH)]
+    out: list[Cause] = []
+    for part in value.split("/"):
+        out.extend(cause_invalid(field, value, e) for e in names.dns_subdomain(part))
+    return out
+
+
+def qualified_name_causes(value: str, field: str) -> list[Cause]:
+    """An attribute or capacity name ``[domain/]id``: id a C identifier <= 32, domain a DNS
+    subdomain <= 63 (validateQualifiedName, validateCIdentifier).
+    """
+    domain, slash, ident = value.rpartition("/")
+    out: list[Cause] = []
+    if slash:
+        if not domain:
+            out.append(cause_invalid(field, value, "the domain must not be empty"))
+        elif len(domain) > MAX_DOMAIN_LENGTH:
+            out.append(cause_too_long(field, MAX_DOMAIN_LENGTH))
+        else:
+            out.extend(cause_invalid(field, value, e) for e in names.dns_subdomain(domain))
+    if not ident:
+        out.append(cause_required(field, "the id must not be empty"))
+    elif len(ident) > MAX_ID_LENGTH:
+        out.append(cause_too_long(field, MAX_ID_LENGTH))
+    elif not names.C_IDENTIFIER_RE.match(ident):
+        out.append(cause_invalid(field, value, "a valid C identifier must start with alphabetic "
+                            "character or '_', followed by a string of alphanumeric characters "
+                            "or '_'"))
+    return out
+
+
+def _attribute_causes(value: Any, field: str) -> list[Cause]:
+    if not isinstance(value, dict):
+        return [cause_invalid(field, value, "must be an object")]
+    set_types = [t for t in _ATTRIBUTE_TYPES if value.get(t) is not None]
+    if len(set_types) != 1:
+        return [cause_invalid(field, value, "exactly one value must be specified")]
+    kind = set_types[0]
+    items = value[kind] if kind in _LIST_TYPES else [value[kind]]
+    if kind in _LIST_TYPES and not items:
+        return [cause_required(f"{field}.{kind}")]
+    out: list[Cause] = []
+    for item in items:
+        if kind.startswith("string") and len(item) > MAX_STRING_LENGTH:
+            out.append(cause_too_long(f"{field}.{kind}", MAX_STRING_LENGTH))
+        if kind.startswith("version"):
+            if len(item) > MAX_STRING_LENGTH:
+                out.append(cause_too_long(f"{field}.{kind}", MAX_STRING_LENGTH))
+            elif not names.SEMVER_RE.match(item):
+                out.append(cause_invalid(f"{field}.{kind}", item,
+                                    "must be a string compatible with semver.org spec 2.0.0"))
+    return out
+
+
+def _taint_causes(taint: Any, field: str) -> list[Cause]:
+    out: list[Cause] = []
+    key = taint.get("key") or ""
+    if not key:
+        out.append(cause_required(f"{field}.key"))
+    else:
+        out.extend(cause_invalid(f"{field}.key", key, e) for e in names.qualified_name(key))
+    if taint.get("value"):
+        out.extend(cause_invalid(f"{field}.value", taint["value"], e)
+                   for e in names.label_value(taint["value"]))
+    effect = taint.get("effect")
+    if not effect:
+        out.append(cause_required(f"{field}.effect"))
+    elif effect not in TAINT_EFFECTS:
+        out.append(Cause("FieldValueNotSupported",
+                         f"Unsupported value: {json.dumps(effect)}: supported values: "
+                         + ", ".join(f'"{e}"' for e in TAINT_EFFECTS), f"{field}.effect"))
+    return out
+
+
+def _binding_causes(device: dict[str, Any], field: str) -> list[Cause]:
+    conditions = device.get("bindingConditions") or []
+    failures = device.get("bindingFailureConditions") or []
+    out: list[Cause] = []
+    for name, values in (("bindingConditions", conditions),
+                         ("bindingFailureConditions", failures)):
+        if len(values) > MAX_BINDING_CONDITIONS:
+            out.append(cause_too_many(f"{field}.{name}", MAX_BINDING_CONDITIONS))
+        seen: set[str] = set()
+        for i, value in enumerate(values):
+            out.extend(cause_invalid(f"{field}.{name}[{i}]", value, e)
+                       for e in names.qualified_name(value))
+            if value in seen:
+                out.append(cause_duplicate(f"{field}.{name}[{i}]", value))
+            seen.add(value)
+    if conditions and not failures:
+        out.append(cause_required(f"{field}.bindingFailureConditions",
+                             "bindingFailureConditions are required when bindingConditions "
+                             "are set"))
+    if failures and not conditions:
+        out.append(cause_required(f"{field}.bindingConditions",
+                             "bindingConditions are required when bindingFailureConditions "
+                             "are set"))
+    for i, value in enumerate(failures):
+        if value in conditions:
+            out.append(cause_invalid(f"{field}.bindingFailureConditions[{i}]", value,
+                                "must not overlap with bindingConditions"))
+    if (conditions or failures) and device.get("bindsToNode") is not True:
+        out.append(cause_required(f"{field}.bindsToNode",
+                             "must be true when bindingConditions or "
+                             "bindingFailureConditions are set"))
+    return out
+
+
+def _device_view(device: dict[str, Any], wrapped: bool) -> tuple[dict[str, Any], str]:
+    if wrapped:
+        return device.get("basic") or {}, ".basic"
+    return device, ""
+
+
+def _is_large_device(fields: dict[str, Any]) -> bool:
+    attributes = fields.get("attributes") or {}
+    return bool(fields.get("taints") or fields.get("consumesCounters") or any(
+        isinstance(v, dict) and any(v.get(t) is not None for t in _LIST_TYPES)
+        for v in attributes.values()))
+
+
+def _node_selection_causes(
+    spec: dict[str, Any], field: str, pointer_fields: bool, per_device_allowed: bool
+) -> tuple[list[Cause], int]:
+    """Causes for the node selection fields of a slice or a device, and how many were set."""
+    out: list[Cause] = []
+    chosen: list[str] = []
+    node_name = spec.get("nodeName")
+    if node_name is not None and (pointer_fields or node_name != ""):
+        chosen.append("nodeName")
+        if node_name == "":
+            out.append(cause_invalid(f"{field}nodeName", "", "must not be empty"))
+        else:
+            out.extend(cause_invalid(f"{field}nodeName", node_name, e)
+                       for e in names.dns_subdomain(node_name))
+    selector = spec.get("nodeSelector")
+    if selector is not None:
+        chosen.append("nodeSelector")
+        terms = selector.get("nodeSelectorTerms") or []
+        if len(terms) != 1:
+            out.append(cause_invalid(f"{field}nodeSelector.nodeSelectorTerms", len(terms),
+                                "must have exactly one node selector term"))
+    all_nodes = spec.get("allNodes")
+    if all_nodes is not None and (pointer_fields or all_nodes is not False):
+        chosen.append("allNodes")
+        if all_nodes is not True:
+            out.append(cause_invalid(f"{field}allNodes", all_nodes, "must be true"))
+    if per_device_allowed:
+        per_device = spec.get("perDeviceNodeSelection")
+        if per_device is not None:
+            chosen.append("perDeviceNodeSelection")
+            if per_device is not True:
+                out.append(cause_invalid(f"{field}perDeviceNodeSelection", per_device,
+                                    "must be true"))
+    if len(chosen) > 1:
+        out.append(cause_invalid(field.rstrip(".") or "spec", "{" + ", ".join(chosen) + "}",
+                            "exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
+                            "`perDeviceNodeSelection` is required, but multiple fields are set"))
+    return out, len(chosen)
+
+
+def resource_slice_causes(
+    obj: dict[str, Any], old: dict[str, Any] | None, version: str
+) -> list[Cause]:
+    """All Go-side ResourceSlice rules for a create (``old`` None) or update.
+
+    ``version`` is the resource.k8s.io version the object was written in: v1beta1 and
+    v1alpha3 wrap device fields in ``basic``; v1alpha3 still has value-typed nodeName/allNodes
+    (empty means unset) and no perDeviceNodeSelection.
+    Source: k8s.io/kubernetes pkg/apis/resource/validation ValidateResourceSlice,
+    ValidateResourceSliceUpdate.
+    """
+    spec = obj.get("spec") or {}
+    wrapped = version in ("v1beta1", "v1alpha3")
+    pointer_fields = version != "v1alpha3"
+    out: list[Cause] = []
+    out.extend(driver_name_causes(spec.get("driver"), "spec.driver"))
+    pool = spec.get("pool") or {}
+    out.extend(pool_name_causes(pool.get("name"), "spec.pool.name"))
+    if (pool.get("generation") or 0) < 0:
+        out.append(cause_invalid("spec.pool.generation", pool.get("generation"),
+                            "must be greater than or equal to 0"))
+    if (pool.get("resourceSliceCount") or 0) < 1:
+        out.append(cause_invalid("spec.pool.resourceSliceCount", pool.get("resourceSliceCount"),
+                            "must be greater than zero"))
+    selection, count = _node_selection_causes(spec, "spec.", pointer_fields,
+                                              version != "v1alpha3")
+    out.extend(selection)
+    if count == 0:
+        out.append(cause_required("spec", "exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
+                                     "`perDeviceNodeSelection` is required"))
+    per_device = spec.get("perDeviceNodeSelection") is True
+    devices = spec.get("devices") or []
+    if devices and spec.get("sharedCounters"):
+        out.append(cause_forbidden("spec.sharedCounters",
+                              "only one of `devices` or `sharedCounters` may be set"))
+    large = any(_is_large_device(_device_view(d, wrapped)[0]) for d in devices)
+    limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if large else MAX_DEVICES
+    if len(devices) > limit:
+        out.append(cause_too_many("spec.devices", limit))
+    seen: set[str] = set()
+    for i, device in enumerate(devices):
+        field = f"spec.devices[{i}]"
+        name = device.get("name") or ""
+        if not name:
+            out.append(cause_required(f"{field}.name"))
+        else:
+            out.extend(cause_invalid(f"{field}.name", name, e) for e in names.dns_label(name))
+            if name in seen:
+                out.append(cause_duplicate(f"{field}.name", name))
+            seen.add(name)
+        fields, sub = _device_view(device, wrapped)
+        prefix = f"{field}{sub}"
+        attributes = fields.get("attributes") or {}
+        capacity = fields.get("capacity") or {}
+        for key, value in attributes.items():
+            out.extend(qualified_name_causes(key, f"{prefix}.attributes[{key}]"))
+            out.extend(_attribute_causes(value, f"{prefix}.attributes[{key}]"))
+        for key in capacity:
+            out.extend(qualified_name_causes(key, f"{prefix}.capacity[{key}]"))
+        if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITY:
+            out.append(Cause("FieldValueTooMany", "Too many: the total number of attributes "
+                             f"and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITY}",
+                             prefix))
+        taints = fields.get("taints") or []
+        if len(taints) > MAX_TAINTS:
+            out.append(cause_too_many(f"{prefix}.taints", MAX_TAINTS))
+        for t, taint in enumerate(taints):
+            out.extend(_taint_causes(taint, f"{prefix}.taints[{t}]"))
+        out.extend(_binding_causes(fields, prefix))
+        device_selection, device_count = _node_selection_causes(
+            fields, f"{prefix}.", pointer_fields, per_device_allowed=False)
+        if per_device:
+            out.extend(device_selection)
+            if device_count == 0:
+                out.append(cause_required(prefix, "exactly one of `nodeName`, `nodeSelector`, "
+                                             "`allNodes` is required when "
+                                             "`perDeviceNodeSelection` is set"))
+        elif device_count:
+            out.append(cause_forbidden(prefix, "`nodeName`, `nodeSelector` and `allNodes` may only "
+                                          "be set when `perDeviceNodeSelection` is set"))
+    if old is not None:
+        old_spec = old.get("spec") or {}
+        for name, new_value, old_value in (
+            ("spec.driver", spec.get("driver"), old_spec.get("driver")),
+            ("spec.pool.name", pool.get("name"), (old_spec.get("pool") or {}).get("name")),
+            ("spec.nodeName", spec.get("nodeName"), old_spec.get("nodeName")),
+        ):
+            if new_value != old_value:
+                out.append(cause_invalid(name, new_value, "field is immutable"))
+    return out

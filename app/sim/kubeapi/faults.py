@@ -1,0 +1,90 @@
+"""Fault injection and the request log of the emulator.
+
+Tests make the next matching requests fail with real ``Status`` bodies (500, 429 with
+Retry-After, 409, ...), slow every request down, and read back which requests were made.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import StatusError
+
+_REASONS = {
+    400: ("BadRequest", "the server rejected our request for an unknown reason"),
+    401: ("Unauthorized", "Unauthorized"),
+    403: ("Forbidden", "forbidden: injected fault"),
+    404: ("NotFound", "the server could not find the requested resource"),
+    409: ("Conflict", "Operation cannot be fulfilled: the object has been modified; please "
+                      "apply your changes to the latest version and try again"),
+    410: ("Expired", "too old resource version"),
+    422: ("Invalid", "the server rejected our request due to an error in our request"),
+    429: ("TooManyRequests", "Too many requests, please try again later."),
+    500: ("InternalError", "Internal error occurred: injected fault"),
+    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+    504: ("Timeout", "the server was unable to return a response in the time allotted"),
+}
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as served: HTTP ``method``, URL ``path`` (no query), response ``status``,
+    request ``content_type`` ('' when none).
+    """
+
+    method: str
+    path: str
+    status: int
+    content_type: str
+
+
+@dataclass
+class FailRule:
+    """Fail the next ``remaining`` requests matching ``method`` ('*' = any) and ``pattern``."""
+
+    remaining: int
+    method: str
+    pattern: re.Pattern[str]
+    status: int
+    retry_after: int | None
+
+
+def injected_error(status: int, retry_after: int | None) -> StatusError:
+    """The Status error for an injected failure; 429 and 5xx carry Retry-After when given
+    (as kube-apiserver's max-in-flight filter does for 429).
+    """
+    reason, message = _REASONS.get(status, ("InternalError", f"injected HTTP {status}"))
+    details: dict[str, object] | None = None
+    headers: dict[str, str] = {}
+    if retry_after is not None:
+        details = {"retryAfterSeconds": retry_after}
+        headers["Retry-After"] = str(retry_after)
+    return StatusError(status, reason, message, details, headers)
+
+
+class Faults:
+    """Pending failure rules, added latency and the log of requests served."""
+
+    def __init__(self) -> None:
+        self.rules: list[FailRule] = []
+        self.latency_s = 0.0
+        self.requests: list[RequestRecord] = []
+
+    def fail_next(self, n: int, *, method: str = "*", path_regex: str = ".*",
+                  status: int = 500, retry_after: int | None = None) -> None:
+        """Make the next ``n`` requests whose method and path (``re.search``) match fail."""
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        self.rules.append(FailRule(n, method.upper(), re.compile(path_regex), status,
+                                   retry_after))
+
+    def take(self, method: str, path: str) -> StatusError | None:
+        """The injected error for this request, consuming one use of the first match."""
+        for rule in self.rules:
+            if rule.method in ("*", method) and rule.pattern.search(path):
+                rule.remaining -= 1
+                if rule.remaining <= 0:
+                    self.rules.remove(rule)
+                return injected_error(rule.status, rule.retry_after)
+        return None

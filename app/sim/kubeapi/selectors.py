@@ -1,0 +1,146 @@
+"""Label and field selectors, parsed from query strings and matched against objects.
+
+Grammar from k8s.io/apimachinery pkg/labels/selector.go (Parse) and pkg/fields/selector.go
+(ParseSelector): ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``, ``!a``
+for labels; ``path=v``, ``path==v``, ``path!=v`` for fields.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import bad_request
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One label requirement: ``key``, ``op`` (=, !=, in, notin, exists, !exists), ``values``."""
+
+    key: str
+    op: str
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """True when ``labels`` satisfy this requirement (missing key fails =, in; passes !=)."""
+        present = self.key in labels
+        if self.op == "exists":
+            return present
+        if self.op == "!exists":
+            return not present
+        if self.op in ("=", "in"):
+            return present and labels[self.key] in self.values
+        # != and notin match objects without the label, as in labels.Requirement.Matches.
+        return not present or labels[self.key] not in self.values
+
+
+_SET_RE = re.compile(r"^\s*([^\s!=(),]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+_EQ_RE = re.compile(r"^\s*([^\s!=(),]+)\s*(==|=|!=)\s*([^\s!=(),]*)\s*$")
+_EXISTS_RE = re.compile(r"^\s*(!?)\s*([^\s!=(),]+)\s*$")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside parentheses."""
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return parts
+
+
+def parse_label_selector(text: str) -> list[Requirement]:
+    """Parse a ``labelSelector`` query value into requirements (all must match).
+
+    Raises StatusError 400 BadRequest on a syntax error, like kube-apiserver
+    ("unable to parse requirement").
+    """
+    if not text.strip():
+        return []
+    out: list[Requirement] = []
+    for part in _split_top_level(text):
+        if m := _SET_RE.match(part):
+            values = frozenset(v.strip() for v in m.group(3).split(",") if v.strip())
+            out.append(Requirement(m.group(1), m.group(2), values))
+        elif m := _EQ_RE.match(part):
+            op = "=" if m.group(2) in ("=", "==") else "!="
+            out.append(Requirement(m.group(1), op, frozenset({m.group(3)})))
+        elif m := _EXISTS_RE.match(part):
+            out.append(Requirement(m.group(2), "!exists" if m.group(1) else "exists"))
+        else:
+            raise bad_request(f"unable to parse requirement: invalid label selector: {part!r}")
+    return out
+
+
+def labels_match(requirements: Iterable[Requirement], labels: Mapping[str, str] | None) -> bool:
+    """True when every requirement matches ``labels`` (None means no labels)."""
+    present = labels or {}
+    return all(r.matches(present) for r in requirements)
+
+
+@dataclass(frozen=True)
+class FieldRequirement:
+    """One field requirement: dotted ``path``, ``op`` (= or !=), ``value``."""
+
+    path: str
+    op: str
+    value: str
+
+
+_FIELD_RE = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(==|=|!=)\s*(.*?)\s*$")
+
+
+def parse_field_selector(text: str, supported: Iterable[str]) -> list[FieldRequirement]:
+    """Parse a ``fieldSelector`` value, allowing ``metadata.name``, ``metadata.namespace`` and
+    the resource's ``supported`` paths.
+
+    Raises StatusError 400 ``field label not supported: <path>`` for any other path
+    (k8s.io/apiserver pkg/registry/generic: the field label conversion).
+    """
+    if not text.strip():
+        return []
+    allowed = {"metadata.name", "metadata.namespace", *supported}
+    out: list[FieldRequirement] = []
+    for part in text.split(","):
+        m = _FIELD_RE.match(part)
+        if not m:
+            raise bad_request(f"invalid field selector: {part!r}")
+        path = m.group(1)
+        if path not in allowed:
+            raise bad_request(f"field label not supported: {path}")
+        out.append(FieldRequirement(path, "=" if m.group(2) in ("=", "==") else "!=",
+                                    m.group(3)))
+    return out
+
+
+def field_value(obj: Mapping[str, Any], path: str) -> str:
+    """The string form of a dotted field in ``obj``: '' when absent, 'true'/'false' for bools."""
+    current: Any = obj
+    for key in path.split("."):
+        if not isinstance(current, Mapping) or key not in current:
+            return ""
+        current = current[key]
+    if isinstance(current, bool):
+        return "true" if current else "false"
+    return "" if current is None else str(current)
+
+
+def fields_match(requirements: Iterable[FieldRequirement], obj: Mapping[str, Any]) -> bool:
+    """True when every field requirement holds for ``obj``."""
+    for req in requirements:
+        equal = field_value(obj, req.path) == req.value
+        if equal != (req.op == "="):
+            return False
+    return True
+
