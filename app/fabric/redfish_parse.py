@@ -220,6 +220,18 @@ def links(payload: Mapping[str, Any], key: str, where: str = "") -> tuple[str, .
     return tuple(seen)
 
 
+_SEVERITY = {Health.OK: 1, Health.WARNING: 2, Health.CRITICAL: 3, Health.UNKNOWN: 0}
+
+
+def worst_health(device: Health, block: Health) -> Health:
+    """The worse of a device's own health and its ResourceBlock's.
+
+    A block in trouble (its fabric port or slot, say) makes the device in it as unhealthy as
+    the block; UNKNOWN counts only when neither side knows.
+    """
+    return max(device, block, key=lambda h: _SEVERITY[h])
+
+
 def parse_health(status: Mapping[str, Any], where: str = "Status.") -> Health:
     """``Status.Health`` as :class:`Health`; unknown, absent or null values give UNKNOWN.
 
@@ -663,7 +675,7 @@ def parse_device(
         capacity=capacity,
         attributes=attributes,
         location=_with_slot(context.location, device_slot(payload)),
-        health=block.health if health is Health.UNKNOWN else health,
+        health=worst_health(health, block.health),
         state=text(status, "State", "Status.") or block.state,
         host_id=context.host_id,
         shareable=block.shareable,
@@ -743,7 +755,7 @@ def parse_simple_storage(
                     model=text(entry, "Model"),
                     capacity={} if size is None else {"capacity_bytes": size},
                     location=context.location,
-                    health=context.block.health if health is Health.UNKNOWN else health,
+                    health=worst_health(health, context.block.health),
                     state=text(status, "State", "Status.") or context.block.state,
                     host_id=context.host_id,
                     shareable=context.block.shareable,

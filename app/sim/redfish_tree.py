@@ -482,6 +482,8 @@ class TreeBuilder:
                 "MemoryType": "DRAM",
                 "MemoryDeviceType": "DDR5",
                 "MemoryMedia": ["DRAM"],
+                # The CXL object marks a CXL Type 3 memory device (Memory v1.17+).
+                "CXL": {"StagedVolatileSizeMiB": capacity_mib},
                 "Location": part_location,
                 "Status": status(),
             }

@@ -745,3 +745,17 @@ def test_region_is_the_nearest_reported_one(regions: list[str | None]) -> None:
     expected = next((r for r in regions if r), None)
     assert location_from_chain(chain).region == expected
     assert location_from_chain(chain).chassis == "c0"
+
+
+@pytest.mark.parametrize(
+    ("device", "block", "expected"),
+    [("OK", "Critical", "Critical"), ("Warning", "OK", "Warning"), ("Unknown", "Warning", "Warning"),
+     ("Unknown", "Unknown", "Unknown"), ("Critical", "Unknown", "Critical")],
+)
+def test_device_health_is_the_worse_of_device_and_block(
+    device: str, block: str, expected: str
+) -> None:
+    from app.fabric.redfish_parse import worst_health
+    from app.fabric.types import Health
+
+    assert worst_health(Health(device), Health(block)) is Health(expected)
