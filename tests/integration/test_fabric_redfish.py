@@ -203,7 +203,7 @@ async def test_paged_collections_are_followed_to_the_end(serve: Serve, make_back
     hosts = await backend.list_hosts()
     assert len(devices.items) == 128
     assert Counter(d.device_type for d in devices.items) == {
-        DeviceType.GPU: 32, DeviceType.FPGA: 32, DeviceType.NVME: 32, DeviceType.MEMORY: 32,
+        DeviceType.GPU: 32, DeviceType.FPGA: 32, DeviceType.NVME: 32, DeviceType.CXL_MEMORY: 32,
     }
     assert len(hosts.items) == 32
     block_pages = [k for k in script.calls if k.startswith(f"GET {BLOCKS}?")]
