@@ -18,13 +18,13 @@ FABRIC_DRA = [sys.executable, "-m", "app"]
 
 
 async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
-              timeout: float = 90) -> tuple[int, str, str]:
+              limit_s: float = 90) -> tuple[int, str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
     process = await asyncio.create_subprocess_exec(
         *FABRIC_DRA, *args, cwd=cwd, env={**clean, **(env or {})},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    out, err = await asyncio.wait_for(process.communicate(), limit_s)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
 
@@ -120,7 +120,7 @@ async def test_inventory_sync_with_the_fabric_down_keeps_data_and_says_why(
 async def test_bad_input_gives_one_clear_error(
     tmp_path: Path, args: list[str], env: dict[str, str], message: str
 ) -> None:
-    code, out, err = await cli(*args, cwd=tmp_path, env=env)
+    code, _, err = await cli(*args, cwd=tmp_path, env=env)
     assert code != 0
     assert message in err
     assert "Traceback" not in err

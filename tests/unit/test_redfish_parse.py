@@ -749,8 +749,9 @@ def test_region_is_the_nearest_reported_one(regions: list[str | None]) -> None:
 
 @pytest.mark.parametrize(
     ("device", "block", "expected"),
-    [("OK", "Critical", "Critical"), ("Warning", "OK", "Warning"), ("Unknown", "Warning", "Warning"),
-     ("Unknown", "Unknown", "Unknown"), ("Critical", "Unknown", "Critical")],
+    [("OK", "Critical", "Critical"), ("Warning", "OK", "Warning"),
+     ("Unknown", "Warning", "Warning"), ("Unknown", "Unknown", "Unknown"),
+     ("Critical", "Unknown", "Critical")],
 )
 def test_device_health_is_the_worse_of_device_and_block(
     device: str, block: str, expected: str
