@@ -330,6 +330,75 @@ class HostMappingSettings(_Section):
     )
 
 
+class AdminSettings(_Section):
+    """The admin HTTP endpoint: health, readiness, metrics, status API and dashboard."""
+
+    host: str = Field(default="0.0.0.0", description="an address to bind, e.g. 0.0.0.0")
+    port: int = Field(default=8080, ge=0, le=65535, description="a TCP port, 0 to 65535")
+    token_file: Path | None = Field(
+        default=None,
+        description="path of a file holding the bearer token for admin actions (none: the "
+        "actions are refused)",
+    )
+    require_token_for_reads: bool = Field(
+        default=False, description="true or false: the status API also needs the token"
+    )
+    max_request_bytes: int = Field(
+        default=64 * 1024, ge=1024, le=16 * 1024 * 1024,
+        description="largest request body in bytes, 1024 to 16777216",
+    )
+
+
+class LeaderSettings(_Section):
+    """Leader election on a coordination.k8s.io/v1 Lease: only the leader writes."""
+
+    enabled: bool = Field(default=True, description="true or false")
+    namespace: str | None = Field(
+        default=None,
+        description="the Lease's namespace (default: the pod's namespace, else default)",
+    )
+    lease_name: str = Field(default="fabric-dra", description="a DNS subdomain")
+    identity: str | None = Field(
+        default=None, description="this replica's identity (default: hostname and a random id)"
+    )
+    lease_duration_seconds: Seconds = Field(default=15.0, description="seconds, > 0")
+    renew_deadline_seconds: Seconds = Field(default=10.0, description="seconds, > 0")
+    retry_period_seconds: Seconds = Field(default=2.0, description="seconds, > 0")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderSettings:
+        # client-go's rule: leaseDuration > renewDeadline > retryPeriod.
+        if not (
+            self.lease_duration_seconds > self.renew_deadline_seconds > self.retry_period_seconds
+        ):
+            raise ValueError(
+                "leader: lease_duration_seconds > renew_deadline_seconds > "
+                "retry_period_seconds is required"
+            )
+        return self
+
+
+class ControllerSettings(_Section):
+    """What the controller does with claims."""
+
+    mode: Literal["structured", "control-plane", "both", "auto"] = Field(
+        default="structured",
+        description="structured (the scheduler allocates), control-plane (classic DRA), both, "
+        "or auto (from discovery)",
+    )
+    workers: int = Field(default=8, ge=1, le=256, description="claims processed at once, 1-256")
+    orphan_grace_seconds: Seconds = Field(
+        default=60.0,
+        description="seconds a device may stay attached with no claim holding it before it "
+        "is detached",
+    )
+    detach_unmanaged: bool = Field(
+        default=False,
+        description="true or false: also detach devices the fabric reports attached with no "
+        "reservation behind them (else they are only reported)",
+    )
+
+
 class LogSettings(_Section):
     """Logging."""
 
@@ -365,6 +434,9 @@ class Settings(BaseSettings):
     node_labels: NodeLabelSettings = Field(default_factory=NodeLabelSettings)
     hosts: HostMappingSettings = Field(default_factory=HostMappingSettings)
     kube: KubeSettings = Field(default_factory=KubeSettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    leader: LeaderSettings = Field(default_factory=LeaderSettings)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     @classmethod

@@ -207,3 +207,19 @@ def test_kube_client_settings_from_settings(tmp_path: Path) -> None:
     assert client.mode is KubeAuthMode.URL and client.url == "http://127.0.0.1:6443"
     with pytest.raises(ConfigError, match="settings kube: in-cluster config"):
         kube_client_settings(load_settings(environ={}).kube, environ={})
+
+
+def test_leader_timing_must_be_ordered() -> None:
+    with pytest.raises(ConfigError, match="lease_duration_seconds > renew_deadline_seconds"):
+        load_settings(environ={"FABRIC_DRA_LEADER__RENEW_DEADLINE_SECONDS": "20"})
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [({"FABRIC_DRA_ADMIN__PORT": "70000"}, "setting admin.port"),
+     ({"FABRIC_DRA_CONTROLLER__MODE": "classic"}, "setting controller.mode"),
+     ({"FABRIC_DRA_CONTROLLER__WORKERS": "0"}, "setting controller.workers")],
+)
+def test_bad_service_settings(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(environ=environ)
