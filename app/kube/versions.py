@@ -308,3 +308,21 @@ def to_wire(kind: str, obj_v1: Mapping[str, Any], version: ResourceApiVersion) -
     """
     convert = _TO_WIRE.get(kind)
     return convert(obj_v1, version) if convert else _with_api_version(obj_v1, version)
+
+
+def resource_api(api_client: ApiClient, version: ResourceApiVersion) -> Any:
+    """The typed kubernetes-asyncio API object for ``version`` of resource.k8s.io.
+
+    Returns an instance of ``ResourceV1Api``, ``ResourceV1beta2Api``, ``ResourceV1beta1Api`` or
+    ``ResourceV1alpha3Api`` bound to ``api_client``. (The v1alpha3 class of kubernetes-asyncio
+    36 lacks the classic-DRA claim calls; the control-plane mode calls those paths directly.)
+    """
+    from kubernetes_asyncio import client as k8s
+
+    classes = {
+        ResourceApiVersion.V1: k8s.ResourceV1Api,
+        ResourceApiVersion.V1BETA2: k8s.ResourceV1beta2Api,
+        ResourceApiVersion.V1BETA1: k8s.ResourceV1beta1Api,
+        ResourceApiVersion.V1ALPHA3: k8s.ResourceV1alpha3Api,
+    }
+    return classes[version](api_client)

@@ -1,0 +1,1 @@
+"""Structured-parameters mode: reserve, attach, report, detach and release devices of claims."""

@@ -1,0 +1,254 @@
+"""What a ResourceClaim asks of us, and what we write back on it. Pure functions on v1 JSON.
+
+Sources: DRA-REFERENCE.md ("ResourceClaim", "Binding conditions", "Who writes what"); the
+claim types in k8s.io/api resource/v1 (AllocationResult, AllocatedDeviceStatus); KEP-5007.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+CONFIG_API_VERSION = "fabric-dra.io/v1alpha1"
+CONFIG_KIND = "FabricDeviceConfig"
+# A condition reason is CamelCase (metav1.Condition: ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$).
+REASON_ATTACHED = "Attached"
+REASON_ATTACH_FAILED = "AttachFailed"
+REASON_BAD_CONFIG = "InvalidConfig"
+REASON_NO_HOST = "NoFabricHost"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class WantedDevice:
+    """One allocation result of our driver: ``request`` got ``device`` from ``pool``."""
+
+    request: str
+    pool: str
+    device: str
+
+
+class FabricDeviceConfig(BaseModel):
+    """Opaque configuration for fabric-dra devices, in a claim's or a DeviceClass's
+    ``config[].opaque.parameters`` with ``driver`` set to our driver name.
+
+    Example::
+
+        {"apiVersion": "fabric-dra.io/v1alpha1", "kind": "FabricDeviceConfig",
+         "attachTimeoutSeconds": 120, "maxAttachAttempts": 3}
+
+    Fields:
+        attachTimeoutSeconds: how long one attach may take before it counts as failed
+            (1 to 3600; default: the fabric backend's task timeout).
+        maxAttachAttempts: attach attempts before the device is reported failed (1 to 20,
+            default 5).
+    Unknown fields are refused, so a typo does not pass silently.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    apiVersion: Literal["fabric-dra.io/v1alpha1"]
+    kind: Literal["FabricDeviceConfig"]
+    attachTimeoutSeconds: int | None = Field(default=None, ge=1, le=3600)
+    maxAttachAttempts: int | None = Field(default=None, ge=1, le=20)
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveConfig:
+    """The configuration that applies to one request after merging class and claim config."""
+
+    attach_timeout_s: float | None = None
+    max_attach_attempts: int = 5
+
+
+class InvalidClaimConfig(ValueError):
+    """The claim's or class's opaque configuration for our driver is not valid."""
+
+
+def wanted_devices(claim: Mapping[str, Any], driver_name: str) -> list[WantedDevice]:
+    """Our driver's allocation results in ``claim`` (v1 shape), sorted; empty when unallocated."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    return sorted(
+        WantedDevice(str(r.get("request", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        for r in results
+        if isinstance(r, Mapping) and r.get("driver") == driver_name
+    )
+
+
+def node_from_allocation(claim: Mapping[str, Any]) -> str | None:
+    """The single node an allocation is for, read from ``status.allocation.nodeSelector``.
+
+    With ``bindsToNode`` the scheduler writes a selector for exactly one node: one term with
+    ``matchFields`` ``metadata.name In [node]`` (or ``matchExpressions`` on the hostname label).
+    A pool-wide selector, several terms or several values give None: the node must then be
+    learnt from the consumer pod (``reservedFor``), see :func:`consumer_pods`.
+    """
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
+    if len(terms) != 1 or not isinstance(terms[0], Mapping):
+        return None
+    term = terms[0]
+    candidates = [
+        *[(f, "metadata.name") for f in term.get("matchFields") or []],
+        *[(e, HOSTNAME_LABEL) for e in term.get("matchExpressions") or []],
+    ]
+    for requirement, key in candidates:
+        if (
+            isinstance(requirement, Mapping)
+            and requirement.get("key") == key
+            and requirement.get("operator") == "In"
+            and len(requirement.get("values") or []) == 1
+        ):
+            return str(requirement["values"][0])
+    return None
+
+
+def consumer_pods(claim: Mapping[str, Any]) -> list[str]:
+    """Names of the pods in ``status.reservedFor`` (same namespace as the claim)."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    return [
+        str(r["name"]) for r in reserved
+        if isinstance(r, Mapping) and r.get("resource") == "pods" and r.get("name")
+    ]
+
+
+def effective_config(
+    claim: Mapping[str, Any], driver_name: str, requests: Iterable[str]
+) -> dict[str, EffectiveConfig]:
+    """Merge our driver's opaque config entries of the allocation, per request.
+
+    Entries come from ``status.allocation.devices.config`` (class config first, then the
+    claim's, as the allocator copies them); a later entry overrides fields an earlier one set.
+    An entry with an empty ``requests`` list applies to every request.
+
+    Returns:
+        request name -> :class:`EffectiveConfig`, for every name in ``requests``.
+
+    Raises:
+        InvalidClaimConfig: an entry for our driver is not a valid
+            :class:`FabricDeviceConfig`; the message names the entry, its source and requests.
+    """
+    wanted = list(requests)
+    merged: dict[str, dict[str, Any]] = {r: {} for r in wanted}
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    entries = (allocation.get("devices") or {}).get("config") or []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            continue
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver_name:
+            continue
+        scope = list(entry.get("requests") or []) or wanted
+        where = (f"config[{index}] ({entry.get('source', 'unknown source')}) for requests "
+                 f"{scope}")
+        try:
+            parsed = FabricDeviceConfig.model_validate(opaque.get("parameters"))
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "parameters"
+            raise InvalidClaimConfig(f"{where}: {field}: {first['msg']}") from None
+        for request in scope:
+            if request in merged:
+                merged[request].update(parsed.model_dump(exclude_none=True, exclude={"apiVersion",
+                                                                                   "kind"}))
+    return {
+        request: EffectiveConfig(
+            attach_timeout_s=values.get("attachTimeoutSeconds"),
+            max_attach_attempts=values.get("maxAttachAttempts", 5),
+        )
+        for request, values in merged.items()
+    }
+
+
+def rfc3339(moment: dt.datetime) -> str:
+    """``moment`` in UTC as RFC 3339 with whole seconds (metav1.Time)."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    type_: str, status: bool, reason: str, message: str, now: dt.datetime,
+    previous: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """A metav1.Condition; ``lastTransitionTime`` is kept from ``previous`` when the status is
+    unchanged (it marks transitions, not writes)."""
+    text = "True" if status else "False"
+    when = rfc3339(now)
+    for old in previous:
+        if old.get("type") == type_ and old.get("status") == text and old.get("lastTransitionTime"):
+            when = str(old["lastTransitionTime"])
+    return {"type": type_, "status": text, "reason": reason, "message": message[:32768],
+            "lastTransitionTime": when}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReport:
+    """What we say about one device on the claim.
+
+    Attributes:
+        wanted: which result it is.
+        ready: True (attached), False (failed), None (neither yet: no entry is written).
+        reason, message: for the conditions.
+        data: the ``data`` object (uuid, host, node, ...), or None.
+    """
+
+    wanted: WantedDevice
+    ready: bool | None
+    reason: str
+    message: str
+    data: Mapping[str, Any] | None = None
+
+
+def device_status_entries(
+    claim: Mapping[str, Any],
+    driver_name: str,
+    reports: Iterable[DeviceReport],
+    binding_conditions: Sequence[str],
+    binding_failure_conditions: Sequence[str],
+    now: dt.datetime,
+) -> list[dict[str, Any]]:
+    """The new ``status.devices`` list: other drivers' entries kept as they are, ours rebuilt.
+
+    A ready device gets every binding condition True and every failure condition False; a
+    failed one the opposite; a device with no verdict yet keeps no entry of ours. Entries for
+    devices that are no longer in the allocation are dropped (the API server would drop them).
+    """
+    status = claim.get("status") or {}
+    old_entries = [e for e in status.get("devices") or [] if isinstance(e, Mapping)]
+    kept = [dict(e) for e in old_entries if e.get("driver") != driver_name]
+    previous = {
+        (e.get("pool"), e.get("device")): list(e.get("conditions") or [])
+        for e in old_entries if e.get("driver") == driver_name
+    }
+    ours: list[dict[str, Any]] = []
+    for report in sorted(reports, key=lambda r: r.wanted):
+        if report.ready is None:
+            continue
+        before = previous.get((report.wanted.pool, report.wanted.device), [])
+        conditions = [
+            condition(t, report.ready, report.reason, report.message, now, before)
+            for t in binding_conditions
+        ] + [
+            condition(t, not report.ready, report.reason, report.message, now, before)
+            for t in binding_failure_conditions
+        ]
+        entry: dict[str, Any] = {
+            "driver": driver_name, "pool": report.wanted.pool, "device": report.wanted.device,
+            "conditions": conditions,
+        }
+        if report.data is not None:
+            entry["data"] = dict(report.data)
+        ours.append(entry)
+    return kept + ours
+
+
+def same_device_status(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
+    """True when two ``status.devices`` lists say the same (order of entries ignored)."""
+    def key(entry: Mapping[str, Any]) -> tuple[str, str, str]:
+        return (str(entry.get("driver")), str(entry.get("pool")), str(entry.get("device")))
+
+    return sorted(map(dict, a), key=key) == sorted(map(dict, b), key=key)

@@ -1,0 +1,140 @@
+"""What to do for one claim: reserve, attach, report, release. Pure and deterministic.
+
+Given what the claim wants now (its allocation results of our driver, the node and host) and
+the journal's active reservations of the claim, :func:`plan_claim` says which reservations to
+release (detach first), which devices to reserve and attach, and which to report. Releases
+come first in the apply order so that a device moving within one claim is freed before it is
+taken again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.claims.model import WantedDevice
+from app.journal import ATTACHED, ATTACHING, DETACHING, FAILED, PENDING, ReservationView
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimWants:
+    """What the claim wants of us now.
+
+    Attributes:
+        wanted: our allocation results (empty when the claim is gone, deallocated, or holds
+            none of our devices).
+        node: the node the devices must go to, None while unknown.
+        host_id: the fabric host of ``node``, None while unknown or unmapped.
+        config_error: why the claim's config for our driver is invalid, if it is.
+    """
+
+    wanted: tuple[WantedDevice, ...] = ()
+    node: str | None = None
+    host_id: str | None = None
+    config_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    """The actions for one claim, in apply order: release, then reserve, attach, report.
+
+    Attributes:
+        release: reservations to detach and release.
+        reserve: results with no reservation yet, to reserve on ``host_id``.
+        attach: reservations to (re)attach: pending, or attaching after a crash.
+        ready: reservations already attached (reported ready).
+        failed: reservations that failed (reported as failed until reallocated).
+        refuse: results refused without a reservation (bad config), with the reason.
+        waiting: results that wait (no node or host known yet), with the reason.
+        requeue: True when the plan leaves work for a later pass (a detach in flight, waiting).
+    """
+
+    release: tuple[ReservationView, ...] = ()
+    reserve: tuple[WantedDevice, ...] = ()
+    attach: tuple[ReservationView, ...] = ()
+    ready: tuple[ReservationView, ...] = ()
+    failed: tuple[ReservationView, ...] = ()
+    refuse: tuple[tuple[WantedDevice, str], ...] = ()
+    waiting: tuple[tuple[WantedDevice, str], ...] = ()
+    requeue: bool = False
+
+    @property
+    def idle(self) -> bool:
+        """True when the plan writes nothing to the fabric or the journal."""
+        return not (self.release or self.reserve or self.attach)
+
+
+def _key(reservation: ReservationView) -> WantedDevice:
+    return WantedDevice(reservation.request, reservation.pool, reservation.device_name)
+
+
+def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> ClaimPlan:
+    """Plan one claim.
+
+    Args:
+        wants: see :class:`ClaimWants`.
+        reservations: the claim's active reservations (not released).
+
+    Returns:
+        The :class:`ClaimPlan`. Every wanted result ends in exactly one of reserve, attach,
+        ready, failed, refuse or waiting, or waits for its old reservation's release (then
+        ``requeue`` is set); every reservation that is no longer wanted, or is for another
+        host than the claim's now, is released.
+    """
+    wanted = set(wants.wanted)
+    release: list[ReservationView] = []
+    current: dict[WantedDevice, ReservationView] = {}
+    requeue = False
+    for reservation in sorted(reservations, key=lambda r: r.id):
+        key = _key(reservation)
+        moved = (
+            wants.host_id is not None
+            and reservation.host_id is not None
+            and reservation.host_id != wants.host_id
+        )
+        if key not in wanted or moved or key in current:
+            release.append(reservation)
+            continue
+        if reservation.state == DETACHING:
+            # A release is under way; finish it, then take the device again.
+            release.append(reservation)
+            requeue = True
+            continue
+        current[key] = reservation
+
+    reserve: list[WantedDevice] = []
+    attach: list[ReservationView] = []
+    ready: list[ReservationView] = []
+    failed: list[ReservationView] = []
+    refuse: list[tuple[WantedDevice, str]] = []
+    waiting: list[tuple[WantedDevice, str]] = []
+    for item in sorted(wanted):
+        held = current.get(item)
+        if held is None:
+            if any(_key(r) == item for r in release):
+                requeue = True
+            elif wants.config_error is not None:
+                refuse.append((item, wants.config_error))
+            elif wants.node is None:
+                waiting.append((item, "waiting for the node the claim is allocated for"))
+                requeue = True
+            elif wants.host_id is None:
+                waiting.append((item, f"node {wants.node} maps to no fabric host"))
+                requeue = True
+            else:
+                reserve.append(item)
+        elif held.state in (PENDING, ATTACHING):
+            if wants.host_id is None:
+                waiting.append((item, "waiting for the fabric host"))
+                requeue = True
+            else:
+                attach.append(held)
+        elif held.state == ATTACHED:
+            ready.append(held)
+        elif held.state == FAILED:
+            failed.append(held)
+    return ClaimPlan(
+        release=tuple(release), reserve=tuple(reserve), attach=tuple(attach),
+        ready=tuple(ready), failed=tuple(failed), refuse=tuple(refuse),
+        waiting=tuple(waiting), requeue=requeue,
+    )

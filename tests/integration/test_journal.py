@@ -1,0 +1,140 @@
+"""The reservation journal on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from dataclasses import replace
+
+import pytest
+from builders import MemoryBackend, gpu
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+
+from app.db.engine import Database
+from app.db.models import Device, Reservation
+from app.inventory import InventorySync
+from app.journal import (
+    ATTACHED,
+    ATTACHING,
+    DETACHING,
+    PENDING,
+    RELEASED,
+    ClaimRef,
+    DeviceHeld,
+    Journal,
+    UnknownDevice,
+)
+
+
+@pytest.fixture
+async def names(db: Database) -> list[str]:
+    """Three GPUs in the inventory, the second one shareable; their names."""
+    backend = MemoryBackend([gpu(1), gpu(2, shareable=True), gpu(3)])
+    await InventorySync(backend, db).sync_once()
+    async with db.read() as session:
+        rows = (await session.execute(select(Device.vendor_id, Device.name))).all()
+    by_vendor = dict(rows)
+    return [by_vendor[gpu(i).vendor_id] for i in (1, 2, 3)]
+
+
+def claim(i: int) -> ClaimRef:
+    return ClaimRef(f"uid-{i}", "default", f"claim-{i}")
+
+
+async def test_reserve_is_idempotent_and_exclusive(db: Database, names: list[str]) -> None:
+    journal = Journal(db)
+    first = await journal.reserve(claim(1), "gpu", names[0], "us-east/rack-01", "structured",
+                                  "node-a", "host-a")
+    assert first.state == PENDING and first.exclusive and first.attempts == 0
+    again = await journal.reserve(claim(1), "gpu", names[0], "us-east/rack-01", "structured",
+                                  "node-a", "host-a")
+    assert again.id == first.id
+    with pytest.raises(DeviceHeld, match="held by claim default/claim-1"):
+        await journal.reserve(claim(2), "gpu", names[0], "p", "structured", None, None)
+
+
+async def test_shareable_devices_take_several_claims(db: Database, names: list[str]) -> None:
+    journal = Journal(db)
+    a = await journal.reserve(claim(1), "gpu", names[1], "p", "structured", None, None)
+    b = await journal.reserve(claim(2), "gpu", names[1], "p", "structured", None, None)
+    assert a.id != b.id and not a.exclusive
+
+
+async def test_unknown_device_is_refused(db: Database, names: list[str]) -> None:
+    with pytest.raises(UnknownDevice):
+        await Journal(db).reserve(claim(1), "gpu", "no-such-device", "p", "structured", None, None)
+
+
+async def test_transitions_are_compare_and_set(db: Database, names: list[str]) -> None:
+    journal = Journal(db)
+    held = await journal.reserve(claim(1), "gpu", names[0], "p", "structured", "n", "h")
+    attaching = await journal.transition(held.id, [PENDING], ATTACHING, count_attempt=True)
+    assert attaching is not None and attaching.state == ATTACHING and attaching.attempts == 1
+    # A second worker expecting PENDING loses.
+    assert await journal.transition(held.id, [PENDING], ATTACHING) is None
+    attached = await journal.transition(held.id, [ATTACHING], ATTACHED, operation_id="task-1")
+    assert attached is not None and attached.attached_at is not None
+    assert attached.operation_id == "task-1" and attached.last_error is None
+    failed_msg = "x" * 5000
+    detaching = await journal.transition(held.id, [ATTACHED], DETACHING, error=failed_msg)
+    assert detaching is not None and len(detaching.last_error or "") == 2000
+    released = await journal.transition(held.id, [DETACHING], RELEASED)
+    assert released is not None and released.released_at is not None and not released.active
+    # Released: the device is free for another claim.
+    other = await journal.reserve(claim(2), "gpu", names[0], "p", "structured", None, None)
+    assert other.state == PENDING
+    with pytest.raises(ValueError, match="unknown reservation state"):
+        await journal.transition(held.id, [RELEASED], "gone")
+
+
+async def test_many_concurrent_claims_get_one_device_once(db: Database, names: list[str]) -> None:
+    journal = Journal(db)
+
+    async def attempt(i: int) -> str:
+        try:
+            await journal.reserve(claim(i), "gpu", names[2], "p", "structured", None, None)
+        except DeviceHeld:
+            return "held"
+        return "won"
+
+    outcomes = await asyncio.gather(*(attempt(i) for i in range(50)))
+    assert outcomes.count("won") == 1 and outcomes.count("held") == 49
+    assert len(await journal.active()) == 1
+
+
+async def test_the_database_itself_refuses_a_second_active_reservation(
+    db: Database, names: list[str]
+) -> None:
+    journal = Journal(db)
+    held = await journal.reserve(claim(1), "gpu", names[0], "p", "structured", None, None)
+    now = dt.datetime.now(dt.UTC)
+    row = dict(claim_uid="uid-x", claim_namespace="default", claim_name="x", request="gpu",
+               mode="control-plane", device_id=held.device_id, device_name=names[0], pool="p",
+               exclusive=True, state=ATTACHED, attempts=0, created_at=now, updated_at=now)
+    with pytest.raises(IntegrityError):
+        async with db.write() as session:
+            await session.execute(insert(Reservation).values(**row))
+    # A released one may coexist.
+    async with db.write() as session:
+        await session.execute(insert(Reservation).values(**replace_state(row, RELEASED)))
+
+
+def replace_state(row: dict, state: str) -> dict:
+    return {**row, "state": state}
+
+
+async def test_queries(db: Database, names: list[str]) -> None:
+    journal = Journal(db)
+    a = await journal.reserve(claim(1), "gpu", names[0], "p", "structured", "n", "h")
+    await journal.reserve(claim(1), "gpu2", names[2], "p", "structured", "n", "h")
+    await journal.transition(a.id, [PENDING], RELEASED)
+    assert [r.device_name for r in await journal.for_claim("uid-1")] == [names[2]]
+    assert len(await journal.for_claim("uid-1", active_only=False)) == 2
+    assert [r.state for r in await journal.recent()] == [PENDING, RELEASED]
+    device = await journal.fabric_device(a)
+    assert device.vendor_id == gpu(1).vendor_id and device.attach_unit == gpu(1).attach_unit
+    assert (await journal.get(a.id)) == replace(a, state=RELEASED,
+                                                 updated_at=(await journal.get(a.id)).updated_at,
+                                                 released_at=(await journal.get(a.id)).released_at)
+    assert a.to_json()["claim"] == {"uid": "uid-1", "namespace": "default", "name": "claim-1"}
