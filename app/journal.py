@@ -303,8 +303,24 @@ class Journal:
             row = await session.get(Device, reservation.device_id)
         if row is None:
             raise UnknownDevice(f"device {reservation.device_name} is not in the inventory")
-        return FabricDevice(
-            vendor_id=row.vendor_id, attach_unit=row.attach_unit,
-            device_type=DeviceType(row.device_type), uuid=row.uuid, host_id=row.host_id,
-            shareable=row.shareable, name=row.vendor_name,
-        )
+        return _fabric_device(row)
+
+    async def fabric_device_by_name(self, name: str) -> FabricDevice:
+        """The fabric's view of the device named ``name`` (present or removed).
+
+        Raises:
+            UnknownDevice: no device has that name.
+        """
+        async with self.db.read() as session:
+            row = (await session.scalars(select(Device).where(Device.name == name))).first()
+        if row is None:
+            raise UnknownDevice(f"device {name} is not in the inventory")
+        return _fabric_device(row)
+
+
+def _fabric_device(row: Device) -> FabricDevice:
+    return FabricDevice(
+        vendor_id=row.vendor_id, attach_unit=row.attach_unit,
+        device_type=DeviceType(row.device_type), uuid=row.uuid, host_id=row.host_id,
+        shareable=row.shareable, name=row.vendor_name,
+    )

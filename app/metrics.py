@@ -72,14 +72,74 @@ class InventoryMetrics:
 
 
 @dataclass(frozen=True)
+class ClaimMetrics:
+    """Metrics of the claim reconciler.
+
+    * ``reconciles{result}``: claim reconciles by result (ok, requeued, error).
+    * ``reconcile_seconds``: the controller's own time per reconcile (fabric calls included).
+    * ``fabric_operations{operation, result}``: attach and detach calls by result.
+    * ``attach_seconds``: time of one successful attach call.
+    * ``reservations{state}``: active reservations by state (set by the sweep).
+    * ``unmanaged_attachments``: devices the fabric reports attached with no reservation.
+    * ``queue_depth``: claims waiting in the work queue.
+    * ``node_from_pod``: allocations whose node had to be learnt from the consumer pod
+      (binding conditions absent: pods may start before their device is attached).
+    """
+
+    reconciles: Counter
+    reconcile_seconds: Histogram
+    fabric_operations: Counter
+    attach_seconds: Histogram
+    reservations: Gauge
+    unmanaged_attachments: Gauge
+    queue_depth: Gauge
+    node_from_pod: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> ClaimMetrics:
+        """Register the claim metrics on ``registry``."""
+        fast = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+        return cls(
+            reconciles=Counter("claim_reconciles", "Claim reconciles by result.", ["result"],
+                               namespace=NAMESPACE, registry=registry),
+            reconcile_seconds=Histogram("claim_reconcile_seconds",
+                                        "Time of one claim reconcile.", namespace=NAMESPACE,
+                                        registry=registry, buckets=fast),
+            fabric_operations=Counter("fabric_operations", "Attach and detach calls by result.",
+                                      ["operation", "result"], namespace=NAMESPACE,
+                                      registry=registry),
+            attach_seconds=Histogram("attach_seconds", "Time of one successful attach call.",
+                                     namespace=NAMESPACE, registry=registry, buckets=fast),
+            reservations=Gauge("reservations", "Active reservations by state.", ["state"],
+                               namespace=NAMESPACE, registry=registry),
+            unmanaged_attachments=Gauge(
+                "unmanaged_attachments",
+                "Devices the fabric reports attached with no reservation behind them.",
+                namespace=NAMESPACE, registry=registry),
+            queue_depth=Gauge("claim_queue_depth", "Claims waiting in the work queue.",
+                              namespace=NAMESPACE, registry=registry),
+            node_from_pod=Counter(
+                "claim_node_from_pod",
+                "Allocations whose node was learnt from the consumer pod (no binding "
+                "conditions: pods may start before their device is attached).",
+                namespace=NAMESPACE, registry=registry),
+        )
+
+
+@dataclass(frozen=True)
 class Metrics:
     """Every metric of one fabric-dra process, on one registry."""
 
     registry: CollectorRegistry
     inventory: InventoryMetrics
+    claims: ClaimMetrics
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
         """Build all metrics on ``registry`` (a new one when None)."""
         registry = registry or CollectorRegistry()
-        return cls(registry=registry, inventory=InventoryMetrics.create(registry))
+        return cls(
+            registry=registry,
+            inventory=InventoryMetrics.create(registry),
+            claims=ClaimMetrics.create(registry),
+        )

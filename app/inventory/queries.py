@@ -12,7 +12,13 @@ from typing import Any
 from sqlalchemy import select
 
 from app.db.engine import Database
-from app.db.models import Device, Host, InventoryStatus, Reservation
+from app.db.models import (
+    ACTIVE_RESERVATION_STATES,
+    Device,
+    Host,
+    InventoryStatus,
+    Reservation,
+)
 from app.fabric.types import Location
 from app.hostmap import HostRef
 from app.pools import PoolDevice
@@ -155,3 +161,26 @@ async def host_refs(db: Database) -> list[HostRef]:
             select(Host.host_id, Host.hostname).where(Host.removed_at.is_(None))
         )).all()
     return [HostRef(host_id, hostname) for host_id, hostname in rows]
+
+
+async def unmanaged_attachments(db: Database) -> list[dict[str, str]]:
+    """Present devices the fabric reports attached to a host with no active reservation.
+
+    Returns:
+        ``[{"name", "vendor_id", "attach_unit", "device_type", "host_id"}]`` by name.
+    """
+    held = select(Reservation.device_id).where(
+        Reservation.state.in_(ACTIVE_RESERVATION_STATES)
+    )
+    async with db.read() as session:
+        rows = (await session.execute(
+            select(Device.name, Device.vendor_id, Device.attach_unit, Device.device_type,
+                   Device.host_id)
+            .where(Device.removed_at.is_(None), Device.host_id.is_not(None),
+                   Device.id.not_in(held))
+            .order_by(Device.name)
+        )).all()
+    return [
+        {"name": n, "vendor_id": v, "attach_unit": u, "device_type": t, "host_id": str(h)}
+        for n, v, u, t, h in rows
+    ]

@@ -1,0 +1,734 @@
+"""The structured-parameters claim reconciler: attach what the scheduler allocated, release
+what it let go, and tell the scheduler through binding conditions.
+
+One reconcile per claim (keyed by uid, one at a time per claim):
+
+1. gather: the claim from the informer cache, its active reservations, the node (from the
+   allocation's node selector, else from the consumer pod), the node's fabric host, and our
+   opaque config;
+2. plan: :func:`app.claims.plan.plan_claim`;
+3. apply: releases first (``detaching`` is journalled before each detach), then reservations
+   and attaches (``attaching`` is journalled before each attach);
+4. record: the claim's ``status.devices`` (binding or failure conditions, ``data``), Events
+   (Attached, AttachFailed, Detached), metrics.
+
+A periodic sweep releases reservations whose claim has been missing for the grace period (the
+controller may have been down when it went away), reports devices the fabric shows attached
+with no reservation (and detaches them when configured to), and keeps the reservation gauges.
+On start, :meth:`ClaimReconciler.recover` compares unfinished journal entries with the fabric
+and settles each one before any new work (DESIGN.md invariants 1-3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio.client import CoreV1Api
+
+from app.claims.model import (
+    REASON_ATTACH_FAILED,
+    REASON_ATTACHED,
+    REASON_BAD_CONFIG,
+    DeviceReport,
+    EffectiveConfig,
+    InvalidClaimConfig,
+    WantedDevice,
+    consumer_pods,
+    device_status_entries,
+    effective_config,
+    node_from_allocation,
+    rfc3339,
+    same_device_status,
+    wanted_devices,
+)
+from app.claims.plan import ClaimPlan, ClaimWants, plan_claim
+from app.db.engine import Database
+from app.fabric.backend import FabricBackend
+from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
+from app.hostmap import HostIndex, host_for_node
+from app.inventory.queries import host_refs, unmanaged_attachments
+from app.journal import (
+    ATTACHED,
+    ATTACHING,
+    DETACHING,
+    FAILED,
+    PENDING,
+    RELEASED,
+    STATES,
+    ClaimRef,
+    DeviceHeld,
+    Journal,
+    ReservationView,
+    UnknownDevice,
+)
+from app.kube.client import KubeClient, call_json
+from app.kube.errors import KubeConflict, KubeError, KubeNotFound
+from app.kube.informer import Informer, InformerSettings
+from app.kube.versions import ResourceApiVersion, claim_from_wire, claim_to_wire, resource_api
+from app.kube.workqueue import ShutDown, WorkQueue, WorkQueueSettings
+from app.metrics import ClaimMetrics
+
+log = logging.getLogger(__name__)
+JsonDict = dict[str, Any]
+MAX_RECENT_ERRORS = 100
+STATUS_WRITE_ATTEMPTS = 4
+
+
+def utcnow() -> dt.datetime:
+    """The current time, aware, in UTC."""
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class ClaimSettings:
+    """Settings of the claim reconciler.
+
+    Attributes:
+        driver_name: our DRA driver.
+        binding_conditions, binding_failure_conditions: condition types we set.
+        host_match, host_key: node -> host rule (see :mod:`app.hostmap`).
+        workers: claims reconciled at once.
+        orphan_grace_s: a reservation whose claim is missing this long is released.
+        sweep_interval_s: time between sweeps.
+        detach_unmanaged: detach devices attached with no reservation (after the grace).
+        hosts_refresh_s: how long the node -> host index is reused.
+        informer: base settings of the claim and node informers (name is replaced).
+        queue: work queue settings.
+        identity: this replica's name, for Events.
+    """
+
+    driver_name: str
+    binding_conditions: tuple[str, ...] = ("FabricDeviceReady",)
+    binding_failure_conditions: tuple[str, ...] = ("FabricDeviceFailed",)
+    host_match: str = "hostname"
+    host_key: str = "fabric-dra.io/host-id"
+    workers: int = 8
+    orphan_grace_s: float = 60.0
+    sweep_interval_s: float = 30.0
+    detach_unmanaged: bool = False
+    hosts_refresh_s: float = 10.0
+    informer: InformerSettings = field(default_factory=lambda: InformerSettings(name="claims"))
+    queue: WorkQueueSettings = field(default_factory=WorkQueueSettings)
+    identity: str = "fabric-dra"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimError:
+    """A recent problem with a claim, for the admin view."""
+
+    at: dt.datetime
+    claim: str
+    message: str
+
+
+class ClaimReconciler:
+    """Reserves, attaches, reports, detaches and releases the devices of ResourceClaims.
+
+    Args:
+        client: the Kubernetes client.
+        version: the resource.k8s.io version in use (v1, v1beta2 or v1beta1).
+        db: the database (journal and inventory).
+        backend: the fabric backend.
+        settings: see :class:`ClaimSettings`.
+        metrics: optional.
+        clock: aware UTC time.
+        on_failed_device: called when a device's attach failed for good (so that the
+            publisher stops offering it); optional.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        version: ResourceApiVersion,
+        db: Database,
+        backend: FabricBackend,
+        settings: ClaimSettings,
+        *,
+        metrics: ClaimMetrics | None = None,
+        clock: Callable[[], dt.datetime] = utcnow,
+        on_failed_device: Callable[[], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.version = version
+        self.db = db
+        self.backend = backend
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.on_failed_device = on_failed_device
+        self.journal = Journal(db, clock)
+        self.queue: WorkQueue[str] = WorkQueue(settings.queue)
+        self._resources = resource_api(client.api, version)
+        self._core = CoreV1Api(client.api)
+        self.claims = Informer(
+            self._resources.list_resource_claim_for_all_namespaces,
+            _renamed(settings.informer, "resourceclaims"),
+            converter=lambda obj: claim_from_wire(obj, version),
+        )
+        self.nodes = Informer(self._core.list_node, _renamed(settings.informer, "nodes"))
+        self.claims.add_handler(self._on_claim)
+        self.nodes.add_handler(self._on_node)
+        self._by_uid: dict[str, tuple[str, str]] = {}
+        self._waiting: dict[str, str] = {}
+        self._missing_since: dict[str, float] = {}
+        self._unmanaged_since: dict[str, float] = {}
+        self._host_index: HostIndex | None = None
+        self._host_index_at = -1e9
+        self._tasks: list[asyncio.Task[None]] = []
+        self.recent_errors: deque[ClaimError] = deque(maxlen=MAX_RECENT_ERRORS)
+        self.unmanaged: list[dict[str, str]] = []
+        self.node_from_pod_claims: set[str] = set()
+        self.started = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the informers, recover unfinished journal entries, then start the workers
+        and the sweep. Returns once the workers run."""
+        self.claims.start()
+        self.nodes.start()
+        await self.claims.has_synced.wait()
+        await self.nodes.has_synced.wait()
+        await self.recover()
+        for reservation in await self.journal.active():
+            self.queue.add(reservation.claim.uid)
+        for uid in list(self._by_uid):
+            self.queue.add(uid)
+        self._tasks = [
+            asyncio.create_task(self._worker(), name=f"claims-worker-{i}")
+            for i in range(self.settings.workers)
+        ]
+        self._tasks.append(asyncio.create_task(self._sweep_loop(), name="claims-sweep"))
+        self.started.set()
+
+    async def stop(self) -> None:
+        """Stop taking work, let in-flight reconciles finish, stop the informers."""
+        self.queue.shutdown()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.claims.stop()
+        await self.nodes.stop()
+
+    def is_healthy(self) -> bool:
+        """True while both informers are synced and healthy and no worker has died."""
+        dead = any(t.done() for t in self._tasks)
+        return (
+            self.claims.has_synced.is_set() and self.claims.is_healthy()
+            and self.nodes.has_synced.is_set() and self.nodes.is_healthy() and not dead
+        )
+
+    # ------------------------------------------------------------------ events
+    async def _on_claim(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
+        metadata = obj.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        if not uid:
+            return
+        if event == "DELETED":
+            self._by_uid.pop(uid, None)
+        else:
+            self._by_uid[uid] = (str(metadata.get("namespace") or ""), str(metadata.get("name")))
+        if event == "DELETED" or self._concerns_us(obj) or (old and self._concerns_us(old)):
+            self.queue.add(uid)
+
+    async def _on_node(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
+        # A node that appears or changes labels may be what a waiting claim needs.
+        self._host_index_at = -1e9
+        for uid in list(self._waiting):
+            self.queue.add(uid)
+
+    def _concerns_us(self, claim: Mapping[str, Any]) -> bool:
+        return bool(wanted_devices(claim, self.settings.driver_name)) or any(
+            e.get("driver") == self.settings.driver_name
+            for e in (claim.get("status") or {}).get("devices") or []
+            if isinstance(e, Mapping)
+        )
+
+    def claim_by_uid(self, uid: str) -> JsonDict | None:
+        """The cached claim with ``uid``, or None when it is gone."""
+        where = self._by_uid.get(uid)
+        if where is None:
+            return None
+        claim = self.claims.get(where[1], where[0] or None)
+        if claim is None or (claim.get("metadata") or {}).get("uid") != uid:
+            return None
+        return claim
+
+    # ------------------------------------------------------------------ workers
+    async def _worker(self) -> None:
+        while True:
+            try:
+                uid = await self.queue.get()
+            except ShutDown:
+                return
+            started = time.monotonic()
+            try:
+                requeue = await self.reconcile(uid)
+            except Exception as err:
+                # Any failure is recorded and retried with backoff; a worker never dies of it.
+                self._error(uid, f"reconcile failed: {type(err).__name__}: {err}")
+                log.warning("claim %s: reconcile failed: %s", self._name(uid), err,
+                            exc_info=not isinstance(err, FabricError | KubeError))
+                self.queue.add_rate_limited(uid)
+                self._count("error", started)
+            else:
+                if requeue:
+                    self.queue.add_rate_limited(uid)
+                else:
+                    self.queue.forget(uid)
+                self._count("requeued" if requeue else "ok", started)
+            finally:
+                self.queue.done(uid)
+
+    def _count(self, result: str, started: float) -> None:
+        if self.metrics:
+            self.metrics.reconciles.labels(result).inc()
+            self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+            self.metrics.queue_depth.set(len(self.queue))
+
+    def _name(self, uid: str) -> str:
+        where = self._by_uid.get(uid)
+        return f"{where[0]}/{where[1]}" if where else f"uid {uid}"
+
+    def _error(self, uid: str, message: str) -> None:
+        self.recent_errors.append(ClaimError(self.clock(), self._name(uid), message))
+
+    # ------------------------------------------------------------------ reconcile
+    async def reconcile(self, uid: str) -> bool:
+        """Reconcile one claim. Returns True when it must be looked at again later.
+
+        Raises:
+            KubeError, FabricError, SQLAlchemyError: a failure to retry with backoff.
+        """
+        claim = self.claim_by_uid(uid)
+        reservations = await self.journal.for_claim(uid)
+        if claim is None and not reservations:
+            self._waiting.pop(uid, None)
+            return False
+        wants, configs = await self._wants(claim)
+        plan = plan_claim(wants, reservations)
+        requeue = plan.requeue
+        reports: dict[WantedDevice, DeviceReport] = {}
+
+        for reservation in plan.release:
+            requeue |= not await self._release(reservation, claim)
+        attach = list(plan.attach)
+        for wanted in plan.reserve:
+            reservation_or_report = await self._reserve(claim, wanted, wants)
+            if isinstance(reservation_or_report, DeviceReport):
+                reports[wanted] = reservation_or_report
+            else:
+                attach.append(reservation_or_report)
+        for reservation in attach:
+            key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
+            report, retry = await self._attach(reservation, claim, configs.get(
+                reservation.request, EffectiveConfig()))
+            requeue |= retry
+            reports[key] = report
+        for reservation in plan.ready:
+            key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
+            reports[key] = self._ready_report(key, reservation)
+        for reservation in plan.failed:
+            key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
+            reports[key] = DeviceReport(key, False, REASON_ATTACH_FAILED,
+                                        reservation.last_error or "attach failed")
+        for wanted, reason in plan.refuse:
+            reports[wanted] = DeviceReport(wanted, False, REASON_BAD_CONFIG, reason)
+        if plan.refuse and claim is not None:
+            await self._event(claim, "Warning", REASON_BAD_CONFIG, plan.refuse[0][1])
+
+        if plan.waiting:
+            self._waiting[uid] = plan.waiting[0][1]
+        else:
+            self._waiting.pop(uid, None)
+        if claim is not None and (reports or self._has_our_status(claim)):
+            await self._write_status(claim, list(reports.values()))
+        return requeue
+
+    def _has_our_status(self, claim: Mapping[str, Any]) -> bool:
+        return any(
+            isinstance(e, Mapping) and e.get("driver") == self.settings.driver_name
+            for e in (claim.get("status") or {}).get("devices") or []
+        )
+
+    async def _wants(
+        self, claim: JsonDict | None
+    ) -> tuple[ClaimWants, dict[str, EffectiveConfig]]:
+        if claim is None:
+            return ClaimWants(), {}
+        wanted = tuple(wanted_devices(claim, self.settings.driver_name))
+        if not wanted:
+            return ClaimWants(), {}
+        configs: dict[str, EffectiveConfig] = {}
+        config_error = None
+        try:
+            configs = effective_config(claim, self.settings.driver_name,
+                                       {w.request for w in wanted})
+        except InvalidClaimConfig as err:
+            config_error = f"invalid configuration for {self.settings.driver_name}: {err}"
+        node = node_from_allocation(claim)
+        if node is None:
+            node = await self._node_from_pods(claim)
+        host = await self._host_for(node) if node else None
+        return ClaimWants(wanted, node, host, config_error), configs
+
+    async def _node_from_pods(self, claim: JsonDict) -> str | None:
+        # Without binding conditions the allocation names the pool's nodes, not one node: the
+        # node is only known once a consumer pod is bound to it.
+        metadata = claim.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "")
+        for pod_name in consumer_pods(claim):
+            try:
+                pod = await call_json(
+                    self._core.read_namespaced_pod(pod_name, namespace, _preload_content=False),
+                    f"read Pod {namespace}/{pod_name}",
+                )
+            except KubeNotFound:
+                continue
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                uid = str(metadata.get("uid"))
+                if uid not in self.node_from_pod_claims:
+                    self.node_from_pod_claims.add(uid)
+                    log.warning(
+                        "claim %s/%s: the allocation does not name one node (binding "
+                        "conditions are off on this cluster); attaching to node %s of pod %s "
+                        "as fast as possible, but the pod may start before its device is "
+                        "attached", namespace, metadata.get("name"), node, pod_name,
+                    )
+                    if self.metrics:
+                        self.metrics.node_from_pod.inc()
+                return str(node)
+        return None
+
+    async def _host_for(self, node_name: str) -> str | None:
+        now = time.monotonic()
+        if self._host_index is None or now - self._host_index_at > self.settings.hosts_refresh_s:
+            self._host_index = HostIndex.build(await host_refs(self.db))
+            self._host_index_at = now
+        node = self.nodes.get(node_name)
+        if node is None:
+            return None
+        return host_for_node(node, self._host_index, self.settings.host_match,
+                             self.settings.host_key)
+
+    async def _reserve(
+        self, claim: JsonDict | None, wanted: WantedDevice, wants: ClaimWants
+    ) -> ReservationView | DeviceReport:
+        assert claim is not None
+        metadata = claim.get("metadata") or {}
+        ref = ClaimRef(str(metadata.get("uid")), str(metadata.get("namespace")),
+                       str(metadata.get("name")))
+        try:
+            return await self.journal.reserve(
+                ref, wanted.request, wanted.device, wanted.pool, "structured", wants.node,
+                wants.host_id,
+            )
+        except (DeviceHeld, UnknownDevice) as err:
+            message = f"device {wanted.device} cannot be reserved: {err}"
+            self._error(ref.uid, message)
+            await self._event(claim, "Warning", REASON_ATTACH_FAILED, message)
+            return DeviceReport(wanted, False, REASON_ATTACH_FAILED, message)
+
+    async def _attach(
+        self, reservation: ReservationView, claim: JsonDict | None, config: EffectiveConfig
+    ) -> tuple[DeviceReport, bool]:
+        key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
+        moving = await self.journal.transition(
+            reservation.id, [PENDING, ATTACHING], ATTACHING, count_attempt=True
+        )
+        if moving is None:
+            return DeviceReport(key, None, "", ""), True
+        assert moving.host_id is not None
+        device = await self.journal.fabric_device(moving)
+        started = time.monotonic()
+        try:
+            if config.attach_timeout_s is not None:
+                async with asyncio.timeout(config.attach_timeout_s):
+                    await self.backend.attach(device, moving.host_id)
+            else:
+                await self.backend.attach(device, moving.host_id)
+        except (FabricError, TimeoutError) as err:
+            reason = str(err) or f"no answer within {config.attach_timeout_s}s"
+            message = f"attach {reservation.device_name} to host {moving.host_id}: {reason}"
+            retryable = isinstance(err, TimeoutError) or (
+                isinstance(err, FabricError) and err.retryable
+            )
+            self._fabric_metric("attach", "retry" if retryable else "failed")
+            if retryable and moving.attempts < config.max_attach_attempts:
+                await self.journal.transition(moving.id, [ATTACHING], ATTACHING, error=message)
+                self._error(moving.claim.uid, message)
+                return DeviceReport(key, None, "", ""), True
+            await self.journal.transition(moving.id, [ATTACHING], FAILED, error=message)
+            self._error(moving.claim.uid, message)
+            log.warning("claim %s: %s", moving.claim, message)
+            if claim is not None:
+                await self._event(claim, "Warning", REASON_ATTACH_FAILED, message)
+            if self.on_failed_device:
+                self.on_failed_device()
+            return DeviceReport(key, False, REASON_ATTACH_FAILED, message), False
+        done = await self.journal.transition(moving.id, [ATTACHING], ATTACHED)
+        self._fabric_metric("attach", "ok")
+        if self.metrics:
+            self.metrics.attach_seconds.observe(time.monotonic() - started)
+        if claim is not None:
+            await self._event(claim, "Normal", REASON_ATTACHED,
+                              f"device {reservation.device_name} attached to node "
+                              f"{moving.node} (fabric host {moving.host_id})")
+        return self._ready_report(key, done or moving), False
+
+    def _ready_report(self, key: WantedDevice, reservation: ReservationView) -> DeviceReport:
+        data = {"host": reservation.host_id, "node": reservation.node,
+                "attachedAt": rfc3339(reservation.attached_at or self.clock())}
+        return DeviceReport(
+            key, True, REASON_ATTACHED,
+            f"attached to node {reservation.node} (fabric host {reservation.host_id})", data,
+        )
+
+    async def _release(self, reservation: ReservationView, claim: JsonDict | None) -> bool:
+        """Detach (when anything may have been sent) and release. True when done."""
+        if reservation.state == PENDING:
+            # Nothing was sent to the fabric for a pending reservation.
+            return await self.journal.transition(reservation.id, [PENDING], RELEASED) is not None
+        moving = await self.journal.transition(
+            reservation.id, [ATTACHING, ATTACHED, FAILED, DETACHING], DETACHING,
+            count_attempt=True,
+        )
+        if moving is None:
+            return False
+        if moving.host_id is None:
+            await self.journal.transition(moving.id, [DETACHING], RELEASED)
+            return True
+        try:
+            device = await self.journal.fabric_device(moving)
+            await self.backend.detach(device, moving.host_id)
+        except (UnknownDevice, FabricNotFound) as err:
+            # The device or host is gone from the fabric: nothing is attached any more.
+            note = f"released without detach: {err}"
+            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=note)
+            self._fabric_metric("detach", "gone")
+            return True
+        except FabricConflict as err:
+            # The device is held by another host now: it is not attached to ours.
+            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=str(err))
+            self._fabric_metric("detach", "conflict")
+            return True
+        except FabricError as err:
+            message = f"detach {moving.device_name} from host {moving.host_id}: {err}"
+            await self.journal.transition(moving.id, [DETACHING], DETACHING, error=message)
+            self._error(moving.claim.uid, message)
+            self._fabric_metric("detach", "retry")
+            return False
+        await self.journal.transition(moving.id, [DETACHING], RELEASED)
+        self._fabric_metric("detach", "ok")
+        if claim is not None:
+            await self._event(claim, "Normal", "Detached",
+                              f"device {moving.device_name} detached from fabric host "
+                              f"{moving.host_id}")
+        return True
+
+    def _fabric_metric(self, operation: str, result: str) -> None:
+        if self.metrics:
+            self.metrics.fabric_operations.labels(operation, result).inc()
+
+    # ------------------------------------------------------------------ writes to the claim
+    async def _write_status(self, claim: JsonDict, reports: list[DeviceReport]) -> None:
+        metadata = claim.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
+        for attempt in range(STATUS_WRITE_ATTEMPTS):
+            try:
+                fresh = claim_from_wire(await call_json(
+                    self._resources.read_namespaced_resource_claim(
+                        name, namespace, _preload_content=False),
+                    f"read ResourceClaim {namespace}/{name}",
+                ), self.version)
+            except KubeNotFound:
+                return
+            if (fresh.get("metadata") or {}).get("uid") != metadata.get("uid"):
+                return
+            current = list((fresh.get("status") or {}).get("devices") or [])
+            wanted = set(wanted_devices(fresh, self.settings.driver_name))
+            entries = device_status_entries(
+                fresh, self.settings.driver_name,
+                [r for r in reports if r.wanted in wanted],
+                self.settings.binding_conditions, self.settings.binding_failure_conditions,
+                self.clock(),
+            )
+            if same_device_status(entries, current):
+                return
+            fresh.setdefault("status", {})["devices"] = entries
+            try:
+                await call_json(
+                    self._resources.replace_namespaced_resource_claim_status(
+                        name, namespace, claim_to_wire(fresh, self.version),
+                        _preload_content=False),
+                    f"update ResourceClaim {namespace}/{name} status",
+                )
+                return
+            except KubeConflict:
+                # Someone else wrote the claim since we read it: read again and re-apply.
+                if attempt == STATUS_WRITE_ATTEMPTS - 1:
+                    raise
+            except KubeNotFound:
+                return
+
+    async def _event(self, claim: Mapping[str, Any], type_: str, reason: str,
+                     message: str) -> None:
+        metadata = claim.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "default")
+        now = rfc3339(self.clock())
+        body: Any = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": claim.get("apiVersion", self.version.api_version),
+                "kind": "ResourceClaim", "name": metadata.get("name"), "namespace": namespace,
+                "uid": metadata.get("uid"),
+            },
+            "reason": reason, "message": message[:1024], "type": type_,
+            "source": {"component": "fabric-dra"}, "reportingComponent": "fabric-dra",
+            "reportingInstance": self.settings.identity,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await call_json(
+                self._core.create_namespaced_event(namespace, body, _preload_content=False),
+                f"create Event for ResourceClaim {namespace}/{metadata.get('name')}",
+            )
+        except KubeError as err:
+            # An Event is a courtesy: losing one must not hold up the claim.
+            log.info("could not record event %s on claim %s/%s: %s", reason, namespace,
+                     metadata.get("name"), err)
+
+    # ------------------------------------------------------------------ recovery and sweep
+    async def recover(self) -> dict[str, int]:
+        """Settle unfinished journal entries against the fabric (run once, before workers).
+
+        ``attaching`` becomes ``attached`` when the fabric shows the device on the host, else
+        ``pending`` (the reconcile attaches again if the claim still wants it); ``detaching``
+        becomes ``released`` when the device is no longer on the host. When the fabric cannot
+        be listed, entries stay as they are: attach and detach are idempotent, so the
+        reconcile simply drives them again.
+
+        Returns:
+            Counts of what was done: ``{"attached": n, "pending": n, "released": n}``.
+        """
+        unfinished = await self.journal.active([ATTACHING, DETACHING])
+        counts = {"attached": 0, "pending": 0, "released": 0}
+        if not unfinished:
+            return counts
+        try:
+            listing = await self.backend.list_devices()
+        except FabricError as err:
+            log.warning("recovery: cannot list the fabric (%s); %d unfinished operations will "
+                        "be driven again", err, len(unfinished))
+            return counts
+        holder = {d.vendor_id: d.host_id for d in listing.items}
+        for reservation in unfinished:
+            try:
+                device = await self.journal.fabric_device(reservation)
+            except UnknownDevice:
+                continue
+            on_host = holder.get(device.vendor_id) == reservation.host_id
+            if reservation.state == ATTACHING:
+                target = ATTACHED if on_host else PENDING
+            else:
+                if on_host:
+                    continue
+                target = RELEASED
+            if await self.journal.transition(reservation.id, [reservation.state], target,
+                                             error="recovered after restart"):
+                counts[target] += 1
+        log.info("recovery: %s", ", ".join(f"{n} {k}" for k, n in counts.items()))
+        return counts
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception as err:
+                log.warning("claim sweep failed: %s", err, exc_info=True)
+            await asyncio.sleep(self.settings.sweep_interval_s)
+
+    async def sweep(self) -> None:
+        """Release reservations of claims missing for the grace period; report (and maybe
+        detach) unmanaged attachments; update gauges."""
+        now = time.monotonic()
+        active = await self.journal.active()
+        if self.claims.has_synced.is_set():
+            missing = {r.claim.uid for r in active if self.claim_by_uid(r.claim.uid) is None}
+            for uid in list(self._missing_since):
+                if uid not in missing:
+                    del self._missing_since[uid]
+            for uid in missing:
+                first = self._missing_since.setdefault(uid, now)
+                if now - first >= self.settings.orphan_grace_s:
+                    self.queue.add(uid)
+        if self.metrics:
+            for state in STATES:
+                if state != RELEASED:
+                    self.metrics.reservations.labels(state).set(
+                        sum(1 for r in active if r.state == state))
+        self.unmanaged = await unmanaged_attachments(self.db)
+        if self.metrics:
+            self.metrics.unmanaged_attachments.set(len(self.unmanaged))
+        seen = {u["vendor_id"] for u in self.unmanaged}
+        for vendor_id in list(self._unmanaged_since):
+            if vendor_id not in seen:
+                del self._unmanaged_since[vendor_id]
+        for item in self.unmanaged:
+            first = self._unmanaged_since.setdefault(item["vendor_id"], now)
+            if self.settings.detach_unmanaged and now - first >= self.settings.orphan_grace_s:
+                await self._detach_unmanaged(item)
+
+    async def _detach_unmanaged(self, item: Mapping[str, str]) -> None:
+        from app.fabric.types import DeviceType, FabricDevice
+
+        device = FabricDevice(vendor_id=item["vendor_id"], attach_unit=item["attach_unit"],
+                              device_type=DeviceType(item["device_type"]))
+        try:
+            await self.backend.detach(device, item["host_id"])
+        except FabricError as err:
+            log.warning("could not detach unmanaged device %s from host %s: %s",
+                        item["name"], item["host_id"], err)
+            return
+        log.warning("detached unmanaged device %s from host %s (no reservation held it)",
+                    item["name"], item["host_id"])
+        self._unmanaged_since.pop(item["vendor_id"], None)
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready summary for the admin API."""
+        return {
+            "synced": self.claims.has_synced.is_set() and self.nodes.has_synced.is_set(),
+            "healthy": self.is_healthy(),
+            "queue_depth": len(self.queue),
+            "claims_seen": len(self._by_uid),
+            "waiting": [{"claim": self._name(uid), "reason": reason}
+                        for uid, reason in sorted(self._waiting.items())],
+            "unmanaged_attachments": list(self.unmanaged),
+            "node_learnt_from_pod": len(self.node_from_pod_claims),
+            "recent_errors": [
+                {"at": rfc3339(e.at), "claim": e.claim, "message": e.message}
+                for e in list(self.recent_errors)[-20:]
+            ],
+        }
+
+
+def _renamed(settings: InformerSettings, name: str) -> InformerSettings:
+    from dataclasses import replace
+
+    return replace(settings, name=name)
+
+
+__all__ = ["FAILED", "ClaimError", "ClaimPlan", "ClaimReconciler", "ClaimSettings"]

@@ -1,0 +1,395 @@
+"""The claim reconciler against the Kubernetes API emulator, the Redfish simulator and a real
+database (SQLite and PostgreSQL). Allocations are written into claims the way kube-scheduler
+writes them; the scheduler stand-in's own cycle is tested in test_scheduler_standin.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app.claims.reconciler import ClaimReconciler, ClaimSettings
+from app.db.engine import Database
+from app.db.models import Device
+from app.fabric.redfish import RedfishBackend, RetrySettings
+from app.inventory import InventorySync
+from app.inventory.queries import pool_devices
+from app.journal import ATTACHED, ATTACHING, DETACHING, FAILED, ClaimRef, Journal
+from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
+from app.kube.informer import InformerSettings
+from app.kube.versions import ResourceApiVersion
+from app.kube.workqueue import WorkQueueSettings
+from app.metrics import ClaimMetrics
+from app.sim.kubeapi import KubeEmulator
+from app.sim.redfish import InventorySpec, RedfishSimulator
+
+DRIVER = "fabric.example.com"
+CLAIMS = "resource.k8s.io/v1"
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 15,
+                     what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Harness:
+    db: Database
+    sim: RedfishSimulator
+    backend: RedfishBackend
+    emu: KubeEmulator
+    client: KubeClient
+    devices: dict[str, Device]  # name -> row
+
+    def reconciler(self, **changes: Any) -> ClaimReconciler:
+        settings = ClaimSettings(
+            driver_name=DRIVER, workers=4, orphan_grace_s=0.2, sweep_interval_s=0.1,
+            informer=InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05,
+                                      backoff_max_s=0.2),
+            queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2),
+            **changes,
+        )
+        return ClaimReconciler(self.client, ResourceApiVersion.V1, self.db, self.backend,
+                               settings, metrics=ClaimMetrics.create(__import__(
+                                   "prometheus_client").CollectorRegistry()))
+
+    def device_names(self) -> list[str]:
+        return sorted(self.devices)
+
+    def block_of(self, name: str) -> str:
+        return self.devices[name].attach_unit
+
+    def claim(self, name: str) -> dict[str, Any] | None:
+        return self.emu.get(CLAIMS, "ResourceClaim", name, "default")
+
+    def create_claim(self, name: str, requests: tuple[str, ...] = ("gpu",)) -> dict[str, Any]:
+        return self.emu.create({
+            "apiVersion": CLAIMS, "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": [
+                {"name": r, "exactly": {"deviceClassName": "fabric-gpu"}} for r in requests]}},
+        })
+
+    def allocate(self, name: str, devices: list[tuple[str, str]], node: str | None,
+                 *, config: list[dict[str, Any]] | None = None,
+                 pod: str | None = None) -> dict[str, Any]:
+        claim = self.claim(name)
+        assert claim is not None
+        results = [{"request": request, "driver": DRIVER, "pool": self.devices[d].pool_name,
+                    "device": d} for request, d in devices]
+        allocation: dict[str, Any] = {"devices": {"results": results, "config": config or []}}
+        if node is not None:
+            allocation["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+        else:
+            allocation["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "topology.kubernetes.io/region", "operator": "In",
+                 "values": ["us-east"]}]}]}
+        claim["status"] = {"allocation": allocation, "reservedFor": [
+            {"resource": "pods", "name": pod or f"{name}-pod", "uid": str(uuid.uuid4())}]}
+        return self.emu.update_status(claim)
+
+    def deallocate(self, name: str) -> None:
+        claim = self.claim(name)
+        assert claim is not None
+        claim["status"] = {}
+        self.emu.update_status(claim)
+
+    def our_status(self, name: str) -> list[dict[str, Any]]:
+        claim = self.claim(name) or {}
+        return [e for e in (claim.get("status") or {}).get("devices") or []
+                if e.get("driver") == DRIVER]
+
+    def condition(self, name: str, device: str, type_: str) -> str | None:
+        for entry in self.our_status(name):
+            if entry["device"] == device:
+                for c in entry["conditions"]:
+                    if c["type"] == type_:
+                        return str(c["status"])
+        return None
+
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        return [e for e in self.emu.list("v1", "Event", "default") if e.get("reason") == reason]
+
+
+NODES = ["node-us-east-rack-01-1", "node-us-east-rack-01-2"]
+
+
+@pytest.fixture
+async def harness(db: Database) -> AsyncIterator[Harness]:
+    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=6,
+                                              hosts_per_rack=2), auth="none")
+    url = await sim.start()
+    backend = RedfishBackend(url, auth="none", retry=RetrySettings(
+        attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02), timeout_s=5)
+    await InventorySync(backend, db).sync_once()
+    async with db.read() as session:
+        rows = {d.name: d for d in (await session.scalars(select(Device))).all()}
+    for row in rows.values():
+        row.pool_name = f"{row.region}/{row.rack}"  # type: ignore[attr-defined]
+    emu = KubeEmulator(served_resource_versions=("v1",))
+    emu_url = await emu.start()
+    for node in NODES:
+        emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": node, "labels": {"kubernetes.io/hostname": node}}})
+    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu_url))
+    yield Harness(db, sim, backend, emu, client, rows)
+    await client.close()
+    await emu.stop()
+    await backend.close()
+    await sim.stop()
+
+
+@contextlib.asynccontextmanager
+async def running(reconciler: ClaimReconciler) -> AsyncIterator[ClaimReconciler]:
+    await reconciler.start()
+    try:
+        yield reconciler
+    finally:
+        await reconciler.stop()
+
+
+async def test_full_cycle_attach_ready_then_detach_on_deallocation(harness: Harness) -> None:
+    device = harness.device_names()[0]
+    harness.create_claim("c1")
+    async with running(harness.reconciler()) as reconciler:
+        harness.allocate("c1", [("gpu", device)], NODES[0])
+        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
+                         what="binding condition True")
+        assert harness.condition("c1", device, "FabricDeviceFailed") == "False"
+        assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
+        entry = harness.our_status("c1")[0]
+        assert entry["data"]["node"] == NODES[0] and entry["data"]["host"] == NODES[0]
+        assert len(harness.events("Attached")) == 1
+        (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])
+        assert held.state == ATTACHED and held.node == NODES[0]
+
+        # Nothing changes: a second pass writes nothing to the API server or the fabric.
+        writes = len(harness.emu.writes())
+        history = len(harness.sim.history)
+        reconciler.queue.add(harness.claim("c1")["metadata"]["uid"])
+        await asyncio.sleep(0.3)
+        assert len(harness.emu.writes()) == writes and len(harness.sim.history) == history
+
+        harness.deallocate("c1")
+        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
+                         what="detach")
+        await eventually(lambda: len(harness.events("Detached")) == 1, what="Detached event")
+        assert await reconciler.journal.for_claim(held.claim.uid) == []
+        assert harness.sim.history == [("attach", harness.block_of(device), NODES[0]),
+                                       ("detach", harness.block_of(device), NODES[0])]
+
+
+async def test_many_concurrent_claims_attach_each_device_once(harness: Harness) -> None:
+    names = harness.device_names()
+    for i in range(len(names)):
+        harness.create_claim(f"c{i}")
+    async with running(harness.reconciler()):
+        for i, device in enumerate(names):
+            harness.allocate(f"c{i}", [("gpu", device)], NODES[i % 2])
+        await eventually(lambda: all(
+            harness.condition(f"c{i}", d, "FabricDeviceReady") == "True"
+            for i, d in enumerate(names)), what="all ready")
+    attaches = [h for h in harness.sim.history if h[0] == "attach"]
+    assert len(attaches) == len(names) == len({h[1] for h in attaches})
+
+
+async def test_two_claims_given_one_device_only_the_first_gets_it(harness: Harness) -> None:
+    device = harness.device_names()[0]
+    harness.create_claim("a")
+    harness.create_claim("b")
+    async with running(harness.reconciler()):
+        harness.allocate("a", [("gpu", device)], NODES[0])
+        await eventually(lambda: harness.condition("a", device, "FabricDeviceReady") == "True")
+        harness.allocate("b", [("gpu", device)], NODES[1])
+        await eventually(lambda: harness.condition("b", device, "FabricDeviceFailed") == "True",
+                         what="failure condition on the second claim")
+    assert "held by claim default/a" in harness.our_status("b")[0]["conditions"][0]["message"]
+    assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
+
+
+async def test_fabric_conflict_fails_the_device_and_stops_offering_it(harness: Harness) -> None:
+    device = harness.device_names()[1]
+    # Someone attached the block to the other server behind our back.
+    await harness.backend.attach(
+        (await Journal(harness.db).fabric_device_by_name(device)), NODES[1])
+    harness.create_claim("c1")
+    failed_before = [d for d in await pool_devices(harness.db) if d.attach_failed]
+    assert failed_before == []
+    async with running(harness.reconciler()) as reconciler:
+        harness.allocate("c1", [("gpu", device)], NODES[0])
+        await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True")
+        assert harness.condition("c1", device, "FabricDeviceReady") == "False"
+        assert len(harness.events("AttachFailed")) == 1
+        assert harness.events("AttachFailed")[0]["type"] == "Warning"
+        (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])
+        assert held.state == FAILED
+        assert (held.last_error or "").startswith(f"attach {device} to host {NODES[0]}: ")
+        assert [d.name for d in await pool_devices(harness.db) if d.attach_failed] == [device]
+        # The scheduler gives the device back: the failed reservation is released.
+        harness.deallocate("c1")
+        await eventually(lambda: _no_reservations(reconciler, held.claim.uid),
+                         what="failed reservation released")
+    # It was never ours: the other server still holds it.
+    assert harness.sim.attachments()[harness.block_of(device)] == NODES[1]
+
+
+async def _no_reservations(reconciler: ClaimReconciler, uid: str) -> bool:
+    return await reconciler.journal.for_claim(uid) == []
+
+
+async def test_transient_fabric_errors_are_retried(harness: Harness) -> None:
+    device = harness.device_names()[2]
+    harness.create_claim("c1")
+    harness.sim.fail_next(3, method="POST", path_prefix="/redfish/v1/Systems", status=503)
+    harness.sim.fail_next(3, method="PATCH", path_prefix="/redfish/v1/Systems", status=503)
+    async with running(harness.reconciler()):
+        harness.allocate("c1", [("gpu", device)], NODES[0])
+        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True")
+    assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
+
+
+async def test_bad_opaque_config_refuses_without_attaching(harness: Harness) -> None:
+    device = harness.device_names()[0]
+    harness.create_claim("c1")
+    config = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
+        "driver": DRIVER, "parameters": {"apiVersion": "fabric-dra.io/v1alpha1",
+                                         "kind": "FabricDeviceConfig", "maxAttachAttempts": 500}}}]
+    async with running(harness.reconciler()):
+        harness.allocate("c1", [("gpu", device)], NODES[0], config=config)
+        await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True")
+    entry = harness.our_status("c1")[0]
+    assert entry["conditions"][1]["reason"] == "InvalidConfig"
+    assert "maxAttachAttempts" in entry["conditions"][1]["message"]
+    assert harness.events("InvalidConfig")[0]["type"] == "Warning"
+    assert harness.sim.history == []
+
+
+async def test_claim_deleted_during_a_slow_attach_ends_detached(harness: Harness) -> None:
+    device = harness.device_names()[3]
+    harness.create_claim("c1")
+    harness.sim.faults.latency_s = 0.4
+    async with running(harness.reconciler()) as reconciler:
+        harness.allocate("c1", [("gpu", device)], NODES[0])
+        uid = harness.claim("c1")["metadata"]["uid"]
+        await eventually(lambda: _state_is(reconciler, uid, ATTACHING), what="attaching")
+        harness.emu.delete(CLAIMS, "ResourceClaim", "c1", "default")
+        await eventually(lambda: _no_reservations(reconciler, uid), timeout_s=20,
+                         what="released after deletion")
+    harness.sim.faults.latency_s = 0
+    assert harness.sim.attachments()[harness.block_of(device)] is None
+
+
+async def _state_is(reconciler: ClaimReconciler, uid: str, state: str) -> bool:
+    return any(r.state == state for r in await reconciler.journal.for_claim(uid))
+
+
+async def test_node_is_learnt_from_the_pod_when_binding_conditions_are_absent(
+    harness: Harness,
+) -> None:
+    device = harness.device_names()[4]
+    harness.create_claim("c1")
+    harness.emu.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "consumer", "namespace": "default"}, "spec": {
+        "containers": [{"name": "c", "image": "busybox"}]}})
+    async with running(harness.reconciler()) as reconciler:
+        harness.allocate("c1", [("gpu", device)], None, pod="consumer")
+        await asyncio.sleep(0.3)
+        assert harness.sim.history == []
+        assert reconciler.status()["waiting"][0]["reason"].startswith("waiting for the node")
+        pod = harness.emu.get("v1", "Pod", "consumer", "default")
+        pod["spec"]["nodeName"] = NODES[1]
+        harness.emu.update(pod)
+        reconciler.queue.add(harness.claim("c1")["metadata"]["uid"])
+        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] == NODES[1])
+        assert reconciler.status()["node_learnt_from_pod"] == 1
+
+
+async def test_restart_recovery_finishes_or_rolls_back_unfinished_intents(
+    harness: Harness,
+) -> None:
+    names = harness.device_names()
+    journal = Journal(harness.db)
+    for i in range(3):
+        harness.create_claim(f"c{i}")
+        harness.allocate(f"c{i}", [("gpu", names[i])], NODES[0])
+    uids = [harness.claim(f"c{i}")["metadata"]["uid"] for i in range(3)]
+
+    async def intent(i: int, state: str) -> int:
+        held = await journal.reserve(ClaimRef(uids[i], "default", f"c{i}"), "gpu", names[i],
+                                     "us-east/rack-01", "structured", NODES[0], NODES[0])
+        moved = await journal.transition(held.id, ["pending"], state)
+        assert moved is not None
+        return held.id
+
+    # c0: crashed after the intent was written, before the attach was sent.
+    await intent(0, ATTACHING)
+    # c1: crashed after the attach went through, before it was recorded.
+    await intent(1, ATTACHING)
+    await harness.backend.attach(await journal.fabric_device_by_name(names[1]), NODES[0])
+    # c2: crashed during a detach that never reached the fabric; the claim is gone since.
+    await intent(2, ATTACHING)
+    await harness.backend.attach(await journal.fabric_device_by_name(names[2]), NODES[0])
+    third = (await journal.for_claim(uids[2]))[0]
+    await journal.transition(third.id, [ATTACHING], ATTACHED)
+    await journal.transition(third.id, [ATTACHED], DETACHING)
+    harness.emu.delete(CLAIMS, "ResourceClaim", "c2", "default")
+
+    async with running(harness.reconciler()) as reconciler:
+        await eventually(lambda: all(
+            harness.condition(f"c{i}", names[i], "FabricDeviceReady") == "True"
+            for i in (0, 1)), what="c0 and c1 ready")
+        await eventually(lambda: _no_reservations(reconciler, uids[2]), what="c2 released")
+    attachments = harness.sim.attachments()
+    assert attachments[harness.block_of(names[0])] == NODES[0]
+    assert attachments[harness.block_of(names[1])] == NODES[0]
+    assert attachments[harness.block_of(names[2])] is None
+    # c1's attach was not sent twice.
+    assert [h for h in harness.sim.history if h[1] == harness.block_of(names[1])] == [
+        ("attach", harness.block_of(names[1]), NODES[0])]
+
+
+async def test_orphans_of_claims_that_vanished_while_down_are_detached(
+    harness: Harness,
+) -> None:
+    device = harness.device_names()[5]
+    journal = Journal(harness.db)
+    held = await journal.reserve(ClaimRef("gone-uid", "default", "gone"), "gpu", device,
+                                 "us-east/rack-01", "structured", NODES[1], NODES[1])
+    await journal.transition(held.id, ["pending"], ATTACHING)
+    await harness.backend.attach(await journal.fabric_device_by_name(device), NODES[1])
+    await journal.transition(held.id, [ATTACHING], ATTACHED)
+    async with running(harness.reconciler()) as reconciler:
+        await eventually(lambda: _no_reservations(reconciler, "gone-uid"), what="orphan released")
+    assert harness.sim.attachments()[harness.block_of(device)] is None
+
+
+async def test_unmanaged_attachments_are_reported_and_detached_only_when_asked(
+    harness: Harness,
+) -> None:
+    device = harness.device_names()[0]
+    journal = Journal(harness.db)
+    await harness.backend.attach(await journal.fabric_device_by_name(device), NODES[0])
+    await InventorySync(harness.backend, harness.db).sync_once()
+    async with running(harness.reconciler()) as reconciler:
+        await eventually(lambda: len(reconciler.status()["unmanaged_attachments"]) == 1)
+        await asyncio.sleep(0.4)
+        assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
+    async with running(harness.reconciler(detach_unmanaged=True)):
+        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
+                         what="unmanaged device detached")
