@@ -27,7 +27,7 @@ import datetime as dt
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +142,10 @@ class ClaimReconciler:
         clock: aware UTC time.
         on_failed_device: called when a device's attach failed for good (so that the
             publisher stops offering it); optional.
+        checkpoint: awaited at the named steps ``after-intent`` (attaching written, attach
+            not sent), ``after-attach`` (attach done, not yet recorded) and ``before-status``
+            (recorded, claim status not yet written); crash tests use it to stop the process
+            at exactly that step. None in production.
     """
 
     def __init__(
@@ -155,6 +159,7 @@ class ClaimReconciler:
         metrics: ClaimMetrics | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
         on_failed_device: Callable[[], None] | None = None,
+        checkpoint: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
         self.version = version
@@ -164,6 +169,7 @@ class ClaimReconciler:
         self.metrics = metrics
         self.clock = clock
         self.on_failed_device = on_failed_device
+        self._checkpoint = checkpoint
         self.journal = Journal(db, clock)
         self.queue: WorkQueue[str] = WorkQueue(settings.queue)
         self._resources = resource_api(client.api, version)
@@ -214,8 +220,12 @@ class ClaimReconciler:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except BaseException as err:  # a worker that died must not stop the shutdown
+                log.error("claim task %s had died: %r", task.get_name(), err)
         self._tasks = []
         await self.claims.stop()
         await self.nodes.stop()
@@ -352,8 +362,13 @@ class ClaimReconciler:
         else:
             self._waiting.pop(uid, None)
         if claim is not None and (reports or self._has_our_status(claim)):
+            await self._at("before-status")
             await self._write_status(claim, list(reports.values()))
         return requeue
+
+    async def _at(self, step: str) -> None:
+        if self._checkpoint is not None:
+            await self._checkpoint(step)
 
     def _has_our_status(self, claim: Mapping[str, Any]) -> bool:
         return any(
@@ -451,6 +466,7 @@ class ClaimReconciler:
             return DeviceReport(key, None, "", ""), True
         assert moving.host_id is not None
         device = await self.journal.fabric_device(moving)
+        await self._at("after-intent")
         started = time.monotonic()
         try:
             if config.attach_timeout_s is not None:
@@ -477,6 +493,7 @@ class ClaimReconciler:
             if self.on_failed_device:
                 self.on_failed_device()
             return DeviceReport(key, False, REASON_ATTACH_FAILED, message), False
+        await self._at("after-attach")
         done = await self.journal.transition(moving.id, [ATTACHING], ATTACHED)
         self._fabric_metric("attach", "ok")
         if self.metrics:

@@ -393,3 +393,41 @@ async def test_unmanaged_attachments_are_reported_and_detached_only_when_asked(
     async with running(harness.reconciler(detach_unmanaged=True)):
         await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
                          what="unmanaged device detached")
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: escapes every handler, nothing is cleaned up."""
+
+
+@pytest.mark.parametrize("step", ["after-intent", "after-attach", "before-status"])
+async def test_killed_at_each_step_then_restarted_converges_without_leaks(
+    harness: Harness, step: str
+) -> None:
+    names = harness.device_names()
+    harness.create_claim("c1")
+    harness.create_claim("c2")
+    killed = asyncio.Event()
+
+    async def crash_once(at: str) -> None:
+        if at == step and not killed.is_set():
+            killed.set()
+            raise Killed(at)
+
+    first = harness.reconciler()
+    first._checkpoint = crash_once
+    await first.start()
+    harness.allocate("c1", [("gpu", names[0])], NODES[0])
+    await eventually(killed.is_set, what=f"the crash at {step}")
+    await first.stop()
+
+    # While the controller was down, c2 was allocated and c1 let go of its device.
+    harness.allocate("c2", [("gpu", names[1])], NODES[1])
+    harness.deallocate("c1")
+    async with running(harness.reconciler()) as second:
+        await eventually(lambda: harness.condition("c2", names[1], "FabricDeviceReady") == "True")
+        uid = harness.emu.get(CLAIMS, "ResourceClaim", "c1", "default")["metadata"]["uid"]
+        await eventually(lambda: _no_reservations(second, uid), what="c1 released")
+    attachments = harness.sim.attachments()
+    assert attachments[harness.block_of(names[0])] is None
+    assert attachments[harness.block_of(names[1])] == NODES[1]
+    assert all(r.claim.name == "c2" for r in await Journal(harness.db).active())
