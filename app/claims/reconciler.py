@@ -22,7 +22,6 @@ and settles each one before any new work (DESIGN.md invariants 1-3).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
