@@ -1,0 +1,1 @@
+"""The admin HTTP endpoint: health, readiness, metrics, the status API and the dashboard."""
