@@ -213,9 +213,13 @@ class ClaimReconciler:
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="claims-sweep"))
         self.started.set()
 
-    async def stop(self) -> None:
-        """Stop taking work, let in-flight reconciles finish, stop the informers."""
+    async def stop(self, drain_s: float = 10.0) -> None:
+        """Stop taking work, let in-flight reconciles finish (up to ``drain_s`` seconds, then
+        they are cancelled: the journal makes that safe), stop the informers."""
         self.queue.shutdown()
+        workers = [t for t in self._tasks if t.get_name().startswith("claims-worker")]
+        if workers and drain_s > 0:
+            await asyncio.wait(workers, timeout=drain_s)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

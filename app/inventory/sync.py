@@ -159,6 +159,12 @@ class InventorySync:
         """Ask the running loop to sync now instead of waiting for the interval."""
         self._wake.set()
 
+    async def wait_trigger(self, timeout_s: float) -> None:
+        """Wait ``timeout_s`` seconds, or less when :meth:`trigger` is called; then re-arm."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout=timeout_s)
+        self._wake.clear()
+
     async def run(self, interval_seconds: float) -> None:
         """Sync every ``interval_seconds`` (or sooner on :meth:`trigger`) until cancelled.
 
@@ -175,8 +181,7 @@ class InventorySync:
                 if self.metrics:
                     self.metrics.syncs.labels(self.backend.kind, "failed").inc()
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval_seconds)
+            await self.wait_trigger(interval_seconds)
 
     async def sync_once(self) -> SyncResult:
         """List the backend and make the database match it.

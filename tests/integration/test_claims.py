@@ -431,3 +431,19 @@ async def test_killed_at_each_step_then_restarted_converges_without_leaks(
     assert attachments[harness.block_of(names[0])] is None
     assert attachments[harness.block_of(names[1])] == NODES[1]
     assert all(r.claim.name == "c2" for r in await Journal(harness.db).active())
+
+
+async def test_stop_lets_an_attach_in_flight_finish(harness: Harness) -> None:
+    device = harness.device_names()[0]
+    harness.create_claim("c1")
+    harness.sim.faults.latency_s = 0.3
+    reconciler = harness.reconciler()
+    await reconciler.start()
+    harness.allocate("c1", [("gpu", device)], NODES[0])
+    uid = harness.claim("c1")["metadata"]["uid"]
+    await eventually(lambda: _state_is(reconciler, uid, ATTACHING), what="attaching")
+    await reconciler.stop(drain_s=10)
+    harness.sim.faults.latency_s = 0
+    (held,) = await Journal(harness.db).for_claim(uid)
+    assert held.state == ATTACHED
+    assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
