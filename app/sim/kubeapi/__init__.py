@@ -6,5 +6,6 @@ from .cli import cli
 from .emulator import KubeEmulator
 from .errors import StatusError
 from .faults import RequestRecord
+from .rbac import RbacPolicy
 
-__all__ = ["KubeEmulator", "RequestRecord", "StatusError", "cli"]
+__all__ = ["KubeEmulator", "RbacPolicy", "RequestRecord", "StatusError", "cli"]

@@ -11,12 +11,16 @@ import click
 import yaml
 
 from .emulator import KubeEmulator
+from .rbac import RbacPolicy
+
+DEFAULT_RBAC_USER = "system:serviceaccount:fabric-dra:fabric-dra"
 
 
 async def _serve(host: str, port: int, versions: list[str], history_size: int,
-                 token: str | None, nodes: list[dict[str, object]]) -> None:
+                 token: str | None, nodes: list[dict[str, object]],
+                 tokens: dict[str, str], rbac: RbacPolicy | None) -> None:
     emulator = KubeEmulator(served_resource_versions=versions, history_size=history_size,
-                            token=token)
+                            token=token, tokens=tokens, rbac=rbac)
     for node in nodes:
         emulator.create(dict(node))
     url = await emulator.start(host, port)
@@ -32,6 +36,13 @@ async def _serve(host: str, port: int, versions: list[str], history_size: int,
         await emulator.stop()
 
 
+def _read_token(path: Path, flag: str) -> str:
+    token = path.read_text(encoding="utf-8").strip()
+    if not token:
+        raise click.BadParameter("the file is empty", param_hint=flag)
+    return token
+
+
 @click.command("kube")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=6443, show_default=True, type=int, help="Port (plain HTTP).")
@@ -40,14 +51,29 @@ async def _serve(host: str, port: int, versions: list[str], history_size: int,
 @click.option("--history-size", default=1000, show_default=True, type=int,
               help="Watch events retained before 410 Expired.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Require this bearer token.")
+              help="Require this bearer token (an unrestricted admin).")
 @click.option("--nodes-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML list of Node objects to create at start.")
+@click.option("--rbac-manifests", multiple=True,
+              type=click.Path(exists=True, path_type=Path),
+              help="RBAC YAML file or folder (repeatable): Roles, ClusterRoles and bindings "
+                   "that restrict --rbac-user; other kinds are ignored.")
+@click.option("--rbac-user", default=DEFAULT_RBAC_USER, show_default=True,
+              help="The user whose requests RBAC checks.")
+@click.option("--rbac-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="File holding the bearer token that authenticates as --rbac-user "
+                   "(required with --rbac-manifests).")
 def cli(host: str, port: int, resource_versions: str, history_size: int,
-        token_file: Path | None, nodes_file: Path | None) -> None:
-    """Serve an emulated Kubernetes API (resource.k8s.io, core, coordination) until Ctrl-C."""
+        token_file: Path | None, nodes_file: Path | None, rbac_manifests: tuple[Path, ...],
+        rbac_user: str, rbac_token_file: Path | None) -> None:
+    """Serve an emulated Kubernetes API (resource.k8s.io, core, coordination) until Ctrl-C.
+
+    With --rbac-manifests, requests bearing the --rbac-token-file token act as --rbac-user
+    and get 403 Forbidden unless the manifests' roles allow them; other requests are
+    unrestricted (or need --token-file's token when given).
+    """
     versions = [v.strip() for v in resource_versions.split(",") if v.strip()]
-    token = token_file.read_text().strip() if token_file else None
+    token = _read_token(token_file, "--token-file") if token_file else None
     nodes: list[dict[str, object]] = []
     if nodes_file:
         loaded = yaml.safe_load(nodes_file.read_text()) or []
@@ -55,7 +81,20 @@ def cli(host: str, port: int, resource_versions: str, history_size: int,
             raise click.BadParameter("must be a YAML list of Node objects",
                                      param_hint="--nodes-file")
         nodes = [{"apiVersion": "v1", "kind": "Node", **n} for n in loaded]
+    rbac: RbacPolicy | None = None
+    tokens: dict[str, str] = {}
+    if rbac_manifests:
+        if rbac_token_file is None:
+            raise click.BadParameter("is required with --rbac-manifests",
+                                     param_hint="--rbac-token-file")
+        try:
+            rbac = RbacPolicy.from_manifests(rbac_manifests)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--rbac-manifests") from err
+        tokens[_read_token(rbac_token_file, "--rbac-token-file")] = rbac_user
+    elif rbac_token_file is not None:
+        raise click.BadParameter("needs --rbac-manifests", param_hint="--rbac-token-file")
     try:
-        asyncio.run(_serve(host, port, versions, history_size, token, nodes))
+        asyncio.run(_serve(host, port, versions, history_size, token, nodes, tokens, rbac))
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--resource-versions") from err

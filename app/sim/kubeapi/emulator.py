@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -13,6 +13,7 @@ from .errors import StatusError
 from .faults import Faults, RequestRecord
 from .http import ServerState, build_app, json_response
 from .operations import Api
+from .rbac import RbacPolicy
 from .resources import served_types
 from .store import Store
 
@@ -25,12 +26,18 @@ class KubeEmulator:
     (older resourceVersions get 410 Expired); ``validate``: schema and Go-rule validation on
     every write; ``token``: require ``Authorization: Bearer <token>`` (401 otherwise);
     ``git_version``: reported by ``/version``; ``bookmark_interval_s``: BOOKMARK period on
-    watches that allow them. Raises ValueError for an unknown resource version.
+    watches that allow them; ``tokens``: bearer tokens of restricted users (``{token: user}``,
+    e.g. ``system:serviceaccount:fabric-dra:fabric-dra``), whose requests ``rbac`` (an
+    :class:`RbacPolicy`) must allow (403 Forbidden otherwise) while the admin ``token`` (or any
+    request, without one) stays unrestricted. Raises ValueError for an unknown resource
+    version.
     """
 
     def __init__(self, *, served_resource_versions: Sequence[str] = ("v1",),
                  history_size: int = 1000, validate: bool = True, token: str | None = None,
-                 git_version: str = "v1.34.0", bookmark_interval_s: float = 5.0) -> None:
+                 git_version: str = "v1.34.0", bookmark_interval_s: float = 5.0,
+                 tokens: Mapping[str, str] | None = None,
+                 rbac: RbacPolicy | None = None) -> None:
         if not served_resource_versions:
             raise ValueError("serve at least one resource.k8s.io version")
         self._types = served_types(served_resource_versions)
@@ -38,9 +45,10 @@ class KubeEmulator:
         self._validate = validate
         self._faults = Faults()
         self._api = Api(Store(history_size), self._types, validate=validate)
-        self._api.ensure_default_namespaces()
+        self._rbac = rbac
+        self._ensure_namespaces()
         self._state = ServerState(self._api, self._faults, git_version, token,
-                                  bookmark_interval_s)
+                                  bookmark_interval_s, tokens=dict(tokens or {}), rbac=rbac)
         self._runner: web.AppRunner | None = None
         self._host = "127.0.0.1"
         self._port = 0
@@ -83,8 +91,16 @@ class KubeEmulator:
         await self.stop()
         if not keep_store:
             self._api.store.clear()
-            self._api.ensure_default_namespaces()
+            self._ensure_namespaces()
         await self.start(self._host, self._port)
+
+    def _ensure_namespaces(self) -> None:
+        self._api.ensure_default_namespaces()
+        # A namespaced Role implies its namespace exists, as it would in a real cluster.
+        for namespace in self._rbac.namespaces if self._rbac is not None else ():
+            if self.get("v1", "Namespace", namespace) is None:
+                self.create({"apiVersion": "v1", "kind": "Namespace",
+                             "metadata": {"name": namespace}})
 
     # -- observation and faults -------------------------------------------------------------
     @property

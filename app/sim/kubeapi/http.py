@@ -1,5 +1,5 @@
 """The aiohttp application: discovery, the resource endpoints, watches and the middleware for
-authentication, latency, injected faults and the request log.
+authentication, authorization (RBAC, see rbac.py), latency, injected faults and the request log.
 
 URL layout as kube-apiserver serves it (k8s.io/apiserver pkg/endpoints/installer.go):
 ``/api/v1/[namespaces/<ns>/]<plural>[/<name>[/<subresource>]]`` and the same under
@@ -21,6 +21,7 @@ from .errors import StatusError, bad_request, method_not_allowed, unauthorized
 from .faults import Faults, RequestRecord
 from .listing import WatchFilter
 from .operations import Api
+from .rbac import RbacPolicy, request_attributes
 from .resources import (
     ResourceType,
     api_group,
@@ -45,6 +46,8 @@ class ServerState:
     token: str | None
     bookmark_interval_s: float
     watchers: set[Watcher] = field(default_factory=set)
+    tokens: dict[str, str] = field(default_factory=dict)
+    rbac: RbacPolicy | None = None
 
 
 def json_response(body: Any, status: int = 200,
@@ -419,9 +422,8 @@ def make_middleware(state: ServerState) -> Any:
 
     async def _handle(request: web.Request, handler: Handler, path: str) -> web.StreamResponse:
         try:
-            if (state.token is not None and not path.startswith("/_emulator/")
-                    and request.headers.get("Authorization", "") != f"Bearer {state.token}"):
-                raise unauthorized()
+            if not path.startswith("/_emulator/"):
+                _authorize(request, path)
             if state.faults.latency_s > 0:
                 await asyncio.sleep(state.faults.latency_s)
             injected = state.faults.take(request.method, path)
@@ -438,6 +440,23 @@ def make_middleware(state: ServerState) -> Any:
                 return status_response(method_not_allowed(f"method {request.method} is not "
                                                           f"allowed on {path}"))
             raise
+
+    def _authorize(request: web.Request, path: str) -> None:
+        # A token from ``tokens`` names a restricted user checked against the RBAC policy;
+        # the admin token (or, without one, any request) is unrestricted, like a test
+        # harness holding cluster-admin.
+        header = request.headers.get("Authorization", "")
+        bearer = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+        user = state.tokens.get(bearer) if bearer is not None else None
+        if user is None:
+            if state.token is not None and bearer != state.token:
+                raise unauthorized()
+            return
+        if state.rbac is None:
+            return
+        attributes = request_attributes(request.method, path, request.query)
+        if attributes is not None:
+            state.rbac.check(user, attributes)
 
     return middleware
 
