@@ -178,8 +178,8 @@ class Journal:
                 raise DeviceHeld(device_name, f"{first.claim_namespace}/{first.claim_name}")
         try:
             async with self.db.write() as session:
-                row_id = await session.scalar(
-                    insert(Reservation).returning(Reservation.id).values(
+                inserted = await session.scalar(
+                    insert(Reservation).returning(Reservation).values(
                         claim_uid=claim.uid, claim_namespace=claim.namespace,
                         claim_name=claim.name, request=request, mode=mode,
                         device_id=device.id, device_name=device_name, pool=pool,
@@ -187,7 +187,6 @@ class Journal:
                         attempts=0, created_at=now, updated_at=now,
                     )
                 )
-                inserted = await session.get(Reservation, row_id)
                 assert inserted is not None
                 return _view(inserted)
         except IntegrityError as err:
@@ -247,17 +246,14 @@ class Journal:
             if value is not None:
                 values[key] = value
         async with self.db.write() as session:
-            changed = await session.scalar(
+            row = await session.scalar(
                 update(Reservation)
                 .where(Reservation.id == reservation_id, Reservation.state.in_(tuple(expected)))
                 .values(**values)
-                .returning(Reservation.id)
-                .execution_options(synchronize_session=False)
+                .returning(Reservation)
+                .execution_options(synchronize_session=False, populate_existing=True)
             )
-            if changed is None:
-                return None
-            row = await session.get(Reservation, reservation_id, populate_existing=True)
-            return _view(row) if row else None
+            return _view(row) if row is not None else None
 
     async def get(self, reservation_id: int) -> ReservationView | None:
         """One reservation by id."""

@@ -22,6 +22,7 @@ and settles each one before any new work (DESIGN.md invariants 1-3).
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime as dt
 import logging
 import time
@@ -251,7 +252,13 @@ class ClaimReconciler:
             self._by_uid.pop(uid, None)
         else:
             self._by_uid[uid] = (str(metadata.get("namespace") or ""), str(metadata.get("name")))
-        if event == "DELETED" or self._concerns_us(obj) or (old and self._concerns_us(old)):
+        if event == "DELETED":
+            self.queue.add(uid)
+        elif (self._concerns_us(obj) or (old and self._concerns_us(old))) and (
+            old is None or _what_we_act_on(old, self.settings.driver_name)
+            != _what_we_act_on(obj, self.settings.driver_name)
+        ):
+            # Our own status writes come back as events; they change nothing we act on.
             self.queue.add(uid)
 
     async def _on_node(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
@@ -565,15 +572,18 @@ class ClaimReconciler:
     async def _write_status(self, claim: JsonDict, reports: list[DeviceReport]) -> None:
         metadata = claim.get("metadata") or {}
         namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
+        # The cached claim is usually current; a 409 means it was not, and we read it fresh.
+        fresh: JsonDict | None = copy.deepcopy(claim)
         for attempt in range(STATUS_WRITE_ATTEMPTS):
-            try:
-                fresh = claim_from_wire(await call_json(
-                    self._resources.read_namespaced_resource_claim(
-                        name, namespace, _preload_content=False),
-                    f"read ResourceClaim {namespace}/{name}",
-                ), self.version)
-            except KubeNotFound:
-                return
+            if fresh is None:
+                try:
+                    fresh = claim_from_wire(await call_json(
+                        self._resources.read_namespaced_resource_claim(
+                            name, namespace, _preload_content=False),
+                        f"read ResourceClaim {namespace}/{name}",
+                    ), self.version)
+                except KubeNotFound:
+                    return
             if (fresh.get("metadata") or {}).get("uid") != metadata.get("uid"):
                 return
             current = list((fresh.get("status") or {}).get("devices") or [])
@@ -599,6 +609,7 @@ class ClaimReconciler:
                 # Someone else wrote the claim since we read it: read again and re-apply.
                 if attempt == STATUS_WRITE_ATTEMPTS - 1:
                     raise
+                fresh = None
             except KubeNotFound:
                 return
 
@@ -743,6 +754,22 @@ class ClaimReconciler:
                 for e in list(self.recent_errors)[-20:]
             ],
         }
+
+
+def _what_we_act_on(claim: Mapping[str, Any], driver_name: str) -> tuple[Any, ...]:
+    """The parts of a claim a reconcile depends on: our results, the node selector, the
+    consumers, deletion, and the status entries of other drivers (ours are our own writes)."""
+    metadata = claim.get("metadata") or {}
+    status = claim.get("status") or {}
+    allocation = status.get("allocation") or {}
+    return (
+        tuple(wanted_devices(claim, driver_name)),
+        repr(allocation.get("nodeSelector")),
+        repr((allocation.get("devices") or {}).get("config")),
+        repr(status.get("reservedFor")),
+        metadata.get("deletionTimestamp"),
+        metadata.get("uid"),
+    )
 
 
 def _renamed(settings: InformerSettings, name: str) -> InformerSettings:
