@@ -30,11 +30,11 @@ def cpu_seconds() -> float:
 
 
 @contextlib.asynccontextmanager
-async def redfish_simulator_process(args: Sequence[str]) -> AsyncIterator[str]:
-    """Run ``fabric-dra sim redfish ARGS`` in its own process; yield its URL once it answers."""
+async def _server_process(what: str, command: Sequence[str]) -> AsyncIterator[str]:
+    """Run ``fabric-dra COMMAND --port N`` in its own process; yield its URL once it answers."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app", "sim", "redfish", "--port", str(port), *args,
+        sys.executable, "-m", "app", *command, "--port", str(port),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
@@ -48,10 +48,21 @@ async def redfish_simulator_process(args: Sequence[str]) -> AsyncIterator[str]:
                 break
             except OSError:
                 if process.returncode is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the Redfish simulator did not start") from None
+                    raise RuntimeError(f"the {what} did not start") from None
                 await asyncio.sleep(0.2)
         yield url
     finally:
         process.terminate()
         with contextlib.suppress(ProcessLookupError):
             await asyncio.wait_for(process.wait(), 10)
+
+
+def redfish_simulator_process(args: Sequence[str]) -> contextlib.AbstractAsyncContextManager[str]:
+    """Run ``fabric-dra sim redfish ARGS`` in its own process; yield its URL once it answers."""
+    return _server_process("Redfish simulator", ["sim", "redfish", *args])
+
+
+def kube_emulator_process(args: Sequence[str] = ()) -> contextlib.AbstractAsyncContextManager[str]:
+    """Run ``fabric-dra sim kube ARGS`` (the Kubernetes API emulator) in its own process; yield
+    its URL once it answers."""
+    return _server_process("Kubernetes API emulator", ["sim", "kube", *args])

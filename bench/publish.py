@@ -1,0 +1,134 @@
+"""Benchmark: first publish of N devices as ResourceSlices to the Kubernetes API emulator (its
+own process), then a resync with no change, then a new publisher adopting what is there.
+
+Measures, per size: time and API writes of the first publish against the minimum possible (one
+create per slice), the no-change resync (writes: the target is 0; time; CPU), the adoption by a
+restarted publisher (writes: the target is 0; time), and this process's peak resident memory.
+
+    python -m bench.publish [--devices 1000 10000] [--large] [--devices-per-rack 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from app.fabric.types import Location
+from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
+from app.kube.informer import InformerSettings
+from app.kube.versions import ResourceApiVersion
+from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools
+from app.publisher.publisher import Publisher, PublisherSettings
+from bench.common import cpu_seconds, kube_emulator_process, peak_rss_mib
+
+DRIVER = "fabric.example.com"
+TIMEOUT_S = 3600.0
+
+
+def make_pools(devices: int, per_rack: int) -> dict[str, DesiredPool]:
+    """``devices`` GPUs in racks of ``per_rack``, over two regions; 1 in 50 unhealthy."""
+    racks = max(1, math.ceil(devices / per_rack))
+    items = [
+        PoolDevice(
+            name=f"gpu-{i:06d}", device_type="gpu",
+            location=Location(region=f"region-{(i // per_rack) % 2}",
+                              rack=f"rack-{i // per_rack:04d}"),
+            vendor="Example", model="X100", serial=f"SN{i:08d}",
+            uuid=f"00000000-0000-4000-8000-{i:012d}", firmware_version="1.2.3",
+            memory_mib=81920, health="Critical" if i % 50 == 7 else "OK",
+        )
+        for i in range(devices)
+    ]
+    assert racks >= 1
+    return desired_pools(items, PoolConfig(driver_name=DRIVER))
+
+
+def settings(workers: int) -> PublisherSettings:
+    return PublisherSettings(
+        debounce_s=0.05, workers=workers, write_concurrency=8, request_timeout_s=120.0,
+        informer=InformerSettings(name="resourceslices", page_size=50, list_timeout_s=600.0),
+    )
+
+
+async def timed_sync(publisher: Publisher, action: Any) -> tuple[float, float, int]:
+    """Run ``action``, wait until idle; return (seconds, CPU seconds, writes made)."""
+    before = sum(publisher.status().writes.values())
+    cpu0, started = cpu_seconds(), time.perf_counter()
+    action()
+    await publisher.wait_idle(TIMEOUT_S)
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu0
+    return seconds, cpu, sum(publisher.status().writes.values()) - before
+
+
+async def measure(devices: int, per_rack: int, workers: int) -> dict[str, Any]:
+    """Run the benchmark for ``devices`` devices; return its figures."""
+    pools = make_pools(devices, per_rack)
+    slice_count = sum(len(p.slices) for p in pools.values())
+    async with kube_emulator_process(["--history-size", "200000"]) as url:
+        client: KubeClient = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url))
+        try:
+            publisher = Publisher(client, ResourceApiVersion.V1, DRIVER, settings(workers))
+            await publisher.start()
+            try:
+                first = await timed_sync(publisher, partial(publisher.set_desired, pools))
+                resync = await timed_sync(publisher, publisher.resync_all)
+            finally:
+                await publisher.stop()
+            del publisher  # the restarted publisher starts from nothing, as after a restart
+            adopter = Publisher(client, ResourceApiVersion.V1, DRIVER, settings(workers))
+            cpu0, started = cpu_seconds(), time.perf_counter()
+            await adopter.start()
+            try:
+                adopt = await timed_sync(adopter, partial(adopter.set_desired, pools))
+                adopt_seconds = time.perf_counter() - started
+                adopt_cpu = cpu_seconds() - cpu0
+            finally:
+                await adopter.stop()
+        finally:
+            await client.close()
+    return {
+        "benchmark": "publish",
+        "devices": devices,
+        "pools": len(pools),
+        "slices": slice_count,
+        "first_publish_seconds": round(first[0], 3),
+        "first_publish_cpu_seconds": round(first[1], 3),
+        "first_publish_writes": first[2],
+        "minimum_writes": slice_count,
+        "nochange_resync_seconds": round(resync[0], 3),
+        "nochange_resync_cpu_seconds": round(resync[1], 3),
+        "nochange_resync_writes": resync[2],
+        "restart_adopt_seconds": round(adopt_seconds, 3),
+        "restart_adopt_cpu_seconds": round(adopt_cpu, 3),
+        "restart_adopt_writes": adopt[2],
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--devices", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--large", action="store_true", help="also run 100,000 devices")
+    parser.add_argument("--devices-per-rack", type=int, default=256,
+                        help="devices per pool (default 256: two slices a pool)")
+    parser.add_argument("--workers", type=int, default=16, help="pools synced at once")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    options = parser.parse_args()
+    sizes = [*options.devices, *([100_000] if options.large else [])]
+    results = []
+    for size in sizes:
+        figures = asyncio.run(measure(size, options.devices_per_rack, options.workers))
+        results.append(figures)
+        print(json.dumps(figures), flush=True)
+    if options.json:
+        options.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
