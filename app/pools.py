@@ -33,9 +33,12 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.fabric.types import AttributeValue, Location
+
+if TYPE_CHECKING:
+    from app.config import Settings
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
@@ -114,6 +117,21 @@ class PoolConfig:
     binding_failure_conditions: tuple[str, ...] = ("FabricDeviceFailed",)
     unhealthy: str = "taint"
     taints_supported: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, taints_supported: bool = True) -> PoolConfig:
+        """The pool configuration that ``settings`` describe."""
+        keys = tuple(settings.pools.grouping_keys)
+        return cls(
+            driver_name=settings.driver_name,
+            grouping_keys=keys,
+            node_labels={key: settings.node_labels.for_key(key) for key in keys},
+            binds_to_node=settings.pools.binds_to_node,
+            binding_conditions=tuple(settings.pools.binding_conditions),
+            binding_failure_conditions=tuple(settings.pools.binding_failure_conditions),
+            unhealthy=settings.pools.unhealthy,
+            taints_supported=taints_supported,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,7 +446,8 @@ def resource_slice_spec(
     """The v1 ResourceSlice ``spec`` for one slice of ``pool`` at ``generation``.
 
     Exactly one node-selection field is set (``nodeSelector``); the others are left out, as
-    the API server refuses them empty (validateResourceSliceSpec).
+    the API server refuses them empty (validateResourceSliceSpec). The device dicts are the
+    desired pool's own (not copies): callers must not modify the result.
     """
     return {
         "driver": driver_name,

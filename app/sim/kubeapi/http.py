@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from .errors import StatusError, bad_request, method_not_allowed, unauthorized
@@ -374,7 +375,7 @@ class Handlers:
                 if loop.time() >= deadline:
                     if bookmarks:
                         await self._send(response, self._bookmark(t.rt))
-                    await response.write_eof()
+                    await _end(response)
                     return
                 if bookmarks and loop.time() >= next_bookmark:
                     await self._send(response, self._bookmark(t.rt))
@@ -385,7 +386,7 @@ class Handlers:
                     # Cut the connection mid-stream, as a dying API server or proxy does.
                     request.transport.abort()
                     return
-                await response.write_eof()
+                await _end(response)
                 return
             line = flt.render(event)
             if line is not None:
@@ -487,3 +488,9 @@ def build_app(state: ServerState, extra_routes: list[web.RouteDef] | None = None
         *(extra_routes or []),
     ])
     return app
+
+
+async def _end(response: web.StreamResponse) -> None:
+    """Finish a watch stream; a client that already went away is no error."""
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+        await response.write_eof()
