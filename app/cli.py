@@ -40,6 +40,8 @@ class LazyGroup(click.Group):
         "db": "app.commands.db:db",
         "inventory": "app.commands.inventory:inventory",
         "demo": "app.commands.demo:demo",
+        "run": "app.commands.run:run",
+        "nodes": "app.commands.nodes:nodes",
         "sim": "app.cli:sim",
     },
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -58,6 +60,7 @@ def main() -> None:
     lazy={
         "redfish": "app.sim.redfish:cli",
         "kube": "app.sim.kubeapi:cli",
+        "scheduler": "app.sim.scheduler:cli",
     },
 )
 def sim() -> None:

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from app.db.engine import Database
+from app.pools import PoolConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,7 @@ class AdminContext:
         require_token_for_reads: the read-only API needs the token too.
         max_request_bytes: the largest accepted request body.
         driver_name: our DRA driver.
+        pool_config: how devices are grouped into pools (default: the defaults for the driver).
     """
 
     db: Database
@@ -79,4 +81,5 @@ class AdminContext:
     token: SecretStr | None = None
     require_token_for_reads: bool = False
     max_request_bytes: int = 64 * 1024
+    pool_config: PoolConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -22,6 +22,17 @@ def settings_options(command: F) -> F:
 
     A bad setting ends the command with exit status 2 and one line naming it.
     """
+    return _with_settings(command, None)
+
+
+def settings_options_with(extra: Callable[..., dict[str, Any]]) -> Callable[[F], F]:
+    """Like :func:`settings_options`; ``extra`` maps the command's own options (keyword
+    arguments) to more settings flags (a nested dict), so they pass through the same
+    validation and precedence as every other setting."""
+    return lambda command: _with_settings(command, extra)
+
+
+def _with_settings(command: F, extra: Callable[..., dict[str, Any]] | None) -> F:
 
     @click.option("--config", "config_file", type=click.Path(path_type=Path),
                   help="YAML settings file (default: $FABRIC_DRA_CONFIG).")
@@ -43,12 +54,18 @@ def settings_options(command: F) -> F:
         log_json: bool | None,
         **kwargs: Any,
     ) -> Any:
-        flags = {
+        flags: dict[str, Any] = {
             "driver_name": driver_name,
             "database": {"url": database_url},
             "fabric": {"url": fabric_url},
             "log": {"level": log_level, "json_format": log_json},
         }
+        if extra is not None:
+            for section, values in extra(**kwargs).items():
+                if isinstance(values, dict):
+                    flags.setdefault(section, {}).update(values)
+                else:
+                    flags[section] = values
         try:
             settings = load_settings(config_file, flags)
         except ConfigError as err:

@@ -1,0 +1,206 @@
+"""The operator's writes behind the admin API: cordon, uncordon, force-release.
+
+:class:`DatabaseActions` implements :class:`app.admin.context.AdminActions` over the database,
+the reservation journal and the fabric backend. After a change it calls ``on_change`` so the
+service re-publishes the pools (cordoned devices are tainted or withheld by
+:func:`app.pools.desired_pools`; a released ``failed`` reservation lifts an attach-failed taint).
+
+A force-release follows the journal's rules (DESIGN.md invariant 2): ``detaching`` is written
+before the fabric is asked to detach. A fabric that no longer knows the device, or shows it held
+by another host, counts as detached. Any other fabric error leaves the reservation
+``detaching`` with the error recorded; the claim reconciler's recovery retries such entries, so
+the device is never released while it may still be attached.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from app.admin.queries import device_summary
+from app.db.engine import Database
+from app.db.models import Device, DeviceEvent
+from app.fabric.backend import FabricBackend
+from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
+from app.journal import (
+    ATTACHED,
+    ATTACHING,
+    DETACHING,
+    FAILED,
+    PENDING,
+    RELEASED,
+    Journal,
+    ReservationView,
+    UnknownDevice,
+    utcnow,
+)
+from app.pools import PoolConfig
+
+log = logging.getLogger(__name__)
+
+MAX_REASON_LENGTH = 255
+RELEASE_ATTEMPTS = 3
+
+
+class DatabaseActions:
+    """Cordon, uncordon and force-release, as :class:`app.admin.context.AdminActions` says.
+
+    Args:
+        db: the database.
+        journal: the reservation journal on the same database.
+        backend: the fabric backend (for the detach of a force-release).
+        pool_config: to name a device's pool in the answers.
+        on_change: called (and awaited when it returns an awaitable) after each change; its
+            failure is logged, the change stands.
+        clock: the current aware UTC time.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        journal: Journal,
+        backend: FabricBackend,
+        pool_config: PoolConfig,
+        on_change: Callable[[], Awaitable[None] | None] | None = None,
+        clock: Callable[[], dt.datetime] = utcnow,
+    ) -> None:
+        self.db = db
+        self.journal = journal
+        self.backend = backend
+        self.pool_config = pool_config
+        self.on_change = on_change
+        self.clock = clock
+
+    async def _changed(self) -> None:
+        if self.on_change is None:
+            return
+        try:
+            result = self.on_change()
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("re-publishing after an admin action failed; the next sync retries")
+
+    async def _device(self, name: str) -> Mapping[str, Any]:
+        data = await device_summary(self.db, name, self.pool_config)
+        if data is None:  # deleted between the write and the read: not expected in practice
+            raise LookupError(f"device {name!r} is not in the inventory")
+        return data
+
+    async def _set_cordon(self, name: str, reason: str | None, cordon: bool) -> bool:
+        """Write the cordon columns and an event; True when something changed."""
+        now = self.clock()
+        async with self.db.write() as session:
+            row = (await session.execute(
+                select(Device.id, Device.removed_at, Device.cordoned_at, Device.cordon_reason)
+                .where(Device.name == name)
+            )).one_or_none()
+            if row is None:
+                raise LookupError(f"device {name!r} is not in the inventory")
+            if row.removed_at is not None:
+                raise ValueError(f"device {name!r} was removed from the fabric; "
+                                 "there is nothing to cordon or uncordon")
+            if cordon:
+                if row.cordoned_at is not None and row.cordon_reason == reason:
+                    return False
+                values: dict[str, Any] = {"cordoned_at": row.cordoned_at or now,
+                                          "cordon_reason": reason}
+                event = ("cordoned", row.cordon_reason, reason)
+            else:
+                if row.cordoned_at is None:
+                    return False
+                values = {"cordoned_at": None, "cordon_reason": None}
+                event = ("uncordoned", row.cordon_reason, None)
+            await session.execute(update(Device).where(Device.id == row.id).values(**values))
+            await session.execute(insert(DeviceEvent).values(
+                device_id=row.id, at=now, kind=event[0], old=event[1], new=event[2]))
+        return True
+
+    async def cordon(self, device: str, reason: str) -> Mapping[str, Any]:
+        """Take ``device`` out of the slices (tainted or withheld); it stays in the inventory.
+
+        Cordoning a cordoned device only replaces its reason.
+
+        Raises:
+            LookupError: no such device.
+            ValueError: the device was removed, or the reason is longer than 255 characters.
+        """
+        if len(reason) > MAX_REASON_LENGTH:
+            raise ValueError(f"reason: at most {MAX_REASON_LENGTH} characters")
+        if await self._set_cordon(device, reason, cordon=True):
+            log.info("device %s cordoned by an administrator: %s", device, reason or "(no reason)")
+            await self._changed()
+        return await self._device(device)
+
+    async def uncordon(self, device: str) -> Mapping[str, Any]:
+        """Offer a cordoned ``device`` again (a device that is not cordoned is left as it is).
+
+        Raises:
+            LookupError: no such device.
+            ValueError: the device was removed.
+        """
+        if await self._set_cordon(device, None, cordon=False):
+            log.info("device %s uncordoned by an administrator", device)
+            await self._changed()
+        return await self._device(device)
+
+    async def force_release(self, reservation_id: int) -> Mapping[str, Any]:
+        """Detach (best effort) and release reservation ``reservation_id``.
+
+        Returns:
+            The reservation: ``released``, or ``detaching`` with ``last_error`` set when the
+            fabric refused the detach for another reason than "gone" or "held elsewhere".
+
+        Raises:
+            LookupError: no such reservation.
+            ValueError: it is released already.
+        """
+        for _ in range(RELEASE_ATTEMPTS):
+            current = await self.journal.get(reservation_id)
+            if current is None:
+                raise LookupError(f"reservation {reservation_id} does not exist")
+            if current.state == RELEASED:
+                raise ValueError(f"reservation {reservation_id} is released already")
+            done = await self._release(current)
+            if done is not None:
+                await self._changed()
+                return done.to_json()
+            # Another worker moved it between our read and our write: read again.
+        raise ValueError(f"reservation {reservation_id} keeps changing state; try again")
+
+    async def _release(self, current: ReservationView) -> ReservationView | None:
+        note = "released by an administrator"
+        if current.state == PENDING:
+            # Nothing was sent to the fabric for a pending reservation.
+            return await self.journal.transition(current.id, [PENDING], RELEASED, error=note)
+        moving = await self.journal.transition(
+            current.id, [ATTACHING, ATTACHED, FAILED, DETACHING], DETACHING,
+            count_attempt=True, error=f"{note}: detaching",
+        )
+        if moving is None:
+            return None
+        log.info("reservation %d (device %s, claim %s) force-released by an administrator",
+                 moving.id, moving.device_name, moving.claim)
+        if moving.host_id is None:
+            return await self._settle(moving, f"{note} (no host was attached)")
+        try:
+            device = await self.journal.fabric_device(moving)
+            await self.backend.detach(device, moving.host_id)
+        except (UnknownDevice, FabricNotFound) as err:
+            return await self._settle(moving, f"{note} without detach: {err}")
+        except FabricConflict as err:
+            return await self._settle(moving, f"{note}; the device is held elsewhere: {err}")
+        except FabricError as err:
+            message = f"{note}, but detach from host {moving.host_id} failed: {err}"
+            log.warning("reservation %d: %s", moving.id, message)
+            return await self.journal.transition(moving.id, [DETACHING], DETACHING,
+                                                 error=message)
+        return await self._settle(moving, f"{note}; detached from host {moving.host_id}")
+
+    async def _settle(self, moving: ReservationView, note: str) -> ReservationView | None:
+        return await self.journal.transition(moving.id, [DETACHING], RELEASED, error=note)

@@ -1,0 +1,75 @@
+"""``fabric-dra run``: the controller service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+import click
+
+from app.commands.common import Settings, settings_options_with
+from app.config import ConfigError
+from app.kube.errors import KubeError
+
+log = logging.getLogger(__name__)
+
+
+def _flags(admin_port: int | None, mode: str | None, migrate: bool | None,
+           leader_election: bool | None, **_: Any) -> dict[str, Any]:
+    return {
+        "admin": {"port": admin_port},
+        "controller": {"mode": mode},
+        "database": {"migrate_on_start": migrate},
+        "leader": {"enabled": leader_election},
+    }
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None,
+                shutdown_deadline_s: float = 20.0) -> None:
+    """Run the service until SIGTERM/SIGINT (or ``stop`` is set), then shut down cleanly.
+
+    Raises:
+        click.ClickException: the service could not start (the reason in one line).
+    """
+    from app.service import Service
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    service = Service(settings)
+    try:
+        await service.start()
+    except (ConfigError, KubeError, OSError) as err:
+        await service.stop(deadline_s=5)
+        raise click.ClickException(f"cannot start: {err}") from None
+    except BaseException:
+        await service.stop(deadline_s=5)
+        raise
+    try:
+        await stop.wait()
+        log.info("stopping: finishing work in flight (at most %.0fs)", shutdown_deadline_s)
+    finally:
+        await service.stop(deadline_s=shutdown_deadline_s)
+
+
+@click.command()
+@click.option("--admin-port", type=click.IntRange(0, 65535), default=None,
+              help="Admin HTTP port (admin.port) [8080].")
+@click.option("--mode", type=click.Choice(["structured", "control-plane", "both", "auto"]),
+              default=None, help="Claim handling mode (controller.mode) [structured].")
+@click.option("--migrate/--no-migrate", default=None,
+              help="Upgrade the database schema on start (database.migrate_on_start) [on].")
+@click.option("--leader-election/--no-leader-election", default=None,
+              help="Campaign for the Lease; off means this replica always leads [on].")
+@click.option("--shutdown-deadline", type=click.FloatRange(0, 600), default=20.0,
+              show_default=True, help="Seconds in-flight work may take after SIGTERM.")
+@settings_options_with(_flags)
+def run(admin_port: int | None, mode: str | None, migrate: bool | None,
+        leader_election: bool | None, shutdown_deadline: float, settings: Settings) -> None:
+    """Run the controller: inventory, publishing, claims, admin endpoint, leader election."""
+    asyncio.run(serve(settings, shutdown_deadline_s=shutdown_deadline))

@@ -1,0 +1,381 @@
+"""The composition root: builds every part from the settings, wires them, runs them, stops them.
+
+Every replica serves the admin endpoint and campaigns for the Lease. Only the leader writes
+(DESIGN.md invariant 7): while leading it runs the inventory loop, the publisher, the claim
+reconciler (structured mode) and the control-plane controller (classic mode); when leadership
+is lost they are stopped before anything else happens. Loops are supervised: a crash is logged,
+shown in readiness, and the loop restarts with backoff.
+
+Shutdown (SIGTERM): stop taking work, let in-flight reconciles finish within the deadline,
+release the Lease, close the fabric backend, the Kubernetes client and the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio.client import CoreV1Api
+
+from app.claims.reconciler import ClaimReconciler, ClaimSettings
+from app.config import Settings
+from app.db import migrate
+from app.db.engine import Database
+from app.fabric.backend import FabricBackend
+from app.fabric.factory import backend_from_settings
+from app.inventory import InventorySync
+from app.inventory.queries import list_status, pool_devices
+from app.kube.client import KubeClient, call_json, connect
+from app.kube.factory import kube_client_settings
+from app.kube.leader import LeaderElectionSettings, LeaderElector
+from app.kube.versions import ResourceApiVersion, discover_served_versions
+from app.metrics import Metrics
+from app.pools import PoolConfig, desired_pools
+from app.publisher import Publisher, PublisherMetrics, PublisherSettings
+from app.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def default_identity() -> str:
+    """This replica's name: the pod's hostname plus a short random suffix."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+def default_namespace(environ: Mapping[str, str]) -> str:
+    """The Lease namespace when none is set: ``POD_NAMESPACE``, the service account's
+    namespace file, else ``default``."""
+    if environ.get("POD_NAMESPACE"):
+        return environ["POD_NAMESPACE"]
+    with contextlib.suppress(OSError), open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as handle:
+        namespace = handle.read().strip()
+        if namespace:
+            return namespace
+    return "default"
+
+
+@dataclass
+class Leadership:
+    """The parts that run only while this replica leads."""
+
+    inventory: InventorySync
+    publisher: Publisher | None = None
+    claims: ClaimReconciler | None = None
+    control_plane: Any = None
+    publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Service:
+    """fabric-dra's service. ``await start()``, then ``await stop()``.
+
+    Args:
+        settings: the validated settings.
+        environ: the environment (in-cluster discovery, POD_NAMESPACE).
+        backend: a fabric backend to use instead of building one from the settings (tests).
+        kube: a Kubernetes client to use instead of building one (tests).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        environ: Mapping[str, str] | None = None,
+        backend: FabricBackend | None = None,
+        kube: KubeClient | None = None,
+    ) -> None:
+        self.settings = settings
+        self.environ = os.environ if environ is None else environ
+        self.metrics = Metrics.create()
+        self.publisher_metrics = PublisherMetrics.create(self.metrics.registry)
+        self.supervisor = Supervisor()
+        self.identity = settings.leader.identity or default_identity()
+        self.db = Database.connect(settings.database.url, pool_size=settings.database.pool_size)
+        self.backend = backend
+        self.kube = kube
+        self._owns_backend = backend is None
+        self._owns_kube = kube is None
+        self.version: ResourceApiVersion | None = None
+        self.control_plane_served = False
+        self.elector: LeaderElector | None = None
+        self.leading: Leadership | None = None
+        self._lead_task: asyncio.Task[None] | None = None
+        self._admin: Any = None
+        self.admin_port: int | None = None
+        self._started_at = time.monotonic()
+        self.last_inventory: Any = None
+        self.mode = settings.controller.mode
+        self._stopping = False
+
+    # ------------------------------------------------------------------ start / stop
+    async def start(self) -> None:
+        """Connect, migrate, choose the API version and mode, serve admin, campaign.
+
+        Raises:
+            ConfigError: bad credentials files or Kubernetes settings.
+            KubeError: discovery failed (the API server is unreachable or refuses us).
+            KubeVersionError: no resource.k8s.io version fits the configured mode.
+        """
+        if self.settings.database.migrate_on_start:
+            await migrate.upgrade(self.db.engine)
+        if self.backend is None:
+            self.backend = backend_from_settings(self.settings.fabric)
+        if self.kube is None:
+            self.kube = await connect(kube_client_settings(self.settings.kube, self.environ))
+        served = await discover_served_versions(self.kube.api)
+        self._choose_modes(served)
+        await self._start_admin()
+        if self.settings.leader.enabled:
+            leader = self.settings.leader
+            self.elector = LeaderElector(
+                self.kube.api,
+                LeaderElectionSettings(
+                    lease_name=leader.lease_name,
+                    namespace=leader.namespace or default_namespace(self.environ),
+                    identity=self.identity,
+                    lease_duration_s=max(1, round(leader.lease_duration_seconds)),
+                    renew_deadline_s=leader.renew_deadline_seconds,
+                    retry_period_s=leader.retry_period_seconds,
+                ),
+                on_started_leading=self._on_started_leading,
+                on_stopped_leading=self._on_stopped_leading,
+            )
+            self.elector.start()
+        else:
+            await self._on_started_leading()
+        log.info("fabric-dra %s started: driver %s, mode %s, resource.k8s.io %s",
+                 self.identity, self.settings.driver_name, self.mode,
+                 self.version.value if self.version else "-")
+
+    def _choose_modes(self, served: list[str]) -> None:
+        from app.modes import ModeError, choose_modes
+
+        modes = choose_modes(self.mode, served)
+        fixed = self.settings.kube.resource_api_version
+        if modes.structured is not None and fixed != "auto":
+            if fixed not in served:
+                raise ModeError(f"kube.resource_api_version is {fixed}, but the API server "
+                                f"serves resource.k8s.io {', '.join(served) or 'nothing'}")
+            modes = dataclasses.replace(modes, structured=ResourceApiVersion(fixed))
+        self.version = modes.structured
+        self.control_plane_served = modes.control_plane
+        log.info("modes: %s", modes.describe())
+
+    async def stop(self, deadline_s: float = 20.0) -> None:
+        """Stop everything within ``deadline_s`` seconds (best effort past it)."""
+        self._stopping = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(deadline_s):
+                if self.elector is not None:
+                    # Stepping down runs _on_stopped_leading, which drains the leader's work.
+                    await self.elector.stop()
+                else:
+                    await self._on_stopped_leading()
+        await self._stop_leading(0)
+        await self._stop_admin()
+        await self.supervisor.stop()
+        if self._owns_backend and self.backend is not None:
+            await self.backend.close()
+        if self._owns_kube and self.kube is not None:
+            await self.kube.close()
+        await self.db.dispose()
+        log.info("fabric-dra %s stopped", self.identity)
+
+    # ------------------------------------------------------------------ leadership
+    async def _on_started_leading(self) -> None:
+        # Called inside the elector's loop: only spawn, never wait here (renewals must go on).
+        self._lead_task = asyncio.create_task(self._lead(), name="leading")
+
+    async def _on_stopped_leading(self) -> None:
+        await self._stop_leading(self.settings_drain_s)
+
+    @property
+    def settings_drain_s(self) -> float:
+        """How long in-flight reconciles may take to finish when stepping down."""
+        return 10.0
+
+    async def _lead(self) -> None:
+        assert self.backend is not None
+        assert self.kube is not None
+        settings = self.settings
+        leading = Leadership(inventory=InventorySync(
+            self.backend, self.db, stale_after_failures=settings.inventory.stale_after_failures,
+            metrics=self.metrics.inventory,
+        ))
+        self.leading = leading
+        self.supervisor.spawn("inventory", lambda: self._inventory_loop(leading))
+        if self.version is not None:
+            leading.publisher = Publisher(self.kube, self.version, settings.driver_name,
+                                          PublisherSettings(), self.publisher_metrics)
+            await leading.publisher.start()
+            self.supervisor.spawn("publish", lambda: self._publish_loop(leading))
+            if self.mode in ("structured", "both", "auto"):
+                leading.claims = ClaimReconciler(
+                    self.kube, self.version, self.db, self.backend,
+                    ClaimSettings(
+                        driver_name=settings.driver_name,
+                        binding_conditions=settings.pools.binding_conditions,
+                        binding_failure_conditions=settings.pools.binding_failure_conditions,
+                        host_match=settings.hosts.match, host_key=settings.hosts.key,
+                        workers=settings.controller.workers,
+                        orphan_grace_s=settings.controller.orphan_grace_seconds,
+                        detach_unmanaged=settings.controller.detach_unmanaged,
+                        identity=self.identity,
+                    ),
+                    metrics=self.metrics.claims,
+                    on_failed_device=leading.publish_wanted.set,
+                )
+                await leading.claims.start()
+        if self.control_plane_served:
+            from app.controlplane import ControlPlaneController, ControlPlaneSettings
+
+            leading.control_plane = ControlPlaneController(
+                self.kube, self.db, self.backend,
+                ControlPlaneSettings(
+                    driver_name=settings.driver_name, host_match=settings.hosts.match,
+                    host_key=settings.hosts.key, workers=settings.controller.workers,
+                    identity=self.identity,
+                ),
+                metrics=self.metrics.claims,
+            )
+            await leading.control_plane.start()
+
+    async def _stop_leading(self, drain_s: float) -> None:
+        task, self._lead_task = self._lead_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        leading, self.leading = self.leading, None
+        if leading is None:
+            return
+        for name in ("inventory", "publish"):
+            await self.supervisor.stop_one(name)
+        if leading.claims is not None:
+            await leading.claims.stop(drain_s=drain_s)
+        if leading.control_plane is not None:
+            await leading.control_plane.stop()
+        if leading.publisher is not None:
+            await leading.publisher.stop()
+
+    async def _inventory_loop(self, leading: Leadership) -> None:
+        interval = self.settings.inventory.poll_interval_seconds
+        first = True
+        while True:
+            result = await leading.inventory.sync_once()
+            self.last_inventory = result
+            if result.ok and (first or result.row_writes):
+                leading.publish_wanted.set()
+                first = False
+            await leading.inventory.wait_trigger(interval)
+
+    async def _publish_loop(self, leading: Leadership) -> None:
+        assert leading.publisher is not None
+        published_with: bool | None = None  # taints_supported of the last publish
+        while True:
+            with contextlib.suppress(TimeoutError):
+                # The timeout re-checks what the API server drops even when nothing changed.
+                await asyncio.wait_for(leading.publish_wanted.wait(), timeout=5.0)
+            supported = not leading.publisher.taints_dropped
+            if not leading.publish_wanted.is_set() and supported == published_with:
+                continue
+            leading.publish_wanted.clear()
+            if not supported and published_with is not False:
+                log.warning("the API server drops device taints (DRADeviceTaints is off): "
+                            "unhealthy, cordoned and failed devices are withheld instead")
+            published_with = supported
+            devices = await pool_devices(self.db)
+            leading.publisher.set_desired(desired_pools(
+                devices, PoolConfig.from_settings(self.settings, taints_supported=supported)))
+
+    def request_publish(self) -> None:
+        """Recompute the desired pools soon (after an admin action, say)."""
+        if self.leading is not None:
+            self.leading.publish_wanted.set()
+
+    # ------------------------------------------------------------------ health
+    def health_checks(self) -> list[tuple[str, bool, str]]:
+        """Liveness: no loop in a crash loop."""
+        looping = self.supervisor.crash_looping()
+        return [("loops", not looping,
+                 "; ".join(f"{s.name}: {s.last_error}" for s in looping) or "running")]
+
+    async def readiness_checks(self) -> list[tuple[str, bool, str]]:
+        """Readiness: database reachable, leader state known, caches synced, loops running."""
+        checks: list[tuple[str, bool, str]] = []
+        try:
+            await self.db.ping()
+            checks.append(("database", True, "reachable"))
+        except Exception as err:
+            checks.append(("database", False, str(err)))
+        if self.elector is not None:
+            known = self.elector.is_leader.is_set() or self.elector.leader_identity is not None
+            checks.append(("leader", known, f"leader is {self.elector.leader_identity or '?'}"))
+        leading = self.leading
+        if leading is not None:
+            if leading.publisher is not None:
+                synced = leading.publisher.status().synced
+                checks.append(("publisher", synced, "synced" if synced else "syncing"))
+            if leading.claims is not None:
+                healthy = leading.claims.is_healthy()
+                checks.append(("claims", healthy, "watching" if healthy else "not synced"))
+            if leading.control_plane is not None:
+                healthy = leading.control_plane.is_healthy()
+                checks.append(("control-plane", healthy, "watching" if healthy else
+                               "not synced"))
+        down = self.supervisor.down()
+        checks.append(("loops", not down,
+                       "; ".join(f"{s.name} down: {s.last_error}" for s in down) or "running"))
+        return checks
+
+    async def status(self) -> dict[str, Any]:
+        """A JSON-ready summary of the live parts."""
+        leading = self.leading
+        inventory = [s.to_json() for s in await list_status(self.db)]
+        result: dict[str, Any] = {
+            "identity": self.identity,
+            "driver": self.settings.driver_name,
+            "mode": self.mode,
+            "resource_api_version": self.version.value if self.version else None,
+            "uptime_seconds": round(time.monotonic() - self._started_at, 1),
+            "leader": {
+                "enabled": self.elector is not None,
+                "is_leader": leading is not None,
+                "holder": self.elector.leader_identity if self.elector else self.identity,
+            },
+            "inventory": inventory,
+            "loops": [dataclasses.asdict(s) for s in self.supervisor.states()],
+        }
+        if leading is not None and leading.publisher is not None:
+            result["publisher"] = leading.publisher.status().to_json()
+        if leading is not None and leading.claims is not None:
+            result["claims"] = leading.claims.status()
+        if leading is not None and leading.control_plane is not None:
+            result["control_plane"] = leading.control_plane.status()
+        return result
+
+    # ------------------------------------------------------------------ admin
+    async def _start_admin(self) -> None:
+        from app.service_admin import start_admin
+
+        self._admin = await start_admin(self)
+
+    async def _stop_admin(self) -> None:
+        if self._admin is not None:
+            await self._admin.cleanup()
+            self._admin = None
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        """Every Node from the API server (JSON)."""
+        assert self.kube is not None
+        body = await call_json(CoreV1Api(self.kube.api).list_node(_preload_content=False),
+                               "list Nodes")
+        return list(body.get("items") or [])

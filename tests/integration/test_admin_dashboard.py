@@ -1,0 +1,84 @@
+"""The dashboard in a real browser: headless Chromium loads it from the app on 127.0.0.1.
+
+Chromium runs with a fresh profile and no network beyond the page; the test checks that the
+screenshot is a real PNG, that the rendered DOM shows the pools, and that the console is clean
+(a blocked inline style or any other Content-Security-Policy violation is a console error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from test_admin import Live, live_status, make_context, seed
+
+from app.admin.app import serve
+from app.db.engine import Database
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+WIDTH, HEIGHT = 1440, 1200
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run",
+         "--disable-extensions", "--hide-scrollbars", "--enable-logging=stderr", "--v=0")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Chromium is not installed (Debian: apt-get install -y chromium); the dashboard's "
+           "server-side rendering is still tested in test_admin.py",
+)
+
+
+@pytest.fixture
+async def dashboard_url(db: Database) -> AsyncIterator[str]:
+    seeded = await seed(db)
+    runner = await serve(make_context(db, seeded, Live(status=live_status())), "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    finally:
+        await runner.cleanup()
+
+
+async def chromium(profile: Path, *args: str) -> tuple[str, str]:
+    """Run headless Chromium with a fresh profile; returns (stdout, stderr)."""
+    assert CHROMIUM is not None
+    process = await asyncio.create_subprocess_exec(
+        CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    assert process.returncode == 0, err.decode(errors="replace")[-3000:]
+    return out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def console_lines(stderr: str) -> list[str]:
+    """Chromium's log lines for page console messages (CSP violations among them)."""
+    return [line for line in stderr.splitlines()
+            if "CONSOLE" in line or "Content Security Policy" in line]
+
+
+async def test_the_dashboard_renders_in_chromium_with_a_clean_console(
+    dashboard_url: str, tmp_path: Path
+) -> None:
+    screenshot = tmp_path / "dashboard.png"
+    _, stderr = await chromium(tmp_path / "profile-1", f"--window-size={WIDTH},{HEIGHT}",
+                               f"--screenshot={screenshot}", dashboard_url)
+    data = screenshot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (WIDTH, HEIGHT)
+    assert console_lines(stderr) == []
+
+    dom, stderr = await chromium(tmp_path / "profile-2", "--dump-dom", dashboard_url)
+    for text in ("us-east/rack-01", "us-east/rack-02", "us-west/rack-07", "Recent errors",
+                 "update ResourceSlice: 409", "team-c/claim-c", "<svg class=\"bar\""):
+        assert text in dom, text
+    assert console_lines(stderr) == []

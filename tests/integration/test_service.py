@@ -1,0 +1,212 @@
+"""The whole service: inventory, publishing, claims, admin endpoint and leader election, over
+real HTTP against the Kubernetes API emulator and the Redfish simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from app.config import Settings, load_settings
+from app.service import Service
+from app.sim.kubeapi import KubeEmulator
+from app.sim.redfish import InventorySpec, RedfishSimulator
+
+DRIVER = "fabric.example.com"
+CLAIMS = "resource.k8s.io/v1"
+NODES = ["node-us-east-rack-01-1", "node-us-east-rack-01-2"]
+
+
+async def eventually(check: Any, timeout_s: float = 20, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[KubeEmulator, RedfishSimulator]]:
+    """The emulator with two labelled Nodes, and the simulator (its URL in ``URLS``)."""
+    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4,
+                                              hosts_per_rack=2), username="ops",
+                           password="s3cret-pw", auth="session")
+    URLS[id(sim)] = await sim.start()
+    emu = KubeEmulator(served_resource_versions=("v1",))
+    await emu.start()
+    for node in NODES:
+        emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
+            "kubernetes.io/hostname": node, "topology.kubernetes.io/region": "us-east",
+            "fabric-dra.io/rack": "rack-01"}}})
+    yield emu, sim
+    await emu.stop()
+    await sim.stop()
+
+
+def settings_for(tmp_path: Path, emu: KubeEmulator, sim: RedfishSimulator,
+                 database: str, **extra: str) -> Settings:
+    (tmp_path / "user").write_text("ops\n")
+    (tmp_path / "password").write_text("s3cret-pw\n")
+    (tmp_path / "token").write_text("admin-token-123\n")
+    environ = {
+        "FABRIC_DRA_DATABASE__URL": database,
+        "FABRIC_DRA_FABRIC__URL": sim_url(sim),
+        "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
+        "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
+        "FABRIC_DRA_FABRIC__RETRY_ATTEMPTS": "2",
+        "FABRIC_DRA_KUBE__MODE": "url",
+        "FABRIC_DRA_KUBE__URL": emu.url,
+        "FABRIC_DRA_ADMIN__HOST": "127.0.0.1",
+        "FABRIC_DRA_ADMIN__PORT": "0",
+        "FABRIC_DRA_ADMIN__TOKEN_FILE": str(tmp_path / "token"),
+        "FABRIC_DRA_INVENTORY__POLL_INTERVAL_SECONDS": "1",
+        "FABRIC_DRA_LEADER__NAMESPACE": "default",
+        "FABRIC_DRA_LEADER__LEASE_DURATION_SECONDS": "3",
+        "FABRIC_DRA_LEADER__RENEW_DEADLINE_SECONDS": "2",
+        "FABRIC_DRA_LEADER__RETRY_PERIOD_SECONDS": "0.5",
+        **extra,
+    }
+    return load_settings(environ=environ)
+
+
+URLS: dict[int, str] = {}
+
+
+def sim_url(sim: RedfishSimulator) -> str:
+    return URLS[id(sim)]
+
+
+def slices(emu: KubeEmulator) -> list[dict[str, Any]]:
+    return [s for s in emu.list(CLAIMS, "ResourceSlice") if s["spec"]["driver"] == DRIVER]
+
+
+async def get_json(port: int, path: str, token: str | None = None) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as session, session.get(
+        f"http://127.0.0.1:{port}{path}", headers=headers
+    ) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def test_the_service_inventories_publishes_attaches_and_stops_cleanly(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
+) -> None:
+    emu, sim = cluster
+    settings = settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/fd.db",
+                            FABRIC_DRA_LEADER__IDENTITY="replica-a")
+    service = Service(settings)
+    await service.start()
+    try:
+        await eventually(lambda: len(slices(emu)) == 1, what="the pool's slice")
+        published = slices(emu)[0]["spec"]
+        assert published["pool"]["name"] == "us-east/rack-01"
+        assert len(published["devices"]) == 4
+        assert service.admin_port
+        await eventually(lambda: _ready(service.admin_port), what="readiness")
+        status, body = await get_json(service.admin_port, "/api/v1/status")
+        assert status == 200 and body["service"]["leader"]["is_leader"] is True
+
+        device = published["devices"][0]["name"]
+        emu.create({"apiVersion": CLAIMS, "kind": "ResourceClaim",
+                    "metadata": {"name": "c1", "namespace": "default"},
+                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                        "deviceClassName": "fabric-gpu"}}]}}})
+        claim = emu.get(CLAIMS, "ResourceClaim", "c1", "default")
+        claim["status"] = {"allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER,
+                                     "pool": "us-east/rack-01", "device": device}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODES[0]]}]}]},
+        }, "reservedFor": [{"resource": "pods", "name": "p", "uid": str(uuid.uuid4())}]}
+        emu.update_status(claim)
+        await eventually(lambda: _ready_condition(emu, "c1"), what="device ready on the claim")
+        assert NODES[0] in sim.attachments().values()
+        assert "s3cret-pw" not in str(await service.status())
+    finally:
+        await service.stop(deadline_s=10)
+    lease = emu.get("coordination.k8s.io/v1", "Lease", "fabric-dra", "default")
+    assert lease is not None and not lease["spec"].get("holderIdentity")
+
+
+async def _ready(port: int | None) -> bool:
+    assert port is not None
+    status, _ = await get_json(port, "/readyz")
+    return status == 200
+
+
+def _ready_condition(emu: KubeEmulator, name: str) -> bool:
+    claim = emu.get(CLAIMS, "ResourceClaim", name, "default") or {}
+    return any(c["type"] == "FabricDeviceReady" and c["status"] == "True"
+               for e in (claim.get("status") or {}).get("devices") or []
+               for c in e.get("conditions") or [])
+
+
+async def test_two_replicas_one_leader_and_failover(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
+) -> None:
+    emu, sim = cluster
+    database = f"sqlite+aiosqlite:///{tmp_path}/shared.db"
+    first = Service(settings_for(tmp_path, emu, sim, database,
+                                 FABRIC_DRA_LEADER__IDENTITY="replica-a"))
+    second = Service(settings_for(tmp_path, emu, sim, database,
+                                  FABRIC_DRA_LEADER__IDENTITY="replica-b",
+                                  FABRIC_DRA_DATABASE__MIGRATE_ON_START="false"))
+    await first.start()
+    await eventually(lambda: first.leading is not None, what="replica-a leads")
+    await second.start()
+    try:
+        await asyncio.sleep(1.5)
+        assert second.leading is None
+        assert await _ready(second.admin_port)  # a standby is ready: it knows the leader
+        _, body = await get_json(second.admin_port, "/api/v1/status")
+        assert body["service"]["leader"] == {
+            "enabled": True, "is_leader": False, "holder": "replica-a"}
+        writes_before = len(emu.writes("resourceslices"))
+        await first.stop(deadline_s=10)
+        await eventually(lambda: second.leading is not None, timeout_s=10,
+                         what="replica-b takes over")
+        await asyncio.sleep(1.5)
+        # The new leader adopts the slices: nothing to rewrite.
+        assert len(emu.writes("resourceslices")) == writes_before
+    finally:
+        await second.stop(deadline_s=10)
+        await first.stop(deadline_s=1)
+
+
+async def test_a_fabric_manager_that_is_down_shows_in_readiness_and_status(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
+) -> None:
+    emu, sim = cluster
+    await sim.stop()
+    service = Service(settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/x.db",
+                                   FABRIC_DRA_LEADER__ENABLED="false",
+                                   FABRIC_DRA_INVENTORY__STALE_AFTER_FAILURES="1"))
+    await service.start()
+    try:
+        async def stale() -> bool:
+            _, body = await get_json(service.admin_port or 0, "/api/v1/status")
+            inventory = body["service"]["inventory"]
+            return bool(inventory) and inventory[0]["stale"]
+
+        await eventually(stale, what="the inventory marked stale")
+        status, metrics_text = await _text(service.admin_port or 0, "/metrics")
+        assert status == 200 and 'fabric_dra_inventory_stale{backend="redfish"} 1.0' in \
+            metrics_text
+    finally:
+        await service.stop(deadline_s=5)
+
+
+async def _text(port: int, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(
+        f"http://127.0.0.1:{port}{path}") as response:
+        return response.status, await response.text()
