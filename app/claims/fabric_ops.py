@@ -1,0 +1,325 @@
+"""Fabric operations on journalled reservations, shared by both allocation modes.
+
+The structured reconciler (:mod:`app.claims.reconciler`) and the control-plane controller
+(:mod:`app.controlplane.controller`) attach, detach, release and recover reservations the same
+way (DESIGN.md invariants 1-3):
+
+* attach: ``attaching`` is written (compare-and-set, attempt counted) before the call is sent;
+  success moves to ``attached`` and records an ``Attached`` Event; a permanent failure, or a
+  retryable one past ``maxAttachAttempts``, moves to ``failed`` with a Warning ``AttachFailed``
+  Event;
+* release: a ``pending`` reservation is released at once (nothing was sent); any other goes
+  through ``detaching`` before the detach call; a device or host gone from the fabric, or held
+  by another host, counts as detached;
+* recovery after a restart: ``attaching`` becomes ``attached`` when the fabric shows the device
+  on the host, else ``pending``; ``detaching`` becomes ``released`` when it is no longer there.
+  Recovery is limited to the reservations of the given modes, so that one mode's recovery
+  never moves a reservation the other mode is driving at that moment.
+
+Events go through :class:`EventRecorder` (core/v1 Events on the claim; losing one is logged,
+never raised).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any
+
+from kubernetes_asyncio.client import CoreV1Api
+
+from app.claims.model import (
+    REASON_ATTACH_FAILED,
+    REASON_ATTACHED,
+    DeviceReport,
+    EffectiveConfig,
+    WantedDevice,
+    rfc3339,
+)
+from app.fabric.backend import FabricBackend
+from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
+from app.journal import (
+    ATTACHED,
+    ATTACHING,
+    DETACHING,
+    FAILED,
+    PENDING,
+    RELEASED,
+    Journal,
+    ReservationView,
+    UnknownDevice,
+)
+from app.kube.client import call_json
+from app.kube.errors import KubeError
+from app.metrics import ClaimMetrics
+
+log = logging.getLogger(__name__)
+REASON_DETACHED = "Detached"
+
+
+def utcnow() -> dt.datetime:
+    """The current time, aware, in UTC."""
+    return dt.datetime.now(dt.UTC)
+
+
+class EventRecorder:
+    """Records core/v1 Events on ResourceClaims.
+
+    Args:
+        core: the CoreV1Api to create Events with.
+        identity: this replica's name (``reportingInstance``).
+        claim_api_version: ``involvedObject.apiVersion`` when the claim JSON has none.
+        clock: aware UTC time.
+    """
+
+    def __init__(self, core: CoreV1Api, identity: str, claim_api_version: str,
+                 clock: Callable[[], dt.datetime] = utcnow) -> None:
+        self.core = core
+        self.identity = identity
+        self.claim_api_version = claim_api_version
+        self.clock = clock
+
+    async def record(self, claim: Mapping[str, Any], type_: str, reason: str,
+                     message: str) -> None:
+        """Create one Event (``type_`` Normal or Warning; ``reason`` CamelCase; the message is
+        cut to 1,024 characters). Never raises for an API error: an Event is a courtesy."""
+        metadata = claim.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "default")
+        now = rfc3339(self.clock())
+        body: Any = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": claim.get("apiVersion", self.claim_api_version),
+                "kind": "ResourceClaim", "name": metadata.get("name"), "namespace": namespace,
+                "uid": metadata.get("uid"),
+            },
+            "reason": reason, "message": message[:1024], "type": type_,
+            "source": {"component": "fabric-dra"}, "reportingComponent": "fabric-dra",
+            "reportingInstance": self.identity,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await call_json(
+                self.core.create_namespaced_event(namespace, body, _preload_content=False),
+                f"create Event for ResourceClaim {namespace}/{metadata.get('name')}",
+            )
+        except KubeError as err:
+            # Losing an Event must not hold up the claim.
+            log.info("could not record event %s on claim %s/%s: %s", reason, namespace,
+                     metadata.get("name"), err)
+
+
+class FabricOps:
+    """Attach, release and recover journalled reservations through the fabric backend.
+
+    Args:
+        journal: the reservation journal.
+        backend: the fabric backend.
+        events: where Events go.
+        metrics: optional (``fabric_operations``, ``attach_seconds``).
+        clock: aware UTC time.
+        on_error: called with (claim uid, message) for each problem worth showing on the
+            admin API; optional.
+        on_failed_device: called when a device's attach failed for good (so that the
+            publisher stops offering it); optional.
+        checkpoint: awaited at ``after-intent`` (attaching written, attach not sent) and
+            ``after-attach`` (attach done, not yet recorded); crash tests stop there.
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        backend: FabricBackend,
+        events: EventRecorder,
+        *,
+        metrics: ClaimMetrics | None = None,
+        clock: Callable[[], dt.datetime] = utcnow,
+        on_error: Callable[[str, str], None] | None = None,
+        on_failed_device: Callable[[], None] | None = None,
+        checkpoint: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.journal = journal
+        self.backend = backend
+        self.events = events
+        self.metrics = metrics
+        self.clock = clock
+        self.on_error = on_error
+        self.on_failed_device = on_failed_device
+        self.checkpoint = checkpoint
+
+    async def _at(self, step: str) -> None:
+        if self.checkpoint is not None:
+            await self.checkpoint(step)
+
+    def _error(self, uid: str, message: str) -> None:
+        if self.on_error is not None:
+            self.on_error(uid, message)
+
+    def _metric(self, operation: str, result: str) -> None:
+        if self.metrics:
+            self.metrics.fabric_operations.labels(operation, result).inc()
+
+    async def attach(
+        self, reservation: ReservationView, claim: Mapping[str, Any] | None,
+        config: EffectiveConfig,
+    ) -> tuple[DeviceReport, bool]:
+        """Attach a ``pending`` (or, after a crash, ``attaching``) reservation.
+
+        Returns:
+            (the report for the device, True when it must be tried again later: another
+            worker moved the reservation, or a retryable failure under the attempt limit).
+
+        Raises:
+            SQLAlchemyError: the journal could not be written (retry the whole step).
+        """
+        key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
+        moving = await self.journal.transition(
+            reservation.id, [PENDING, ATTACHING], ATTACHING, count_attempt=True
+        )
+        if moving is None:
+            return DeviceReport(key, None, "", ""), True
+        assert moving.host_id is not None
+        device = await self.journal.fabric_device(moving)
+        await self._at("after-intent")
+        started = time.monotonic()
+        try:
+            if config.attach_timeout_s is not None:
+                async with asyncio.timeout(config.attach_timeout_s):
+                    await self.backend.attach(device, moving.host_id)
+            else:
+                await self.backend.attach(device, moving.host_id)
+        except (FabricError, TimeoutError) as err:
+            reason = str(err) or f"no answer within {config.attach_timeout_s}s"
+            message = f"attach {reservation.device_name} to host {moving.host_id}: {reason}"
+            retryable = isinstance(err, TimeoutError) or (
+                isinstance(err, FabricError) and err.retryable
+            )
+            self._metric("attach", "retry" if retryable else "failed")
+            if retryable and moving.attempts < config.max_attach_attempts:
+                await self.journal.transition(moving.id, [ATTACHING], ATTACHING, error=message)
+                self._error(moving.claim.uid, message)
+                return DeviceReport(key, None, "", ""), True
+            await self.journal.transition(moving.id, [ATTACHING], FAILED, error=message)
+            self._error(moving.claim.uid, message)
+            log.warning("claim %s: %s", moving.claim, message)
+            if claim is not None:
+                await self.events.record(claim, "Warning", REASON_ATTACH_FAILED, message)
+            if self.on_failed_device:
+                self.on_failed_device()
+            return DeviceReport(key, False, REASON_ATTACH_FAILED, message), False
+        await self._at("after-attach")
+        done = await self.journal.transition(moving.id, [ATTACHING], ATTACHED)
+        self._metric("attach", "ok")
+        if self.metrics:
+            self.metrics.attach_seconds.observe(time.monotonic() - started)
+        if claim is not None:
+            await self.events.record(claim, "Normal", REASON_ATTACHED,
+                                     f"device {reservation.device_name} attached to node "
+                                     f"{moving.node} (fabric host {moving.host_id})")
+        return self.ready_report(key, done or moving), False
+
+    def ready_report(self, key: WantedDevice, reservation: ReservationView) -> DeviceReport:
+        """The report of an attached device (``data``: host, node, attachedAt)."""
+        data = {"host": reservation.host_id, "node": reservation.node,
+                "attachedAt": rfc3339(reservation.attached_at or self.clock())}
+        return DeviceReport(
+            key, True, REASON_ATTACHED,
+            f"attached to node {reservation.node} (fabric host {reservation.host_id})", data,
+        )
+
+    async def release(self, reservation: ReservationView,
+                      claim: Mapping[str, Any] | None) -> bool:
+        """Detach (when anything may have been sent) and release. True when done; False
+        when another worker moved it or the detach failed (try again later).
+
+        Raises:
+            SQLAlchemyError: the journal could not be written.
+        """
+        if reservation.state == PENDING:
+            # Nothing was sent to the fabric for a pending reservation.
+            return await self.journal.transition(reservation.id, [PENDING], RELEASED) is not None
+        moving = await self.journal.transition(
+            reservation.id, [ATTACHING, ATTACHED, FAILED, DETACHING], DETACHING,
+            count_attempt=True,
+        )
+        if moving is None:
+            return False
+        if moving.host_id is None:
+            await self.journal.transition(moving.id, [DETACHING], RELEASED)
+            return True
+        try:
+            device = await self.journal.fabric_device(moving)
+            await self.backend.detach(device, moving.host_id)
+        except (UnknownDevice, FabricNotFound) as err:
+            # The device or host is gone from the fabric: nothing is attached any more.
+            note = f"released without detach: {err}"
+            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=note)
+            self._metric("detach", "gone")
+            return True
+        except FabricConflict as err:
+            # The device is held by another host now: it is not attached to ours.
+            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=str(err))
+            self._metric("detach", "conflict")
+            return True
+        except FabricError as err:
+            message = f"detach {moving.device_name} from host {moving.host_id}: {err}"
+            await self.journal.transition(moving.id, [DETACHING], DETACHING, error=message)
+            self._error(moving.claim.uid, message)
+            self._metric("detach", "retry")
+            return False
+        await self.journal.transition(moving.id, [DETACHING], RELEASED)
+        self._metric("detach", "ok")
+        if claim is not None:
+            await self.events.record(claim, "Normal", REASON_DETACHED,
+                                     f"device {moving.device_name} detached from fabric host "
+                                     f"{moving.host_id}")
+        return True
+
+    async def recover(self, modes: Collection[str] | None = None) -> dict[str, int]:
+        """Settle unfinished journal entries of ``modes`` (None: every mode) against the
+        fabric. Run once, before any worker of those modes starts.
+
+        When the fabric cannot be listed, entries stay as they are: attach and detach are
+        idempotent, so the reconcile simply drives them again.
+
+        Returns:
+            Counts of what was done: ``{"attached": n, "pending": n, "released": n}``.
+        """
+        unfinished = [
+            r for r in await self.journal.active([ATTACHING, DETACHING])
+            if modes is None or r.mode in modes
+        ]
+        counts = {"attached": 0, "pending": 0, "released": 0}
+        if not unfinished:
+            return counts
+        try:
+            listing = await self.backend.list_devices()
+        except FabricError as err:
+            log.warning("recovery: cannot list the fabric (%s); %d unfinished operations will "
+                        "be driven again", err, len(unfinished))
+            return counts
+        holder = {d.vendor_id: d.host_id for d in listing.items}
+        for reservation in unfinished:
+            try:
+                device = await self.journal.fabric_device(reservation)
+            except UnknownDevice:
+                continue
+            on_host = holder.get(device.vendor_id) == reservation.host_id
+            if reservation.state == ATTACHING:
+                target = ATTACHED if on_host else PENDING
+            else:
+                if on_host:
+                    continue
+                target = RELEASED
+            if await self.journal.transition(reservation.id, [reservation.state], target,
+                                             error="recovered after restart"):
+                counts[target] += 1
+        log.info("recovery: %s", ", ".join(f"{n} {k}" for k, n in counts.items()))
+        return counts
+
+
+__all__ = ["REASON_DETACHED", "EventRecorder", "FabricOps"]

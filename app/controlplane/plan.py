@@ -1,0 +1,360 @@
+"""Decisions of the classic DRA protocol (control-plane controller). Pure, on v1-shaped JSON.
+
+Sources: DRA-REFERENCE.md "Classic DRA"; Kubernetes 1.31 ``k8s.io/api/resource/v1alpha3``
+(ResourceClaimSpec.Controller, AllocationResult.Controller, ResourceClaimStatus.
+DeallocationRequested, PodSchedulingContext, ResourceClaimSchedulingStatus: "Name matches the
+pod.spec.resourceClaims[*].Name field"), ``k8s.io/dynamic-resource-allocation/controller``
+v1.31 (``syncPodSchedulingContexts``: only unallocated claims are answered, entries of other
+claims are kept, a list is capped at ``PodSchedulingNodeListMaxSize`` = 128; ``syncClaim``:
+deallocate when the claim is being deleted or ``deallocationRequested`` is set and nothing is
+in ``reservedFor``, then clear ``allocation`` and ``deallocationRequested`` together, then
+remove the finalizer).
+
+Claims come in the v1 shape (``app.kube.versions.claim_from_wire``), with ``spec.controller``
+and ``status.deallocationRequested`` passed through untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from app.allocator import Allocator, Claim, DeviceClass, Node, Pool
+from app.allocator.model import DeviceId
+from app.claims.model import WantedDevice, wanted_devices
+from app.journal import ReservationView
+
+MAX_NODES = 128  # resourceapi.PodSchedulingNodeListMaxSize
+JsonDict = dict[str, Any]
+Phase = Literal["gone", "foreign", "deallocate", "allocated", "pending", "deleting"]
+
+
+def finalizer_name(driver_name: str) -> str:
+    """Our finalizer on claims we allocate: ``<driver>/deletion-protection``."""
+    return f"{driver_name}/deletion-protection"
+
+
+@dataclass(frozen=True, slots=True)
+class PodClaim:
+    """One ``pod.spec.resourceClaims[]`` entry.
+
+    Attributes:
+        name: the entry's name (what ``status.resourceClaims[].name`` of the scheduling
+            context refers to).
+        claim_name: the ResourceClaim's name: ``resourceClaimName``, or for a template the
+            name the claim controller recorded in ``pod.status.resourceClaimStatuses``; None
+            while that is not known yet.
+    """
+
+    name: str
+    claim_name: str | None
+
+
+def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
+    """The pod's claims, in ``spec.resourceClaims`` order (Kubernetes 1.31 core/v1
+    PodResourceClaim and PodResourceClaimStatus)."""
+    statuses = {
+        str(s.get("name")): s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        if isinstance(s, Mapping)
+    }
+    out = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if not isinstance(entry, Mapping) or not entry.get("name"):
+            continue
+        name = str(entry["name"])
+        claim_name = entry.get("resourceClaimName") or (
+            statuses.get(name) if entry.get("resourceClaimTemplateName") else None)
+        out.append(PodClaim(name, str(claim_name) if claim_name else None))
+    return out
+
+
+def is_ours(claim: Mapping[str, Any], driver_name: str) -> bool:
+    """True when ``spec.controller`` names our driver (we allocate it)."""
+    return (claim.get("spec") or {}).get("controller") == driver_name
+
+
+def allocation_of(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``status.allocation``, or None."""
+    allocation = (claim.get("status") or {}).get("allocation")
+    return allocation if isinstance(allocation, Mapping) else None
+
+
+def being_deleted(obj: Mapping[str, Any]) -> bool:
+    """True when ``metadata.deletionTimestamp`` is set."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def reserved_for(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """``status.reservedFor`` entries."""
+    return [r for r in (claim.get("status") or {}).get("reservedFor") or []
+            if isinstance(r, Mapping)]
+
+
+def claim_phase(claim: Mapping[str, Any] | None, driver_name: str) -> Phase:
+    """Where a claim stands for us.
+
+    * ``gone``: no claim (deleted, or never seen);
+    * ``foreign``: another controller allocates it, or none does (structured parameters);
+    * ``deallocate``: being deleted or ``deallocationRequested``, and ``reservedFor`` empty;
+    * ``deleting``: being deleted while still reserved (wait for the consumers to go);
+    * ``allocated``: allocated (by us), in use or about to be;
+    * ``pending``: ours, not allocated: allocation happens when a pod's scheduling context
+      selects a node.
+    """
+    if claim is None:
+        return "gone"
+    if not is_ours(claim, driver_name):
+        return "foreign"
+    status = claim.get("status") or {}
+    if (being_deleted(claim) or status.get("deallocationRequested")) and not reserved_for(claim):
+        return "deallocate"
+    if being_deleted(claim):
+        return "deleting"
+    return "allocated" if allocation_of(claim) is not None else "pending"
+
+
+def needs_status_clear(claim: Mapping[str, Any]) -> bool:
+    """True when ``allocation`` or ``deallocationRequested`` is still set (deallocate step 2)."""
+    status = claim.get("status") or {}
+    return allocation_of(claim) is not None or bool(status.get("deallocationRequested"))
+
+
+def cleared_status(claim: Mapping[str, Any]) -> JsonDict:
+    """The claim with ``allocation`` and ``deallocationRequested`` cleared in one status
+    (``reservedFor`` is empty by then; ``devices`` entries must name allocated devices, so
+    they go too)."""
+    result = copy.deepcopy(dict(claim))
+    status = dict(result.get("status") or {})
+    for key in ("allocation", "deallocationRequested", "devices", "reservedFor"):
+        status.pop(key, None)
+    result["status"] = status
+    return result
+
+
+def node_selector_for(node_name: str) -> JsonDict:
+    """A NodeSelector naming one node (``matchFields`` ``metadata.name`` In)."""
+    return {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}
+
+
+def allocated_status(
+    claim: Mapping[str, Any], allocation: Mapping[str, Any], driver_name: str,
+    consumer: Mapping[str, str], node_name: str,
+) -> JsonDict:
+    """The claim with ``status.allocation`` (``controller`` set to our driver) and the pod in
+    ``reservedFor``, to be written in one status update.
+
+    The allocation's ``nodeSelector`` names ``node_name``: the devices are attached to that
+    node's fabric host, so they are usable there only, whatever the pool's selector says
+    (the rule for node-local devices in DRA-REFERENCE.md "Classic DRA").
+
+    Args:
+        allocation: the allocator's ``status.allocation`` JSON.
+        consumer: ``{"resource": "pods", "name": ..., "uid": ...}``.
+        node_name: the selected node.
+    """
+    result = copy.deepcopy(dict(claim))
+    status = dict(result.get("status") or {})
+    status["allocation"] = {**copy.deepcopy(dict(allocation)),
+                            "nodeSelector": node_selector_for(node_name),
+                            "controller": driver_name}
+    consumers = [dict(r) for r in reserved_for(claim) if r.get("uid") != consumer.get("uid")]
+    status["reservedFor"] = [*consumers, dict(consumer)]
+    status.pop("deallocationRequested", None)
+    result["status"] = status
+    return result
+
+
+def add_finalizer_patch(claim: Mapping[str, Any], finalizer: str) -> list[JsonDict] | None:
+    """A JSON patch adding ``finalizer`` to ``claim``, guarded by a ``test`` of the current
+    list (or of the resourceVersion when there is none); None when it is already there.
+
+    Never used on a claim being deleted: the API server refuses new finalizers then.
+    """
+    metadata = claim.get("metadata") or {}
+    current = list(metadata.get("finalizers") or [])
+    if finalizer in current:
+        return None
+    if current:
+        return [{"op": "test", "path": "/metadata/finalizers", "value": current},
+                {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}]
+    return [{"op": "test", "path": "/metadata/resourceVersion",
+             "value": metadata.get("resourceVersion")},
+            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}]
+
+
+def remove_finalizer_patch(claim: Mapping[str, Any], finalizer: str) -> list[JsonDict] | None:
+    """A JSON patch removing ``finalizer``, guarded by a ``test`` of the whole list (a
+    strategic merge would keep it); None when it is not there."""
+    current = list((claim.get("metadata") or {}).get("finalizers") or [])
+    if finalizer not in current:
+        return None
+    return [{"op": "test", "path": "/metadata/finalizers", "value": current},
+            {"op": "remove", "path": f"/metadata/finalizers/{current.index(finalizer)}"}]
+
+
+def devices_in_use(
+    claims: Iterable[Mapping[str, Any]], reservations: Iterable[ReservationView],
+    driver_name: str, exclude_uids: Collection[str] = (),
+) -> set[DeviceId]:
+    """(driver, pool, device) of our devices allocated to a claim or held in the journal by
+    any mode, leaving out what the claims in ``exclude_uids`` hold (they are being allocated
+    now; their own leftovers are replaced).
+
+    Admin-access results do not make a device unavailable (KEP-4381 adminAccess)."""
+    used: set[DeviceId] = set()
+    for claim in claims:
+        if (claim.get("metadata") or {}).get("uid") in exclude_uids:
+            continue
+        results = ((allocation_of(claim) or {}).get("devices") or {}).get("results") or []
+        for result in results:
+            if (isinstance(result, Mapping) and result.get("driver") == driver_name
+                    and not result.get("adminAccess")):
+                used.add((driver_name, str(result.get("pool")), str(result.get("device"))))
+    for reservation in reservations:
+        if reservation.claim.uid not in exclude_uids and reservation.exclusive:
+            used.add((driver_name, reservation.pool, reservation.device_name))
+    return used
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One of the pod's claims we must allocate: its pod-level name and parsed claim."""
+
+    pod_claim: str
+    claim: Claim
+
+
+def unsuitable_nodes(
+    allocator: Allocator,
+    pending: Sequence[Pending],
+    classes: Mapping[str, DeviceClass],
+    pools: Sequence[Pool],
+    in_use: Collection[DeviceId],
+    potential: Sequence[str],
+    nodes: Mapping[str, Node],
+    hosts: Collection[str],
+    reachable: Mapping[str, Sequence[Pool]] | None = None,
+) -> dict[str, list[str]]:
+    """For each pending claim (by pod-level name), the potential nodes it cannot get devices
+    on, in ``potential`` order, at most 128.
+
+    A node is unsuitable for every pending claim when the node is unknown, maps to no fabric
+    host (``hosts`` holds the nodes that do), or the claims cannot be allocated there together
+    (all of the pod's claims of our driver on that node, against ``in_use``). Listing every
+    claim is what the upstream helper does for a joint failure: the scheduler skips a node
+    that any claim lists. ``reachable`` (node name -> the pools reaching it, in allocation
+    order) saves the allocator from checking every pool's reach again on each call.
+    """
+    failed: list[str] = []
+    for node_name in potential[:MAX_NODES]:
+        node = nodes.get(node_name)
+        if node is None or node_name not in hosts:
+            failed.append(node_name)
+            continue
+        usable = reachable[node_name] if reachable is not None and node_name in reachable else (
+            pools)
+        outcome = allocator.allocate([p.claim for p in pending], classes, usable, in_use, node)
+        if not outcome.ok:
+            failed.append(node_name)
+    return {p.pod_claim: list(failed) for p in pending}
+
+
+def merged_claim_entries(
+    existing: Sequence[Mapping[str, Any]], answers: Mapping[str, Sequence[str]],
+) -> list[JsonDict]:
+    """The new ``status.resourceClaims`` list: every existing entry kept (other drivers
+    answer for their claims), ours replaced in place, new ones appended in ``answers`` order.
+    Every answered claim gets an entry, also with no unsuitable node (the scheduler waits
+    for one per claim). ``unsuitableNodes`` is left out when empty, as the API server
+    serialises it."""
+    out: list[JsonDict] = []
+    seen: set[str] = set()
+    for entry in existing:
+        if not isinstance(entry, Mapping):
+            continue
+        name = str(entry.get("name"))
+        if name in answers:
+            out.append(_entry(name, answers[name]))
+            seen.add(name)
+        else:
+            out.append(dict(entry))
+    for name, nodes in answers.items():
+        if name not in seen:
+            out.append(_entry(name, nodes))
+    return out
+
+
+def _entry(name: str, nodes: Sequence[str]) -> JsonDict:
+    entry: JsonDict = {"name": name}
+    if nodes:
+        entry["unsuitableNodes"] = list(nodes)[:MAX_NODES]
+    return entry
+
+
+def same_claim_entries(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
+    """True when two ``status.resourceClaims`` lists say the same (an absent and an empty
+    ``unsuitableNodes`` are equal)."""
+    def norm(entries: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[str]]]:
+        return [(str(e.get("name")), list(e.get("unsuitableNodes") or [])) for e in entries]
+
+    return norm(a) == norm(b)
+
+
+def wanted_results(claim: Mapping[str, Any], driver_name: str) -> tuple[WantedDevice, ...]:
+    """Our driver's allocation results of an allocated claim."""
+    return tuple(wanted_devices(claim, driver_name))
+
+
+def consumer_ref(pod: Mapping[str, Any]) -> dict[str, str]:
+    """The ``reservedFor`` entry of a pod."""
+    metadata = pod.get("metadata") or {}
+    return {"resource": "pods", "name": str(metadata.get("name")),
+            "uid": str(metadata.get("uid"))}
+
+
+def stale_reservations(
+    reservations: Sequence[ReservationView], chosen: Collection[tuple[str, str, str]],
+) -> list[ReservationView]:
+    """A pending claim's reservations that the new allocation does not use:
+    (request, pool, device) not in ``chosen``. Left over from an attempt that stopped between
+    the reservation and the status write."""
+    return [r for r in reservations if (r.request, r.pool, r.device_name) not in chosen]
+
+
+def chosen_devices(allocation: Mapping[str, Any], driver_name: str) -> list[WantedDevice]:
+    """Our (request, pool, device) results in an allocation, in result order."""
+    results = (allocation.get("devices") or {}).get("results") or []
+    return [WantedDevice(str(r.get("request")), str(r.get("pool")), str(r.get("device")))
+            for r in results if isinstance(r, Mapping) and r.get("driver") == driver_name]
+
+
+__all__ = [
+    "MAX_NODES",
+    "Pending",
+    "PodClaim",
+    "add_finalizer_patch",
+    "allocated_status",
+    "allocation_of",
+    "being_deleted",
+    "chosen_devices",
+    "claim_phase",
+    "cleared_status",
+    "consumer_ref",
+    "devices_in_use",
+    "finalizer_name",
+    "is_ours",
+    "merged_claim_entries",
+    "needs_status_clear",
+    "node_selector_for",
+    "pod_claims",
+    "remove_finalizer_patch",
+    "reserved_for",
+    "same_claim_entries",
+    "stale_reservations",
+    "unsuitable_nodes",
+    "wanted_results",
+]

@@ -1,0 +1,488 @@
+"""The Kubernetes 1.31 scheduler's side of classic DRA (control-plane controller), for tests
+and the demo, plus the 1.31 claim controller's part in it.
+
+For each pending pod whose claims all have ``spec.controller`` set (resource.k8s.io/v1alpha3):
+
+1. template claims are created first (as the resourceclaim controller does);
+2. a PodSchedulingContext named like the pod, owned by it, gets ``spec.potentialNodes``: the
+   schedulable nodes (sorted, at most 128) that every already allocated claim's
+   ``nodeSelector`` accepts;
+3. once every unallocated claim has its ``status.resourceClaims`` entry, one of the potential
+   nodes no entry lists as unsuitable (picked by a hash of the pod's uid, standing in for
+   kube-scheduler's scoring) becomes ``spec.selectedNode``; when every node is listed
+   the pod stays pending (``unschedulable`` says why) and is tried again as answers change;
+4. once every claim is allocated and reserved for the pod, the pod is bound (``pods/binding``)
+   to the selected node and the context is deleted. An allocated claim not yet reserved for
+   the pod gets it in ``reservedFor``;
+5. when the allocation is not done within ``allocation_timeout_s``, or a driver lists the
+   selected node as unsuitable, the attempt is abandoned: ``selectedNode`` is cleared and the
+   claims allocated for it are given back (the pod leaves ``reservedFor``,
+   ``deallocationRequested`` is set).
+
+When a pod is deleted, it leaves the ``reservedFor`` of its claims, and a claim with a
+controller and no consumer left gets ``deallocationRequested`` (the 1.31 resourceclaim
+controller's ``syncClaim``); its scheduling context is deleted.
+
+Sources: Kubernetes v1.31 pkg/scheduler/framework/plugins/dynamicresources
+(PreFilter/Filter/PostFilter/Reserve/Unreserve/PreBind with PodSchedulingContext),
+pkg/controller/resourceclaim/controller.go. Claims with no controller (structured parameters)
+are left to :mod:`app.sim.scheduler.structured`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
+
+from app.allocator import node_from_json
+from app.allocator.pools import selector_matches
+from app.kube.client import KubeClient, call_json
+from app.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
+from app.kube.informer import Informer, InformerSettings
+from app.kube.versions import GROUP, ResourceApiVersion, claim_from_wire, claim_to_wire
+from app.sim.scheduler.common import (
+    bind_pod,
+    candidate_nodes,
+    consumer_entry,
+    ensure_template_claims,
+    is_pending,
+    pod_claims,
+    pod_key,
+    pod_uid,
+    reserved_for_pod,
+)
+
+log = logging.getLogger(__name__)
+JsonDict = dict[str, Any]
+VERSION = ResourceApiVersion.V1ALPHA3
+MAX_NODES = 128
+MERGE_PATCH = "application/merge-patch+json"
+WRITE_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class ClassicSchedulerSettings:
+    """Settings of the classic stand-in.
+
+    Attributes:
+        scheduler_name: pods naming another scheduler are left alone.
+        namespace: only pods of this namespace, or None for all.
+        poll_interval_s: how often a pod's progress is looked at.
+        answer_timeout_s: how long to wait for every driver's ``resourceClaims`` entry before
+            starting the round again.
+        allocation_timeout_s: how long after ``selectedNode`` the claims must be allocated.
+        retry_interval_s: pause before trying a pod again that fits nowhere.
+        informer: base informer settings (the name is replaced).
+    """
+
+    scheduler_name: str = "default-scheduler"
+    namespace: str | None = None
+    poll_interval_s: float = 0.02
+    answer_timeout_s: float = 10.0
+    allocation_timeout_s: float = 10.0
+    retry_interval_s: float = 0.2
+    informer: InformerSettings = field(
+        default_factory=lambda: InformerSettings(name="classic-scheduler"))
+
+
+class _ClaimApi:
+    """The two v1alpha3 calls :func:`ensure_template_claims` needs, over CustomObjectsApi
+    (kubernetes-asyncio 36's ResourceV1alpha3Api has no claim calls)."""
+
+    def __init__(self, custom: Any) -> None:
+        self.custom = custom
+
+    def read_namespaced_resource_claim_template(self, name: str, namespace: str,
+                                                **kwargs: Any) -> Any:
+        return self.custom.get_namespaced_custom_object(
+            GROUP, VERSION.value, namespace, "resourceclaimtemplates", name, **kwargs)
+
+    def create_namespaced_resource_claim(self, namespace: str, body: Any, **kwargs: Any) -> Any:
+        return self.custom.create_namespaced_custom_object(
+            GROUP, VERSION.value, namespace, "resourceclaims", body, **kwargs)
+
+
+class ClassicScheduler:
+    """Schedules pods whose claims a control-plane DRA driver allocates.
+
+    Args:
+        client: the Kubernetes client (resource.k8s.io/v1alpha3 served).
+        settings: see :class:`ClassicSchedulerSettings`.
+
+    Attributes:
+        bound: ``namespace/name`` -> node of every pod bound so far.
+        unschedulable: ``namespace/name`` -> why the pod is waiting now.
+        abandoned: how many selected nodes were given up.
+    """
+
+    def __init__(self, client: KubeClient, settings: ClassicSchedulerSettings) -> None:
+        self.client = client
+        self.settings = settings
+        self._core = CoreV1Api(client.api)
+        self._custom: Any = CustomObjectsApi(client.api)
+        self._claim_api = _ClaimApi(self._custom)
+        base = settings.informer
+        namespace = settings.namespace
+        self.pods = Informer(
+            functools.partial(self._core.list_namespaced_pod, namespace) if namespace
+            else self._core.list_pod_for_all_namespaces, replace(base, name="pods"))
+        self.nodes = Informer(self._core.list_node, replace(base, name="nodes"))
+        self.claims = self._informer("resourceclaims", namespace)
+        self.contexts = self._informer("podschedulingcontexts", namespace)
+        self.pods.add_handler(self._on_pod)
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._cleanups: set[asyncio.Task[None]] = set()
+        self.bound: dict[str, str] = {}
+        self.unschedulable: dict[str, str] = {}
+        self.abandoned = 0
+        self._running = False
+
+    def _informer(self, plural: str, namespace: str | None) -> Informer:
+        if namespace:
+            list_function = functools.partial(self._custom.list_namespaced_custom_object,
+                                              GROUP, VERSION.value, namespace, plural)
+        else:
+            list_function = functools.partial(self._custom.list_cluster_custom_object,
+                                              GROUP, VERSION.value, plural)
+        return Informer(list_function, replace(self.settings.informer, name=plural),
+                        converter=lambda obj: claim_from_wire(obj, VERSION)
+                        if plural == "resourceclaims" else obj)
+
+    async def start(self) -> None:
+        """Start the informers; pods are scheduled from then on."""
+        self._running = True
+        for informer in (self.nodes, self.claims, self.contexts, self.pods):
+            informer.start()
+        for informer in (self.nodes, self.claims, self.contexts, self.pods):
+            await informer.has_synced.wait()
+        for pod in self.pods.objects():
+            self._consider(pod)
+
+    async def stop(self) -> None:
+        """Stop every pod task and the informers."""
+        self._running = False
+        tasks = [*self._tasks.values(), *self._cleanups]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self._cleanups.clear()
+        for informer in (self.pods, self.contexts, self.claims, self.nodes):
+            await informer.stop()
+
+    # ------------------------------------------------------------------ pods
+    async def _on_pod(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
+        deleting = bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+        was_deleting = bool(((old or {}).get("metadata") or {}).get("deletionTimestamp"))
+        if event == "DELETED" or deleting:
+            if was_deleting and event != "DELETED":
+                return
+            task = self._tasks.pop(pod_key(obj), None)
+            if task is not None:
+                task.cancel()
+            if self._running:
+                cleanup = asyncio.create_task(self._pod_gone(obj),
+                                              name=f"classic-release-{pod_key(obj)[1]}")
+                self._cleanups.add(cleanup)
+                cleanup.add_done_callback(self._cleanups.discard)
+            return
+        self._consider(obj)
+
+    def _consider(self, pod: JsonDict) -> None:
+        key = pod_key(pod)
+        if not self._running or not is_pending(pod, self.settings.scheduler_name):
+            return
+        task = self._tasks.get(key)
+        if task is None or task.done():
+            self._tasks[key] = asyncio.create_task(self._schedule(*key),
+                                                   name=f"classic-schedule-{key[1]}")
+
+    async def _schedule(self, namespace: str, name: str) -> None:
+        try:
+            while self._running:
+                pod = self.pods.get(name, namespace)
+                if pod is None or not is_pending(pod, self.settings.scheduler_name):
+                    return
+                try:
+                    if await self._round(pod):
+                        return
+                except KubeError as err:
+                    log.info("pod %s/%s: %s; trying again", namespace, name, err)
+                    await asyncio.sleep(self.settings.retry_interval_s)
+        finally:
+            if self._tasks.get((namespace, name)) is asyncio.current_task():
+                del self._tasks[(namespace, name)]
+
+    def _claims_of(self, pod: JsonDict) -> list[tuple[str, JsonDict]] | None:
+        """(pod-level name, claim) for every claim of the pod, or None while one is missing
+        or has no controller (not ours to schedule)."""
+        namespace = pod_key(pod)[0]
+        out = []
+        for ref in pod_claims(pod):
+            claim = self.claims.get(ref.claim_name, namespace) if ref.claim_name else None
+            if claim is None or not (claim.get("spec") or {}).get("controller"):
+                return None
+            out.append((ref.name, claim))
+        return out
+
+    async def _round(self, pod: JsonDict) -> bool:
+        """One scheduling attempt. True when the pod is bound (or gone)."""
+        namespace, name = pod_key(pod)
+        key = f"{namespace}/{name}"
+        if any(c.claim_name is None for c in pod_claims(pod)):
+            await ensure_template_claims(self._claim_api, self._core, VERSION, pod,
+                                         self.claims.objects())
+            await asyncio.sleep(self.settings.poll_interval_s)
+            return False
+        claims = self._claims_of(pod)
+        if claims is None:
+            self.unschedulable[key] = "waiting for claims with a controller"
+            await asyncio.sleep(self.settings.poll_interval_s)
+            return False
+        uid = pod_uid(pod)
+        pending = [(n, c) for n, c in claims if not (c.get("status") or {}).get("allocation")]
+        potential = self._potential_nodes(claims)
+        context = self.contexts.get(name, namespace)
+        if not pending:
+            selected = ((context or {}).get("spec") or {}).get("selectedNode")
+            node = selected if selected in potential else (potential[0] if potential else None)
+            if node is None:
+                self.unschedulable[key] = "no node accepts the allocated claims"
+                await asyncio.sleep(self.settings.retry_interval_s)
+                return False
+            for _, claim in claims:
+                if not reserved_for_pod(claim, uid):
+                    await self._reserve_for(claim, pod)
+            if await bind_pod(self._core, pod, str(node)):
+                self.bound[key] = str(node)
+                self.unschedulable.pop(key, None)
+            await self._delete_context(namespace, name)
+            return True
+        context = await self._ensure_context(pod, potential, context)
+        names = [n for n, _ in pending]
+        entries = await self._wait_for_answers(namespace, name, names)
+        if entries is None:
+            return False
+        unsuitable = {node for n in names for node in entries[n]}
+        candidates = [n for n in potential if n not in unsuitable]
+        if not candidates:
+            self.unschedulable[key] = (f"every potential node is unsuitable for claims "
+                                       f"{', '.join(names)}")
+            await asyncio.sleep(self.settings.retry_interval_s)
+            return False
+        # kube-scheduler scores nodes and breaks ties at random; a stable spread by pod uid
+        # keeps pods from all racing for the same first node.
+        selected = str(candidates[zlib.crc32(uid.encode()) % len(candidates)])
+        await self._patch_context(namespace, name, {"spec": {"selectedNode": selected}})
+        if await self._wait_for_allocation(namespace, name, [n for n, _ in claims], pod,
+                                           selected):
+            return False  # the next round binds
+        await self._abandon(pod, selected)
+        return False
+
+    def _potential_nodes(self, claims: Sequence[tuple[str, JsonDict]]) -> list[str]:
+        selectors = [
+            c["status"]["allocation"]["nodeSelector"] for _, c in claims
+            if ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
+        ]
+        names = []
+        for node in candidate_nodes(self.nodes.objects()):
+            parsed = node_from_json(node)
+            if all(selector_matches(s, parsed) for s in selectors):
+                names.append(parsed.name)
+        return names[:MAX_NODES]
+
+    async def _ensure_context(self, pod: JsonDict, potential: list[str],
+                              context: JsonDict | None) -> JsonDict:
+        namespace, name = pod_key(pod)
+        if context is not None and (context.get("metadata") or {}).get("deletionTimestamp"):
+            await asyncio.sleep(self.settings.poll_interval_s)
+            raise KubeConflict(f"PodSchedulingContext {namespace}/{name} is being deleted")
+        if context is None:
+            body = {
+                "apiVersion": VERSION.api_version, "kind": "PodSchedulingContext",
+                "metadata": {"name": name, "namespace": namespace, "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod_uid(pod),
+                     "controller": True}]},
+                "spec": {"potentialNodes": potential},
+            }
+            try:
+                return await call_json(self._custom.create_namespaced_custom_object(
+                    GROUP, VERSION.value, namespace, "podschedulingcontexts", body,
+                    _preload_content=False),
+                    f"create PodSchedulingContext {namespace}/{name}")
+            except KubeAlreadyExists:
+                context = await self._read_context(namespace, name)
+                if context is None:
+                    raise
+        spec = context.get("spec") or {}
+        changes: JsonDict = {}
+        if list(spec.get("potentialNodes") or []) != potential:
+            changes["potentialNodes"] = potential
+        if spec.get("selectedNode"):
+            changes["selectedNode"] = None  # a new round starts without a choice
+        if changes:
+            return await self._patch_context(namespace, name, {"spec": changes})
+        return context
+
+    async def _wait_for_answers(self, namespace: str, name: str,
+                                names: list[str]) -> dict[str, list[str]] | None:
+        """Every named claim's unsuitable nodes, once each has an entry; None on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.answer_timeout_s
+        while loop.time() < deadline:
+            context = self.contexts.get(name, namespace)
+            entries = {
+                str(e.get("name")): [str(n) for n in e.get("unsuitableNodes") or []]
+                for e in ((context or {}).get("status") or {}).get("resourceClaims") or []
+                if isinstance(e, Mapping)
+            }
+            if all(n in entries for n in names):
+                return entries
+            await asyncio.sleep(self.settings.poll_interval_s)
+        self.unschedulable[f"{namespace}/{name}"] = "no answer from the DRA driver"
+        return None
+
+    async def _wait_for_allocation(self, namespace: str, name: str, names: list[str],
+                                   pod: JsonDict, selected: str) -> bool:
+        """True once every claim is allocated and reserved for the pod; False on timeout or
+        when a driver lists ``selected`` as unsuitable for a claim still unallocated."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.allocation_timeout_s
+        uid = pod_uid(pod)
+        while loop.time() < deadline:
+            current = self.pods.get(name, namespace)
+            if current is None or pod_uid(current) != uid:
+                return True  # gone: the next round ends
+            claims = self._claims_of(current) or []
+            if len(claims) == len(names) and all(
+                    (c.get("status") or {}).get("allocation") and reserved_for_pod(c, uid)
+                    for _, c in claims):
+                return True
+            context = self.contexts.get(name, namespace) or {}
+            unallocated = {n for n, c in claims if not (c.get("status") or {}).get("allocation")}
+            for entry in (context.get("status") or {}).get("resourceClaims") or []:
+                if entry.get("name") in unallocated and selected in (
+                        entry.get("unsuitableNodes") or []):
+                    return False
+            await asyncio.sleep(self.settings.poll_interval_s)
+        return False
+
+    async def _abandon(self, pod: JsonDict, selected: str) -> None:
+        namespace, name = pod_key(pod)
+        self.abandoned += 1
+        log.info("pod %s/%s: giving up node %s", namespace, name, selected)
+        await self._patch_context(namespace, name, {"spec": {"selectedNode": None}})
+        for _, claim in self._claims_of(pod) or []:
+            if (claim.get("status") or {}).get("allocation"):
+                await self._give_back(claim, pod_uid(pod), always=True)
+
+    # ------------------------------------------------------------------ claims
+    async def _reserve_for(self, claim: JsonDict, pod: JsonDict) -> None:
+        async def change(current: JsonDict) -> JsonDict | None:
+            status = current.get("status") or {}
+            if not status.get("allocation") or reserved_for_pod(current, pod_uid(pod)):
+                return None
+            status = {**status, "reservedFor": [*(status.get("reservedFor") or []),
+                                                consumer_entry(pod)]}
+            return {**current, "status": status}
+
+        await self._update_claim_status(claim, change)
+
+    async def _give_back(self, claim: JsonDict, uid: str, *, always: bool = False) -> None:
+        """Remove pod ``uid`` from ``reservedFor``; request deallocation when no consumer is
+        left (always, when ``always``; else only for a claim the pod was reserved in)."""
+        async def change(current: JsonDict) -> JsonDict | None:
+            status = dict(current.get("status") or {})
+            consumers = [r for r in status.get("reservedFor") or [] if r.get("uid") != uid]
+            was_reserved = len(consumers) != len(status.get("reservedFor") or [])
+            if not was_reserved and not always:
+                return None
+            status["reservedFor"] = consumers
+            if not consumers:
+                status.pop("reservedFor")
+                if status.get("allocation") and (current.get("spec") or {}).get("controller"):
+                    status["deallocationRequested"] = True
+            if status == (current.get("status") or {}):
+                return None
+            return {**current, "status": status}
+
+        await self._update_claim_status(claim, change)
+
+    async def _update_claim_status(self, claim: JsonDict, change: Any) -> None:
+        metadata = claim.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
+        current: JsonDict | None = claim
+        for attempt in range(WRITE_ATTEMPTS):
+            if current is None or (current.get("metadata") or {}).get("uid") != metadata.get(
+                    "uid"):
+                return
+            body = await change(current)
+            if body is None:
+                return
+            try:
+                await call_json(self._custom.replace_namespaced_custom_object_status(
+                    GROUP, VERSION.value, namespace, "resourceclaims", name,
+                    claim_to_wire(body, VERSION), _preload_content=False),
+                    f"update ResourceClaim {namespace}/{name} status")
+                return
+            except KubeNotFound:
+                return
+            except KubeConflict:
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
+                try:
+                    current = claim_from_wire(await call_json(
+                        self._custom.get_namespaced_custom_object(
+                            GROUP, VERSION.value, namespace, "resourceclaims", name,
+                            _preload_content=False),
+                        f"read ResourceClaim {namespace}/{name}"), VERSION)
+                except KubeNotFound:
+                    return
+
+    async def _pod_gone(self, pod: JsonDict) -> None:
+        namespace, name = pod_key(pod)
+        try:
+            for ref in pod_claims(pod):
+                claim = self.claims.get(ref.claim_name, namespace) if ref.claim_name else None
+                if claim is not None and (claim.get("spec") or {}).get("controller"):
+                    await self._give_back(claim, pod_uid(pod))
+            await self._delete_context(namespace, name)
+        except KubeError as err:
+            log.warning("pod %s/%s gone: could not release its claims: %s", namespace, name,
+                        err)
+        self.unschedulable.pop(f"{namespace}/{name}", None)
+
+    # ------------------------------------------------------------------ contexts
+    async def _read_context(self, namespace: str, name: str) -> JsonDict | None:
+        try:
+            return await call_json(self._custom.get_namespaced_custom_object(
+                GROUP, VERSION.value, namespace, "podschedulingcontexts", name,
+                _preload_content=False), f"read PodSchedulingContext {namespace}/{name}")
+        except KubeNotFound:
+            return None
+
+    async def _patch_context(self, namespace: str, name: str, body: JsonDict) -> JsonDict:
+        return await call_json(self._custom.patch_namespaced_custom_object(
+            GROUP, VERSION.value, namespace, "podschedulingcontexts", name, body,
+            _content_type=MERGE_PATCH, _preload_content=False),
+            f"patch PodSchedulingContext {namespace}/{name}")
+
+    async def _delete_context(self, namespace: str, name: str) -> None:
+        with contextlib.suppress(KubeNotFound):
+            await call_json(self._custom.delete_namespaced_custom_object(
+                GROUP, VERSION.value, namespace, "podschedulingcontexts", name,
+                _preload_content=False), f"delete PodSchedulingContext {namespace}/{name}")
+
+
+__all__ = ["ClassicScheduler", "ClassicSchedulerSettings"]

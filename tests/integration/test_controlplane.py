@@ -1,0 +1,426 @@
+"""The control-plane (classic DRA) controller against the Kubernetes API emulator serving only
+resource.k8s.io/v1alpha3, the Redfish simulator, a real database (SQLite and PostgreSQL) and
+the classic scheduler stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app.controlplane import ControlPlaneController, ControlPlaneSettings
+from app.db.engine import Database
+from app.db.models import Device
+from app.fabric.redfish import RedfishBackend, RetrySettings
+from app.inventory import InventorySync
+from app.inventory.queries import pool_devices
+from app.journal import ATTACHED, FAILED, Journal
+from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
+from app.kube.informer import InformerSettings
+from app.kube.versions import ResourceApiVersion, slice_to_wire
+from app.kube.workqueue import WorkQueueSettings
+from app.modes import ModeError, Modes, discover_modes
+from app.pools import PoolConfig, desired_pools, resource_slice_spec
+from app.sim.kubeapi import KubeEmulator
+from app.sim.redfish import InventorySpec, RedfishSimulator
+from app.sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
+
+DRIVER = "fabric.example.com"
+FINALIZER = f"{DRIVER}/deletion-protection"
+RESOURCE = "resource.k8s.io/v1alpha3"
+NODES = ["node-us-east-rack-01-1", "node-us-east-rack-01-2"]
+NO_HOST = "node-without-fabric-host"
+LABELS = {"topology.kubernetes.io/region": "us-east", "fabric-dra.io/rack": "rack-01"}
+FAST = InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=0.2)
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 15,
+                     what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        result = check()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Harness:
+    db: Database
+    sim: RedfishSimulator
+    backend: RedfishBackend
+    emu: KubeEmulator
+    client: KubeClient
+    devices: dict[str, Device]
+    generation: int = 0
+    slice_names: list[str] = field(default_factory=list)
+
+    def controller(self, **changes: Any) -> ControlPlaneController:
+        settings = ControlPlaneSettings(
+            driver_name=DRIVER, workers=4, resync_interval_s=0.5, hosts_refresh_s=0.2,
+            informer=FAST, queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2))
+        return ControlPlaneController(self.client, self.db, self.backend, settings, **changes)
+
+    def scheduler(self) -> ClassicScheduler:
+        return ClassicScheduler(self.client, ClassicSchedulerSettings(
+            answer_timeout_s=5, allocation_timeout_s=3, retry_interval_s=0.1, informer=FAST))
+
+    async def publish(self) -> None:
+        """(Re)publish the inventory as v1alpha3 slices at a new pool generation."""
+        for name in self.slice_names:
+            self.emu.delete(RESOURCE, "ResourceSlice", name)
+        self.slice_names.clear()
+        config = PoolConfig(DRIVER, binds_to_node=False, node_labels={
+            "region": "topology.kubernetes.io/region", "rack": "fabric-dra.io/rack"})
+        for pool in desired_pools(await pool_devices(self.db), config).values():
+            for content in pool.slices:
+                name = f"{pool.name.replace('/', '-')}-{content.index}-g{self.generation}"
+                body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                        "metadata": {"name": name},
+                        "spec": resource_slice_spec(DRIVER, pool, content, self.generation)}
+                self.emu.create(slice_to_wire(body, ResourceApiVersion.V1ALPHA3))
+                self.slice_names.append(name)
+        self.generation += 1
+
+    def uuid_of(self, device: str) -> str:
+        return str(self.devices[device].uuid)
+
+    def block_of(self, device: str) -> str:
+        return self.devices[device].attach_unit
+
+    def create_claim(self, name: str, *, device: str | None = None) -> dict[str, Any]:
+        request: dict[str, Any] = {"name": "dev", "deviceClassName": "fabric"}
+        if device is not None:
+            request["selectors"] = [{"cel": {"expression":
+                f'device.attributes["{DRIVER}"].uuid == "{self.uuid_of(device)}"'}}]
+        return self.emu.create({
+            "apiVersion": RESOURCE, "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"controller": DRIVER, "devices": {"requests": [request]}}})
+
+    def create_pod(self, name: str, claim: str) -> dict[str, Any]:
+        return self.emu.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]}})
+
+    def create_context(self, pod: dict[str, Any], potential: list[str]) -> dict[str, Any]:
+        meta = pod["metadata"]
+        return self.emu.create({
+            "apiVersion": RESOURCE, "kind": "PodSchedulingContext",
+            "metadata": {"name": meta["name"], "namespace": "default", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
+                 "controller": True}]},
+            "spec": {"potentialNodes": potential}})
+
+    def claim(self, name: str) -> dict[str, Any] | None:
+        return self.emu.get(RESOURCE, "ResourceClaim", name, "default")
+
+    def context(self, name: str) -> dict[str, Any] | None:
+        return self.emu.get(RESOURCE, "PodSchedulingContext", name, "default")
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        return self.emu.get("v1", "Pod", name, "default")
+
+    def answers(self, pod: str) -> dict[str, list[str]] | None:
+        context = self.context(pod)
+        entries = ((context or {}).get("status") or {}).get("resourceClaims")
+        if entries is None:
+            return None
+        return {e["name"]: list(e.get("unsuitableNodes") or []) for e in entries}
+
+    def allocated_device(self, claim: str) -> str | None:
+        status = (self.claim(claim) or {}).get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        return str(results[0]["device"]) if results else None
+
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        return [e for e in self.emu.list("v1", "Event", "default") if e.get("reason") == reason]
+
+    def attaches(self, device: str) -> list[tuple[str, str, str]]:
+        return [h for h in self.sim.history if h[1] == self.block_of(device)]
+
+
+@pytest.fixture
+async def harness(db: Database) -> AsyncIterator[Harness]:
+    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4,
+                                              hosts_per_rack=2), auth="none")
+    url = await sim.start()
+    backend = RedfishBackend(url, auth="none", retry=RetrySettings(
+        attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02), timeout_s=5)
+    await InventorySync(backend, db).sync_once()
+    async with db.read() as session:
+        rows = {d.name: d for d in (await session.scalars(select(Device))).all()}
+    emu = KubeEmulator(served_resource_versions=("v1alpha3",), git_version="v1.31.0")
+    emu_url = await emu.start()
+    for node in [*NODES, NO_HOST]:
+        emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": node, "labels": {**LABELS, "kubernetes.io/hostname": node}}})
+    emu.create({"apiVersion": RESOURCE, "kind": "DeviceClass", "metadata": {"name": "fabric"},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}})
+    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu_url))
+    harness = Harness(db, sim, backend, emu, client, rows)
+    await harness.publish()
+    yield harness
+    await client.close()
+    await emu.stop()
+    await backend.close()
+    await sim.stop()
+
+
+@contextlib.asynccontextmanager
+async def running(*parts: ControlPlaneController | ClassicScheduler) -> AsyncIterator[None]:
+    started: list[ControlPlaneController | ClassicScheduler] = []
+    try:
+        for part in parts:
+            await part.start()
+            started.append(part)
+        yield
+    finally:
+        for part in reversed(started):
+            await part.stop()
+
+
+async def test_full_protocol_cycle_answers_allocates_attaches_and_binds(
+    harness: Harness,
+) -> None:
+    harness.create_claim("c1")
+    pod = harness.create_pod("p1", "c1")
+    controller = harness.controller()
+    async with running(controller):
+        harness.create_context(pod, [*NODES, NO_HOST])
+        await eventually(lambda: harness.answers("p1") == {"gpu": [NO_HOST]},
+                         what="unsuitableNodes answered")
+
+        # Nothing changed: answering again writes nothing.
+        writes = len(harness.emu.writes())
+        controller.queue.add(("context", "default", "p1"))
+        await asyncio.sleep(0.3)
+        assert len(harness.emu.writes()) == writes
+
+        context = harness.context("p1")
+        assert context is not None
+        context["spec"]["selectedNode"] = NODES[1]
+        harness.emu.update(context)
+        await eventually(lambda: harness.allocated_device("c1") is not None, what="allocation")
+        claim = harness.claim("c1")
+        assert claim is not None
+        assert FINALIZER in claim["metadata"]["finalizers"]
+        allocation = claim["status"]["allocation"]
+        assert allocation["controller"] == DRIVER
+        (result,) = allocation["devices"]["results"]
+        assert result["request"] == "dev" and result["driver"] == DRIVER
+        assert result["pool"] == "us-east/rack-01"
+        assert claim["status"]["reservedFor"] == [
+            {"resource": "pods", "name": "p1", "uid": pod["metadata"]["uid"]}]
+        device = result["device"]
+        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] == NODES[1],
+                         what="device attached to the selected node")
+        await eventually(lambda: len(harness.events("Attached")) == 1, what="Attached event")
+        (held,) = await Journal(harness.db).for_claim(claim["metadata"]["uid"])
+        assert (held.mode, held.node, held.host_id) == ("control-plane", NODES[1], NODES[1])
+        await eventually(lambda: _state_is(harness, claim["metadata"]["uid"], ATTACHED))
+
+        # The claim once more: nothing is written to the API server or the fabric.
+        writes, history = len(harness.emu.writes()), len(harness.sim.history)
+        controller.queue.add(("claim", claim["metadata"]["uid"], ""))
+        controller.queue.add(("context", "default", "p1"))
+        await asyncio.sleep(0.3)
+        assert len(harness.emu.writes()) == writes and len(harness.sim.history) == history
+
+        async with running(harness.scheduler()):
+            await eventually(lambda: (harness.pod("p1") or {})["spec"].get("nodeName")
+                             == NODES[1], what="pod bound")
+            await eventually(lambda: harness.context("p1") is None, what="context deleted")
+    assert harness.attaches(device) == [("attach", harness.block_of(device), NODES[1])]
+
+
+async def _state_is(harness: Harness, uid: str, state: str) -> bool:
+    held = await Journal(harness.db).for_claim(uid)
+    return bool(held) and held[0].state == state
+
+
+async def test_two_pods_compete_for_the_last_device_one_binds_one_stays_pending(
+    harness: Harness,
+) -> None:
+    device = sorted(harness.devices)[0]
+    harness.create_claim("a", device=device)
+    harness.create_claim("b", device=device)
+    harness.create_pod("pa", "a")
+    harness.create_pod("pb", "b")
+    scheduler = harness.scheduler()
+    async with running(harness.controller(), scheduler):
+        await eventually(lambda: len(scheduler.bound) == 1, what="one pod bound")
+        winner = next(iter(scheduler.bound)).split("/")[1]
+        loser = "pb" if winner == "pa" else "pa"
+        await eventually(lambda: harness.answers(loser) == {"gpu": sorted([*NODES, NO_HOST])},
+                         what="every node unsuitable for the other pod")
+        await asyncio.sleep(0.5)
+        assert not (harness.pod(loser) or {})["spec"].get("nodeName")
+        assert harness.allocated_device("b" if loser == "pb" else "a") is None
+        assert "unsuitable" in scheduler.unschedulable[f"default/{loser}"]
+        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)]
+                         in NODES, what="attached")
+    assert len([h for h in harness.attaches(device) if h[0] == "attach"]) == 1
+
+
+async def test_inventory_change_refreshes_the_answers_of_an_open_context(
+    harness: Harness,
+) -> None:
+    device = sorted(harness.devices)[1]
+    harness.create_claim("c1", device=device)
+    pod = harness.create_pod("p1", "c1")
+    async with running(harness.controller()):
+        harness.create_context(pod, NODES)
+        await eventually(lambda: harness.answers("p1") == {"gpu": []}, what="first answer")
+        harness.sim.remove_block(harness.block_of(device))
+        await InventorySync(harness.backend, harness.db).sync_once()
+        await harness.publish()
+        await eventually(lambda: harness.answers("p1") == {"gpu": NODES},
+                         what="answer refreshed after the device left")
+
+
+async def _bound_cycle(harness: Harness, scheduler: ClassicScheduler) -> tuple[str, str]:
+    harness.create_claim("c1")
+    harness.create_pod("p1", "c1")
+    await eventually(lambda: "default/p1" in scheduler.bound, what="pod bound")
+    device = harness.allocated_device("c1")
+    assert device is not None
+    node = scheduler.bound["default/p1"]
+    await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] == node,
+                     what="attached")
+    return device, node
+
+
+async def test_deallocation_requested_after_the_pod_is_gone(harness: Harness) -> None:
+    scheduler = harness.scheduler()
+    async with running(harness.controller(), scheduler):
+        device, node = await _bound_cycle(harness, scheduler)
+        harness.emu.delete("v1", "Pod", "p1", "default")
+        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
+                         what="detached")
+        await eventually(lambda: "allocation" not in (harness.claim("c1") or {})["status"]
+                         and FINALIZER not in (harness.claim("c1") or {})["metadata"].get(
+                             "finalizers", []), what="allocation and finalizer cleared")
+        status = (harness.claim("c1") or {})["status"]
+        assert "deallocationRequested" not in status and "reservedFor" not in status
+        uid = (harness.claim("c1") or {})["metadata"]["uid"]
+        assert await Journal(harness.db).for_claim(uid) == []
+    assert harness.attaches(device) == [("attach", harness.block_of(device), node),
+                                        ("detach", harness.block_of(device), node)]
+
+
+async def test_deleted_claim_is_detached_then_its_finalizer_removed(harness: Harness) -> None:
+    scheduler = harness.scheduler()
+    async with running(harness.controller(), scheduler):
+        device, node = await _bound_cycle(harness, scheduler)
+        harness.emu.delete(RESOURCE, "ResourceClaim", "c1", "default")
+        assert (harness.claim("c1") or {})["metadata"]["deletionTimestamp"]
+        await asyncio.sleep(0.3)
+        # Still in use by the pod: nothing is detached yet.
+        assert harness.sim.attachments()[harness.block_of(device)] == node
+        harness.emu.delete("v1", "Pod", "p1", "default")
+        await eventually(lambda: harness.claim("c1") is None, what="claim gone")
+    assert harness.sim.attachments()[harness.block_of(device)] is None
+    assert harness.attaches(device)[-1] == ("detach", harness.block_of(device), node)
+    assert await Journal(harness.db).active() == []
+
+
+async def test_a_failed_attach_is_journalled_and_reported_with_a_warning(
+    harness: Harness,
+) -> None:
+    device = sorted(harness.devices)[2]
+    # Someone attached the block to the other server behind our back.
+    await harness.backend.attach(
+        await Journal(harness.db).fabric_device_by_name(device), NODES[1])
+    harness.create_claim("c1", device=device)
+    pod = harness.create_pod("p1", "c1")
+    async with running(harness.controller()):
+        context = harness.create_context(pod, NODES)
+        context["spec"]["selectedNode"] = NODES[0]
+        harness.emu.update(context)
+        await eventually(lambda: len(harness.events("AttachFailed")) == 1, what="AttachFailed")
+        assert harness.events("AttachFailed")[0]["type"] == "Warning"
+        uid = (harness.claim("c1") or {})["metadata"]["uid"]
+        (held,) = await Journal(harness.db).for_claim(uid)
+        assert held.state == FAILED
+        assert (held.last_error or "").startswith(f"attach {device} to host {NODES[0]}: ")
+    assert harness.sim.attachments()[harness.block_of(device)] == NODES[1]
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: escapes every handler, nothing is cleaned up."""
+
+
+@pytest.mark.parametrize("step", ["after-reserve", "after-intent"])
+async def test_restart_in_the_middle_of_an_allocation_converges_without_double_attach(
+    harness: Harness, step: str,
+) -> None:
+    killed = asyncio.Event()
+
+    async def crash_once(at: str) -> None:
+        if at == step and not killed.is_set():
+            killed.set()
+            raise Killed(at)
+
+    harness.create_claim("c1")
+    pod = harness.create_pod("p1", "c1")
+    first = harness.controller(checkpoint=crash_once)
+    await first.start()
+    try:
+        harness.create_context(pod, NODES)
+        await eventually(lambda: harness.answers("p1") is not None, what="answer")
+        context = harness.context("p1")
+        assert context is not None
+        context["spec"]["selectedNode"] = NODES[0]
+        harness.emu.update(context)
+        await eventually(killed.is_set, what=f"the crash at {step}")
+    finally:
+        await first.stop()
+
+    scheduler = harness.scheduler()
+    second = harness.controller()
+    async with running(second, scheduler):
+        try:
+            await eventually(lambda: (harness.pod("p1") or {})["spec"].get("nodeName") in NODES,
+                             what="pod bound after the restart")
+        except AssertionError as err:
+            raise AssertionError(f"{err}: scheduler {scheduler.unschedulable}, controller "
+                                 f"{second.status()}, claim {harness.claim('c1')}, context "
+                                 f"{harness.context('p1')}") from None
+        device = harness.allocated_device("c1")
+        assert device is not None
+        node = (harness.pod("p1") or {})["spec"]["nodeName"]
+        uid = (harness.claim("c1") or {})["metadata"]["uid"]
+        await eventually(lambda: _state_is(harness, uid, ATTACHED), what="attached")
+    attaches = [h for h in harness.sim.history if h[0] == "attach"]
+    assert attaches == [("attach", harness.block_of(device), node)]
+    active = await Journal(harness.db).active()
+    assert [(r.claim.name, r.device_name, r.state) for r in active] == [("c1", device, ATTACHED)]
+
+
+@pytest.mark.parametrize(("served", "expected"), [
+    (("v1alpha3",), Modes(None, True)),
+    (("v1", "v1alpha3"), Modes(ResourceApiVersion.V1, True)),
+    (("v1beta1",), Modes(ResourceApiVersion.V1BETA1, False)),
+])
+async def test_auto_mode_comes_from_discovery(served: tuple[str, ...], expected: Modes) -> None:
+    emu = KubeEmulator(served_resource_versions=served)
+    url = await emu.start()
+    try:
+        async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
+            assert await discover_modes(client.api, "auto") == expected
+            if not expected.control_plane:
+                with pytest.raises(ModeError, match="v1alpha3"):
+                    await discover_modes(client.api, "control-plane")
+    finally:
+        await emu.stop()

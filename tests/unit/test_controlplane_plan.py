@@ -1,0 +1,218 @@
+"""Decisions of the classic DRA protocol: pure functions of app.controlplane.plan."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.allocator import Allocator, Node, claim_from_json, device_class_from_json, gather_pools
+from app.claims.model import WantedDevice
+from app.controlplane import plan as cp
+from app.journal import PENDING, ClaimRef, ReservationView
+
+DRIVER = "fabric.example.com"
+FINALIZER = "fabric.example.com/deletion-protection"
+NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+REGION = "topology.kubernetes.io/region"
+
+
+def claim(*, uid: str = "u1", controller: str | None = DRIVER, status: dict[str, Any] | None
+          = None, deleting: bool = False, finalizers: list[str] | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "c", "namespace": "ns", "uid": uid,
+                                "resourceVersion": "7"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if finalizers is not None:
+        metadata["finalizers"] = finalizers
+    spec: dict[str, Any] = {"devices": {"requests": [
+        {"name": "dev", "exactly": {"deviceClassName": "gpu"}}]}}
+    if controller:
+        spec["controller"] = controller
+    return {"metadata": metadata, "spec": spec, "status": status or {}}
+
+
+ALLOCATION = {"devices": {"results": [
+    {"request": "dev", "driver": DRIVER, "pool": "us-east/r1", "device": "gpu-0"}]}}
+POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"}}
+CONSUMER = {"resource": "pods", "name": "p", "uid": "pod-uid"}
+
+
+def reservation(i: int, device: str, *, uid: str = "u1", request: str = "dev",
+                exclusive: bool = True) -> ReservationView:
+    return ReservationView(
+        id=i, claim=ClaimRef(uid, "ns", "c"), request=request, mode="control-plane",
+        device_id=i, device_name=device, pool="us-east/r1", exclusive=exclusive, node="n1",
+        host_id="h1", state=PENDING, attempts=0, last_error=None, operation_id=None,
+        created_at=NOW, updated_at=NOW, attached_at=None, released_at=None)
+
+
+# ---------------------------------------------------------------------------- pods and claims
+def test_pod_claims_resolve_direct_and_template_claims() -> None:
+    pod = {"spec": {"resourceClaims": [
+        {"name": "a", "resourceClaimName": "claim-a"},
+        {"name": "b", "resourceClaimTemplateName": "tmpl"},
+        {"name": "c", "resourceClaimTemplateName": "tmpl"},
+        {"resourceClaimName": "nameless"},
+    ]}, "status": {"resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x1"}]}}
+    assert cp.pod_claims(pod) == [cp.PodClaim("a", "claim-a"), cp.PodClaim("b", "p-b-x1"),
+                                  cp.PodClaim("c", None)]
+
+
+@pytest.mark.parametrize(("obj", "phase"), [
+    (None, "gone"),
+    (claim(controller=None), "foreign"),
+    (claim(controller="other.example.com"), "foreign"),
+    (claim(), "pending"),
+    (claim(status={"allocation": ALLOCATION, "reservedFor": [CONSUMER]}), "allocated"),
+    (claim(status={"allocation": ALLOCATION}), "allocated"),
+    (claim(status={"allocation": ALLOCATION, "deallocationRequested": True}), "deallocate"),
+    (claim(status={"allocation": ALLOCATION, "deallocationRequested": True,
+                   "reservedFor": [CONSUMER]}), "allocated"),
+    (claim(deleting=True, status={"allocation": ALLOCATION}), "deallocate"),
+    (claim(deleting=True, status={"allocation": ALLOCATION, "reservedFor": [CONSUMER]}),
+     "deleting"),
+    (claim(deleting=True), "deallocate"),
+])
+def test_claim_phase(obj: dict[str, Any] | None, phase: str) -> None:
+    assert cp.claim_phase(obj, DRIVER) == phase
+
+
+def test_allocated_status_sets_controller_and_the_pod_in_one_status() -> None:
+    before = claim(status={"deallocationRequested": True})
+    after = cp.allocated_status(before, ALLOCATION, DRIVER, CONSUMER, "n1")
+    assert after["status"] == {
+        "allocation": {**ALLOCATION, "controller": DRIVER, "nodeSelector": {
+            "nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}},
+        "reservedFor": [CONSUMER]}
+    assert before["status"] == {"deallocationRequested": True}  # not modified
+    again = cp.allocated_status(after, ALLOCATION, DRIVER, CONSUMER, "n1")
+    assert again["status"]["reservedFor"] == [CONSUMER]
+
+
+def test_cleared_status_drops_allocation_and_request_together() -> None:
+    before = claim(status={"allocation": ALLOCATION, "deallocationRequested": True,
+                           "devices": [{"driver": DRIVER}]})
+    assert cp.needs_status_clear(before)
+    after = cp.cleared_status(before)
+    assert after["status"] == {} and not cp.needs_status_clear(after)
+
+
+# ---------------------------------------------------------------------------- finalizers
+def test_finalizer_is_added_with_a_guard_and_only_once() -> None:
+    assert cp.add_finalizer_patch(claim(), FINALIZER) == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+        {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]
+    assert cp.add_finalizer_patch(claim(finalizers=["x/y"]), FINALIZER) == [
+        {"op": "test", "path": "/metadata/finalizers", "value": ["x/y"]},
+        {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]
+    assert cp.add_finalizer_patch(claim(finalizers=[FINALIZER]), FINALIZER) is None
+
+
+def test_finalizer_is_removed_by_index_guarded_by_the_whole_list() -> None:
+    assert cp.remove_finalizer_patch(claim(finalizers=["x/y", FINALIZER]), FINALIZER) == [
+        {"op": "test", "path": "/metadata/finalizers", "value": ["x/y", FINALIZER]},
+        {"op": "remove", "path": "/metadata/finalizers/1"}]
+    assert cp.remove_finalizer_patch(claim(finalizers=["x/y"]), FINALIZER) is None
+    assert cp.remove_finalizer_patch(claim(), FINALIZER) is None
+
+
+# ---------------------------------------------------------------------------- in use
+def test_devices_in_use_come_from_claims_and_the_journal_but_not_the_claims_allocated_now(
+) -> None:
+    other = claim(uid="u2", status={"allocation": {"devices": {"results": [
+        {"request": "dev", "driver": DRIVER, "pool": "us-east/r1", "device": "gpu-1"},
+        {"request": "dev", "driver": DRIVER, "pool": "us-east/r1", "device": "gpu-9",
+         "adminAccess": True},
+        {"request": "dev", "driver": "other.example.com", "pool": "x", "device": "y"}]}}})
+    held = [reservation(1, "gpu-2", uid="u3"), reservation(2, "gpu-3", uid="u1"),
+            reservation(3, "gpu-4", uid="u4", exclusive=False)]
+    assert cp.devices_in_use([other], held, DRIVER, {"u1"}) == {
+        (DRIVER, "us-east/r1", "gpu-1"), (DRIVER, "us-east/r1", "gpu-2")}
+
+
+def test_stale_reservations_are_those_the_new_allocation_does_not_use() -> None:
+    held = [reservation(1, "gpu-0"), reservation(2, "gpu-5")]
+    chosen = {(w.request, w.pool, w.device) for w in cp.chosen_devices(ALLOCATION, DRIVER)}
+    assert [r.device_name for r in cp.stale_reservations(held, chosen)] == ["gpu-5"]
+    assert cp.chosen_devices(ALLOCATION, DRIVER) == [WantedDevice("dev", "us-east/r1", "gpu-0")]
+
+
+# ---------------------------------------------------------------------------- answers
+def test_merged_entries_keep_other_drivers_and_always_answer_ours() -> None:
+    existing = [{"name": "other", "unsuitableNodes": ["n9"]}, {"name": "a",
+                                                               "unsuitableNodes": ["n1"]}]
+    merged = cp.merged_claim_entries(existing, {"a": [], "b": ["n2"]})
+    assert merged == [{"name": "other", "unsuitableNodes": ["n9"]}, {"name": "a"},
+                      {"name": "b", "unsuitableNodes": ["n2"]}]
+    assert cp.same_claim_entries(merged, [{"name": "other", "unsuitableNodes": ["n9"]},
+                                          {"name": "a", "unsuitableNodes": []},
+                                          {"name": "b", "unsuitableNodes": ["n2"]}])
+    assert not cp.same_claim_entries(merged, existing)
+
+
+@given(st.lists(st.text("abn0123456789-", min_size=1, max_size=8), max_size=300, unique=True))
+def test_an_answer_never_lists_more_than_128_nodes(nodes: list[str]) -> None:
+    merged = cp.merged_claim_entries([], {"a": nodes})
+    assert len(merged[0].get("unsuitableNodes", [])) == min(len(nodes), cp.MAX_NODES)
+
+
+def slices(devices_per_region: dict[str, int]) -> list[dict[str, Any]]:
+    out = []
+    for region, count in devices_per_region.items():
+        out.append({"spec": {
+            "driver": DRIVER, "pool": {"name": f"{region}/r1", "generation": 0,
+                                       "resourceSliceCount": 1},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": REGION, "operator": "In", "values": [region]}]}]},
+            "devices": [{"name": f"gpu-{region}-{i}", "attributes": {
+                "deviceType": {"string": "gpu"}}} for i in range(count)]}})
+    return out
+
+
+CLASSES = {"gpu": device_class_from_json({"metadata": {"name": "gpu"}, "spec": {"selectors": [
+    {"cel": {"expression": f'device.attributes["{DRIVER}"].deviceType == "gpu"'}}]}})}
+NODES = {n.name: n for n in [Node("east-1", {REGION: "east"}), Node("east-2", {REGION: "east"}),
+                             Node("west-1", {REGION: "west"}), Node("nowhere", {})]}
+
+
+def pending(count: int, name: str = "gpu") -> cp.Pending:
+    spec = {"devices": {"requests": [
+        {"name": "dev", "exactly": {"deviceClassName": "gpu", "count": count}}]}}
+    return cp.Pending(name, claim_from_json(spec, uid=f"uid-{name}", namespace="ns", name=name))
+
+
+def test_unsuitable_nodes_are_those_without_enough_devices_or_without_a_fabric_host() -> None:
+    pools = gather_pools(slices({"east": 2, "west": 1}))
+    answers = cp.unsuitable_nodes(
+        Allocator(), [pending(2)], CLASSES, pools, set(), ["east-1", "west-1", "nowhere",
+                                                           "east-2", "unknown"],
+        NODES, hosts={"east-1", "west-1", "nowhere"})
+    assert answers == {"gpu": ["west-1", "nowhere", "east-2", "unknown"]}
+
+
+def test_all_claims_of_the_pod_are_answered_together() -> None:
+    pools = gather_pools(slices({"east": 2, "west": 2}))
+    in_use = {(DRIVER, "west/r1", "gpu-west-0")}
+    answers = cp.unsuitable_nodes(
+        Allocator(), [pending(1, "a"), pending(1, "b")], CLASSES, pools, in_use,
+        ["east-1", "west-1"], NODES, hosts=set(NODES))
+    # West has one free device left: each claim alone would fit, both together do not.
+    assert answers == {"a": ["west-1"], "b": ["west-1"]}
+
+
+@given(st.integers(0, 3), st.integers(0, 3), st.integers(1, 3))
+def test_a_node_is_unsuitable_exactly_when_the_allocator_fails_there(
+    east: int, west: int, count: int
+) -> None:
+    pools = gather_pools(slices({"east": east, "west": west}))
+    allocator = Allocator()
+    potential = ["east-1", "west-1"]
+    answers = cp.unsuitable_nodes(allocator, [pending(count)], CLASSES, pools, set(), potential,
+                                  NODES, hosts=set(NODES))
+    for node_name, have in (("east-1", east), ("west-1", west)):
+        assert (node_name in answers["gpu"]) == (have < count)
