@@ -33,9 +33,9 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api
 
+from app.claims.fabric_ops import EventRecorder, FabricOps
 from app.claims.model import (
     REASON_ATTACH_FAILED,
-    REASON_ATTACHED,
     REASON_BAD_CONFIG,
     DeviceReport,
     EffectiveConfig,
@@ -52,15 +52,11 @@ from app.claims.model import (
 from app.claims.plan import ClaimPlan, ClaimWants, plan_claim
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
-from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
+from app.fabric.errors import FabricError
 from app.hostmap import HostIndex, host_for_node
 from app.inventory.queries import host_refs, unmanaged_attachments
 from app.journal import (
-    ATTACHED,
-    ATTACHING,
-    DETACHING,
     FAILED,
-    PENDING,
     RELEASED,
     STATES,
     ClaimRef,
@@ -79,6 +75,7 @@ from app.metrics import ClaimMetrics
 log = logging.getLogger(__name__)
 JsonDict = dict[str, Any]
 MAX_RECENT_ERRORS = 100
+MODE = "structured"
 STATUS_WRITE_ATTEMPTS = 4
 
 
@@ -174,6 +171,10 @@ class ClaimReconciler:
         self.queue: WorkQueue[str] = WorkQueue(settings.queue)
         self._resources = resource_api(client.api, version)
         self._core = CoreV1Api(client.api)
+        self.events = EventRecorder(self._core, settings.identity, version.api_version, clock)
+        self.ops = FabricOps(self.journal, backend, self.events, metrics=metrics, clock=clock,
+                             on_error=self._error, on_failed_device=on_failed_device,
+                             checkpoint=self._at)
         self.claims = Informer(
             self._resources.list_resource_claim_for_all_namespaces,
             _renamed(settings.informer, "resourceclaims"),
@@ -204,7 +205,8 @@ class ClaimReconciler:
         await self.nodes.has_synced.wait()
         await self.recover()
         for reservation in await self.journal.active():
-            self.queue.add(reservation.claim.uid)
+            if reservation.mode == MODE:
+                self.queue.add(reservation.claim.uid)
         for uid in list(self._by_uid):
             self.queue.add(uid)
         self._tasks = [
@@ -268,6 +270,11 @@ class ClaimReconciler:
             self.queue.add(uid)
 
     def _concerns_us(self, claim: Mapping[str, Any]) -> bool:
+        # Claims of the control-plane mode (classic DRA) are that controller's business.
+        if (claim.get("spec") or {}).get("controller") or (
+            (claim.get("status") or {}).get("allocation") or {}
+        ).get("controller"):
+            return False
         return bool(wanted_devices(claim, self.settings.driver_name)) or any(
             e.get("driver") == self.settings.driver_name
             for e in (claim.get("status") or {}).get("devices") or []
@@ -331,7 +338,7 @@ class ClaimReconciler:
             KubeError, FabricError, SQLAlchemyError: a failure to retry with backoff.
         """
         claim = self.claim_by_uid(uid)
-        reservations = await self.journal.for_claim(uid)
+        reservations = [r for r in await self.journal.for_claim(uid) if r.mode == MODE]
         if claim is None and not reservations:
             self._waiting.pop(uid, None)
             return False
@@ -389,7 +396,7 @@ class ClaimReconciler:
     async def _wants(
         self, claim: JsonDict | None
     ) -> tuple[ClaimWants, dict[str, EffectiveConfig]]:
-        if claim is None:
+        if claim is None or not self._concerns_us(claim):
             return ClaimWants(), {}
         wanted = tuple(wanted_devices(claim, self.settings.driver_name))
         if not wanted:
@@ -456,7 +463,7 @@ class ClaimReconciler:
                        str(metadata.get("name")))
         try:
             return await self.journal.reserve(
-                ref, wanted.request, wanted.device, wanted.pool, "structured", wants.node,
+                ref, wanted.request, wanted.device, wanted.pool, MODE, wants.node,
                 wants.host_id,
             )
         except (DeviceHeld, UnknownDevice) as err:
@@ -468,105 +475,14 @@ class ClaimReconciler:
     async def _attach(
         self, reservation: ReservationView, claim: JsonDict | None, config: EffectiveConfig
     ) -> tuple[DeviceReport, bool]:
-        key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
-        moving = await self.journal.transition(
-            reservation.id, [PENDING, ATTACHING], ATTACHING, count_attempt=True
-        )
-        if moving is None:
-            return DeviceReport(key, None, "", ""), True
-        assert moving.host_id is not None
-        device = await self.journal.fabric_device(moving)
-        await self._at("after-intent")
-        started = time.monotonic()
-        try:
-            if config.attach_timeout_s is not None:
-                async with asyncio.timeout(config.attach_timeout_s):
-                    await self.backend.attach(device, moving.host_id)
-            else:
-                await self.backend.attach(device, moving.host_id)
-        except (FabricError, TimeoutError) as err:
-            reason = str(err) or f"no answer within {config.attach_timeout_s}s"
-            message = f"attach {reservation.device_name} to host {moving.host_id}: {reason}"
-            retryable = isinstance(err, TimeoutError) or (
-                isinstance(err, FabricError) and err.retryable
-            )
-            self._fabric_metric("attach", "retry" if retryable else "failed")
-            if retryable and moving.attempts < config.max_attach_attempts:
-                await self.journal.transition(moving.id, [ATTACHING], ATTACHING, error=message)
-                self._error(moving.claim.uid, message)
-                return DeviceReport(key, None, "", ""), True
-            await self.journal.transition(moving.id, [ATTACHING], FAILED, error=message)
-            self._error(moving.claim.uid, message)
-            log.warning("claim %s: %s", moving.claim, message)
-            if claim is not None:
-                await self._event(claim, "Warning", REASON_ATTACH_FAILED, message)
-            if self.on_failed_device:
-                self.on_failed_device()
-            return DeviceReport(key, False, REASON_ATTACH_FAILED, message), False
-        await self._at("after-attach")
-        done = await self.journal.transition(moving.id, [ATTACHING], ATTACHED)
-        self._fabric_metric("attach", "ok")
-        if self.metrics:
-            self.metrics.attach_seconds.observe(time.monotonic() - started)
-        if claim is not None:
-            await self._event(claim, "Normal", REASON_ATTACHED,
-                              f"device {reservation.device_name} attached to node "
-                              f"{moving.node} (fabric host {moving.host_id})")
-        return self._ready_report(key, done or moving), False
+        return await self.ops.attach(reservation, claim, config)
 
     def _ready_report(self, key: WantedDevice, reservation: ReservationView) -> DeviceReport:
-        data = {"host": reservation.host_id, "node": reservation.node,
-                "attachedAt": rfc3339(reservation.attached_at or self.clock())}
-        return DeviceReport(
-            key, True, REASON_ATTACHED,
-            f"attached to node {reservation.node} (fabric host {reservation.host_id})", data,
-        )
+        return self.ops.ready_report(key, reservation)
 
     async def _release(self, reservation: ReservationView, claim: JsonDict | None) -> bool:
         """Detach (when anything may have been sent) and release. True when done."""
-        if reservation.state == PENDING:
-            # Nothing was sent to the fabric for a pending reservation.
-            return await self.journal.transition(reservation.id, [PENDING], RELEASED) is not None
-        moving = await self.journal.transition(
-            reservation.id, [ATTACHING, ATTACHED, FAILED, DETACHING], DETACHING,
-            count_attempt=True,
-        )
-        if moving is None:
-            return False
-        if moving.host_id is None:
-            await self.journal.transition(moving.id, [DETACHING], RELEASED)
-            return True
-        try:
-            device = await self.journal.fabric_device(moving)
-            await self.backend.detach(device, moving.host_id)
-        except (UnknownDevice, FabricNotFound) as err:
-            # The device or host is gone from the fabric: nothing is attached any more.
-            note = f"released without detach: {err}"
-            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=note)
-            self._fabric_metric("detach", "gone")
-            return True
-        except FabricConflict as err:
-            # The device is held by another host now: it is not attached to ours.
-            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=str(err))
-            self._fabric_metric("detach", "conflict")
-            return True
-        except FabricError as err:
-            message = f"detach {moving.device_name} from host {moving.host_id}: {err}"
-            await self.journal.transition(moving.id, [DETACHING], DETACHING, error=message)
-            self._error(moving.claim.uid, message)
-            self._fabric_metric("detach", "retry")
-            return False
-        await self.journal.transition(moving.id, [DETACHING], RELEASED)
-        self._fabric_metric("detach", "ok")
-        if claim is not None:
-            await self._event(claim, "Normal", "Detached",
-                              f"device {moving.device_name} detached from fabric host "
-                              f"{moving.host_id}")
-        return True
-
-    def _fabric_metric(self, operation: str, result: str) -> None:
-        if self.metrics:
-            self.metrics.fabric_operations.labels(operation, result).inc()
+        return await self.ops.release(reservation, claim)
 
     # ------------------------------------------------------------------ writes to the claim
     async def _write_status(self, claim: JsonDict, reports: list[DeviceReport]) -> None:
@@ -615,73 +531,17 @@ class ClaimReconciler:
 
     async def _event(self, claim: Mapping[str, Any], type_: str, reason: str,
                      message: str) -> None:
-        metadata = claim.get("metadata") or {}
-        namespace = str(metadata.get("namespace") or "default")
-        now = rfc3339(self.clock())
-        body: Any = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": claim.get("apiVersion", self.version.api_version),
-                "kind": "ResourceClaim", "name": metadata.get("name"), "namespace": namespace,
-                "uid": metadata.get("uid"),
-            },
-            "reason": reason, "message": message[:1024], "type": type_,
-            "source": {"component": "fabric-dra"}, "reportingComponent": "fabric-dra",
-            "reportingInstance": self.settings.identity,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        try:
-            await call_json(
-                self._core.create_namespaced_event(namespace, body, _preload_content=False),
-                f"create Event for ResourceClaim {namespace}/{metadata.get('name')}",
-            )
-        except KubeError as err:
-            # An Event is a courtesy: losing one must not hold up the claim.
-            log.info("could not record event %s on claim %s/%s: %s", reason, namespace,
-                     metadata.get("name"), err)
+        await self.events.record(claim, type_, reason, message)
 
     # ------------------------------------------------------------------ recovery and sweep
     async def recover(self) -> dict[str, int]:
-        """Settle unfinished journal entries against the fabric (run once, before workers).
-
-        ``attaching`` becomes ``attached`` when the fabric shows the device on the host, else
-        ``pending`` (the reconcile attaches again if the claim still wants it); ``detaching``
-        becomes ``released`` when the device is no longer on the host. When the fabric cannot
-        be listed, entries stay as they are: attach and detach are idempotent, so the
-        reconcile simply drives them again.
+        """Settle this mode's unfinished journal entries against the fabric (run once, before
+        the workers): see :meth:`app.claims.fabric_ops.FabricOps.recover`.
 
         Returns:
             Counts of what was done: ``{"attached": n, "pending": n, "released": n}``.
         """
-        unfinished = await self.journal.active([ATTACHING, DETACHING])
-        counts = {"attached": 0, "pending": 0, "released": 0}
-        if not unfinished:
-            return counts
-        try:
-            listing = await self.backend.list_devices()
-        except FabricError as err:
-            log.warning("recovery: cannot list the fabric (%s); %d unfinished operations will "
-                        "be driven again", err, len(unfinished))
-            return counts
-        holder = {d.vendor_id: d.host_id for d in listing.items}
-        for reservation in unfinished:
-            try:
-                device = await self.journal.fabric_device(reservation)
-            except UnknownDevice:
-                continue
-            on_host = holder.get(device.vendor_id) == reservation.host_id
-            if reservation.state == ATTACHING:
-                target = ATTACHED if on_host else PENDING
-            else:
-                if on_host:
-                    continue
-                target = RELEASED
-            if await self.journal.transition(reservation.id, [reservation.state], target,
-                                             error="recovered after restart"):
-                counts[target] += 1
-        log.info("recovery: %s", ", ".join(f"{n} {k}" for k, n in counts.items()))
-        return counts
+        return await self.ops.recover(modes=(MODE,))
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -695,7 +555,7 @@ class ClaimReconciler:
         """Release reservations of claims missing for the grace period; report (and maybe
         detach) unmanaged attachments; update gauges."""
         now = time.monotonic()
-        active = await self.journal.active()
+        active = [r for r in await self.journal.active() if r.mode == MODE]
         if self.claims.has_synced.is_set():
             missing = {r.claim.uid for r in active if self.claim_by_uid(r.claim.uid) is None}
             for uid in list(self._missing_since):
