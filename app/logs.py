@@ -72,5 +72,5 @@ def setup_logging(level: str = "INFO", json_format: bool = False) -> None:
     root.addHandler(handler)
     root.setLevel(level)
     # Library chatter below WARNING is noise for an operator.
-    for noisy in ("aiohttp.access", "sqlalchemy.engine", "alembic.runtime.migration"):
+    for noisy in ("aiohttp.access", "sqlalchemy.engine", "alembic"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))

@@ -69,7 +69,7 @@ class Leadership:
     """The parts that run only while this replica leads."""
 
     inventory: InventorySync
-    publisher: Publisher | None = None
+    publishers: dict[ResourceApiVersion, Publisher] = field(default_factory=dict)
     claims: ClaimReconciler | None = None
     control_plane: Any = None
     publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
@@ -131,8 +131,7 @@ class Service:
             self.backend = backend_from_settings(self.settings.fabric)
         if self.kube is None:
             self.kube = await connect(kube_client_settings(self.settings.kube, self.environ))
-        served = await discover_served_versions(self.kube.api)
-        self._choose_modes(served)
+        await self._choose_modes()
         await self._start_admin()
         if self.settings.leader.enabled:
             leader = self.settings.leader
@@ -156,12 +155,14 @@ class Service:
                  self.identity, self.settings.driver_name, self.mode,
                  self.version.value if self.version else "-")
 
-    def _choose_modes(self, served: list[str]) -> None:
-        from app.modes import ModeError, choose_modes
+    async def _choose_modes(self) -> None:
+        from app.modes import ModeError, discover_modes
 
-        modes = choose_modes(self.mode, served)
+        assert self.kube is not None
+        modes = await discover_modes(self.kube.api, self.mode)
         fixed = self.settings.kube.resource_api_version
         if modes.structured is not None and fixed != "auto":
+            served = await discover_served_versions(self.kube.api)
             if fixed not in served:
                 raise ModeError(f"kube.resource_api_version is {fixed}, but the API server "
                                 f"serves resource.k8s.io {', '.join(served) or 'nothing'}")
@@ -213,28 +214,34 @@ class Service:
         ))
         self.leading = leading
         self.supervisor.spawn("inventory", lambda: self._inventory_loop(leading))
-        if self.version is not None:
-            leading.publisher = Publisher(self.kube, self.version, settings.driver_name,
-                                          PublisherSettings(), self.publisher_metrics)
-            await leading.publisher.start()
+        # One publisher per served version: the structured one, and v1alpha3 for the
+        # control-plane mode (Kubernetes 1.31 keeps those slices apart).
+        versions = [v for v in (self.version, ResourceApiVersion.V1ALPHA3
+                                if self.control_plane_served else None) if v is not None]
+        for version in versions:
+            publisher = Publisher(self.kube, version, settings.driver_name,
+                                  PublisherSettings(), self.publisher_metrics)
+            await publisher.start()
+            leading.publishers[version] = publisher
+        if leading.publishers:
             self.supervisor.spawn("publish", lambda: self._publish_loop(leading))
-            if self.mode in ("structured", "both", "auto"):
-                leading.claims = ClaimReconciler(
-                    self.kube, self.version, self.db, self.backend,
-                    ClaimSettings(
-                        driver_name=settings.driver_name,
-                        binding_conditions=settings.pools.binding_conditions,
-                        binding_failure_conditions=settings.pools.binding_failure_conditions,
-                        host_match=settings.hosts.match, host_key=settings.hosts.key,
-                        workers=settings.controller.workers,
-                        orphan_grace_s=settings.controller.orphan_grace_seconds,
-                        detach_unmanaged=settings.controller.detach_unmanaged,
-                        identity=self.identity,
-                    ),
-                    metrics=self.metrics.claims,
-                    on_failed_device=leading.publish_wanted.set,
-                )
-                await leading.claims.start()
+        if self.version is not None:
+            leading.claims = ClaimReconciler(
+                self.kube, self.version, self.db, self.backend,
+                ClaimSettings(
+                    driver_name=settings.driver_name,
+                    binding_conditions=settings.pools.binding_conditions,
+                    binding_failure_conditions=settings.pools.binding_failure_conditions,
+                    host_match=settings.hosts.match, host_key=settings.hosts.key,
+                    workers=settings.controller.workers,
+                    orphan_grace_s=settings.controller.orphan_grace_seconds,
+                    detach_unmanaged=settings.controller.detach_unmanaged,
+                    identity=self.identity,
+                ),
+                metrics=self.metrics.claims,
+                on_failed_device=leading.publish_wanted.set,
+            )
+            await leading.claims.start()
         if self.control_plane_served:
             from app.controlplane import ControlPlaneController, ControlPlaneSettings
 
@@ -263,8 +270,8 @@ class Service:
             await leading.claims.stop(drain_s=drain_s)
         if leading.control_plane is not None:
             await leading.control_plane.stop()
-        if leading.publisher is not None:
-            await leading.publisher.stop()
+        for publisher in leading.publishers.values():
+            await publisher.stop()
 
     async def _inventory_loop(self, leading: Leadership) -> None:
         interval = self.settings.inventory.poll_interval_seconds
@@ -274,27 +281,36 @@ class Service:
             self.last_inventory = result
             if result.ok and (first or result.row_writes):
                 leading.publish_wanted.set()
+                if leading.control_plane is not None:
+                    leading.control_plane.mark_inventory_changed()
                 first = False
             await leading.inventory.wait_trigger(interval)
 
     async def _publish_loop(self, leading: Leadership) -> None:
-        assert leading.publisher is not None
-        published_with: bool | None = None  # taints_supported of the last publish
+        published_with: dict[ResourceApiVersion, bool] = {}  # taints_supported last used
         while True:
             with contextlib.suppress(TimeoutError):
                 # The timeout re-checks what the API server drops even when nothing changed.
                 await asyncio.wait_for(leading.publish_wanted.wait(), timeout=5.0)
-            supported = not leading.publisher.taints_dropped
+            supported = {v: not p.taints_dropped for v, p in leading.publishers.items()}
             if not leading.publish_wanted.is_set() and supported == published_with:
                 continue
             leading.publish_wanted.clear()
-            if not supported and published_with is not False:
-                log.warning("the API server drops device taints (DRADeviceTaints is off): "
-                            "unhealthy, cordoned and failed devices are withheld instead")
+            for version, ok in supported.items():
+                if not ok and published_with.get(version) is not False:
+                    log.warning("the API server drops device taints on %s (DRADeviceTaints "
+                                "is off): unhealthy, cordoned and failed devices are withheld "
+                                "instead", version.value)
             published_with = supported
             devices = await pool_devices(self.db)
-            leading.publisher.set_desired(desired_pools(
-                devices, PoolConfig.from_settings(self.settings, taints_supported=supported)))
+            for version, publisher in leading.publishers.items():
+                config = PoolConfig.from_settings(self.settings,
+                                                  taints_supported=supported[version])
+                if version is ResourceApiVersion.V1ALPHA3:
+                    # Kubernetes 1.31 has neither binding conditions nor device taints.
+                    config = dataclasses.replace(config, binds_to_node=False,
+                                                 taints_supported=False)
+                publisher.set_desired(desired_pools(devices, config))
 
     def request_publish(self) -> None:
         """Recompute the desired pools soon (after an admin action, say)."""
@@ -321,9 +337,10 @@ class Service:
             checks.append(("leader", known, f"leader is {self.elector.leader_identity or '?'}"))
         leading = self.leading
         if leading is not None:
-            if leading.publisher is not None:
-                synced = leading.publisher.status().synced
-                checks.append(("publisher", synced, "synced" if synced else "syncing"))
+            for version, publisher in leading.publishers.items():
+                synced = publisher.status().synced
+                checks.append((f"publisher {version.value}", synced,
+                               "synced" if synced else "syncing"))
             if leading.claims is not None:
                 healthy = leading.claims.is_healthy()
                 checks.append(("claims", healthy, "watching" if healthy else "not synced"))
@@ -354,8 +371,13 @@ class Service:
             "inventory": inventory,
             "loops": [dataclasses.asdict(s) for s in self.supervisor.states()],
         }
-        if leading is not None and leading.publisher is not None:
-            result["publisher"] = leading.publisher.status().to_json()
+        if leading is not None and leading.publishers:
+            main = leading.publishers.get(self.version) if self.version else None
+            result["publisher"] = (main or next(iter(leading.publishers.values()))
+                                   ).status().to_json()
+            if len(leading.publishers) > 1:
+                result["publishers"] = {v.value: p.status().to_json()
+                                        for v, p in leading.publishers.items()}
         if leading is not None and leading.claims is not None:
             result["claims"] = leading.claims.status()
         if leading is not None and leading.control_plane is not None:

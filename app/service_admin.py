@@ -56,9 +56,11 @@ async def start_admin(service: Service) -> web.AppRunner:
 
     def publisher_status() -> dict[str, Any]:
         leading = service.leading
-        if leading is None or leading.publisher is None:
+        if leading is None or not leading.publishers:
             return {}
-        pools = leading.publisher.status().to_json().get("pools") or {}
+        publisher = (leading.publishers.get(service.version) if service.version else None) or \
+            next(iter(leading.publishers.values()))
+        pools = publisher.status().to_json().get("pools") or {}
         return dict(pools) if isinstance(pools, dict) else {
             str(p.get("name")): p for p in pools if isinstance(p, dict)
         }

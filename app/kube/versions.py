@@ -326,3 +326,42 @@ def resource_api(api_client: ApiClient, version: ResourceApiVersion) -> Any:
         ResourceApiVersion.V1ALPHA3: k8s.ResourceV1alpha3Api,
     }
     return classes[version](api_client)
+
+
+class ResourceSliceV1alpha3Api:
+    """The ResourceSlice calls of resource.k8s.io/v1alpha3 (Kubernetes 1.31), with the names
+    and arguments of the typed APIs (``list_resource_slice``, ``read_resource_slice``,
+    ``create_resource_slice``, ``replace_resource_slice``, ``delete_resource_slice``).
+
+    kubernetes-asyncio 36's ``ResourceV1alpha3Api`` has no ResourceSlice calls (it serves the
+    newer v1alpha3 kinds only), so these go through the custom-objects API, which speaks the
+    same REST paths.
+    """
+
+    PLURAL = "resourceslices"
+
+    def __init__(self, api_client: ApiClient) -> None:
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        self._api = CustomObjectsApi(api_client)
+        self._where = (GROUP, ResourceApiVersion.V1ALPHA3.value, self.PLURAL)
+
+    def list_resource_slice(self, **kwargs: Any) -> Any:
+        """List (or, with ``watch=True``, watch) ResourceSlices."""
+        return self._api.list_cluster_custom_object(*self._where, **kwargs)
+
+    def read_resource_slice(self, name: str, **kwargs: Any) -> Any:
+        """Read one ResourceSlice."""
+        return self._api.get_cluster_custom_object(*self._where, name, **kwargs)
+
+    def create_resource_slice(self, body: Any, **kwargs: Any) -> Any:
+        """Create a ResourceSlice."""
+        return self._api.create_cluster_custom_object(*self._where, body, **kwargs)
+
+    def replace_resource_slice(self, name: str, body: Any, **kwargs: Any) -> Any:
+        """Replace (PUT) a ResourceSlice."""
+        return self._api.replace_cluster_custom_object(*self._where, name, body, **kwargs)
+
+    def delete_resource_slice(self, name: str, **kwargs: Any) -> Any:
+        """Delete a ResourceSlice (``body`` may carry DeleteOptions with preconditions)."""
+        return self._api.delete_cluster_custom_object(*self._where, name, **kwargs)

@@ -42,7 +42,12 @@ from kubernetes_asyncio.client import ResourceV1Api, ResourceV1beta1Api, Resourc
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import EventType, Informer, InformerSettings
-from app.kube.versions import ResourceApiVersion, slice_from_wire, slice_to_wire
+from app.kube.versions import (
+    ResourceApiVersion,
+    ResourceSliceV1alpha3Api,
+    slice_from_wire,
+    slice_to_wire,
+)
 from app.kube.workqueue import QueueClock, ShutDown, WorkQueue, WorkQueueSettings
 from app.pools import DesiredPool
 from app.publisher.metrics import PublisherMetrics
@@ -238,8 +243,12 @@ class Publisher:
     Use: ``await start()``, ``set_desired(pools)`` whenever the desired state changes (the
     whole state each time), read ``status()``, ``await stop()``.
 
+    v1alpha3 (Kubernetes 1.31, for the control-plane mode) gets the ``basic`` shape with plain
+    capacities; it has no ``bindsToNode``, binding conditions or taints, so its pools must be
+    built with ``PoolConfig(binds_to_node=False, taints_supported=False)``.
+
     Raises:
-        ValueError: ``version`` is not a structured-parameters version (v1, v1beta2, v1beta1).
+        ValueError: ``version`` is not a resource.k8s.io version with ResourceSlices.
     """
 
     def __init__(
@@ -255,9 +264,10 @@ class Publisher:
             ResourceApiVersion.V1: ResourceV1Api,
             ResourceApiVersion.V1BETA2: ResourceV1beta2Api,
             ResourceApiVersion.V1BETA1: ResourceV1beta1Api,
+            ResourceApiVersion.V1ALPHA3: ResourceSliceV1alpha3Api,
         }
         if version not in apis:
-            raise ValueError(f"publisher: resource.k8s.io {version} has no structured slices")
+            raise ValueError(f"publisher: resource.k8s.io {version} has no ResourceSlices")
         self.driver_name = driver_name
         self.version = version
         self.settings = settings

@@ -50,10 +50,53 @@ async def _structured(client: KubeClient, poll_interval_s: float, binding_timeou
     return StructuredScheduler(client, version, settings)
 
 
-async def _serve(client_settings: KubeClientSettings, poll_interval_s: float,
+def _classic(client: KubeClient, poll_interval_s: float, namespace: str | None) -> StandIn:
+    from app.sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
+
+    click.echo(f"scheduler stand-in (classic DRA, resource.k8s.io/v1alpha3) on {client.host}")
+    return ClassicScheduler(client, ClassicSchedulerSettings(
+        namespace=namespace, poll_interval_s=min(poll_interval_s, 1.0)))
+
+
+class _Both:
+    """Runs several stand-ins as one."""
+
+    def __init__(self, parts: list[StandIn]) -> None:
+        self.parts = parts
+
+    async def start(self) -> None:
+        for part in self.parts:
+            await part.start()
+
+    async def stop(self) -> None:
+        for part in reversed(self.parts):
+            await part.stop()
+
+
+async def _stand_in(client: KubeClient, mode: str, poll_interval_s: float,
+                    binding_timeout_s: float, namespace: str | None) -> StandIn:
+    from app.modes import discover_modes
+
+    if mode == "auto":
+        modes = await discover_modes(client.api, "auto")
+        wanted = (["structured"] if modes.structured else []) + (
+            ["classic"] if modes.control_plane else [])
+    else:
+        wanted = [mode]
+    parts: list[StandIn] = []
+    for part in wanted:
+        if part == "structured":
+            parts.append(await _structured(client, poll_interval_s, binding_timeout_s,
+                                           namespace))
+        else:
+            parts.append(_classic(client, poll_interval_s, namespace))
+    return parts[0] if len(parts) == 1 else _Both(parts)
+
+
+async def _serve(client_settings: KubeClientSettings, mode: str, poll_interval_s: float,
                  binding_timeout_s: float, namespace: str | None) -> None:
     async with await connect(client_settings) as client:
-        stand_in = await _structured(client, poll_interval_s, binding_timeout_s, namespace)
+        stand_in = await _stand_in(client, mode, poll_interval_s, binding_timeout_s, namespace)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -87,9 +130,14 @@ async def _serve(client_settings: KubeClientSettings, poll_interval_s: float,
               type=click.FloatRange(min=0.01),
               help="Seconds after allocation before a bind whose conditions are not met fails.")
 @click.option("--namespace", default=None, help="Only pods and claims of this namespace.")
+@click.option("--mode", type=click.Choice(["auto", "structured", "classic"]), default="auto",
+              show_default=True,
+              help="structured (kube-scheduler with structured parameters), classic (the 1.31 "
+                   "scheduler's side of PodSchedulingContexts), or auto: every one the API "
+                   "server serves.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each decision.")
 def cli(kube_url: str, token_file: Path | None, poll_interval: float, binding_timeout: float,
-        namespace: str | None, verbose: bool) -> None:
+        namespace: str | None, mode: str, verbose: bool) -> None:
     """Schedule pods that use ResourceClaims, as kube-scheduler's DRA plugin and the claim
     controller do, until Ctrl-C."""
     setup_logging("INFO" if verbose else "WARNING")
@@ -99,7 +147,7 @@ def cli(kube_url: str, token_file: Path | None, poll_interval: float, binding_ti
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--kube-url") from err
     try:
-        asyncio.run(_serve(client_settings, poll_interval, binding_timeout, namespace))
+        asyncio.run(_serve(client_settings, mode, poll_interval, binding_timeout, namespace))
     except KubeError as err:
         raise click.ClickException(str(err)) from err
 
