@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -110,12 +110,15 @@ class NodesReport:
         unmapped_nodes: nodes that map to no host.
         unmatched_hosts: hosts no node maps to.
         unreachable_pools: pools whose node selector matches no node.
+        pool_labels: pool name -> the node labels its selector asks for (``key=value``,
+            one per ``In`` expression with a single value), so people know how to label nodes.
     """
 
     rows: tuple[NodeRow, ...]
     unmapped_nodes: tuple[str, ...]
     unmatched_hosts: tuple[str, ...]
     unreachable_pools: tuple[str, ...]
+    pool_labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def warnings(self) -> list[str]:
@@ -123,7 +126,11 @@ class NodesReport:
         return (
             [f"node {n} maps to no fabric host" for n in self.unmapped_nodes]
             + [f"host {h} is not a node of this cluster" for h in self.unmatched_hosts]
-            + [f"pool {p} is reachable from no node" for p in self.unreachable_pools]
+            + [
+                f"pool {p} is reachable from no node; label its nodes "
+                + (" ".join(self.pool_labels.get(p, ())) or "as its node selector asks")
+                for p in self.unreachable_pools
+            ]
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -133,6 +140,7 @@ class NodesReport:
             "unmapped_nodes": list(self.unmapped_nodes),
             "unmatched_hosts": list(self.unmatched_hosts),
             "unreachable_pools": list(self.unreachable_pools),
+            "pool_labels": {p: list(labels) for p, labels in self.pool_labels.items()},
             "warnings": self.warnings,
         }
 
@@ -175,6 +183,18 @@ def build_report(
         unmapped_nodes=tuple(r.node for r in rows if r.host is None),
         unmatched_hosts=tuple(sorted(h.host_id for h in hosts if h.host_id not in mapped_hosts)),
         unreachable_pools=tuple(sorted(p for p in pools if p not in reached)),
+        pool_labels={name: _labels_asked(pool.node_selector) for name, pool in pools.items()},
+    )
+
+
+def _labels_asked(selector: Mapping[str, Any]) -> tuple[str, ...]:
+    terms = selector.get("nodeSelectorTerms") or []
+    if len(terms) != 1:
+        return ()
+    return tuple(
+        f"{e['key']}={e['values'][0]}"
+        for e in terms[0].get("matchExpressions") or []
+        if e.get("operator") == "In" and len(e.get("values") or []) == 1
     )
 
 

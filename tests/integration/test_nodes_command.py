@@ -102,7 +102,8 @@ def test_the_report_maps_nodes_to_hosts_and_pools_and_lists_what_does_not_fit() 
     assert report.unreachable_pools == ("us-west/rack-02",)
     assert report.warnings == [
         "node lonely maps to no fabric host", "host h9 is not a node of this cluster",
-        "pool us-west/rack-02 is reachable from no node"]
+        "pool us-west/rack-02 is reachable from no node; label its nodes "
+        "topology.kubernetes.io/region=us-west fabric-dra.io/rack=rack-02"]
     table = render_table(report)
     assert table.splitlines()[0].split() == ["NODE", "HOST", "POOLS"]
     assert "lonely  -     -" in table and "3 warnings:" in table
