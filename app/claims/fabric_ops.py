@@ -220,12 +220,16 @@ class FabricOps:
             await self.events.record(claim, "Normal", REASON_ATTACHED,
                                      f"device {reservation.device_name} attached to node "
                                      f"{moving.node} (fabric host {moving.host_id})")
-        return self.ready_report(key, done or moving), False
+        return self.ready_report(key, done or moving, device.uuid), False
 
-    def ready_report(self, key: WantedDevice, reservation: ReservationView) -> DeviceReport:
-        """The report of an attached device (``data``: host, node, attachedAt)."""
+    def ready_report(self, key: WantedDevice, reservation: ReservationView,
+                     uuid: str | None = None) -> DeviceReport:
+        """The report of an attached device (``data``: host, node, attachedAt, and the
+        device's uuid as the fabric reports it, when known)."""
         data = {"host": reservation.host_id, "node": reservation.node,
                 "attachedAt": rfc3339(reservation.attached_at or self.clock())}
+        if uuid:
+            data["uuid"] = uuid
         return DeviceReport(
             key, True, REASON_ATTACHED,
             f"attached to node {reservation.node} (fabric host {reservation.host_id})", data,

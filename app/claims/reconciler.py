@@ -364,7 +364,7 @@ class ClaimReconciler:
             reports[key] = report
         for reservation in plan.ready:
             key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
-            reports[key] = self._ready_report(key, reservation)
+            reports[key] = await self._ready_report(key, reservation)
         for reservation in plan.failed:
             key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
             reports[key] = DeviceReport(key, False, REASON_ATTACH_FAILED,
@@ -477,8 +477,13 @@ class ClaimReconciler:
     ) -> tuple[DeviceReport, bool]:
         return await self.ops.attach(reservation, claim, config)
 
-    def _ready_report(self, key: WantedDevice, reservation: ReservationView) -> DeviceReport:
-        return self.ops.ready_report(key, reservation)
+    async def _ready_report(self, key: WantedDevice,
+                            reservation: ReservationView) -> DeviceReport:
+        try:
+            uuid = (await self.journal.fabric_device(reservation)).uuid
+        except UnknownDevice:
+            uuid = None
+        return self.ops.ready_report(key, reservation, uuid)
 
     async def _release(self, reservation: ReservationView, claim: JsonDict | None) -> bool:
         """Detach (when anything may have been sent) and release. True when done."""

@@ -57,13 +57,13 @@ class Harness:
     devices: dict[str, Device]  # name -> row
 
     def reconciler(self, **changes: Any) -> ClaimReconciler:
-        settings = ClaimSettings(
-            driver_name=DRIVER, workers=4, orphan_grace_s=0.2, sweep_interval_s=0.1,
-            informer=InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05,
-                                      backoff_max_s=0.2),
-            queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2),
-            **changes,
-        )
+        values: dict[str, Any] = {
+            "driver_name": DRIVER, "workers": 4, "orphan_grace_s": 0.2, "sweep_interval_s": 0.1,
+            "informer": InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05,
+                                         backoff_max_s=0.2),
+            "queue": WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2),
+        }
+        settings = ClaimSettings(**{**values, **changes})
         return ClaimReconciler(self.client, ResourceApiVersion.V1, self.db, self.backend,
                                settings, metrics=ClaimMetrics.create(__import__(
                                    "prometheus_client").CollectorRegistry()))
@@ -132,8 +132,21 @@ NODES = ["node-us-east-rack-01-1", "node-us-east-rack-01-2"]
 
 @pytest.fixture
 async def harness(db: Database) -> AsyncIterator[Harness]:
-    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=6,
-                                              hosts_per_rack=2), auth="none")
+    async with build_harness(db, devices=6) as built:
+        yield built
+
+
+@pytest.fixture
+async def harness50(db: Database) -> AsyncIterator[Harness]:
+    async with build_harness(db, devices=50) as built:
+        yield built
+
+
+@contextlib.asynccontextmanager
+async def build_harness(db: Database, devices: int) -> AsyncIterator[Harness]:
+    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1,
+                                              devices_per_rack=devices, hosts_per_rack=2),
+                           auth="none")
     url = await sim.start()
     backend = RedfishBackend(url, auth="none", retry=RetrySettings(
         attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02), timeout_s=5)
@@ -175,6 +188,7 @@ async def test_full_cycle_attach_ready_then_detach_on_deallocation(harness: Harn
         assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
         entry = harness.our_status("c1")[0]
         assert entry["data"]["node"] == NODES[0] and entry["data"]["host"] == NODES[0]
+        assert entry["data"]["uuid"] == harness.devices[device].uuid
         assert len(harness.events("Attached")) == 1
         (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])
         assert held.state == ATTACHED and held.node == NODES[0]
@@ -447,3 +461,57 @@ async def test_stop_lets_an_attach_in_flight_finish(harness: Harness) -> None:
     (held,) = await Journal(harness.db).for_claim(uid)
     assert held.state == ATTACHED
     assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
+
+
+async def test_fifty_concurrent_claims_attach_each_device_exactly_once(harness50: Harness) -> None:
+    names = harness50.device_names()
+    assert len(names) == 50
+    for i in range(50):
+        harness50.create_claim(f"c{i}")
+    async with running(harness50.reconciler(workers=8)):
+        for i, device in enumerate(names):
+            harness50.allocate(f"c{i}", [("gpu", device)], NODES[i % 2])
+        await eventually(lambda: all(
+            harness50.condition(f"c{i}", d, "FabricDeviceReady") == "True"
+            for i, d in enumerate(names)), timeout_s=60, what="fifty claims ready")
+        for i in range(50):
+            harness50.deallocate(f"c{i}")
+        await eventually(lambda: all(v is None for v in harness50.sim.attachments().values()),
+                         timeout_s=60, what="fifty detaches")
+    history = harness50.sim.history
+    assert sorted(h[1] for h in history if h[0] == "attach") == sorted(
+        harness50.block_of(d) for d in names)
+    assert sorted(h[1] for h in history if h[0] == "detach") == sorted(
+        harness50.block_of(d) for d in names)
+    held: dict[str, str] = {}
+    for operation, block, system in history:
+        if operation == "attach":
+            assert block not in held, f"{block} attached twice"
+            held[block] = system
+        else:
+            assert held.pop(block) == system
+
+
+async def test_an_attach_that_times_out_is_retried_then_reported_failed(
+    harness: Harness,
+) -> None:
+    device = harness.device_names()[0]
+    harness.create_claim("c1")
+    config = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
+        "driver": DRIVER, "parameters": {"apiVersion": "fabric-dra.io/v1alpha1",
+                                         "kind": "FabricDeviceConfig",
+                                         "attachTimeoutSeconds": 1, "maxAttachAttempts": 2}}}]
+    harness.sim.faults.latency_s = 1.5
+    async with running(harness.reconciler()) as reconciler:
+        harness.allocate("c1", [("gpu", device)], NODES[0], config=config)
+        await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True",
+                         timeout_s=30, what="failure after two timed-out attempts")
+        (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])
+        assert held.state == FAILED and held.attempts == 2
+        assert "no answer within 1s" in (held.last_error or "")
+        harness.sim.faults.latency_s = 0
+        harness.deallocate("c1")
+        await eventually(lambda: _no_reservations(reconciler, held.claim.uid), timeout_s=20)
+    # Whatever the slow attaches did in the end, nothing stays attached.
+    await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
+                     timeout_s=10)
