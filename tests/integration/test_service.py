@@ -210,3 +210,143 @@ async def _text(port: int, path: str) -> tuple[int, str]:
     async with aiohttp.ClientSession() as session, session.get(
         f"http://127.0.0.1:{port}{path}") as response:
         return response.status, await response.text()
+
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+SERVICE_ACCOUNT = "system:serviceaccount:fabric-dra:fabric-dra"
+
+
+def allocate(emu: KubeEmulator, namespace: str, name: str, device: str, node: str) -> None:
+    emu.create({"apiVersion": CLAIMS, "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "fabric-gpu"}}]}}})
+    claim = emu.get(CLAIMS, "ResourceClaim", name, namespace)
+    claim["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": DRIVER,
+                                 "pool": "us-east/rack-01", "device": device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+    }, "reservedFor": [{"resource": "pods", "name": "p", "uid": str(uuid.uuid4())}]}
+    emu.update_status(claim)
+
+
+def ready_on(emu: KubeEmulator, namespace: str, name: str) -> bool:
+    claim = emu.get(CLAIMS, "ResourceClaim", name, namespace) or {}
+    return any(c["type"] == "FabricDeviceReady" and c["status"] == "True"
+               for e in (claim.get("status") or {}).get("devices") or []
+               for c in e.get("conditions") or [])
+
+
+async def test_the_whole_cycle_works_with_only_the_rbac_of_deploy(tmp_path: Path) -> None:
+    """The API emulator enforces deploy/rbac.yaml for the controller's service account: any
+    call the ClusterRole or the leader-election Role does not allow fails with 403."""
+    from app.sim.kubeapi import RbacPolicy
+
+    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4,
+                                              hosts_per_rack=2), username="ops",
+                           password="s3cret-pw", auth="session")
+    URLS[id(sim)] = await sim.start()
+    emu = KubeEmulator(served_resource_versions=("v1",), token="cluster-admin",
+                       tokens={"sa-token": SERVICE_ACCOUNT},
+                       rbac=RbacPolicy.from_manifests([DEPLOY / "rbac.yaml"]))
+    await emu.start()
+    (tmp_path / "sa-token").write_text("sa-token\n")
+    try:
+        for node in NODES:
+            emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
+                "kubernetes.io/hostname": node}}})
+        emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "apps"}})
+        settings = settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/r.db",
+                                FABRIC_DRA_KUBE__TOKEN_FILE=str(tmp_path / "sa-token"),
+                                FABRIC_DRA_LEADER__NAMESPACE="fabric-dra")
+        service = Service(settings)
+        await service.start()
+        try:
+            await eventually(lambda: len(slices(emu)) == 1, what="slices under RBAC")
+            device = slices(emu)[0]["spec"]["devices"][0]["name"]
+            allocate(emu, "apps", "c1", device, NODES[1])
+            await eventually(lambda: ready_on(emu, "apps", "c1"), what="ready under RBAC")
+            claim = emu.get(CLAIMS, "ResourceClaim", "c1", "apps")
+            claim["status"] = {}
+            emu.update_status(claim)
+            await eventually(lambda: NODES[1] not in sim.attachments().values(),
+                             what="detach under RBAC")
+            assert await _ready(service.admin_port)
+        finally:
+            await service.stop(deadline_s=10)
+        denied = [r for r in emu.requests if r.status == 403]
+        assert denied == [], f"calls the RBAC of deploy/ does not allow: {denied}"
+        events = emu.list("v1", "Event", "apps")
+        assert {e["reason"] for e in events} >= {"Attached", "Detached"}
+    finally:
+        await emu.stop()
+        await sim.stop()
+
+
+async def test_sigterm_lets_the_attach_in_flight_finish_then_releases_the_lease(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
+) -> None:
+    import os
+    import signal
+    import socket
+    import sys
+
+    from app.db.engine import Database
+    from app.journal import ATTACHED, ATTACHING, Journal
+
+    emu, sim = cluster
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    database = f"sqlite+aiosqlite:///{tmp_path}/run.db"
+    settings_for(tmp_path, emu, sim, database)  # writes the credential files
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
+    env.update({
+        "FABRIC_DRA_DATABASE__URL": database,
+        "FABRIC_DRA_FABRIC__URL": sim_url(sim),
+        "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
+        "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
+        "FABRIC_DRA_KUBE__MODE": "url", "FABRIC_DRA_KUBE__URL": emu.url,
+        "FABRIC_DRA_ADMIN__HOST": "127.0.0.1", "FABRIC_DRA_ADMIN__PORT": str(port),
+        "FABRIC_DRA_LEADER__NAMESPACE": "default", "FABRIC_DRA_LEADER__IDENTITY": "proc",
+        "FABRIC_DRA_LOG__JSON_FORMAT": "true",
+    })
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "app", "run", "--shutdown-deadline", "20", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    db = Database.connect(database)
+    try:
+        async def ready() -> bool:
+            try:
+                return await _ready(port)
+            except aiohttp.ClientError:
+                return False
+
+        await eventually(ready, timeout_s=30, what="the process ready")
+        await eventually(lambda: len(slices(emu)) == 1, what="slices")
+        device = slices(emu)[0]["spec"]["devices"][0]["name"]
+        sim.faults.latency_s = 1.5  # every fabric call is slow: the attach is in flight
+        allocate(emu, "default", "c1", device, NODES[0])
+        journal = Journal(db)
+
+        async def attaching() -> bool:
+            return any(r.state == ATTACHING for r in await journal.active())
+
+        await eventually(attaching, what="an attach in flight")
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 30)
+        assert code == 0, (await process.stderr.read()).decode()[-2000:]
+        (held,) = await journal.active()
+        assert held.state == ATTACHED
+        lease = emu.get("coordination.k8s.io/v1", "Lease", "fabric-dra", "default")
+        assert lease is not None and not lease["spec"].get("holderIdentity")
+        logs = (await process.stderr.read()).decode()
+        assert all(line.startswith("{") for line in logs.splitlines() if line.strip())
+        assert "s3cret-pw" not in logs
+    finally:
+        sim.faults.latency_s = 0
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await db.dispose()
