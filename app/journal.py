@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from app.clock import utcnow
 from app.db.engine import Database
 from app.db.models import ACTIVE_RESERVATION_STATES, Device, Reservation
 from app.fabric.types import DeviceType, FabricDevice
@@ -34,10 +35,6 @@ FAILED = "failed"
 STATES = (PENDING, ATTACHING, ATTACHED, DETACHING, RELEASED, FAILED)
 MAX_ERROR_LENGTH = 2000
 
-
-def utcnow() -> dt.datetime:
-    """The current time, aware, in UTC."""
-    return dt.datetime.now(dt.UTC)
 
 
 class DeviceHeld(Exception):

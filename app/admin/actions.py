@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 
 from app.admin.queries import device_summary
+from app.clock import utcnow
 from app.db.engine import Database
 from app.db.models import Device, DeviceEvent
 from app.fabric.backend import FabricBackend
@@ -37,7 +38,6 @@ from app.journal import (
     Journal,
     ReservationView,
     UnknownDevice,
-    utcnow,
 )
 from app.pools import PoolConfig
 

@@ -39,6 +39,7 @@ from app.claims.model import (
     WantedDevice,
     rfc3339,
 )
+from app.clock import utcnow
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
 from app.journal import (
@@ -59,10 +60,6 @@ from app.metrics import ClaimMetrics
 log = logging.getLogger(__name__)
 REASON_DETACHED = "Detached"
 
-
-def utcnow() -> dt.datetime:
-    """The current time, aware, in UTC."""
-    return dt.datetime.now(dt.UTC)
 
 
 class EventRecorder:

@@ -50,6 +50,7 @@ from app.claims.model import (
     wanted_devices,
 )
 from app.claims.plan import ClaimPlan, ClaimWants, plan_claim
+from app.clock import utcnow
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
@@ -78,10 +79,6 @@ MAX_RECENT_ERRORS = 100
 MODE = "structured"
 STATUS_WRITE_ATTEMPTS = 4
 
-
-def utcnow() -> dt.datetime:
-    """The current time, aware, in UTC."""
-    return dt.datetime.now(dt.UTC)
 
 
 @dataclass(frozen=True)

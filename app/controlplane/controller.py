@@ -65,6 +65,7 @@ from app.claims.model import (
     rfc3339,
 )
 from app.claims.plan import ClaimWants, plan_claim
+from app.clock import utcnow
 from app.controlplane import plan as cp
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
@@ -93,10 +94,6 @@ REASON_INVALID_CLAIM = "InvalidClaim"
 REASON_DEVICE_TAKEN = "DeviceTaken"
 REASON_DEALLOCATED = "Deallocated"
 
-
-def utcnow() -> dt.datetime:
-    """The current time, aware, in UTC."""
-    return dt.datetime.now(dt.UTC)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import func, insert, select, update
 
+from app.clock import utcnow
 from app.db.engine import Database
 from app.db.models import Device, DeviceEvent, Host, InventoryStatus
 from app.fabric.backend import FabricBackend
@@ -35,10 +36,6 @@ log = logging.getLogger(__name__)
 MAX_STORED_REJECTS = 100
 _CHUNK = 500
 
-
-def utcnow() -> dt.datetime:
-    """The current time, aware, in UTC."""
-    return dt.datetime.now(dt.UTC)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from app.allocator import (
 )
 from app.allocator.model import DeviceId
 from app.allocator.pools import gather_pools, selector_matches
+from app.clock import utcnow
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeBadRequest, KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -98,10 +99,6 @@ DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
 STATUS_WRITE_ATTEMPTS = 4
 MAX_DELETED_REMEMBERED = 1000
 
-
-def utcnow() -> dt.datetime:
-    """The current time, aware, in UTC."""
-    return dt.datetime.now(dt.UTC)
 
 
 def rfc3339(moment: dt.datetime) -> str:
