@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import event, text
@@ -80,6 +81,9 @@ class Database:
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
+    # SQLite has one writer at a time; waiting for its lock means polling with sleeps that grow
+    # to 100 ms. Queueing writers here instead keeps them in order at no cost.
+    _write_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @classmethod
     def connect(cls, url: str, *, pool_size: int = 5, echo: bool = False) -> Database:
@@ -103,11 +107,14 @@ class Database:
         """A session in one transaction, committed at the end or rolled back on error.
 
         On SQLite the transaction starts with ``BEGIN IMMEDIATE`` so that what it reads cannot
-        change before it writes.
+        change before it writes, and writers of this process take turns (an asyncio lock).
         """
-        async with self.sessions() as session, session.begin():
-            if self.dialect == "sqlite":
-                await session.connection(execution_options={_BEGIN_MODE: "IMMEDIATE"})
+        if self.dialect != "sqlite":
+            async with self.sessions() as session, session.begin():
+                yield session
+            return
+        async with self._write_lock, self.sessions() as session, session.begin():
+            await session.connection(execution_options={_BEGIN_MODE: "IMMEDIATE"})
             yield session
 
     async def ping(self) -> None:
