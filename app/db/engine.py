@@ -8,9 +8,9 @@ take the write lock up front (PITFALLS.md, "SQLAlchemy 2.1 async + Alembic").
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
