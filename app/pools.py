@@ -31,9 +31,9 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from app.fabric.types import AttributeValue, Location
 
@@ -267,28 +267,71 @@ def _typed(value: AttributeValue) -> dict[str, Any]:
     return {"string": value}
 
 
+class SharedValues:
+    """Equal JSON values shared between the devices of one :func:`desired_pools` call.
+
+    Most of a slice device's attribute values repeat across devices (type, vendor, model,
+    firmware, location, health, capacity, binding conditions); each distinct one is built once
+    and the same object is put into every device that has it. At 100,000 devices that halves
+    the memory of the desired pools. The shared objects are read-only like the rest of the
+    desired pools (see :func:`resource_slice_spec`); their JSON is unchanged.
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[Any, ...], Any] = {}
+
+    def typed(self, kind: str, value: AttributeValue) -> dict[str, Any]:
+        """``{kind: value}``, one object per distinct pair."""
+        key = (kind, type(value), value)
+        found = self._values.get(key)
+        if found is None:
+            found = self._values[key] = {kind: value}
+        return cast("dict[str, Any]", found)
+
+    def get(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """The value for ``key``, made by ``make`` the first time."""
+        found = self._values.get(key)
+        if found is None:
+            found = self._values[key] = make()
+        return found
+
+
+# Attribute names of the built-in attributes (all C identifiers), and which of them are the
+# same for many devices (their typed values are shared; the others are per device).
+_LOCATION_KEYS = ("region", "zone", "site", "row", "rack", "chassis", "slot", "fabric")
+_PER_DEVICE = frozenset({"uuid", "serialNumber"})
+
+
 def slice_device(
-    device: PoolDevice, config: PoolConfig, tainted: bool
+    device: PoolDevice, config: PoolConfig, tainted: bool, shared: SharedValues | None = None
 ) -> tuple[dict[str, Any], list[DroppedAttribute]]:
-    """The v1 ResourceSlice device for ``device``, and the attributes that had to be dropped."""
+    """The v1 ResourceSlice device for ``device``, and the attributes that had to be dropped.
+
+    ``shared`` (one per :func:`desired_pools` call) lets devices share equal values.
+    """
+    values = shared if shared is not None else SharedValues()
     dropped: list[DroppedAttribute] = []
-    entries: list[tuple[str, dict[str, Any]]] = [("deviceType", {"string": device.device_type})]
+    entries: list[tuple[str, dict[str, Any]]] = [
+        ("deviceType", values.typed("string", device.device_type))
+    ]
     for key, value in (
         ("vendor", device.vendor), ("model", device.model), ("uuid", device.uuid),
         ("serialNumber", device.serial), ("partNumber", device.part_number),
     ):
         if value is not None:
-            entries.append((key, {"string": value}))
+            entries.append(
+                (key, {"string": value} if key in _PER_DEVICE else values.typed("string", value))
+            )
     if device.firmware_version is not None:
-        if len(device.firmware_version) <= 64 and _SEMVER.match(device.firmware_version):
-            entries.append(("firmwareVersion", {"version": device.firmware_version}))
-        else:
-            entries.append(("firmwareVersion", {"string": device.firmware_version}))
-    for key in ("region", "zone", "site", "row", "rack", "chassis", "slot", "fabric"):
+        entries.append(("firmwareVersion", values.get(
+            ("firmware", device.firmware_version),
+            lambda: _firmware(cast(str, device.firmware_version)),
+        )))
+    for key in _LOCATION_KEYS:
         value = getattr(device.location, key)
         if value is not None:
-            entries.append((key, {"string": value}))
-    entries.append(("health", {"string": device.health}))
+            entries.append((key, values.typed("string", value)))
+    entries.append(("health", values.typed("string", device.health)))
     taken = {key for key, _ in entries}
     for key in sorted(device.attributes):
         if key in taken:
@@ -308,7 +351,9 @@ def slice_device(
 
     capacity: dict[str, dict[str, str]] = {}
     if device.memory_mib is not None:
-        capacity["memory"] = {"value": quantity(device.memory_mib * 1024 * 1024, binary=True)}
+        memory_mib = device.memory_mib
+        capacity["memory"] = values.get(("memory", memory_mib), lambda: {
+            "value": quantity(memory_mib * 1024 * 1024, binary=True)})
     for key in sorted(device.capacity):
         amount = device.capacity[key]
         if key in capacity or not _C_IDENTIFIER.match(key):
@@ -328,11 +373,20 @@ def slice_device(
         result["capacity"] = capacity
     if config.binds_to_node:
         result["bindsToNode"] = True
-        result["bindingConditions"] = list(config.binding_conditions)
-        result["bindingFailureConditions"] = list(config.binding_failure_conditions)
+        result["bindingConditions"] = values.get(
+            ("bindingConditions",), lambda: list(config.binding_conditions))
+        result["bindingFailureConditions"] = values.get(
+            ("bindingFailureConditions",), lambda: list(config.binding_failure_conditions))
     if tainted:
         result["taints"] = _taints(device, config)
     return result, dropped
+
+
+def _firmware(version: str) -> dict[str, Any]:
+    # A semantic version is published as a version attribute, anything else as a string.
+    if len(version) <= 64 and _SEMVER.match(version):
+        return {"version": version}
+    return {"string": version}
 
 
 def _taints(device: PoolDevice, config: PoolConfig) -> list[dict[str, str]]:
@@ -405,6 +459,7 @@ def desired_pools(devices: Iterable[PoolDevice], config: PoolConfig) -> dict[str
         locations.setdefault(name, device.location)
 
     withhold = config.unhealthy == "withhold" or not config.taints_supported
+    shared = SharedValues()
     pools: dict[str, DesiredPool] = {}
     for name, members in sorted(groups.items()):
         members.sort(key=lambda d: d.name)
@@ -420,7 +475,7 @@ def desired_pools(devices: Iterable[PoolDevice], config: PoolConfig) -> dict[str
             if bad and withhold:
                 withheld.append(device.name)
                 continue
-            entry, lost = slice_device(device, config, tainted=bad)
+            entry, lost = slice_device(device, config, tainted=bad, shared=shared)
             dropped.extend(lost)
             (tainted if bad else others).append(entry)
         location = locations[name]

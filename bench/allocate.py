@@ -6,20 +6,22 @@ with a ``gpu`` request and a ``nic`` request joined by a matchAttribute constrai
 with CEL selectors on both classes (type and a capacity threshold) and on the GPU request (model
 and a firmware version comparison). Allocated devices stay in use, so later allocations search
 past them. Prints JSON lines: gathering the pools, one CEL evaluation, the cold first
-allocation, then allocations/s, p50/p99 latency per allocation and cache hit rates.
+allocation, then allocations/s, p50/p99 latency per allocation (wall time of the allocator
+alone; in reference units too, see ``bench.common.reference_cpu_seconds``) and cache hit rates.
 
-    python -m bench.allocate [--allocations 2000] [--devices 10000] [--pools 80]
+    python -m bench.allocate [--allocations 2000] [--devices 10000] [--pools 80] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from app.allocator import Allocator, Node, claim_from_json, device_class_from_json, gather_pools
+from bench.common import reference_cpu_seconds, reference_units, write_figures
 
 DRIVER = "fabric.example.com"
 REGION = "topology.kubernetes.io/region"
@@ -80,19 +82,16 @@ CLAIM_SPEC = {"devices": {
 }}
 
 
-def main() -> None:
-    """Run the benchmark and print JSON lines."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--allocations", type=int, default=2000)
-    parser.add_argument("--devices", type=int, default=10_000)
-    parser.add_argument("--pools", type=int, default=80)
-    args = parser.parse_args()
-
+def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, Any]]:
+    """Run the benchmark; return its figure lines."""
+    reference = reference_cpu_seconds()
+    lines: list[dict[str, Any]] = [{"step": "reference",
+                                    "reference_cpu_seconds": round(reference, 4)}]
     started = time.perf_counter()
-    pools = gather_pools(make_slices(args.devices, args.pools))
-    print(json.dumps({"step": "gather_pools", "devices": sum(len(p.devices) for p in pools),
+    pools = gather_pools(make_slices(devices, pool_count))
+    lines.append({"step": "gather_pools", "devices": sum(len(p.devices) for p in pools),
                       "pools": len(pools),
-                      "seconds": round(time.perf_counter() - started, 3)}))
+                      "seconds": round(time.perf_counter() - started, 3)})
 
     allocator = Allocator()
     environment = allocator.environment
@@ -102,15 +101,15 @@ def main() -> None:
     started = time.perf_counter()
     for _ in range(rounds):
         environment.evaluate([expression], sample)
-    print(json.dumps({"step": "cel_evaluation", "selector": "gpu class",
-                      "microseconds": round((time.perf_counter() - started) / rounds * 1e6, 2)}))
+    lines.append({"step": "cel_evaluation", "selector": "gpu class",
+                      "microseconds": round((time.perf_counter() - started) / rounds * 1e6, 2)})
 
     nodes = [Node(f"node-{r}", {REGION: region}) for r, region in enumerate(REGIONS)]
     in_use: set[tuple[str, str, str]] = set()
     latencies: list[float] = []
     failures = 0
     cold = None
-    for index in range(args.allocations):
+    for index in range(allocations):
         claim = claim_from_json(CLAIM_SPEC, uid=f"uid-{index}", namespace="bench",
                                 name=f"claim-{index}")
         node = nodes[index % len(nodes)]
@@ -119,7 +118,7 @@ def main() -> None:
         elapsed = time.perf_counter() - started
         if cold is None:
             cold = elapsed
-            print(json.dumps({"step": "first_allocation", "milliseconds": round(elapsed * 1e3, 2)}))
+            lines.append({"step": "first_allocation", "milliseconds": round(elapsed * 1e3, 2)})
             continue
         latencies.append(elapsed)
         if not result.ok:
@@ -133,7 +132,7 @@ def main() -> None:
     lookups = stats["selector_hits"] + stats["selector_misses"]
     compiles = stats["compile_hits"] + stats["compile_misses"]
     ordered = sorted(latencies)
-    print(json.dumps({
+    lines.append({
         "step": "allocations", "count": len(latencies), "failures": failures,
         "allocations_per_second": round(len(latencies) / sum(latencies), 1),
         "p50_ms": round(statistics.median(ordered) * 1e3, 3),
@@ -141,7 +140,21 @@ def main() -> None:
         "selector_cache_hit_rate": round(stats["selector_hits"] / lookups, 4),
         "compile_cache_hit_rate": round(stats["compile_hits"] / compiles, 4),
         "cel_evaluations": stats["selector_evaluations"],
-    }))
+        "ref_units_per_allocation": round(
+            reference_units(sum(latencies) / max(1, len(latencies)), reference), 5),
+    })
+    return lines
+
+
+def main() -> None:
+    """Run the benchmark and print JSON lines."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--allocations", type=int, default=2000)
+    parser.add_argument("--devices", type=int, default=10_000)
+    parser.add_argument("--pools", type=int, default=80)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    write_figures(args.json, measure(args.allocations, args.devices, args.pools))
 
 
 if __name__ == "__main__":

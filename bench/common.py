@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
+import math
 import resource
 import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -52,9 +57,15 @@ async def _server_process(what: str, command: Sequence[str]) -> AsyncIterator[st
                 await asyncio.sleep(0.2)
         yield url
     finally:
-        process.terminate()
+        # A busy server may take a while to act on SIGTERM: then it is killed, never left.
         with contextlib.suppress(ProcessLookupError):
-            await asyncio.wait_for(process.wait(), 10)
+            process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
 
 
 def redfish_simulator_process(args: Sequence[str]) -> contextlib.AbstractAsyncContextManager[str]:
@@ -66,3 +77,55 @@ def kube_emulator_process(args: Sequence[str] = ()) -> contextlib.AbstractAsyncC
     """Run ``fabric-dra sim kube ARGS`` (the Kubernetes API emulator) in its own process; yield
     its URL once it answers."""
     return _server_process("Kubernetes API emulator", ["sim", "kube", *args])
+
+
+# --- the reference workload -------------------------------------------------------------------
+#
+# CPU seconds depend on the machine, so the suite also states every CPU figure as a ratio to a
+# fixed workload run in the same process just before the benchmark: "reference units". One
+# reference unit is the CPU time this process takes for :func:`reference_workload`, which
+# builds 20,000 device-like records (dicts of strings and numbers), encodes them as JSON,
+# decodes them again, sorts them by serial and hashes the result with SHA-256 -- the mix of
+# pure-Python object work and C helpers that the controller itself spends its time on. The
+# reference is run REFERENCE_ROUNDS times and the fastest round counts, which keeps a busy
+# neighbour from inflating it.
+
+REFERENCE_RECORDS = 20_000
+REFERENCE_ROUNDS = 3
+
+
+def reference_workload(records: int = REFERENCE_RECORDS) -> str:
+    """The fixed CPU workload behind "reference units"; returns a digest so it cannot be
+    optimised away."""
+    items = [
+        {"name": f"gpu-{i:06d}", "serial": f"SN{(i * 7919) % records:08d}", "index": i,
+         "region": f"region-{i % 4}", "rack": f"rack-{i // 64:04d}", "memory_mib": 81920,
+         "healthy": i % 50 != 7, "attributes": {"model": "X100", "firmware": f"1.{i % 9}.3"}}
+        for i in range(records)
+    ]
+    decoded = json.loads(json.dumps(items))
+    decoded.sort(key=lambda item: item["serial"])
+    return hashlib.sha256(json.dumps(decoded, sort_keys=True).encode()).hexdigest()
+
+
+def reference_cpu_seconds(rounds: int = REFERENCE_ROUNDS) -> float:
+    """CPU seconds of this process for one :func:`reference_workload` (fastest of ``rounds``)."""
+    best = math.inf
+    for _ in range(rounds):
+        started = time.process_time()
+        reference_workload()
+        best = min(best, time.process_time() - started)
+    return best
+
+
+def reference_units(cpu: float, reference: float) -> float:
+    """``cpu`` seconds in reference units (see :func:`reference_cpu_seconds`)."""
+    return cpu / reference if reference > 0 else math.nan
+
+
+def write_figures(path: Path | None, figures: list[dict[str, Any]]) -> None:
+    """Print each figure line as JSON and, when ``path`` is given, write them all there."""
+    for line in figures:
+        print(json.dumps(line), flush=True)
+    if path is not None:
+        path.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")

@@ -15,16 +15,17 @@ every potential node (the allocator runs once per node), node selected, finalize
 reservation, allocation written, attach through the backend, pod bound, context deleted.
 
 Prints JSON lines: setup figures, then allocations/s, p50/p99 time from pod creation to bind,
-API requests per allocation, and the controller's queue and allocator cache figures.
+API requests per allocation, this process's CPU per allocation (also in reference units, see
+``bench.common.reference_cpu_seconds``), and the allocator cache figures.
 
     python -m bench.controlplane [--devices 10000] [--pods 300] [--in-flight 16]
+        [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -57,7 +58,14 @@ from app.kube.versions import ResourceApiVersion, slice_to_wire
 from app.kube.workqueue import WorkQueueSettings
 from app.pools import PoolConfig, desired_pools, resource_slice_spec
 from app.sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
-from bench.common import cpu_seconds, kube_emulator_process, peak_rss_mib
+from bench.common import (
+    cpu_seconds,
+    kube_emulator_process,
+    peak_rss_mib,
+    reference_cpu_seconds,
+    reference_units,
+    write_figures,
+)
 
 DRIVER = "fabric.example.com"
 GROUP, VERSION = "resource.k8s.io", "v1alpha3"
@@ -144,7 +152,9 @@ GPU_REQUEST = {"name": "gpu", "deviceClassName": "gpu", "selectors": [{"cel": {"
 async def measure(devices: int, racks: int, pods: int, in_flight: int,
                   workers: int) -> list[dict[str, Any]]:
     """Run the benchmark; return its figure lines."""
-    lines: list[dict[str, Any]] = []
+    reference = reference_cpu_seconds()
+    lines: list[dict[str, Any]] = [{"step": "reference",
+                                    "reference_cpu_seconds": round(reference, 4)}]
     fabric_devices, hosts = inventory(devices, racks)
     backend = InstantBackend(fabric_devices, hosts)
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,6 +173,10 @@ async def measure(devices: int, racks: int, pods: int, in_flight: int,
             finally:
                 await client.close()
                 await database.dispose()
+    for line in lines:
+        if line["step"] == "allocations":
+            line["ref_units_per_allocation"] = round(
+                reference_units(line["cpu_seconds_per_allocation"], reference), 4)
     return lines
 
 
@@ -280,10 +294,10 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=300)
     parser.add_argument("--in-flight", type=int, default=16)
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
-    for line in asyncio.run(measure(options.devices, options.racks, options.pods,
-                                    options.in_flight, options.workers)):
-        print(json.dumps(line), flush=True)
+    write_figures(options.json, asyncio.run(measure(
+        options.devices, options.racks, options.pods, options.in_flight, options.workers)))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,23 @@
 """Benchmark: inventory sync of N devices from the Redfish simulator (its own process).
 
 Measures, per size: the first sync (time, rows written, device listing time), a sync with no
-change (time, rows written: the target is 0), and this process's peak resident memory and CPU.
+change (time, rows written: the target is 0), this process's peak resident memory and CPU, and
+the CPU per device in reference units (see ``bench.common.reference_cpu_seconds``). Run one
+size per process for a true peak memory figure (the peak only ever grows).
 
-    python -m bench.inventory_sync --devices 10000 [--database-url URL] [--json out.json]
+The simulator pages collections (256 members a page) and offers ``$expand`` (``--expand``, the
+default), so the listing reads the ResourceBlocks collection with its members and their devices
+a page per request;
+``--no-expand`` measures the listing of one GET per ResourceBlock and per device.
+
+    python -m bench.inventory_sync --devices 10000 [--no-expand] [--database-url URL]
+        [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import tempfile
 import time
@@ -21,17 +28,30 @@ from app.db.engine import Database
 from app.db.migrate import upgrade
 from app.fabric.redfish import RedfishBackend
 from app.inventory import InventorySync
-from bench.common import cpu_seconds, peak_rss_mib, redfish_simulator_process
+from bench.common import (
+    cpu_seconds,
+    peak_rss_mib,
+    redfish_simulator_process,
+    reference_cpu_seconds,
+    reference_units,
+    write_figures,
+)
+
+PAGE_SIZE = 256
+"""Collection page size of the simulator: fabric managers page large collections, and with
+``$expand`` a page (not the whole collection) is what the listing holds at a time."""
 
 
-async def measure(devices: int, database_url: str | None) -> dict[str, Any]:
+async def measure(devices: int, database_url: str | None, expand: bool = True) -> dict[str, Any]:
     """Run the benchmark for about ``devices`` devices; return its figures."""
+    reference = reference_cpu_seconds()
     racks = max(1, math.ceil(devices / 64))
     per_rack = math.ceil(devices / racks)
     regions = 2 if racks >= 2 else 1
     racks_per_region = math.ceil(racks / regions)
     args = ["--regions", str(regions), "--racks-per-region", str(racks_per_region),
-            "--devices-per-rack", str(per_rack), "--hosts-per-rack", "4", "--auth", "none"]
+            "--devices-per-rack", str(per_rack), "--hosts-per-rack", "4", "--auth", "none",
+            "--page-size", str(PAGE_SIZE), "--expand" if expand else "--no-expand"]
     with tempfile.TemporaryDirectory() as tmp:
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
         database = Database.connect(url)
@@ -42,6 +62,8 @@ async def measure(devices: int, database_url: str | None) -> dict[str, Any]:
                 started = time.perf_counter()
                 listing = await backend.list_devices()
                 list_seconds = time.perf_counter() - started
+                count = len(listing.items)
+                del listing  # the sync lists again; do not count this copy in its memory
 
                 sync = InventorySync(backend, database)
                 cpu0 = cpu_seconds()
@@ -56,7 +78,8 @@ async def measure(devices: int, database_url: str | None) -> dict[str, Any]:
     return {
         "benchmark": "inventory_sync",
         "database": url.split(":", 1)[0],
-        "devices": len(listing.items),
+        "expand": expand,
+        "devices": count,
         "list_devices_seconds": round(list_seconds, 3),
         "first_sync_seconds": round(first.seconds, 3),
         "first_sync_rows_written": first.row_writes,
@@ -65,24 +88,27 @@ async def measure(devices: int, database_url: str | None) -> dict[str, Any]:
         "nochange_sync_rows_written": second.row_writes,
         "nochange_sync_cpu_seconds": round(second_cpu, 3),
         "peak_rss_mib": round(peak_rss_mib(), 1),
+        "reference_cpu_seconds": round(reference, 4),
+        "first_sync_ref_units_per_1000_devices":
+            round(reference_units(first_cpu, reference) / count * 1000, 3),
+        "nochange_sync_ref_units_per_1000_devices":
+            round(reference_units(second_cpu, reference) / count * 1000, 3),
         "ok": first.ok and second.ok,
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--expand", action=argparse.BooleanOptionalAction, default=True,
+                        help="let the simulator offer $expand (default: yes)")
     parser.add_argument("--database-url", default=None,
                         help="default: a temporary SQLite file")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
-    results = []
-    for size in options.devices:
-        figures = asyncio.run(measure(size, options.database_url))
-        results.append(figures)
-        print(json.dumps(figures))
-    if options.json:
-        options.json.write_text(json.dumps(results, indent=2))
+    results = [asyncio.run(measure(size, options.database_url, options.expand))
+               for size in options.devices]
+    write_figures(options.json, results)
 
 
 if __name__ == "__main__":

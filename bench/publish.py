@@ -2,19 +2,22 @@
 own process), then a resync with no change, then a new publisher adopting what is there.
 
 Measures, per size: time and API writes of the first publish against the minimum possible (one
-create per slice), the no-change resync (writes: the target is 0; time; CPU), the adoption by a
-restarted publisher (writes: the target is 0; time), and this process's peak resident memory.
+create per slice), the no-change resync (writes: the target is 0; time; CPU), a single device
+changed among them (writes: the target is exactly 1), the adoption by a restarted publisher
+(writes: the target is 0; time), this process's peak resident memory, and the CPU per published
+device in reference units (see ``bench.common.reference_cpu_seconds``). Run one size per
+process for a true peak memory figure (the peak only ever grows).
 
     python -m bench.publish [--devices 1000 10000] [--large] [--devices-per-rack 256]
+        [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import math
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,18 +26,24 @@ from app.fabric.types import Location
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
 from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
-from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools
+from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, pool_name
 from app.publisher.publisher import Publisher, PublisherSettings
-from bench.common import cpu_seconds, kube_emulator_process, peak_rss_mib
+from bench.common import (
+    cpu_seconds,
+    kube_emulator_process,
+    peak_rss_mib,
+    reference_cpu_seconds,
+    reference_units,
+    write_figures,
+)
 
 DRIVER = "fabric.example.com"
 TIMEOUT_S = 3600.0
 
 
-def make_pools(devices: int, per_rack: int) -> dict[str, DesiredPool]:
+def make_devices(devices: int, per_rack: int) -> list[PoolDevice]:
     """``devices`` GPUs in racks of ``per_rack``, over two regions; 1 in 50 unhealthy."""
-    racks = max(1, math.ceil(devices / per_rack))
-    items = [
+    return [
         PoolDevice(
             name=f"gpu-{i:06d}", device_type="gpu",
             location=Location(region=f"region-{(i // per_rack) % 2}",
@@ -45,7 +54,10 @@ def make_pools(devices: int, per_rack: int) -> dict[str, DesiredPool]:
         )
         for i in range(devices)
     ]
-    assert racks >= 1
+
+
+def make_pools(items: list[PoolDevice]) -> dict[str, DesiredPool]:
+    """The desired pools of ``items``, as the service computes them."""
     return desired_pools(items, PoolConfig(driver_name=DRIVER))
 
 
@@ -68,7 +80,18 @@ async def timed_sync(publisher: Publisher, action: Any) -> tuple[float, float, i
 
 async def measure(devices: int, per_rack: int, workers: int) -> dict[str, Any]:
     """Run the benchmark for ``devices`` devices; return its figures."""
-    pools = make_pools(devices, per_rack)
+    reference = reference_cpu_seconds()
+    items = make_devices(devices, per_rack)
+    pools = make_pools(items)
+    # One device among them turns unhealthy: its slice alone must be rewritten. Its pool is
+    # laid out again; the other pools stay the same objects, as nothing about them changed.
+    before = items[len(items) // 2]
+    after = replace(before, health="Warning")
+    keys = PoolConfig(driver_name=DRIVER).grouping_keys
+    home = pool_name(before.location, keys)
+    changed_pools = {**pools, **make_pools([after if d is before else d for d in items
+                                            if pool_name(d.location, keys) == home])}
+    del items
     slice_count = sum(len(p.slices) for p in pools.values())
     async with kube_emulator_process(["--history-size", "200000"]) as url:
         client: KubeClient = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url))
@@ -78,6 +101,9 @@ async def measure(devices: int, per_rack: int, workers: int) -> dict[str, Any]:
             try:
                 first = await timed_sync(publisher, partial(publisher.set_desired, pools))
                 resync = await timed_sync(publisher, publisher.resync_all)
+                change = await timed_sync(publisher, partial(publisher.set_desired,
+                                                             changed_pools))
+                await timed_sync(publisher, partial(publisher.set_desired, pools))
             finally:
                 await publisher.stop()
             del publisher  # the restarted publisher starts from nothing, as after a restart
@@ -104,10 +130,17 @@ async def measure(devices: int, per_rack: int, workers: int) -> dict[str, Any]:
         "nochange_resync_seconds": round(resync[0], 3),
         "nochange_resync_cpu_seconds": round(resync[1], 3),
         "nochange_resync_writes": resync[2],
+        "one_change_seconds": round(change[0], 3),
+        "one_change_cpu_seconds": round(change[1], 3),
+        "one_change_writes": change[2],
         "restart_adopt_seconds": round(adopt_seconds, 3),
         "restart_adopt_cpu_seconds": round(adopt_cpu, 3),
         "restart_adopt_writes": adopt[2],
         "peak_rss_mib": round(peak_rss_mib(), 1),
+        "reference_cpu_seconds": round(reference, 4),
+        "first_publish_ref_units_per_1000_devices":
+            round(reference_units(first[1], reference) / devices * 1000, 3),
+        "nochange_resync_ref_units": round(reference_units(resync[1], reference), 3),
     }
 
 
@@ -121,13 +154,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     sizes = [*options.devices, *([100_000] if options.large else [])]
-    results = []
-    for size in sizes:
-        figures = asyncio.run(measure(size, options.devices_per_rack, options.workers))
-        results.append(figures)
-        print(json.dumps(figures), flush=True)
-    if options.json:
-        options.json.write_text(json.dumps(results, indent=2))
+    results = [asyncio.run(measure(size, options.devices_per_rack, options.workers))
+               for size in sizes]
+    write_figures(options.json, results)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import json
 import logging
 import random
 import ssl
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -65,16 +65,20 @@ from app.fabric.errors import (
     FabricUnavailable,
 )
 from app.fabric.redfish_parse import (
+    MAX_EXPAND_LEVELS,
     BadItem,
     BlockInfo,
     ChassisPlace,
+    CollectionPage,
     DeviceContext,
     DeviceSource,
     SystemInfo,
     block_hosts,
     classify_message_ids,
     error_from_response,
+    expand_levels,
     host_from_system,
+    inline_resources,
     is_task,
     link,
     location_from_chain,
@@ -90,6 +94,7 @@ from app.fabric.redfish_parse import (
     parse_system,
     parse_task,
     storage_drive_links,
+    systems_by_block,
 )
 from app.fabric.types import (
     FabricDevice,
@@ -270,6 +275,7 @@ class RedfishBackend:
         self._session_uri: str | None = None
         self._login_lock = asyncio.Lock()
         self._root: Mapping[str, Any] | None = None
+        self._expand_refused = False
         self._closed = False
 
     def __repr__(self) -> str:
@@ -547,6 +553,59 @@ class RedfishBackend:
             current, where = response.body, uri
         raise ValueError("no link names given")
 
+    async def _expand_query(self, most: int = MAX_EXPAND_LEVELS) -> str | None:
+        """The ``$expand`` value for collections, at most ``most`` levels deep, when the
+        service offers it, else None."""
+        levels = min(most, expand_levels(await self._service_root()))
+        if levels == 0 or self._expand_refused:
+            return None
+        return "." if levels == 1 else f".($levels={levels})"
+
+    async def _pages(
+        self, uri: str, expand: str | None = None
+    ) -> AsyncIterator[tuple[CollectionPage, list[Any]]]:
+        """Each page of a collection, following ``Members@odata.nextLink``, with its raw
+        ``Members`` (expanded resources when ``expand`` is given and the service expands).
+
+        Raises:
+            FabricUnavailable: any page could not be read (never a partial list).
+            FabricInvalidData: a page is not a collection, or the pages loop.
+            FabricAuthError: credentials refused.
+        """
+        seen: set[str] = set()
+        page_ref: str | None = uri
+        if self._expand_refused:
+            expand = None
+        if expand is not None:
+            page_ref = str(URL(uri).update_query({"$expand": expand}))
+        while page_ref is not None:
+            page_path = self._path(page_ref)
+            if page_path in seen or len(seen) >= MAX_PAGES:
+                raise FabricInvalidData(f"collection {uri}: page {page_path} repeats")
+            seen.add(page_path)
+            try:
+                response = await self._get(page_path)
+            except FabricError as err:
+                if expand is not None and not seen - {page_path} and err.status in (400, 501):
+                    # Advertised but refused (seen in the wild, and in mockups served as they
+                    # are): read this and every later collection without $expand.
+                    logger.info("redfish %s refuses $expand (%s); reading without it",
+                                self._origin, err)
+                    self._expand_refused = True
+                    expand, page_ref = None, uri
+                    seen.clear()
+                    continue
+                if isinstance(err, FabricUnavailable | FabricAuthError | FabricInvalidData):
+                    raise
+                raise FabricUnavailable(
+                    f"collection {uri}: page {page_path} unreadable: {err}",
+                    status=err.status,
+                    vendor_code=err.vendor_code,
+                ) from err
+            page = parse_collection_page(response.body, page_path)
+            yield page, response.body["Members"]
+            page_ref = page.next_link
+
     async def _collection(self, uri: str) -> tuple[list[str], list[Rejected]]:
         """Every member URI of a collection, following ``Members@odata.nextLink``.
 
@@ -557,32 +616,27 @@ class RedfishBackend:
         """
         members: dict[str, None] = {}
         rejected: list[Rejected] = []
-        seen: set[str] = set()
-        page_ref: str | None = uri
-        while page_ref is not None:
-            page_path = self._path(page_ref)
-            if page_path in seen or len(seen) >= MAX_PAGES:
-                raise FabricInvalidData(f"collection {uri}: page {page_path} repeats")
-            seen.add(page_path)
-            try:
-                response = await self._get(page_path)
-            except (FabricUnavailable, FabricAuthError, FabricInvalidData):
-                raise
-            except FabricError as err:
-                raise FabricUnavailable(
-                    f"collection {uri}: page {page_path} unreadable: {err}",
-                    status=err.status,
-                    vendor_code=err.vendor_code,
-                ) from err
-            page = parse_collection_page(response.body, page_path)
+        async for page, _ in self._pages(uri):
             for member in page.members:
                 members.setdefault(member, None)
-            rejected.extend(
-                Rejected(f"{uri}#/Members/{index}", f"collection member: {reason}", "bad-type")
-                for index, reason in page.bad_members
-            )
-            page_ref = page.next_link
+            rejected.extend(_bad_members(uri, page))
         return list(members), rejected
+
+    async def _expanded_collection(
+        self, uri: str, expand: str
+    ) -> tuple[list[tuple[str, Any]], list[Rejected]]:
+        """Every member of a collection read with ``$expand``: (URI, body) pairs, where the
+        body is None for a member the service left as a link (the caller reads it)."""
+        members: dict[str, Any] = {}
+        rejected: list[Rejected] = []
+        async for page, raw in self._pages(uri, expand):
+            members.update((member, None) for member in page.members if member not in members)
+            for entry in raw:
+                body = _expanded(entry)
+                if body is not None and members.get(body[0], 0) is None:
+                    members[body[0]] = body[1]
+            rejected.extend(_bad_members(uri, page))
+        return list(members.items()), rejected
 
     async def _read_item(self, uri: str) -> Any:
         """A member resource's body, or BadItem when this one item cannot be read.
@@ -599,17 +653,24 @@ class RedfishBackend:
 
     async def _systems(self) -> tuple[list[SystemInfo], list[Rejected]]:
         systems_uri = await self._root_link("Systems")
-        uris, rejected = await self._collection(systems_uri)
+        # The System bodies are all the listing needs: not their processors, memory, storage.
+        expand = await self._expand_query(most=1)
+        if expand is None:
+            uris, rejected = await self._collection(systems_uri)
+            members: list[tuple[str, Any]] = [(uri, None) for uri in uris]
+        else:
+            members, rejected = await self._expanded_collection(systems_uri, expand)
 
-        async def read(uri: str) -> SystemInfo | Rejected:
+        async def read(member: tuple[str, Any]) -> SystemInfo | Rejected:
+            uri, body = member
             try:
-                return parse_system(await self._read_item(uri), uri)
+                return parse_system(await self._read_item(uri) if body is None else body, uri)
             except BadItem as err:
                 return Rejected(uri, f"system: {err.reason}", err.kind)
 
         systems: list[SystemInfo] = []
         ids: set[str] = set()
-        for result in await self._gather(read, uris):
+        for result in await self._gather(read, members):
             if isinstance(result, Rejected):
                 rejected.append(result)
             elif result.host_id in ids:
@@ -666,6 +727,9 @@ class RedfishBackend:
             FabricInvalidData: the service root or a collection page is malformed.
         """
         blocks_uri = await self._root_link("CompositionService", "ResourceBlocks")
+        expand = await self._expand_query()
+        if expand is not None:
+            return await self._list_devices_expanded(blocks_uri, expand)
         block_uris, rejected = await self._collection(blocks_uri)
         systems, _ = await self._systems()
         walk = _DeviceWalk(
@@ -675,11 +739,38 @@ class RedfishBackend:
         )
         devices: dict[str, FabricDevice] = {}
         for results in await self._gather(walk.block, block_uris):
-            for result in results:
-                if isinstance(result, Rejected):
-                    rejected.append(result)
-                else:
-                    devices.setdefault(result.vendor_id, result)
+            _collect(results, devices, rejected)
+        return Listing(tuple(devices.values()), tuple(rejected))
+
+    async def _list_devices_expanded(self, blocks_uri: str, expand: str) -> Listing[FabricDevice]:
+        """:meth:`list_devices` reading the blocks collection with ``$expand``: each page
+        brings its blocks (and, with levels, their devices), so the listing needs a request
+        per page instead of one per block and per device. Pages are walked as they arrive,
+        so only one page of raw JSON is held at a time. A member or device the service left
+        as a link is read on its own, as without ``$expand``.
+        """
+        systems, _ = await self._systems()
+        walk = _DeviceWalk(
+            self,
+            blocks_by_system={s.uri: s.resource_blocks for s in systems},
+            system_ids={s.uri: s.host_id for s in systems},
+        )
+        devices: dict[str, FabricDevice] = {}
+        rejected: list[Rejected] = []
+        done: set[str] = set()
+        async for page, raw in self._pages(blocks_uri, expand):
+            rejected.extend(_bad_members(blocks_uri, page))
+            bodies = dict(filter(None, map(_expanded, raw)))
+            todo = [uri for uri in dict.fromkeys(page.members) if uri not in done]
+            done.update(todo)
+
+            async def block(uri: str, bodies: dict[str, Any] = bodies) -> list[
+                FabricDevice | Rejected
+            ]:
+                return await walk.block(uri, bodies.get(uri))
+
+            for results in await self._gather(block, todo):
+                _collect(results, devices, rejected)
         return Listing(tuple(devices.values()), tuple(rejected))
 
     # --- attach / detach ------------------------------------------------------------------
@@ -957,12 +1048,23 @@ class _DeviceWalk:
         self._backend = backend
         self._chassis = _ChassisCache(backend)
         self._blocks_by_system = blocks_by_system
+        self._systems_by_block = systems_by_block(blocks_by_system)
         self._system_ids = system_ids
 
-    async def block(self, uri: str) -> list[FabricDevice | Rejected]:
-        """The devices of one block, or Rejected entries for its bad parts."""
+    async def block(self, uri: str, body: Any = None) -> list[FabricDevice | Rejected]:
+        """The devices of one block, or Rejected entries for its bad parts.
+
+        ``body`` is the block as an expanded collection member, if the service sent it so;
+        resources expanded inside it are used instead of being read again.
+        """
+        inline = inline_resources(body)
+
+        async def read(item_uri: str) -> Any:
+            found = inline.get(norm_uri(item_uri))
+            return await self._backend._read_item(item_uri) if found is None else found
+
         try:
-            block = parse_block(await self._backend._read_item(uri), uri)
+            block = parse_block(await read(uri) if body is None else body, uri)
         except BadItem as err:
             return [Rejected(uri, f"resource block: {err.reason}", err.kind)]
         results: list[FabricDevice | Rejected] = []
@@ -970,9 +1072,7 @@ class _DeviceWalk:
         known = {device_uri for _, device_uri in device_links}
         for storage_uri in block.storage:
             try:
-                drives = storage_drive_links(
-                    await self._backend._read_item(storage_uri), storage_uri
-                )
+                drives = storage_drive_links(await read(storage_uri), storage_uri)
             except BadItem as err:
                 results.append(Rejected(storage_uri, f"storage: {err.reason}", err.kind))
                 continue
@@ -990,13 +1090,13 @@ class _DeviceWalk:
         async def fetch(item: tuple[DeviceSource, str]) -> tuple[DeviceSource, str, Any]:
             source, device_uri = item
             try:
-                return source, device_uri, await self._backend._read_item(device_uri)
+                return source, device_uri, await read(device_uri)
             except BadItem as err:
                 return source, device_uri, err
 
         async def fetch_simple(storage_uri: str) -> tuple[str, Any]:
             try:
-                return storage_uri, await self._backend._read_item(storage_uri)
+                return storage_uri, await read(storage_uri)
             except BadItem as err:
                 return storage_uri, err
 
@@ -1007,7 +1107,9 @@ class _DeviceWalk:
         except BadItem as err:
             bad = [device_uri for _, device_uri, _ in fetched] + list(simple_storage)
             return results + [Rejected(u, f"location: {err.reason}", err.kind) for u in bad]
-        holders = block_hosts(block, self._blocks_by_system, self._system_ids)
+        holders = block_hosts(
+            block, self._blocks_by_system, self._system_ids, index=self._systems_by_block
+        )
         context = DeviceContext(block, location, holders[0] if holders else None)
         for source, device_uri, payload in fetched:
             if isinstance(payload, BadItem):
@@ -1056,6 +1158,35 @@ class _DeviceWalk:
                         continue
         chain = await self._chassis.chain(chassis_uri) if chassis_uri else []
         return location_from_chain(chain, fabric=block.fabric)
+
+
+def _bad_members(uri: str, page: CollectionPage) -> list[Rejected]:
+    return [
+        Rejected(f"{uri}#/Members/{index}", f"collection member: {reason}", "bad-type")
+        for index, reason in page.bad_members
+    ]
+
+
+def _expanded(member: Any) -> tuple[str, Mapping[str, Any]] | None:
+    """(URI, body) of a collection member the service expanded, else None (a plain link)."""
+    if not isinstance(member, Mapping):
+        return None
+    uri = member.get("@odata.id")
+    if not isinstance(uri, str) or not any(not key.startswith("@") for key in member):
+        return None
+    return uri, member
+
+
+def _collect(
+    results: Iterable[FabricDevice | Rejected],
+    devices: dict[str, FabricDevice],
+    rejected: list[Rejected],
+) -> None:
+    for result in results:
+        if isinstance(result, Rejected):
+            rejected.append(result)
+        else:
+            devices.setdefault(result.vendor_id, result)
 
 
 def _decode(raw: bytes) -> Any:

@@ -291,6 +291,60 @@ def parse_collection_page(payload: Any, uri: str) -> CollectionPage:
     return CollectionPage(tuple(found), next_link or None, tuple(bad))
 
 
+MAX_EXPAND_LEVELS = 3
+"""The deepest ``$expand`` the listing asks for: collection -> block -> device -> drive."""
+
+
+def expand_levels(root: Any) -> int:
+    """How many levels of ``$expand=.`` the service offers, from its ServiceRoot's
+    ``ProtocolFeaturesSupported.ExpandQuery`` (DSP0266 "Query parameters"): 0 when it offers
+    none, 1 when it expands without ``$levels``, else its ``MaxLevels`` (at most
+    :data:`MAX_EXPAND_LEVELS`). Anything malformed counts as no support: the listing then
+    reads each resource on its own, which every service answers.
+    """
+    if not isinstance(root, Mapping):
+        return 0
+    features = root.get("ProtocolFeaturesSupported")
+    expand = features.get("ExpandQuery") if isinstance(features, Mapping) else None
+    if not isinstance(expand, Mapping) or expand.get("NoLinks") is not True:
+        return 0
+    if expand.get("Levels") is not True:
+        return 1
+    most = expand.get("MaxLevels")
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        return 1
+    return min(most, MAX_EXPAND_LEVELS)
+
+
+def inline_resources(payload: Any) -> dict[str, Mapping[str, Any]]:
+    """Every expanded resource inside ``payload``, by URI (without a trailing slash).
+
+    An expanded reference is an object with ``@odata.id`` and properties of its own; a plain
+    link ``{"@odata.id": ...}`` (annotations aside) is not. ``Links`` sections are not
+    searched: ``$expand=.`` leaves them as links, and a resource found there could be a
+    partial view. The payload itself is not included.
+    """
+    found: dict[str, Mapping[str, Any]] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, list):
+            for element in value:
+                visit(element)
+        elif isinstance(value, Mapping):
+            uri = value.get("@odata.id")
+            if isinstance(uri, str) and any(not key.startswith("@") for key in value):
+                found.setdefault(norm_uri(uri), value)
+            for key, inner in value.items():
+                if key != "Links" and isinstance(inner, list | Mapping):
+                    visit(inner)
+
+    if isinstance(payload, Mapping):
+        for key, inner in payload.items():
+            if key != "Links" and isinstance(inner, list | Mapping):
+                visit(inner)
+    return found
+
+
 # --- location -----------------------------------------------------------------------------
 
 
@@ -513,10 +567,24 @@ def parse_block(payload: Any, uri: str) -> BlockInfo:
     )
 
 
+def systems_by_block(blocks_by_system: Mapping[str, Iterable[str]]) -> dict[str, tuple[str, ...]]:
+    """Block URI -> the System URIs whose ``Links.ResourceBlocks`` name it, in URI order (all
+    without trailing slashes): ``blocks_by_system`` turned around, once per listing, so that
+    finding a block's holders does not scan every System for every block."""
+    index: dict[str, dict[str, None]] = {}
+    for system_uri in sorted(blocks_by_system):
+        system = norm_uri(system_uri)
+        for uri in blocks_by_system[system_uri]:
+            index.setdefault(norm_uri(uri), {}).setdefault(system, None)
+    return {uri: tuple(systems) for uri, systems in index.items()}
+
+
 def block_hosts(
     block: BlockInfo,
     blocks_by_system: Mapping[str, Iterable[str]],
     system_ids: Mapping[str, str],
+    *,
+    index: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[str, ...]:
     """The host ids holding a block, block's own links first (rule in the module docstring).
 
@@ -525,11 +593,13 @@ def block_hosts(
         blocks_by_system: System URI -> the block URIs in its ``Links.ResourceBlocks``.
         system_ids: System URI -> its ``Id``; a System missing here is named by its URI's
             last segment (a block held by an unlisted System is still not free).
+        index: :func:`systems_by_block` of ``blocks_by_system``, when the caller looks up
+            many blocks (else it is built here).
     """
+    by_block = systems_by_block(blocks_by_system) if index is None else index
     holders: dict[str, None] = dict.fromkeys(block.linked_systems)
-    for system_uri in sorted(blocks_by_system):
-        if block.uri in {norm_uri(uri) for uri in blocks_by_system[system_uri]}:
-            holders.setdefault(norm_uri(system_uri), None)
+    for system_uri in by_block.get(block.uri, ()):
+        holders.setdefault(system_uri, None)
     return tuple(dict.fromkeys(system_ids.get(uri) or last_segment(uri) for uri in holders))
 
 

@@ -29,8 +29,13 @@ Behaviour a client can rely on (DSP0266, the Redfish specification, unless said 
   (JSON, body shape, ETags) happen at once; the state checks (404 block, 409) when the
   operation runs.
 * Collections are paged when ``page_size`` is set: ``$skip``/``$top`` and
-  ``Members@odata.nextLink``; ``Members@odata.count`` is the full count. Other ``$`` query
-  options answer 501 ``QueryNotSupported``.
+  ``Members@odata.nextLink``; ``Members@odata.count`` is the full count. With ``expand``,
+  ``$expand=.`` and ``$expand=.($levels=N)`` (N up to 3) are offered too (and advertised in
+  ``ProtocolFeaturesSupported.ExpandQuery``): every reference outside ``Links`` is replaced by
+  the resource it names, N levels deep, a page of a collection at a time; the next-page link
+  keeps the ``$expand``. Expanded resources do not advance tasks or flap health, and an
+  expanded answer has no ETag (nor a 304 answer). Other ``$``
+  query options answer 501 ``QueryNotSupported``.
 * Shareable blocks (mockups only): a block whose ``CompositionStatus`` says ``SharingCapable``
   and ``SharingEnabled`` may be held by up to ``MaxCompositions`` Systems;
   :meth:`RedfishSimulator.attachments` then names the first holder.
@@ -52,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import click
 from aiohttp import web
@@ -94,6 +99,8 @@ __all__ = ["Faults", "InventorySpec", "RedfishSimulator", "cli"]
 log = logging.getLogger(__name__)
 
 AuthMode = Literal["any", "session", "basic", "none"]
+MAX_EXPAND_LEVELS = 3
+_EXPAND_RE = re.compile(r"\.(?:\(\$levels=(?P<levels>[0-9]+)\))?")
 _ACTION_RE = re.compile(
     r"^(?P<system>.+)/Actions/ComputerSystem\.(?P<verb>Add|Remove)ResourceBlock$")
 
@@ -159,6 +166,7 @@ class RedfishSimulator:
         task_mode: writes answer 202 with a task monitor.
         task_polls: how many monitor reads answer 202 before the operation runs.
         page_size: page collections with this many members per page (None: no paging).
+        expand: offer ``$expand=.`` with ``$levels`` up to :data:`MAX_EXPAND_LEVELS`.
         offer_actions: advertise and accept the AddResourceBlock / RemoveResourceBlock actions
             on generated Systems (mockup Systems keep what their files advertise).
         faults: the fault knobs (a new :class:`Faults` when None).
@@ -175,7 +183,7 @@ class RedfishSimulator:
         username: str = "admin", password: str = "password", auth: AuthMode = "any",
         task_mode: bool = False, task_polls: int = 2, page_size: int | None = None,
         offer_actions: bool = True, faults: Faults | None = None,
-        require_if_match: bool = False, retry_after_s: int = 0,
+        require_if_match: bool = False, retry_after_s: int = 0, expand: bool = False,
     ) -> None:
         if spec is not None and mockup_dir is not None:
             raise ValueError("give either an InventorySpec or a mockup folder, not both")
@@ -195,6 +203,7 @@ class RedfishSimulator:
         self.faults = faults or Faults()
         self.require_if_match = require_if_match
         self.retry_after_s = retry_after_s
+        self.expand = expand
         builder: TreeBuilder | None = None
         if mockup_dir is not None:
             self.tree: Tree = load_mockup(Path(mockup_dir))
@@ -205,6 +214,10 @@ class RedfishSimulator:
             seed = builder.spec.seed
         self._rng = random.Random(seed)
         self._add_service_resources()
+        if expand:
+            features = self.tree[ROOT].setdefault("ProtocolFeaturesSupported", {})
+            features["ExpandQuery"] = {"ExpandAll": False, "Levels": True, "Links": False,
+                                       "NoLinks": True, "MaxLevels": MAX_EXPAND_LEVELS}
         self.state = FabricState(self.tree, builder)
         if builder is not None and not offer_actions:
             for uri in self.state.systems:
@@ -567,34 +580,69 @@ class RedfishSimulator:
         self.tree[path]["Members@odata.count"] = len(members)
 
     def _get(self, request: web.Request, path: str, allowed: str) -> Result:
-        skip, top = self._query(request)
+        skip, top, levels = self._query(request)
         task = self._task_for_resource(path)
         if task is not None:
             self._advance(task)
         self._maybe_flap(path)
-        etag = self.state.etag(path)
-        headers = {"ETag": etag, "Allow": allowed,
-                   "Link": f"<{ROOT}/$metadata>; rel=describedby"}
-        if_none_match = request.headers.get("If-None-Match")
-        if if_none_match is not None and etag_matches(if_none_match, etag):
-            return Result(304, None, headers)
+        headers = {"Allow": allowed, "Link": f"<{ROOT}/$metadata>; rel=describedby"}
+        if not levels:
+            # An expanded answer holds more than the resource, so it has no ETag of its own
+            # (and hashing a large collection for every page of it would be quadratic).
+            etag = self.state.etag(path)
+            headers["ETag"] = etag
+            if_none_match = request.headers.get("If-None-Match")
+            if if_none_match is not None and etag_matches(if_none_match, etag):
+                return Result(304, None, headers)
         members = self.tree[path].get("Members")
         if not (isinstance(members, list) and (skip or top is not None or self.page_size)):
-            return Result(200, self.state.with_etag(path), headers)
+            return Result(200, self._expanded(
+                self.state.with_etag(path, etag=not levels), levels), headers)
         total = len(members)
         limit = min(x for x in (top, self.page_size, total) if x is not None)
-        body = self.state.with_etag(path, members=slice(skip, skip + limit))
+        body = self.state.with_etag(path, members=slice(skip, skip + limit), etag=not levels)
         body.pop("Members@odata.nextLink", None)
+        body = self._expanded(body, levels)
         if skip + limit < total and (top is None or limit < top):
             rest = "" if top is None else f"&$top={top - limit}"
+            if levels:
+                rest += f"&$expand={request.query['$expand']}"
             body["Members@odata.nextLink"] = f"{path}?$skip={skip + limit}{rest}"
         return Result(200, body, headers)
 
-    @staticmethod
-    def _query(request: web.Request) -> tuple[int, int | None]:
-        skip, top = 0, None
+    def _expanded(self, body: JsonObject, levels: int) -> JsonObject:
+        """``body`` with every reference outside ``Links`` replaced by its resource,
+        ``levels`` deep (``$expand=.``)."""
+        if levels <= 0:
+            return body
+
+        def expand(value: Any, depth: int) -> Any:
+            if isinstance(value, list):
+                return [expand(element, depth) for element in value]
+            if not isinstance(value, dict):
+                return value
+            uri = value.get("@odata.id")
+            if set(value) == {"@odata.id"} and isinstance(uri, str):
+                target = normalise(uri)
+                if target in self.tree and depth > 0:
+                    return inner(self.state.with_etag(target), depth - 1)
+                return value
+            return inner(value, depth)
+
+        def inner(resource: JsonObject, depth: int) -> JsonObject:
+            if depth <= 0:
+                return resource
+            return {key: value if key == "Links" or key.startswith("@") else expand(value, depth)
+                    for key, value in resource.items()}
+
+        return inner(body, levels)
+
+    def _query(self, request: web.Request) -> tuple[int, int | None, int]:
+        skip, top, levels = 0, None, 0
         for key, value in request.query.items():
-            if key in ("$skip", "$top"):
+            if key == "$expand" and self.expand:
+                levels = self._expand_levels(value)
+            elif key in ("$skip", "$top"):
                 try:
                     number = int(value)
                 except ValueError:
@@ -613,7 +661,19 @@ class RedfishSimulator:
             elif key.startswith("$") or key in ("only", "excerpt"):
                 raise RedfishError(501, "QueryNotSupported",
                                    f"Querying with {key} is not supported by the service.")
-        return skip, top
+        return skip, top, levels
+
+    @staticmethod
+    def _expand_levels(value: str) -> int:
+        match = _EXPAND_RE.fullmatch(value)
+        levels = 1 if match is None or match["levels"] is None else int(match["levels"])
+        if match is None or not 1 <= levels <= MAX_EXPAND_LEVELS:
+            raise RedfishError(400, "QueryParameterValueFormatError",
+                               f"The value {value} for the parameter $expand is of a different "
+                               "format than the parameter can accept; this service expands "
+                               f"'.' up to $levels={MAX_EXPAND_LEVELS}.",
+                               args=[value, "$expand"])
+        return levels
 
     def _maybe_flap(self, path: str) -> None:
         rate = self.faults.flap_health_rate
@@ -798,6 +858,8 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
               help="Answer writes with 202 and a task monitor.")
 @click.option("--page-size", type=click.IntRange(1), default=None,
               help="Page collections with this many members.")
+@click.option("--expand/--no-expand", default=False, show_default=True,
+              help="Offer $expand=. with $levels (advertised in the service root).")
 @click.option("--latency", default=0.0, show_default=True, type=click.FloatRange(0),
               help="Seconds added to every answer.")
 @click.option("--error-rate", default=0.0, show_default=True, type=click.FloatRange(0, 1),
@@ -807,7 +869,7 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
 def cli(host: str, port: int, regions: int, racks_per_region: int, devices_per_rack: int,
         hosts_per_rack: int, device_mix: str, seed: int, mockup_dir: Path | None,
         username: str, password_file: Path | None, auth: AuthMode, task_mode: bool,
-        page_size: int | None, latency: float, error_rate: float,
+        page_size: int | None, expand: bool, latency: float, error_rate: float,
         require_if_match: bool) -> None:
     """Serve a simulated Redfish fabric manager (CompositionService) until Ctrl-C or SIGTERM."""
     password = "password"
@@ -819,7 +881,7 @@ def cli(host: str, port: int, regions: int, racks_per_region: int, devices_per_r
     try:
         sim = RedfishSimulator(spec=spec, mockup_dir=mockup_dir, username=username,
                                password=password, auth=auth, task_mode=task_mode,
-                               page_size=page_size,
+                               page_size=page_size, expand=expand,
                                faults=Faults(latency_s=latency, error_rate=error_rate),
                                require_if_match=require_if_match)
     except ValueError as err:

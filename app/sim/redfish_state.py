@@ -227,8 +227,10 @@ class FabricState:
         digest = hashlib.sha256(json.dumps(resource, sort_keys=True).encode()).hexdigest()
         return f'"{digest[:20]}"'
 
-    def with_etag(self, path: str, *, members: slice | None = None) -> JsonObject:
-        """A copy of the resource at ``path`` with ``@odata.etag`` set.
+    def with_etag(self, path: str, *, members: slice | None = None,
+                  etag: bool = True) -> JsonObject:
+        """A copy of the resource at ``path`` with ``@odata.etag`` set (unless ``etag`` is
+        False: an expanded answer has none).
 
         ``members`` copies only that slice of a collection's ``Members`` (a page), so that
         paging a large collection does not copy all of it.
@@ -239,7 +241,10 @@ class FabricState:
             body["Members"] = copy.deepcopy(resource["Members"][members])
         else:
             body = copy.deepcopy(resource)
-        body["@odata.etag"] = self.etag(path)
+        if etag:
+            body["@odata.etag"] = self.etag(path)
+        else:
+            body.pop("@odata.etag", None)
         return body
 
     def _members_present(self, collection_uri: str) -> list[str]:

@@ -1,0 +1,385 @@
+"""The benchmark suite: ``python -m bench`` runs every benchmark, prints a table of figures and
+targets, and writes ``bench/results.json``.
+
+Each case runs in its own Python process (``python -m bench.<name> ... --json FILE``), and that
+process starts the Redfish simulator and the Kubernetes API emulator in processes of their own,
+so the figures (CPU, peak resident memory) are the controller's alone and one case's peak
+memory does not leak into the next one's.
+
+    python -m bench                   # full mode: every size, up to 100,000 devices
+    python -m bench --short           # the quick run for CI (about a minute and a half)
+    python -m bench --only publish    # one benchmark (repeat --only for more)
+    python -m bench --list            # the cases of a mode, and stop
+
+A full run of every benchmark also copies its table into README.md, between the
+``bench:results`` markers of the Performance section (``--no-readme`` leaves README.md alone).
+The exit status is 1 when a case failed or timed out, else 0; missed targets are reported in
+the table and in the results (``"met": false``), not in the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import REFERENCE_RECORDS, REFERENCE_ROUNDS
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_RESULTS = HERE / "results.json"
+README = HERE.parent / "README.md"
+README_START = "<!-- bench:results:start -->"
+README_END = "<!-- bench:results:end -->"
+BENCHMARKS = ("inventory_sync", "publish", "claims", "controlplane", "allocate")
+MB = 1_000_000 / 2**20  # MiB per MB: targets speak of MB, the kernel reports KiB
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run of one benchmark script in its own process."""
+
+    benchmark: str
+    label: str
+    args: tuple[str, ...]
+    timeout_s: float
+
+
+@dataclass
+class Outcome:
+    """What one case produced."""
+
+    case: Case
+    status: str  # "ok", "failed" or "timeout"
+    seconds: float
+    figures: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+def cases(short: bool) -> list[Case]:
+    """Every case of the chosen mode, in the order they run."""
+    sizes = (1_000,) if short else (1_000, 10_000, 100_000)
+    out: list[Case] = []
+    for devices in sizes:
+        # The 100,000 inventory is bounded at 30 minutes; smaller sizes at 10.
+        out.append(Case("inventory_sync", f"{devices:,} devices",
+                        ("--devices", str(devices)), 1800 if devices >= 100_000 else 600))
+    if not short:
+        # The same listing without $expand (one GET per block and per device), for comparison.
+        out.append(Case("inventory_sync", "10,000 devices, no $expand",
+                        ("--devices", "10000", "--no-expand"), 900))
+    for devices in sizes:
+        out.append(Case("publish", f"{devices:,} devices", ("--devices", str(devices)),
+                        1800 if devices >= 100_000 else 600))
+    claims = 60 if short else 400
+    out.append(Case("claims", f"{claims} claims, 8 workers",
+                    ("--claims", str(claims), "--workers", "8"), 600))
+    if short:
+        out.append(Case("controlplane", "2,000 devices, 40 pods",
+                        ("--devices", "2000", "--racks", "40", "--pods", "40",
+                         "--in-flight", "8"), 300))
+        out.append(Case("allocate", "10,000 devices, 300 allocations",
+                        ("--allocations", "300"), 300))
+    else:
+        out.append(Case("controlplane", "10,000 devices, 300 pods",
+                        ("--devices", "10000", "--pods", "300", "--in-flight", "16"), 1200))
+        out.append(Case("allocate", "10,000 devices, 2,000 allocations",
+                        ("--allocations", "2000"), 600))
+    return out
+
+
+def run_case(case: Case) -> Outcome:
+    """Run ``case`` in a new process group (so that a timeout also ends the simulator and
+    emulator it started); return its figures."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        log = Path(tmp) / "output.log"
+        command = [sys.executable, "-m", f"bench.{case.benchmark}", *case.args, "--json",
+                   str(out)]
+        started = time.perf_counter()
+        with log.open("wb") as sink:
+            process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
+                                       cwd=HERE.parent, start_new_session=True)
+            try:
+                code = process.wait(case.timeout_s)
+            except subprocess.TimeoutExpired:
+                _end_group(process)
+                return Outcome(case, "timeout", time.perf_counter() - started,
+                               error=f"did not finish within {case.timeout_s:.0f} s")
+            except BaseException:
+                _end_group(process)
+                raise
+        seconds = time.perf_counter() - started
+        if code != 0 or not out.exists():
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            return Outcome(case, "failed", seconds,
+                           error=f"exit status {code}: " + " | ".join(tail))
+        return Outcome(case, "ok", seconds, figures=json.loads(out.read_text()))
+
+
+def _end_group(process: subprocess.Popen[bytes]) -> None:
+    """End the process group that ``process`` leads (it and what it started)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+# --- the table: which figures to show, and the targets ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One figure of a benchmark's output, shown in the table, with its target if any.
+
+    ``value`` reads the figure from the case's output lines (None: not applicable there);
+    ``target`` is (text, test); ``when`` limits the target to some cases (e.g. 100,000
+    devices).
+    """
+
+    benchmark: str
+    name: str
+    value: Callable[[list[dict[str, Any]]], float | int | None]
+    unit: str = ""
+    target: tuple[str, Callable[[float], bool]] | None = None
+    when: Callable[[list[dict[str, Any]]], bool] = lambda _: True
+
+
+def _key(name: str, step: str | None = None) -> Callable[[list[dict[str, Any]]], Any]:
+    def read(figures: list[dict[str, Any]]) -> Any:
+        for line in figures:
+            if (step is None or line.get("step") == step) and name in line:
+                return line[name]
+        return None
+    return read
+
+
+def _ratio(numerator: str, denominator: str) -> Callable[[list[dict[str, Any]]], Any]:
+    def read(figures: list[dict[str, Any]]) -> Any:
+        line = figures[0]
+        return round(line[numerator] / line[denominator], 3) if line[denominator] else None
+    return read
+
+
+def _mb(name: str) -> Callable[[list[dict[str, Any]]], Any]:
+    def read(figures: list[dict[str, Any]]) -> Any:
+        value = _key(name)(figures)
+        return None if value is None else round(value / MB, 1)
+    return read
+
+
+def _at_least(devices: int) -> Callable[[list[dict[str, Any]]], bool]:
+    return lambda figures: int(figures[0].get("devices", 0)) >= devices
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("inventory_sync", "devices listed", _key("devices")),
+    Metric("inventory_sync", "device listing", _key("list_devices_seconds"), "s"),
+    Metric("inventory_sync", "first sync", _key("first_sync_seconds"), "s"),
+    Metric("inventory_sync", "first sync rows written", _key("first_sync_rows_written")),
+    Metric("inventory_sync", "first sync CPU per 1,000 devices",
+           _key("first_sync_ref_units_per_1000_devices"), "ref"),
+    Metric("inventory_sync", "no-change sync", _key("nochange_sync_seconds"), "s"),
+    Metric("inventory_sync", "no-change sync rows written", _key("nochange_sync_rows_written"),
+           target=("0", lambda v: v == 0)),
+    Metric("inventory_sync", "peak resident memory", _mb("peak_rss_mib"), "MB"),
+    Metric("publish", "slices", _key("slices")),
+    Metric("publish", "first publish", _key("first_publish_seconds"), "s"),
+    Metric("publish", "first publish writes / minimum",
+           _ratio("first_publish_writes", "minimum_writes"), target=("1.0", lambda v: v == 1)),
+    Metric("publish", "first publish CPU per 1,000 devices",
+           _key("first_publish_ref_units_per_1000_devices"), "ref"),
+    Metric("publish", "peak resident memory", _mb("peak_rss_mib"), "MB",
+           target=("< 400 at 100,000 devices", lambda v: v < 400),
+           when=_at_least(100_000)),
+    Metric("publish", "no-change resync writes", _key("nochange_resync_writes"),
+           target=("0", lambda v: v == 0)),
+    Metric("publish", "no-change resync CPU", _key("nochange_resync_cpu_seconds"), "s",
+           target=("< 2 s at 100,000 devices", lambda v: v < 2), when=_at_least(100_000)),
+    Metric("publish", "one device changed: writes", _key("one_change_writes"),
+           target=("1", lambda v: v == 1)),
+    Metric("publish", "restart adoption writes", _key("restart_adopt_writes"),
+           target=("0", lambda v: v == 0)),
+    Metric("claims", "claims per second", _key("claims_per_second"), "/s",
+           target=(">= 100", lambda v: v >= 100)),
+    Metric("claims", "reconcile p50", _key("reconcile_p50_ms"), "ms"),
+    Metric("claims", "reconcile p99", _key("reconcile_p99_ms"), "ms",
+           target=("< 50 ms", lambda v: v < 50)),
+    Metric("claims", "CPU per claim cycle", _key("cpu_ms_per_claim_cycle"), "ms"),
+    Metric("claims", "CPU per claim cycle (ratio)", _key("ref_units_per_claim_cycle"), "ref"),
+    Metric("claims", "peak resident memory", _mb("peak_rss_mib"), "MB"),
+    Metric("controlplane", "allocations per second", _key("allocations_per_second",
+                                                          "allocations"), "/s",
+           target=(">= 100", lambda v: v >= 100)),
+    Metric("controlplane", "pod to bind p50", _key("p50_ms", "allocations"), "ms"),
+    Metric("controlplane", "pod to bind p99", _key("p99_ms", "allocations"), "ms"),
+    Metric("controlplane", "API requests per allocation",
+           _key("api_requests_per_allocation", "allocations")),
+    Metric("controlplane", "CPU per allocation (ratio)",
+           _key("ref_units_per_allocation", "allocations"), "ref"),
+    Metric("allocate", "allocations per second (allocator alone)",
+           _key("allocations_per_second", "allocations"), "/s"),
+    Metric("allocate", "allocation p99", _key("p99_ms", "allocations"), "ms"),
+)
+
+
+def rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """One row per shown figure: benchmark, case, metric, value, unit, target, met."""
+    out: list[dict[str, Any]] = []
+    for outcome in outcomes:
+        case = outcome.case
+        if outcome.status != "ok":
+            out.append({"benchmark": case.benchmark, "case": case.label, "metric": "result",
+                        "value": outcome.status, "unit": "", "target": "ok", "met": False,
+                        "note": outcome.error})
+            continue
+        for metric in METRICS:
+            if metric.benchmark != case.benchmark:
+                continue
+            value = metric.value(outcome.figures)
+            if value is None:
+                continue
+            target, met = "", None
+            if metric.target is not None and metric.when(outcome.figures):
+                target, met = metric.target[0], bool(metric.target[1](value))
+            out.append({"benchmark": case.benchmark, "case": case.label,
+                        "metric": metric.name, "value": value, "unit": metric.unit,
+                        "target": target, "met": met})
+    return out
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 100 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(table_rows: Sequence[dict[str, Any]], markdown: bool = False) -> str:
+    """The rows as an aligned text table, or a Markdown one."""
+    header = ("benchmark", "case", "metric", "value", "target", "met")
+    cells = [header] + [(
+        r["benchmark"], r["case"], r["metric"],
+        f"{_shown(r['value'])} {r['unit']}".strip(), r["target"],
+        {True: "yes", False: "NO", None: ""}[r["met"]],
+    ) for r in table_rows]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     .rstrip() for row in cells)
+
+
+def update_readme(path: Path, results: dict[str, Any], table_rows: Sequence[dict[str, Any]]
+                  ) -> bool:
+    """Put the table of a full run between the README markers; False when they are missing."""
+    if not path.exists():
+        return False
+    text = path.read_text(encoding="utf-8")
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        return False
+    machine = results["machine"]
+    block = (
+        f"{README_START}\n"
+        f"Latest full run: {results['finished_at']}, {machine['cpus']} CPUs, Python "
+        f"{machine['python']}, reference workload {results['reference']['cpu_seconds']} s "
+        f"of CPU (\"ref\" below), whole suite {results['seconds']:.0f} s.\n\n"
+        f"{table(table_rows, markdown=True)}\n"
+    )
+    path.write_text(text[:start] + block + text[end:], encoding="utf-8")
+    return True
+
+
+def _reference_seconds(outcomes: Sequence[Outcome]) -> float | None:
+    values = [line["reference_cpu_seconds"] for o in outcomes for line in o.figures
+              if "reference_cpu_seconds" in line]
+    return round(sorted(values)[len(values) // 2], 4) if values else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the suite; return the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m bench",
+                                     description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--short", action="store_true",
+                        help="the quick run for CI: small sizes only")
+    parser.add_argument("--only", action="append", choices=BENCHMARKS, metavar="NAME",
+                        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                        help="where to write the results (default: bench/results.json)")
+    parser.add_argument("--no-readme", action="store_true",
+                        help="do not copy a full run's table into README.md")
+    parser.add_argument("--list", action="store_true", help="list the cases and stop")
+    options = parser.parse_args(argv)
+    chosen = [c for c in cases(options.short) if not options.only or c.benchmark in options.only]
+    if options.list:
+        for case in chosen:
+            print(f"{case.benchmark:15} {case.label:36} {' '.join(case.args)}")
+        return 0
+
+    started_at = dt.datetime.now(dt.UTC)
+    started = time.perf_counter()
+    outcomes: list[Outcome] = []
+    for case in chosen:
+        print(f"running {case.benchmark} ({case.label}) ...", file=sys.stderr, flush=True)
+        outcome = run_case(case)
+        print(f"  {outcome.status} in {outcome.seconds:.1f} s"
+              + (f": {outcome.error}" if outcome.error else ""), file=sys.stderr, flush=True)
+        outcomes.append(outcome)
+    table_rows = rows(outcomes)
+    results: dict[str, Any] = {
+        "mode": "short" if options.short else "full",
+        "only": options.only or [],
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "reference": {
+            "description": f"CPU seconds of bench.common.reference_workload ({REFERENCE_RECORDS:,}"
+                           " device-like records: JSON encode, decode, sort, encode, SHA-256),"
+                           f" fastest of {REFERENCE_ROUNDS}, in the benchmark's own process;"
+                           " 'ref' figures are CPU seconds divided by it",
+            "cpu_seconds": _reference_seconds(outcomes),
+        },
+        "cases": [{"benchmark": o.case.benchmark, "case": o.case.label,
+                   "args": list(o.case.args), "status": o.status,
+                   "seconds": round(o.seconds, 1), "error": o.error, "figures": o.figures}
+                  for o in outcomes],
+        "table": table_rows,
+        "targets_missed": [r for r in table_rows if r["met"] is False],
+    }
+    options.results.parent.mkdir(parents=True, exist_ok=True)
+    options.results.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(table(table_rows))
+    print(f"\nresults: {options.results}")
+    complete = not options.short and not options.only and all(
+        o.status == "ok" for o in outcomes)
+    if complete and not options.no_readme:
+        if update_readme(README, results, table_rows):
+            print(f"README: figures copied into {README}")
+        else:
+            print(f"README: no {README_START} marker in {README}; not copied")
+    return 0 if all(o.status == "ok" for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

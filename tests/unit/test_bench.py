@@ -1,0 +1,92 @@
+"""The benchmark suite's short mode runs every benchmark and writes well-formed results.
+
+Speed is never asserted here (the suite measures it); only that the suite runs, that every case
+produced figures, and that the results file and the table have the documented shape.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# bench/ is a folder of the repository, not an installed package: import it from there.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.__main__ import (  # noqa: E402
+    BENCHMARKS,
+    METRICS,
+    Case,
+    Outcome,
+    cases,
+    rows,
+    table,
+    update_readme,
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(110)
+def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: Path) -> None:
+    results_path = tmp_path / "results.json"
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench", "--short", "--results", str(results_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=100, check=False,
+    )
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    results = json.loads(results_path.read_text())
+    assert results["mode"] == "short"
+    assert results["reference"]["cpu_seconds"] > 0
+    assert {c["benchmark"] for c in results["cases"]} == set(BENCHMARKS)
+    for case in results["cases"]:
+        assert case["status"] == "ok", case
+        assert case["figures"], case
+    shown = {(r["benchmark"], r["metric"]) for r in results["table"]}
+    assert ("publish", "no-change resync writes") in shown
+    assert ("claims", "reconcile p99") in shown
+    assert all(r["met"] in (True, False, None) for r in results["table"])
+    assert results["targets_missed"] == [r for r in results["table"] if r["met"] is False]
+    assert "benchmark" in finished.stdout.splitlines()[0]
+
+
+def test_every_benchmark_has_a_case_in_both_modes_and_full_mode_reaches_100000() -> None:
+    for short in (True, False):
+        assert {c.benchmark for c in cases(short)} == set(BENCHMARKS)
+    assert any("--devices" in c.args and "100000" in c.args for c in cases(False))
+    assert not any("100000" in c.args for c in cases(True))
+    assert {m.benchmark for m in METRICS} == set(BENCHMARKS)
+
+
+def test_a_failed_case_is_a_missed_row_and_targets_apply_only_where_they_say() -> None:
+    failed = Outcome(Case("claims", "2 claims", (), 1), "timeout", 1.0, error="too slow")
+    small = Outcome(Case("publish", "1,000 devices", (), 1), "ok", 1.0, figures=[{
+        "devices": 1000, "slices": 8, "first_publish_seconds": 1.0, "first_publish_writes": 8,
+        "minimum_writes": 8, "nochange_resync_writes": 0, "nochange_resync_cpu_seconds": 5.0,
+        "one_change_writes": 2, "restart_adopt_writes": 0, "peak_rss_mib": 900.0}])
+    table_rows = rows([failed, small])
+    by_metric = {r["metric"]: r for r in table_rows}
+    assert by_metric["result"]["met"] is False
+    assert by_metric["one device changed: writes"]["met"] is False
+    assert by_metric["first publish writes / minimum"]["met"] is True
+    # The memory and CPU targets are for 100,000 devices only.
+    assert by_metric["peak resident memory"]["met"] is None
+    assert by_metric["no-change resync CPU"]["met"] is None
+    assert table(table_rows, markdown=True).startswith("| benchmark |")
+
+
+def test_the_readme_table_goes_between_the_markers_and_nowhere_else(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n## Performance\n\nBefore.\n\n<!-- bench:results:start -->\nold\n"
+                      "<!-- bench:results:end -->\n\nAfter.\n")
+    results = {"finished_at": "now", "seconds": 1.0, "reference": {"cpu_seconds": 0.2},
+               "machine": {"cpus": 2, "python": "3.x"}}
+    assert update_readme(readme, results, [])
+    text = readme.read_text()
+    assert "old" not in text and "Before." in text and "After." in text
+    assert text.count("<!-- bench:results:end -->") == 1
+    assert not update_readme(tmp_path / "missing.md", results, [])
