@@ -152,29 +152,31 @@ class Journal:
             UnknownDevice: no present device has that name.
             DeviceHeld: another claim holds the device.
         """
-        now = self.clock()
-        async with self.db.write() as session:
-            device = (await session.execute(
-                select(Device.id, Device.shareable)
-                .where(Device.name == device_name, Device.removed_at.is_(None))
-            )).one_or_none()
-            if device is None:
-                raise UnknownDevice(f"device {device_name} is not in the inventory")
-            existing = (await session.scalars(
-                select(Reservation).where(
-                    Reservation.device_id == device.id,
-                    Reservation.state.in_(ACTIVE_RESERVATION_STATES),
-                )
-            )).all()
-            for row in existing:
-                if row.claim_uid == claim.uid and row.request == request:
-                    return _view(row)
-            exclusive = not device.shareable
-            if exclusive and existing:
-                first = existing[0]
-                raise DeviceHeld(device_name, f"{first.claim_namespace}/{first.claim_name}")
         try:
+            # One transaction for the check and the insert (BEGIN IMMEDIATE on SQLite); the
+            # time is taken inside it, so journal times follow commit order.
             async with self.db.write() as session:
+                now = self.clock()
+                device = (await session.execute(
+                    select(Device.id, Device.shareable)
+                    .where(Device.name == device_name, Device.removed_at.is_(None))
+                )).one_or_none()
+                if device is None:
+                    raise UnknownDevice(f"device {device_name} is not in the inventory")
+                existing = (await session.scalars(
+                    select(Reservation).where(
+                        Reservation.device_id == device.id,
+                        Reservation.state.in_(ACTIVE_RESERVATION_STATES),
+                    )
+                )).all()
+                for row in existing:
+                    if row.claim_uid == claim.uid and row.request == request:
+                        return _view(row)
+                exclusive = not device.shareable
+                if exclusive and existing:
+                    first = existing[0]
+                    raise DeviceHeld(device_name,
+                                     f"{first.claim_namespace}/{first.claim_name}")
                 inserted = await session.scalar(
                     insert(Reservation).returning(Reservation).values(
                         claim_uid=claim.uid, claim_namespace=claim.namespace,
@@ -187,14 +189,16 @@ class Journal:
                 assert inserted is not None
                 return _view(inserted)
         except IntegrityError as err:
-            # A concurrent reserve won the race for the device; the index said no.
-            raise DeviceHeld(device_name, await self._holder(device.id)) from err
+            # A concurrent reserve (another process, or PostgreSQL's weaker isolation) won
+            # the race for the device; the index said no.
+            holder = await self._holder_of(device_name)
+            raise DeviceHeld(device_name, holder) from err
 
-    async def _holder(self, device_id: int) -> str | None:
+    async def _holder_of(self, device_name: str) -> str | None:
         async with self.db.read() as session:
             row = (await session.execute(
                 select(Reservation.claim_namespace, Reservation.claim_name).where(
-                    Reservation.device_id == device_id,
+                    Reservation.device_name == device_name,
                     Reservation.state.in_(ACTIVE_RESERVATION_STATES),
                 )
             )).first()
@@ -228,21 +232,23 @@ class Journal:
         """
         if state not in STATES or not set(expected) <= set(STATES):
             raise ValueError(f"unknown reservation state in {state!r} / {sorted(expected)}")
-        now = self.clock()
         values: dict[str, Any] = {
-            "state": state, "updated_at": now,
+            "state": state,
             "last_error": error[:MAX_ERROR_LENGTH] if error else None,
         }
         if count_attempt:
             values["attempts"] = Reservation.attempts + 1
-        if state == ATTACHED:
-            values["attached_at"] = now
-        if state == RELEASED:
-            values["released_at"] = now
         for key, value in (("node", node), ("host_id", host_id), ("operation_id", operation_id)):
             if value is not None:
                 values[key] = value
         async with self.db.write() as session:
+            # Taken inside the transaction, so journal times follow commit order.
+            now = self.clock()
+            values["updated_at"] = now
+            if state == ATTACHED:
+                values["attached_at"] = now
+            if state == RELEASED:
+                values["released_at"] = now
             row = await session.scalar(
                 update(Reservation)
                 .where(Reservation.id == reservation_id, Reservation.state.in_(tuple(expected)))

@@ -195,8 +195,9 @@ class FabricOps:
             retryable = isinstance(err, TimeoutError) or (
                 isinstance(err, FabricError) and err.retryable
             )
-            self._metric("attach", "retry" if retryable else "failed")
-            if retryable and moving.attempts < config.max_attach_attempts:
+            again = retryable and moving.attempts < config.max_attach_attempts
+            self._metric("attach", "retry" if again else "failed")
+            if again:
                 await self.journal.transition(moving.id, [ATTACHING], ATTACHING, error=message)
                 self._error(moving.claim.uid, message)
                 return DeviceReport(key, None, "", ""), True
