@@ -6,9 +6,12 @@ that the admin endpoint can expose it and tests can read values without cross-ta
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 NAMESPACE = "fabric_dra"
 
@@ -143,3 +146,67 @@ class Metrics:
             inventory=InventoryMetrics.create(registry),
             claims=ClaimMetrics.create(registry),
         )
+
+
+class _Informerish(Protocol):
+    """What :class:`InformerCollector` reads of an informer (see :mod:`app.kube.informer`)."""
+
+    list_count: int
+    watch_count: int
+    gone_count: int
+    restart_count: int
+
+    @property
+    def settings(self) -> Any: ...
+
+    def is_healthy(self) -> bool: ...
+
+
+class InformerCollector:
+    """Exposes the live informers' counters at scrape time, summed by informer name.
+
+    * ``informer_lists_total{informer}``: lists (the first one and every re-list).
+    * ``informer_watches_total{informer}``: watch connections opened (a dropped watch opens
+      another).
+    * ``informer_expired_total{informer}``: watches answered 410 Expired (history compacted
+      past our resourceVersion), each followed by a re-list.
+    * ``informer_crashes_total{informer}``: informer loops that crashed and restarted.
+    * ``informer_healthy{informer}``: 1 when every informer of that name is healthy.
+
+    Args:
+        source: returns the informers running now (none while this replica stands by).
+    """
+
+    def __init__(self, source: Callable[[], Iterable[_Informerish]]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the metric families (called by prometheus-client on every scrape)."""
+        totals: dict[str, list[int]] = {}
+        healthy: dict[str, bool] = {}
+        for informer in self.source():
+            name = str(informer.settings.name)
+            counts = totals.setdefault(name, [0, 0, 0, 0])
+            for index, value in enumerate((informer.list_count, informer.watch_count,
+                                           informer.gone_count, informer.restart_count)):
+                counts[index] += value
+            healthy[name] = healthy.get(name, True) and informer.is_healthy()
+        families = [
+            CounterMetricFamily(f"{NAMESPACE}_informer_{what}", help_text, labels=["informer"])
+            for what, help_text in (
+                ("lists", "Lists by informer (the first and every re-list)."),
+                ("watches", "Watch connections opened by informer."),
+                ("expired", "Watches answered 410 Expired by informer."),
+                ("crashes", "Informer loops that crashed and restarted."),
+            )
+        ]
+        for name, counts in sorted(totals.items()):
+            for family, value in zip(families, counts, strict=True):
+                family.add_metric([name], value)
+        yield from families
+        gauge = GaugeMetricFamily(f"{NAMESPACE}_informer_healthy",
+                                  "1 when the informer is synced and its watch is working.",
+                                  labels=["informer"])
+        for name, ok in sorted(healthy.items()):
+            gauge.add_metric([name], 1 if ok else 0)
+        yield gauge

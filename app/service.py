@@ -38,7 +38,7 @@ from app.kube.client import KubeClient, call_json, connect
 from app.kube.factory import kube_client_settings
 from app.kube.leader import LeaderElectionSettings, LeaderElector
 from app.kube.versions import ResourceApiVersion, discover_served_versions
-from app.metrics import Metrics
+from app.metrics import InformerCollector, Metrics
 from app.pools import PoolConfig, desired_pools
 from app.publisher import Publisher, PublisherMetrics, PublisherSettings
 from app.supervisor import Supervisor
@@ -97,6 +97,7 @@ class Service:
         self.environ = os.environ if environ is None else environ
         self.metrics = Metrics.create()
         self.publisher_metrics = PublisherMetrics.create(self.metrics.registry)
+        self.metrics.registry.register(InformerCollector(self._live_informers))
         self.supervisor = Supervisor()
         self.identity = settings.leader.identity or default_identity()
         self.db = Database.connect(settings.database.url, pool_size=settings.database.pool_size)
@@ -311,6 +312,18 @@ class Service:
                     config = dataclasses.replace(config, binds_to_node=False,
                                                  taints_supported=False)
                 publisher.set_desired(desired_pools(devices, config))
+
+    def _live_informers(self) -> list[Any]:
+        leading = self.leading
+        if leading is None:
+            return []
+        found: list[Any] = []
+        for publisher in leading.publishers.values():
+            found.extend(publisher.informers())
+        for component in (leading.claims, leading.control_plane):
+            if component is not None:
+                found.extend(component.informers())
+        return found
 
     def request_publish(self) -> None:
         """Recompute the desired pools soon (after an admin action, say)."""

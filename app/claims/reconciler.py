@@ -233,6 +233,10 @@ class ClaimReconciler:
         await self.claims.stop()
         await self.nodes.stop()
 
+    def informers(self) -> tuple[Informer, ...]:
+        """The informers this reconciler runs (for metrics)."""
+        return (self.claims, self.nodes)
+
     def is_healthy(self) -> bool:
         """True while both informers are synced and healthy and no worker has died."""
         dead = any(t.done() for t in self._tasks)

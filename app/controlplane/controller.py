@@ -236,6 +236,10 @@ class ControlPlaneController:
     def _informers(self) -> tuple[Informer, ...]:
         return (self.claims, self.contexts, self.slices, self.classes, self.pods, self.nodes)
 
+    def informers(self) -> tuple[Informer, ...]:
+        """The informers this controller runs (for metrics)."""
+        return self._informers
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Start the informers, settle unfinished control-plane journal entries, then start

@@ -329,6 +329,10 @@ class Publisher:
         await self._informer.stop()
 
     # ----------------------------------------------------------------- input
+    def informers(self) -> tuple[Informer, ...]:
+        """The informers this publisher runs (for metrics)."""
+        return (self._informer,)
+
     def set_desired(self, pools: Mapping[str, DesiredPool]) -> None:
         """Hand over the whole desired state: pool name -> :class:`DesiredPool`.
 

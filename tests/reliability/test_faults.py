@@ -212,6 +212,8 @@ async def test_a_task_that_never_finishes_times_out_and_the_device_is_reported_f
 
 # ------------------------------------------------------------------------ API server
 async def test_410_storms_are_survived_by_relisting(running: Running) -> None:
+    expired = await running.metric("fabric_dra_informer_expired_total",
+                                   informer="resourceclaims")
     device = running.published_devices()[0]
     for _ in range(10):
         running.cluster.emu.compact()
@@ -223,6 +225,9 @@ async def test_410_storms_are_survived_by_relisting(running: Running) -> None:
         await running.cluster.emu.close_watches()
         await asyncio.sleep(0.1)
     await attached_and_ready(running, "c1", device)
+    # The storm shows in the metrics: watches answered 410 and re-lists.
+    assert await running.metric("fabric_dra_informer_expired_total",
+                                informer="resourceclaims") > expired
     await freed(running, "c1")
     await converges(running)
 
@@ -245,10 +250,16 @@ async def test_a_conflict_on_every_first_claim_status_write_is_retried(
 
 
 async def test_dropped_watches_are_resumed_and_claims_still_flow(running: Running) -> None:
+    watches = await running.metric("fabric_dra_informer_watches_total",
+                                   informer="resourceclaims")
     for _ in range(5):
         await running.cluster.emu.close_watches()
         await asyncio.sleep(0.2)
     await converges(running)
+    # The dropped watches were opened again (after backoff, so some closes found none
+    # open), and the metrics show it.
+    assert await running.metric("fabric_dra_informer_watches_total",
+                                informer="resourceclaims") > watches
 
 
 async def test_429_with_retry_after_is_honoured_and_shown_as_errors(running: Running) -> None:
