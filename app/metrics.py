@@ -97,6 +97,7 @@ class ClaimMetrics:
     unmanaged_attachments: Gauge
     queue_depth: Gauge
     node_from_pod: Counter
+    status_conflicts: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ClaimMetrics:
@@ -126,7 +127,34 @@ class ClaimMetrics:
                 "Allocations whose node was learnt from the consumer pod (no binding "
                 "conditions: pods may start before their device is attached).",
                 namespace=NAMESPACE, registry=registry),
+            status_conflicts=Counter(
+                "claim_status_conflicts",
+                "Claim status writes refused with 409 Conflict (re-read and written again).",
+                namespace=NAMESPACE, registry=registry),
         )
+
+
+class FabricRetryCollector:
+    """Exposes ``fabric_retries_total{backend, reason}``: retries the fabric backend made
+    inside one call (transient errors, a changed ETag, a write whose outcome was unknown).
+
+    Args:
+        source: returns the live backend, or None; its ``retries`` (a Counter by reason) and
+            ``kind`` are read at scrape time. Backends without ``retries`` count nothing.
+    """
+
+    def __init__(self, source: Callable[[], Any]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the metric family (called by prometheus-client on every scrape)."""
+        family = CounterMetricFamily(f"{NAMESPACE}_fabric_retries",
+                                     "Retries the fabric backend made inside one call.",
+                                     labels=["backend", "reason"])
+        backend = self.source()
+        for reason, value in sorted((getattr(backend, "retries", None) or {}).items()):
+            family.add_metric([str(getattr(backend, "kind", "?")), reason], value)
+        yield family
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from app.kube.client import KubeClient, call_json, connect
 from app.kube.factory import kube_client_settings
 from app.kube.leader import LeaderElectionSettings, LeaderElector
 from app.kube.versions import ResourceApiVersion, discover_served_versions
-from app.metrics import InformerCollector, Metrics
+from app.metrics import FabricRetryCollector, InformerCollector, Metrics
 from app.pools import PoolConfig, desired_pools
 from app.publisher import Publisher, PublisherMetrics, PublisherSettings
 from app.supervisor import Supervisor
@@ -98,6 +98,7 @@ class Service:
         self.metrics = Metrics.create()
         self.publisher_metrics = PublisherMetrics.create(self.metrics.registry)
         self.metrics.registry.register(InformerCollector(self._live_informers))
+        self.metrics.registry.register(FabricRetryCollector(lambda: self.backend))
         self.supervisor = Supervisor()
         self.identity = settings.leader.identity or default_identity()
         self.db = Database.connect(settings.database.url, pool_size=settings.database.pool_size)

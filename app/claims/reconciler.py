@@ -529,6 +529,8 @@ class ClaimReconciler:
                 return
             except KubeConflict:
                 # Someone else wrote the claim since we read it: read again and re-apply.
+                if self.metrics:
+                    self.metrics.status_conflicts.inc()
                 if attempt == STATUS_WRITE_ATTEMPTS - 1:
                     raise
                 fresh = None

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import json
 import logging
 import random
@@ -267,6 +268,9 @@ class RedfishBackend:
         self._session = session
         self._owns_session = session is None
         self._retry = retry or RetrySettings()
+        # Retries by reason (transient, precondition, unknown-outcome), for metrics: they are
+        # handled inside a call and would otherwise leave no trace.
+        self.retries: collections.Counter[str] = collections.Counter()
         if self._retry.attempts < 1:
             raise ValueError("retry.attempts must be at least 1")
         self._poll_s = task_poll_interval_s
@@ -490,11 +494,15 @@ class RedfishBackend:
         return min(step + random.uniform(0.0, step), settings.max_backoff_s)
 
     def _retrying(self, retryable: Callable[[BaseException], bool]) -> AsyncRetrying:
+        def count(_state: Any) -> None:
+            self.retries["transient"] += 1
+
         return AsyncRetrying(
             stop=stop_after_attempt(self._retry.attempts),
             wait=self._wait,
             retry=retry_if_exception(retryable),
             reraise=True,
+            before_sleep=count,
         )
 
     async def _get(self, ref: str) -> _Response:
@@ -861,12 +869,14 @@ class RedfishBackend:
                 if precondition_retries >= 1:
                     raise
                 precondition_retries += 1
+                self.retries["precondition"] += 1
                 continue
             except (_NotSent, _Busy):
                 raise
             except FabricUnavailable as err:
                 # The write may or may not have happened: read the state again and decide.
                 unknown_outcomes += 1
+                self.retries["unknown-outcome"] += 1
                 if unknown_outcomes >= self._retry.attempts:
                     raise FabricTimeout(
                         f"{what}: outcome unknown after {unknown_outcomes} tries: {err}"

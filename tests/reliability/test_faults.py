@@ -136,9 +136,11 @@ async def test_a_412_on_attach_is_retried_counted_and_the_device_becomes_ready(
     running.allocate("c1", device)
     await attached_and_ready(running, "c1", device)
     # The backend re-reads the ETag and retries within the same call: the claim never sees
-    # it, and (a gap) no metric counts backend-level retries.
+    # it, but the metrics do.
     assert await running.metric("fabric_dra_fabric_operations_total", operation="attach",
                                 result="ok") == 1
+    assert await running.metric("fabric_dra_fabric_retries_total", backend="redfish",
+                                reason="precondition") == 1
     assert running.cluster.events("AttachFailed") == []
     await freed(running, "c1")
 
@@ -245,6 +247,7 @@ async def test_a_conflict_on_every_first_claim_status_write_is_retried(
         await attached_and_ready(running, f"c{index}", device)
     refused = [w for w in running.cluster.emu.writes("/status") if w.status == 409]
     assert len(refused) == 2
+    assert await running.metric("fabric_dra_claim_status_conflicts_total") == 2
     running.free("c0")
     await freed(running, "c1")
 
