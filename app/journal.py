@@ -18,12 +18,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Integer, String, Table, Text, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.clock import utcnow
 from app.db.engine import Database
-from app.db.models import ACTIVE_RESERVATION_STATES, Device, Reservation
+from app.db.models import ACTIVE_RESERVATION_STATES, Device, Reservation, UtcDateTime
 from app.fabric.types import DeviceType, FabricDevice
 
 PENDING = "pending"
@@ -109,15 +109,66 @@ class ReservationView:
         return data
 
 
-def _view(row: Reservation) -> ReservationView:
+_TABLE: Table = Reservation.__table__  # type: ignore[assignment]
+_COLUMNS = tuple(_TABLE.c)
+_DEVICES: Table = Device.__table__  # type: ignore[assignment]
+_FABRIC_COLUMNS = (
+    _DEVICES.c.vendor_id, _DEVICES.c.attach_unit, _DEVICES.c.device_type, _DEVICES.c.uuid,
+    _DEVICES.c.host_id, _DEVICES.c.shareable, _DEVICES.c.vendor_name,
+)
+_ACTIVE = tuple(ACTIVE_RESERVATION_STATES)
+
+# The statements of the claim path are built once: building a statement and its cache key
+# costs as much as running it on SQLite.
+_R, _D = _TABLE.c, _DEVICES.c
+_FOR_CLAIM = select(*_COLUMNS).where(_R.claim_uid == bindparam("b_uid")).order_by(_R.id)
+_FOR_CLAIM_ACTIVE = (select(*_COLUMNS)
+                     .where(_R.claim_uid == bindparam("b_uid"), _R.state.in_(_ACTIVE))
+                     .order_by(_R.id))
+_FABRIC_DEVICE = select(*_FABRIC_COLUMNS).where(_D.id == bindparam("b_device_id"))
+# The device and its active reservations in one statement (a row with NULL reservation
+# columns when it has none): device id, the _FABRIC_COLUMNS, then every reservation column.
+_DEVICE_AND_HOLDERS = (
+    select(_D.id, *_FABRIC_COLUMNS, *_COLUMNS)
+    .select_from(_DEVICES.outerjoin(_TABLE, and_(_R.device_id == _D.id,
+                                                 _R.state.in_(_ACTIVE))))
+    .where(_D.name == bindparam("b_name"), _D.removed_at.is_(None))
+    .order_by(_R.id)
+)
+_INSERT = insert(_TABLE).returning(*_COLUMNS)
+_MOVE = (
+    update(_TABLE)
+    .where(_R.id == bindparam("b_id"), _R.state.in_(bindparam("b_expected", expanding=True)))
+    .values(
+        state=bindparam("b_state"),
+        last_error=bindparam("b_error", type_=Text()),
+        attempts=_R.attempts + bindparam("b_attempt", type_=Integer()),
+        node=func.coalesce(bindparam("b_node", type_=String()), _R.node),
+        host_id=func.coalesce(bindparam("b_host_id", type_=String()), _R.host_id),
+        operation_id=func.coalesce(bindparam("b_operation_id", type_=String()),
+                                   _R.operation_id),
+        updated_at=bindparam("b_now", type_=UtcDateTime()),
+        attached_at=func.coalesce(bindparam("b_attached_at", type_=UtcDateTime()),
+                                  _R.attached_at),
+        released_at=func.coalesce(bindparam("b_released_at", type_=UtcDateTime()),
+                                  _R.released_at),
+    )
+    .returning(*_COLUMNS)
+)
+_FABRIC_WIDTH = 1 + len(_FABRIC_COLUMNS)
+
+
+def _view(row: Any) -> ReservationView:
+    """A ReservationView from a Core row of every reservation column (in table order)."""
+    (id_, claim_uid, claim_namespace, claim_name, request, mode, device_id, device_name, pool,
+     exclusive, node, host_id, state, attempts, last_error, operation_id, created_at,
+     updated_at, attached_at, released_at) = row
     return ReservationView(
-        id=row.id,
-        claim=ClaimRef(row.claim_uid, row.claim_namespace, row.claim_name),
-        request=row.request, mode=row.mode, device_id=row.device_id,
-        device_name=row.device_name, pool=row.pool, exclusive=row.exclusive, node=row.node,
-        host_id=row.host_id, state=row.state, attempts=row.attempts, last_error=row.last_error,
-        operation_id=row.operation_id, created_at=row.created_at, updated_at=row.updated_at,
-        attached_at=row.attached_at, released_at=row.released_at,
+        id=id_, claim=ClaimRef(claim_uid, claim_namespace, claim_name), request=request,
+        mode=mode, device_id=device_id, device_name=device_name, pool=pool,
+        exclusive=bool(exclusive), node=node, host_id=host_id, state=state, attempts=attempts,
+        last_error=last_error, operation_id=operation_id, created_at=created_at,
+        updated_at=updated_at, attached_at=attached_at, released_at=released_at,
     )
 
 
@@ -152,42 +203,67 @@ class Journal:
             UnknownDevice: no present device has that name.
             DeviceHeld: another claim holds the device.
         """
+        view, _ = await self._reserve(claim, request, device_name, pool, mode, node, host_id,
+                                      attaching=False)
+        return view
+
+    async def reserve_for_attach(
+        self,
+        claim: ClaimRef,
+        request: str,
+        device_name: str,
+        pool: str,
+        mode: str,
+        node: str,
+        host_id: str,
+    ) -> tuple[ReservationView, FabricDevice | None]:
+        """Hold ``device_name`` for ``claim``'s ``request`` and record the intent to attach it
+        in the same transaction: the new reservation is written as ``attaching`` with one
+        attempt counted (what :meth:`begin_attach` would write next, one transaction sooner).
+
+        Returns:
+            (the reservation, the fabric's view of the device) when a new reservation was
+            written: the attach may be sent now. (the existing reservation, None) when
+            ``claim`` already held the device for ``request``: drive it as usual.
+
+        Raises:
+            UnknownDevice: no present device has that name.
+            DeviceHeld: another claim holds the device.
+        """
+        return await self._reserve(claim, request, device_name, pool, mode, node, host_id,
+                                   attaching=True)
+
+    async def _reserve(
+        self, claim: ClaimRef, request: str, device_name: str, pool: str, mode: str,
+        node: str | None, host_id: str | None, *, attaching: bool,
+    ) -> tuple[ReservationView, FabricDevice | None]:
         try:
             # One transaction for the check and the insert (BEGIN IMMEDIATE on SQLite); the
             # time is taken inside it, so journal times follow commit order.
-            async with self.db.write() as session:
+            async with self.db.write_connection() as conn:
                 now = self.clock()
-                device = (await session.execute(
-                    select(Device.id, Device.shareable)
-                    .where(Device.name == device_name, Device.removed_at.is_(None))
-                )).one_or_none()
-                if device is None:
+                rows = (await conn.execute(_DEVICE_AND_HOLDERS, {"b_name": device_name})).all()
+                if not rows:
                     raise UnknownDevice(f"device {device_name} is not in the inventory")
-                existing = (await session.scalars(
-                    select(Reservation).where(
-                        Reservation.device_id == device.id,
-                        Reservation.state.in_(ACTIVE_RESERVATION_STATES),
-                    )
-                )).all()
-                for row in existing:
-                    if row.claim_uid == claim.uid and row.request == request:
-                        return _view(row)
-                exclusive = not device.shareable
+                device = rows[0]
+                existing = [_view(r[_FABRIC_WIDTH:]) for r in rows
+                            if r[_FABRIC_WIDTH] is not None]
+                for held in existing:
+                    if held.claim.uid == claim.uid and held.request == request:
+                        return held, None
+                fabric = _fabric_device_from(device[1:_FABRIC_WIDTH])
+                exclusive = not fabric.shareable
                 if exclusive and existing:
-                    first = existing[0]
-                    raise DeviceHeld(device_name,
-                                     f"{first.claim_namespace}/{first.claim_name}")
-                inserted = await session.scalar(
-                    insert(Reservation).returning(Reservation).values(
-                        claim_uid=claim.uid, claim_namespace=claim.namespace,
-                        claim_name=claim.name, request=request, mode=mode,
-                        device_id=device.id, device_name=device_name, pool=pool,
-                        exclusive=exclusive, node=node, host_id=host_id, state=PENDING,
-                        attempts=0, created_at=now, updated_at=now,
-                    )
-                )
-                assert inserted is not None
-                return _view(inserted)
+                    raise DeviceHeld(device_name, str(existing[0].claim))
+                inserted = (await conn.execute(_INSERT, {
+                    "claim_uid": claim.uid, "claim_namespace": claim.namespace,
+                    "claim_name": claim.name, "request": request, "mode": mode,
+                    "device_id": device[0], "device_name": device_name, "pool": pool,
+                    "exclusive": exclusive, "node": node, "host_id": host_id,
+                    "state": ATTACHING if attaching else PENDING,
+                    "attempts": 1 if attaching else 0, "created_at": now, "updated_at": now,
+                })).one()
+                return _view(inserted), fabric if attaching else None
         except IntegrityError as err:
             # A concurrent reserve (another process, or PostgreSQL's weaker isolation) won
             # the race for the device; the index said no.
@@ -195,11 +271,10 @@ class Journal:
             raise DeviceHeld(device_name, holder) from err
 
     async def _holder_of(self, device_name: str) -> str | None:
-        async with self.db.read() as session:
-            row = (await session.execute(
-                select(Reservation.claim_namespace, Reservation.claim_name).where(
-                    Reservation.device_name == device_name,
-                    Reservation.state.in_(ACTIVE_RESERVATION_STATES),
+        async with self.db.read_statement() as conn:
+            row = (await conn.execute(
+                select(_TABLE.c.claim_namespace, _TABLE.c.claim_name).where(
+                    _TABLE.c.device_name == device_name, _TABLE.c.state.in_(_ACTIVE),
                 )
             )).first()
         return f"{row[0]}/{row[1]}" if row else None
@@ -230,65 +305,112 @@ class Journal:
         Raises:
             ValueError: an unknown state.
         """
+        moved = await self._transition(
+            reservation_id, expected, state, error=error, count_attempt=count_attempt,
+            node=node, host_id=host_id, operation_id=operation_id, with_device=False)
+        return moved[0] if moved else None
+
+    async def begin_attach(self, reservation_id: int) -> tuple[ReservationView,
+                                                                FabricDevice] | None:
+        """Record the intent to attach (``pending`` or ``attaching`` -> ``attaching``, one
+        attempt counted) and read the device's fabric view, in one transaction.
+
+        Returns:
+            (the reservation, the device), or None when the reservation was in another state.
+
+        Raises:
+            UnknownDevice: the device row is gone (the transition is not kept).
+        """
+        moved = await self._transition(reservation_id, (PENDING, ATTACHING), ATTACHING,
+                                       count_attempt=True, with_device=True)
+        if moved is None:
+            return None
+        view, device = moved
+        assert device is not None
+        return view, device
+
+    async def begin_detach(self, reservation_id: int) -> tuple[ReservationView,
+                                                                FabricDevice | None] | None:
+        """Record the intent to detach (any state but ``pending`` and ``released`` ->
+        ``detaching``, one attempt counted) and read the device's fabric view, in one
+        transaction.
+
+        Returns:
+            (the reservation, the device or None when its row is gone), or None when the
+            reservation was in another state.
+        """
+        return await self._transition(
+            reservation_id, (ATTACHING, ATTACHED, FAILED, DETACHING), DETACHING,
+            count_attempt=True, with_device=True, device_required=False)
+
+    async def _transition(
+        self, reservation_id: int, expected: Collection[str], state: str, *,
+        error: str | None = None, count_attempt: bool = False, node: str | None = None,
+        host_id: str | None = None, operation_id: str | None = None, with_device: bool,
+        device_required: bool = True,
+    ) -> tuple[ReservationView, FabricDevice | None] | None:
         if state not in STATES or not set(expected) <= set(STATES):
             raise ValueError(f"unknown reservation state in {state!r} / {sorted(expected)}")
-        values: dict[str, Any] = {
-            "state": state,
-            "last_error": error[:MAX_ERROR_LENGTH] if error else None,
-        }
-        if count_attempt:
-            values["attempts"] = Reservation.attempts + 1
-        for key, value in (("node", node), ("host_id", host_id), ("operation_id", operation_id)):
-            if value is not None:
-                values[key] = value
-        async with self.db.write() as session:
+        async with self.db.write_connection() as conn:
             # Taken inside the transaction, so journal times follow commit order.
             now = self.clock()
-            values["updated_at"] = now
-            if state == ATTACHED:
-                values["attached_at"] = now
-            if state == RELEASED:
-                values["released_at"] = now
-            row = await session.scalar(
-                update(Reservation)
-                .where(Reservation.id == reservation_id, Reservation.state.in_(tuple(expected)))
-                .values(**values)
-                .returning(Reservation)
-                .execution_options(synchronize_session=False, populate_existing=True)
-            )
-            return _view(row) if row is not None else None
+            row = (await conn.execute(_MOVE, {
+                "b_id": reservation_id, "b_expected": list(expected), "b_state": state,
+                "b_error": error[:MAX_ERROR_LENGTH] if error else None,
+                "b_attempt": 1 if count_attempt else 0, "b_node": node, "b_host_id": host_id,
+                "b_operation_id": operation_id, "b_now": now,
+                "b_attached_at": now if state == ATTACHED else None,
+                "b_released_at": now if state == RELEASED else None,
+            })).first()
+            if row is None:
+                return None
+            view = _view(row)
+            if not with_device:
+                return view, None
+            device = (await conn.execute(
+                _FABRIC_DEVICE, {"b_device_id": view.device_id})).first()
+            if device is None and device_required:
+                # Leaving the block rolls the transition back.
+                raise UnknownDevice(f"device {view.device_name} is not in the inventory")
+            return view, _fabric_device_from(device) if device is not None else None
 
     async def get(self, reservation_id: int) -> ReservationView | None:
         """One reservation by id."""
-        async with self.db.read() as session:
-            row = await session.get(Reservation, reservation_id)
-            return _view(row) if row else None
+        async with self.db.read_statement() as conn:
+            row = (await conn.execute(
+                select(*_COLUMNS).where(_TABLE.c.id == reservation_id))).first()
+        return _view(row) if row is not None else None
 
     async def for_claim(self, claim_uid: str, *, active_only: bool = True) -> list[ReservationView]:
         """The reservations of one claim, oldest first."""
-        query = select(Reservation).where(Reservation.claim_uid == claim_uid)
-        if active_only:
-            query = query.where(Reservation.state.in_(ACTIVE_RESERVATION_STATES))
-        async with self.db.read() as session:
-            rows = (await session.scalars(query.order_by(Reservation.id))).all()
+        query = _FOR_CLAIM_ACTIVE if active_only else _FOR_CLAIM
+        async with self.db.read_statement() as conn:
+            rows = (await conn.execute(query, {"b_uid": claim_uid})).all()
         return [_view(r) for r in rows]
 
     async def active(self, states: Collection[str] = ACTIVE_RESERVATION_STATES) -> list[
         ReservationView
     ]:
         """Every reservation in one of ``states`` (default: every active one), by id."""
-        async with self.db.read() as session:
-            rows = (await session.scalars(
-                select(Reservation).where(Reservation.state.in_(tuple(states)))
-                .order_by(Reservation.id)
+        async with self.db.read_statement() as conn:
+            rows = (await conn.execute(
+                select(*_COLUMNS).where(_TABLE.c.state.in_(tuple(states)))
+                .order_by(_TABLE.c.id)
             )).all()
         return [_view(r) for r in rows]
 
+    async def count_active(self) -> int:
+        """How many reservations are active (not released)."""
+        async with self.db.read_statement() as conn:
+            return int((await conn.execute(
+                select(func.count()).select_from(_TABLE).where(_TABLE.c.state.in_(_ACTIVE))
+            )).scalar_one())
+
     async def recent(self, limit: int = 100, offset: int = 0) -> list[ReservationView]:
         """The newest reservations first (released ones included), for the admin API."""
-        async with self.db.read() as session:
-            rows = (await session.scalars(
-                select(Reservation).order_by(Reservation.id.desc()).limit(limit).offset(offset)
+        async with self.db.read_statement() as conn:
+            rows = (await conn.execute(
+                select(*_COLUMNS).order_by(_TABLE.c.id.desc()).limit(limit).offset(offset)
             )).all()
         return [_view(r) for r in rows]
 
@@ -298,11 +420,12 @@ class Journal:
         Raises:
             UnknownDevice: the device row is gone.
         """
-        async with self.db.read() as session:
-            row = await session.get(Device, reservation.device_id)
+        async with self.db.read_statement() as conn:
+            row = (await conn.execute(
+                _FABRIC_DEVICE, {"b_device_id": reservation.device_id})).first()
         if row is None:
             raise UnknownDevice(f"device {reservation.device_name} is not in the inventory")
-        return _fabric_device(row)
+        return _fabric_device_from(row)
 
     async def fabric_device_by_name(self, name: str) -> FabricDevice:
         """The fabric's view of the device named ``name`` (present or removed).
@@ -310,16 +433,19 @@ class Journal:
         Raises:
             UnknownDevice: no device has that name.
         """
-        async with self.db.read() as session:
-            row = (await session.scalars(select(Device).where(Device.name == name))).first()
+        async with self.db.read_statement() as conn:
+            row = (await conn.execute(
+                select(*_FABRIC_COLUMNS).where(_DEVICES.c.name == name).limit(1)
+            )).first()
         if row is None:
             raise UnknownDevice(f"device {name} is not in the inventory")
-        return _fabric_device(row)
+        return _fabric_device_from(row)
 
 
-def _fabric_device(row: Device) -> FabricDevice:
+def _fabric_device_from(row: Any) -> FabricDevice:
+    """A FabricDevice from the ``_FABRIC_COLUMNS`` values, in that order."""
+    vendor_id, attach_unit, device_type, uuid, host_id, shareable, vendor_name = row
     return FabricDevice(
-        vendor_id=row.vendor_id, attach_unit=row.attach_unit,
-        device_type=DeviceType(row.device_type), uuid=row.uuid, host_id=row.host_id,
-        shareable=row.shareable, name=row.vendor_name,
+        vendor_id=vendor_id, attach_unit=attach_unit, device_type=DeviceType(device_type),
+        uuid=uuid, host_id=host_id, shareable=bool(shareable), name=vendor_name,
     )

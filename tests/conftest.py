@@ -23,9 +23,15 @@ from typing import Any
 
 import asyncpg
 import pytest
+from hypothesis import HealthCheck, settings
 
 from app.db.engine import Database, make_engine
 from app.db.migrate import upgrade
+
+# Property tests check behaviour, not speed: a loaded CI machine must not fail them on time.
+settings.register_profile(
+    "fabric-dra", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fabric-dra")
 
 PG_ADMIN_URL = os.environ.get(
     "FABRIC_DRA_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -23,6 +23,7 @@ never raised).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -42,6 +43,7 @@ from app.claims.model import (
 from app.clock import utcnow
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
+from app.fabric.types import FabricDevice
 from app.journal import (
     ATTACHED,
     ATTACHING,
@@ -63,26 +65,39 @@ REASON_DETACHED = "Detached"
 
 
 class EventRecorder:
-    """Records core/v1 Events on ResourceClaims.
+    """Records core/v1 Events on ResourceClaims, in the background.
+
+    :meth:`record` only queues the Event; a task of its own sends the queue in order, so that
+    an Event never holds up the claim it is about (client-go's recorder works the same way:
+    Events go through a buffered broadcaster). When ``max_queued`` Events wait (the API
+    server is slow or away), new ones are dropped, counted in ``dropped`` and logged: an
+    Event is a courtesy, the claim's status is the record. :meth:`close` sends what is queued
+    (for a bounded time) and stops.
 
     Args:
         core: the CoreV1Api to create Events with.
         identity: this replica's name (``reportingInstance``).
         claim_api_version: ``involvedObject.apiVersion`` when the claim JSON has none.
         clock: aware UTC time.
+        max_queued: how many Events may wait to be sent.
     """
 
     def __init__(self, core: CoreV1Api, identity: str, claim_api_version: str,
-                 clock: Callable[[], dt.datetime] = utcnow) -> None:
+                 clock: Callable[[], dt.datetime] = utcnow, *, max_queued: int = 1000) -> None:
         self.core = core
         self.identity = identity
         self.claim_api_version = claim_api_version
         self.clock = clock
+        self.sent = 0
+        self.dropped = 0
+        self._queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue(max_queued)
+        self._sender: asyncio.Task[None] | None = None
+        self._closed = False
 
     async def record(self, claim: Mapping[str, Any], type_: str, reason: str,
                      message: str) -> None:
-        """Create one Event (``type_`` Normal or Warning; ``reason`` CamelCase; the message is
-        cut to 1,024 characters). Never raises for an API error: an Event is a courtesy."""
+        """Queue one Event (``type_`` Normal or Warning; ``reason`` CamelCase; the message is
+        cut to 1,024 characters). Never raises and never waits for the API server."""
         metadata = claim.get("metadata") or {}
         namespace = str(metadata.get("namespace") or "default")
         now = rfc3339(self.clock())
@@ -99,15 +114,65 @@ class EventRecorder:
             "reportingInstance": self.identity,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
+        what = f"{reason} on ResourceClaim {namespace}/{metadata.get('name')}"
+        if self._closed:
+            await self._send(namespace, what, body)
+            return
+        try:
+            self._queue.put_nowait((namespace, what, body))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            log.info("dropped event %s: %d events are waiting to be sent", what,
+                     self._queue.qsize())
+            return
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_loop(), name="event-recorder")
+
+    def pending(self) -> int:
+        """How many Events wait to be sent."""
+        return self._queue.qsize()
+
+    async def flush(self) -> None:
+        """Wait until every queued Event was sent (or given up)."""
+        await self._queue.join()
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued (up to ``timeout_s`` seconds; the rest is dropped) and stop.
+        Events recorded after this are sent at once, in the caller's task."""
+        self._closed = True
+        if self._sender is None:
+            return
+        try:
+            await asyncio.wait_for(self._queue.join(), timeout_s)
+        except TimeoutError:
+            self.dropped += self._queue.qsize()
+            log.info("dropped %d events not sent within %.1f s of shutdown",
+                     self._queue.qsize(), timeout_s)
+        self._sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._sender
+        self._sender = None
+
+    async def _send_loop(self) -> None:
+        while True:
+            namespace, what, body = await self._queue.get()
+            try:
+                await self._send(namespace, what, body)
+            except Exception as err:  # the sender must outlive any one bad Event
+                log.warning("could not record event %s: %r", what, err)
+            finally:
+                self._queue.task_done()
+
+    async def _send(self, namespace: str, what: str, body: Any) -> None:
         try:
             await call_json(
                 self.core.create_namespaced_event(namespace, body, _preload_content=False),
-                f"create Event for ResourceClaim {namespace}/{metadata.get('name')}",
+                f"create Event {what}",
             )
+            self.sent += 1
         except KubeError as err:
             # Losing an Event must not hold up the claim.
-            log.info("could not record event %s on claim %s/%s: %s", reason, namespace,
-                     metadata.get("name"), err)
+            log.info("could not record event %s: %s", what, err)
 
 
 class FabricOps:
@@ -162,9 +227,14 @@ class FabricOps:
 
     async def attach(
         self, reservation: ReservationView, claim: Mapping[str, Any] | None,
-        config: EffectiveConfig,
+        config: EffectiveConfig, *, device: FabricDevice | None = None,
     ) -> tuple[DeviceReport, bool]:
         """Attach a ``pending`` (or, after a crash, ``attaching``) reservation.
+
+        Args:
+            device: given when ``reservation`` was just written as ``attaching`` with its
+                attempt counted (:meth:`app.journal.Journal.reserve_for_attach`): the intent
+                is already journalled and the attach is sent at once.
 
         Returns:
             (the report for the device, True when it must be tried again later: another
@@ -172,15 +242,17 @@ class FabricOps:
 
         Raises:
             SQLAlchemyError: the journal could not be written (retry the whole step).
+            UnknownDevice: the device row is gone.
         """
         key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
-        moving = await self.journal.transition(
-            reservation.id, [PENDING, ATTACHING], ATTACHING, count_attempt=True
-        )
-        if moving is None:
-            return DeviceReport(key, None, "", ""), True
+        if device is None:
+            begun = await self.journal.begin_attach(reservation.id)
+            if begun is None:
+                return DeviceReport(key, None, "", ""), True
+            moving, device = begun
+        else:
+            moving = reservation
         assert moving.host_id is not None
-        device = await self.journal.fabric_device(moving)
         await self._at("after-intent")
         started = time.monotonic()
         try:
@@ -244,17 +316,16 @@ class FabricOps:
         if reservation.state == PENDING:
             # Nothing was sent to the fabric for a pending reservation.
             return await self.journal.transition(reservation.id, [PENDING], RELEASED) is not None
-        moving = await self.journal.transition(
-            reservation.id, [ATTACHING, ATTACHED, FAILED, DETACHING], DETACHING,
-            count_attempt=True,
-        )
-        if moving is None:
+        begun = await self.journal.begin_detach(reservation.id)
+        if begun is None:
             return False
+        moving, device = begun
         if moving.host_id is None:
             await self.journal.transition(moving.id, [DETACHING], RELEASED)
             return True
         try:
-            device = await self.journal.fabric_device(moving)
+            if device is None:
+                raise UnknownDevice(f"device {moving.device_name} is not in the inventory")
             await self.backend.detach(device, moving.host_id)
         except (UnknownDevice, FabricNotFound) as err:
             # The device or host is gone from the fabric: nothing is attached any more.

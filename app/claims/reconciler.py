@@ -22,7 +22,6 @@ and settles each one before any new work (DESIGN.md invariants 1-3).
 from __future__ import annotations
 
 import asyncio
-import copy
 import datetime as dt
 import logging
 import time
@@ -54,6 +53,7 @@ from app.clock import utcnow
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
+from app.fabric.types import FabricDevice
 from app.hostmap import HostIndex, host_for_node
 from app.inventory.queries import host_refs, unmanaged_attachments
 from app.journal import (
@@ -175,7 +175,8 @@ class ClaimReconciler:
         self.claims = Informer(
             self._resources.list_resource_claim_for_all_namespaces,
             _renamed(settings.informer, "resourceclaims"),
-            converter=lambda obj: claim_from_wire(obj, version),
+            # The informer hands over each decoded object: no copy is needed.
+            converter=lambda obj: claim_from_wire(obj, version, owned=True),
         )
         self.nodes = Informer(self._core.list_node, _renamed(settings.informer, "nodes"))
         self.claims.add_handler(self._on_claim)
@@ -215,7 +216,8 @@ class ClaimReconciler:
 
     async def stop(self, drain_s: float = 10.0) -> None:
         """Stop taking work, let in-flight reconciles finish (up to ``drain_s`` seconds, then
-        they are cancelled: the journal makes that safe), stop the informers."""
+        they are cancelled: the journal makes that safe), send the queued Events, stop the
+        informers."""
         self.queue.shutdown()
         workers = [t for t in self._tasks if t.get_name().startswith("claims-worker")]
         if workers and drain_s > 0:
@@ -230,6 +232,7 @@ class ClaimReconciler:
             except BaseException as err:  # a worker that died must not stop the shutdown
                 log.error("claim task %s had died: %r", task.get_name(), err)
         self._tasks = []
+        await self.events.close()
         await self.claims.stop()
         await self.nodes.stop()
 
@@ -350,17 +353,18 @@ class ClaimReconciler:
 
         for reservation in plan.release:
             requeue |= not await self._release(reservation, claim)
-        attach = list(plan.attach)
+        attach: list[tuple[ReservationView, FabricDevice | None]] = [
+            (r, None) for r in plan.attach]
         for wanted in plan.reserve:
-            reservation_or_report = await self._reserve(claim, wanted, wants)
-            if isinstance(reservation_or_report, DeviceReport):
-                reports[wanted] = reservation_or_report
+            reserved_or_report = await self._reserve(claim, wanted, wants)
+            if isinstance(reserved_or_report, DeviceReport):
+                reports[wanted] = reserved_or_report
             else:
-                attach.append(reservation_or_report)
-        for reservation in attach:
+                attach.append(reserved_or_report)
+        for reservation, device in attach:
             key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
-            report, retry = await self._attach(reservation, claim, configs.get(
-                reservation.request, EffectiveConfig()))
+            report, retry = await self.ops.attach(reservation, claim, configs.get(
+                reservation.request, EffectiveConfig()), device=device)
             requeue |= retry
             reports[key] = report
         for reservation in plan.ready:
@@ -457,13 +461,17 @@ class ClaimReconciler:
 
     async def _reserve(
         self, claim: JsonDict | None, wanted: WantedDevice, wants: ClaimWants
-    ) -> ReservationView | DeviceReport:
+    ) -> tuple[ReservationView, FabricDevice | None] | DeviceReport:
+        """Reserve ``wanted`` and journal the attach in one transaction (the plan reserves
+        only once the node and host are known, and attaches at once)."""
         assert claim is not None
+        assert wants.node is not None
+        assert wants.host_id is not None
         metadata = claim.get("metadata") or {}
         ref = ClaimRef(str(metadata.get("uid")), str(metadata.get("namespace")),
                        str(metadata.get("name")))
         try:
-            return await self.journal.reserve(
+            return await self.journal.reserve_for_attach(
                 ref, wanted.request, wanted.device, wanted.pool, MODE, wants.node,
                 wants.host_id,
             )
@@ -472,11 +480,6 @@ class ClaimReconciler:
             self._error(ref.uid, message)
             await self._event(claim, "Warning", REASON_ATTACH_FAILED, message)
             return DeviceReport(wanted, False, REASON_ATTACH_FAILED, message)
-
-    async def _attach(
-        self, reservation: ReservationView, claim: JsonDict | None, config: EffectiveConfig
-    ) -> tuple[DeviceReport, bool]:
-        return await self.ops.attach(reservation, claim, config)
 
     async def _ready_report(self, key: WantedDevice,
                             reservation: ReservationView) -> DeviceReport:
@@ -495,7 +498,9 @@ class ClaimReconciler:
         metadata = claim.get("metadata") or {}
         namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
         # The cached claim is usually current; a 409 means it was not, and we read it fresh.
-        fresh: JsonDict | None = copy.deepcopy(claim)
+        # Only status.devices is replaced, in a copy of the status: the cached claim is not
+        # changed.
+        fresh: JsonDict | None = {**claim, "status": dict(claim.get("status") or {})}
         for attempt in range(STATUS_WRITE_ATTEMPTS):
             if fresh is None:
                 try:
@@ -503,7 +508,7 @@ class ClaimReconciler:
                         self._resources.read_namespaced_resource_claim(
                             name, namespace, _preload_content=False),
                         f"read ResourceClaim {namespace}/{name}",
-                    ), self.version)
+                    ), self.version, owned=True)
                 except KubeNotFound:
                     return
             if (fresh.get("metadata") or {}).get("uid") != metadata.get("uid"):

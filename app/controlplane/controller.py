@@ -193,7 +193,7 @@ class ControlPlaneController:
                              on_error=self._claim_error, checkpoint=self._at)
         self.queue: WorkQueue[Key] = WorkQueue(replace(settings.queue, name="control-plane"))
         self.claims = self._informer("resourceclaims",
-                                     lambda obj: claim_from_wire(obj, VERSION))
+                                     lambda obj: claim_from_wire(obj, VERSION, owned=True))
         self.contexts = self._informer("podschedulingcontexts")
         self.slices = self._informer("resourceslices",
                                      lambda obj: _slice_from_wire(obj, VERSION))
@@ -261,7 +261,7 @@ class ControlPlaneController:
         self.started.set()
 
     async def stop(self) -> None:
-        """Stop taking work, stop the workers and the informers."""
+        """Stop taking work, stop the workers, send the queued Events, stop the informers."""
         self.queue.shutdown()
         for task in self._tasks:
             task.cancel()
@@ -273,6 +273,7 @@ class ControlPlaneController:
             except BaseException as err:  # a worker that died must not stop the shutdown
                 log.error("control-plane task %s had died: %r", task.get_name(), err)
         self._tasks = []
+        await self.events.close()
         for informer in self._informers:
             await informer.stop()
 

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
@@ -46,7 +47,8 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(connection: Any) -> None:
         mode = connection.get_execution_options().get(_BEGIN_MODE, "DEFERRED")
-        connection.exec_driver_sql(f"BEGIN {mode}")
+        if mode != "NONE":
+            connection.exec_driver_sql(f"BEGIN {mode}")
 
 
 def make_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncEngine:
@@ -84,6 +86,14 @@ class Database:
     # SQLite has one writer at a time; waiting for its lock means polling with sleeps that grow
     # to 100 ms. Queueing writers here instead keeps them in order at no cost.
     _write_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    # The same engine (and pool) with the SQLite BEGIN mode preset, built once.
+    _immediate: AsyncEngine | None = field(default=None, repr=False)
+    _autocommit: AsyncEngine | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.engine.dialect.name == "sqlite":
+            self._immediate = self.engine.execution_options(**{_BEGIN_MODE: "IMMEDIATE"})
+            self._autocommit = self.engine.execution_options(**{_BEGIN_MODE: "NONE"})
 
     @classmethod
     def connect(cls, url: str, *, pool_size: int = 5, echo: bool = False) -> Database:
@@ -116,6 +126,28 @@ class Database:
         async with self._write_lock, self.sessions() as session, session.begin():
             await session.connection(execution_options={_BEGIN_MODE: "IMMEDIATE"})
             yield session
+
+    @asynccontextmanager
+    async def read_statement(self) -> AsyncIterator[AsyncConnection]:
+        """A Core connection for one read-only statement (cheaper than a session).
+
+        On SQLite no transaction is begun: one statement is consistent by itself, and not
+        opening a transaction saves three round trips to the driver's thread. Use
+        :meth:`read` when several statements must see one snapshot.
+        """
+        async with (self._autocommit or self.engine).connect() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def write_connection(self) -> AsyncIterator[AsyncConnection]:
+        """A Core connection in one transaction, committed at the end or rolled back on error;
+        the Core counterpart of :meth:`write` (same lock and ``BEGIN IMMEDIATE`` on SQLite)."""
+        if self._immediate is None:
+            async with self.engine.begin() as conn:
+                yield conn
+            return
+        async with self._write_lock, self._immediate.begin() as conn:
+            yield conn
 
     async def ping(self) -> None:
         """Run ``SELECT 1``.

@@ -160,6 +160,8 @@ class Informer:
             ``settings.namespace``). It is called with ``_preload_content=False``.
         settings: see :class:`InformerSettings`.
         converter: applied to every object before it is cached and delivered (version shape).
+            It receives a dict just decoded from the answer, which nothing else holds: it may
+            convert it in place.
         rng: randomness for jitter (inject a seeded one in tests).
         sleep: async sleep used for backoff (inject a fake in tests).
         now: monotonic seconds, for timing watches.

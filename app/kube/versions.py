@@ -231,16 +231,29 @@ def claim_to_wire(obj_v1: Mapping[str, Any], version: ResourceApiVersion) -> Jso
 
     Only ``spec.devices.requests[]`` differ: v1beta1 and v1alpha3 carry the ``exactly`` fields
     directly on the request. Status (allocation results, devices) has the same JSON.
+
+    Returns a new dict that shares every part but ``spec`` with ``obj_v1`` (it is meant to be
+    sent, not changed): a claim is written on every attach and detach, and copying its status
+    each time would cost more than the rest of the conversion.
     """
-    result = _with_api_version(obj_v1, version)
+    result = dict(obj_v1)
+    if "apiVersion" in result:
+        result["apiVersion"] = version.api_version
     if version in _WRAPPED_DEVICE_VERSIONS:
+        result["spec"] = copy.deepcopy(result.get("spec"))
         _map_requests(result.get("spec"), _request_to_flat)
     return result
 
 
-def claim_from_wire(obj: Mapping[str, Any], version: ResourceApiVersion) -> JsonDict:
-    """Convert a ResourceClaim in ``version``'s wire shape to the v1 dict shape."""
-    result = copy.deepcopy(dict(obj))
+def claim_from_wire(obj: Mapping[str, Any], version: ResourceApiVersion, *,
+                    owned: bool = False) -> JsonDict:
+    """Convert a ResourceClaim in ``version``'s wire shape to the v1 dict shape.
+
+    Args:
+        owned: ``obj`` is a dict nobody else holds (just decoded from an answer or a watch
+            event): it is converted in place and returned, without a copy.
+    """
+    result = obj if owned and isinstance(obj, dict) else copy.deepcopy(dict(obj))
     _v1_api_version(result)
     if version in _WRAPPED_DEVICE_VERSIONS:
         _map_requests(result.get("spec"), _request_from_flat)
