@@ -323,9 +323,9 @@ async def test_node_is_learnt_from_the_pod_when_binding_conditions_are_absent(
         "containers": [{"name": "c", "image": "busybox"}]}})
     async with running(harness.reconciler()) as reconciler:
         harness.allocate("c1", [("gpu", device)], None, pod="consumer")
-        await asyncio.sleep(0.3)
-        assert harness.sim.history == []
+        await eventually(lambda: bool(reconciler.status()["waiting"]), what="waiting")
         assert reconciler.status()["waiting"][0]["reason"].startswith("waiting for the node")
+        assert harness.sim.history == []
         pod = harness.emu.get("v1", "Pod", "consumer", "default")
         pod["spec"]["nodeName"] = NODES[1]
         harness.emu.update(pod)
