@@ -70,6 +70,15 @@ class ClaimRef:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldDevice:
+    """A device an active exclusive reservation holds: the claim's uid, pool and device."""
+
+    claim_uid: str
+    pool: str
+    device_name: str
+
+
+@dataclass(frozen=True, slots=True)
 class ReservationView:
     """One journal row as a plain value (see :class:`app.db.models.Reservation`)."""
 
@@ -135,6 +144,8 @@ _DEVICE_AND_HOLDERS = (
     .where(_D.name == bindparam("b_name"), _D.removed_at.is_(None))
     .order_by(_R.id)
 )
+_HELD = (select(_R.claim_uid, _R.pool, _R.device_name)
+         .where(_R.state.in_(_ACTIVE), _R.exclusive.is_(True)).order_by(_R.id))
 _INSERT = insert(_TABLE).returning(*_COLUMNS)
 _MOVE = (
     update(_TABLE)
@@ -234,6 +245,16 @@ class Journal:
                                    attaching=True)
 
     async def _reserve(
+        self, claim: ClaimRef, request: str, device_name: str, pool: str, mode: str,
+        node: str | None, host_id: str | None, *, attaching: bool,
+    ) -> tuple[ReservationView, FabricDevice | None]:
+        try:
+            return await self._reserve_once(claim, request, device_name, pool, mode, node,
+                                            host_id, attaching=attaching)
+        finally:
+            self.db.reservation_changes += 1
+
+    async def _reserve_once(
         self, claim: ClaimRef, request: str, device_name: str, pool: str, mode: str,
         node: str | None, host_id: str | None, *, attaching: bool,
     ) -> tuple[ReservationView, FabricDevice | None]:
@@ -351,6 +372,19 @@ class Journal:
     ) -> tuple[ReservationView, FabricDevice | None] | None:
         if state not in STATES or not set(expected) <= set(STATES):
             raise ValueError(f"unknown reservation state in {state!r} / {sorted(expected)}")
+        try:
+            return await self._move(
+                reservation_id, expected, state, error=error, count_attempt=count_attempt,
+                node=node, host_id=host_id, operation_id=operation_id,
+                with_device=with_device, device_required=device_required)
+        finally:
+            self.db.reservation_changes += 1
+
+    async def _move(
+        self, reservation_id: int, expected: Collection[str], state: str, *,
+        error: str | None, count_attempt: bool, node: str | None, host_id: str | None,
+        operation_id: str | None, with_device: bool, device_required: bool,
+    ) -> tuple[ReservationView, FabricDevice | None] | None:
         async with self.db.write_connection() as conn:
             # Taken inside the transaction, so journal times follow commit order.
             now = self.clock()
@@ -398,6 +432,13 @@ class Journal:
                 .order_by(_TABLE.c.id)
             )).all()
         return [_view(r) for r in rows]
+
+    async def held(self) -> list[HeldDevice]:
+        """The devices held by active exclusive reservations (any mode), by reservation id:
+        what allocation must leave alone. Lighter than :meth:`active`."""
+        async with self.db.read_statement() as conn:
+            rows = (await conn.execute(_HELD)).all()
+        return [HeldDevice(*row) for row in rows]
 
     async def count_active(self) -> int:
         """How many reservations are active (not released)."""

@@ -4,15 +4,18 @@ The Kubernetes API emulator and the Redfish simulator run in their own processes
 cost is not counted as ours; the fabric adds no latency of its own. The benchmark allocates N
 claims (one device each, written as kube-scheduler would by ``bench.status_writer``, also in a
 process of its own), waits until every claim reports its binding condition True, then
-deallocates them all and waits until every device is detached.
+deallocates them all and waits until every device is detached: that burst gives the
+throughput. Then it allocates and releases them again at a steady ``--rate`` below saturation:
+that gives the latency of one claim that does not queue behind hundreds of others.
 
-Figures: claims per second (allocation written -> ready, for the whole batch), the
+Figures: claims per second (burst: allocation written -> ready, for the whole batch), the
 controller's own time per reconcile (p50, p99: from reading the claim to writing its status,
-fabric and database calls included), release throughput, this process's CPU per claim cycle
-(attach and release; also in reference units, see ``bench.common.reference_cpu_seconds``) and
-peak memory.
+fabric and database calls included) at the steady rate and in the burst, release throughput,
+this process's CPU per claim cycle in the burst (attach and release; also in reference units,
+see ``bench.common.reference_cpu_seconds``) and peak memory.
 
-    python -m bench.claims [--claims 200] [--workers 8] [--database-url URL] [--json out.json]
+    python -m bench.claims [--claims 200] [--workers 8] [--rate 50] [--database-url URL]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ def percentile(values: list[float], fraction: float) -> float:
     return round(ordered[index] * 1000, 2)
 
 
-async def measure(claims: int, database_url: str | None, workers: int) -> dict[str, Any]:
+async def measure(claims: int, database_url: str | None, workers: int,
+                  rate: float = 50.0) -> dict[str, Any]:
     """Run the benchmark for ``claims`` claims; return the figures."""
     reference = reference_cpu_seconds()
     racks = max(1, -(-claims // 64))
@@ -88,7 +92,7 @@ async def measure(claims: int, database_url: str | None, workers: int) -> dict[s
             backend = RedfishBackend(fabric_url, auth="none", timeout_s=60)
             client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url))
             try:
-                figures = await _cycle(claims, database, backend, client, workers)
+                figures = await _cycle(claims, database, backend, client, workers, rate)
             finally:
                 await client.close()
                 await backend.close()
@@ -100,7 +104,7 @@ async def measure(claims: int, database_url: str | None, workers: int) -> dict[s
 
 
 async def _cycle(claims: int, database: Database, backend: RedfishBackend, client: Any,
-                 workers: int) -> dict[str, Any]:
+                 workers: int, rate: float) -> dict[str, Any]:
     await InventorySync(backend, database).sync_once()
     async with database.read() as session:
         devices = (await session.scalars(select(Device).order_by(Device.name))).all()
@@ -139,18 +143,31 @@ async def _cycle(claims: int, database: Database, backend: RedfishBackend, clien
                     {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
             }, "reservedFor": [{"resource": "pods", "name": f"{name}-pod",
                                 "uid": str(uuid.uuid4())}]}})
+        journal = Journal(database)
+        released = [{"name": n, "status": {}} for n in names]
         cpu0 = cpu_seconds()
+        # Burst: every allocation written at once, as fast as the writer goes: throughput.
         writer = await _write_statuses(client.host, allocations)
         await _until(lambda: _all_ready(reconciler, resources, names))
         attach_seconds = time.monotonic() - (await writer)["started"]
-        attach_durations = list(reconciler.durations)
+        burst_durations = list(reconciler.durations)
 
         reconciler.durations.clear()
-        writer = await _write_statuses(client.host, [{"name": n, "status": {}} for n in names])
-        journal = Journal(database)
+        writer = await _write_statuses(client.host, released)
         await _until(lambda: _none_active(reconciler, journal, len(names)))
         release_seconds = time.monotonic() - (await writer)["started"]
+        release_durations = list(reconciler.durations)
         cpu = cpu_seconds() - cpu0
+
+        # Paced: the same allocations again at a steady rate below saturation: the latency
+        # of one claim's reconcile when it does not queue behind a burst.
+        reconciler.durations.clear()
+        await (await _write_statuses(client.host, allocations, rate))
+        await _until(lambda: _all_ready(reconciler, resources, names))
+        paced_durations = list(reconciler.durations)
+        reconciler.durations.clear()
+        await (await _write_statuses(client.host, released))
+        await _until(lambda: _none_active(reconciler, journal, len(names)))
     finally:
         await reconciler.stop()
     return {
@@ -158,12 +175,15 @@ async def _cycle(claims: int, database: Database, backend: RedfishBackend, clien
         "claims": claims,
         "workers": workers,
         "claims_per_second": round(claims / attach_seconds, 1),
-        "reconcile_p50_ms": percentile(attach_durations, 0.50),
-        "reconcile_p99_ms": percentile(attach_durations, 0.99),
-        "reconcile_mean_ms": round(statistics.mean(attach_durations) * 1000, 2),
-        "reconciles": len(attach_durations),
+        "paced_rate_per_second": rate,
+        "reconcile_p50_ms": percentile(paced_durations, 0.50),
+        "reconcile_p99_ms": percentile(paced_durations, 0.99),
+        "reconcile_mean_ms": round(statistics.mean(paced_durations) * 1000, 2),
+        "burst_reconcile_p50_ms": percentile(burst_durations, 0.50),
+        "burst_reconcile_p99_ms": percentile(burst_durations, 0.99),
+        "reconciles": len(burst_durations),
         "releases_per_second": round(claims / release_seconds, 1),
-        "release_reconcile_p99_ms": percentile(reconciler.durations or [0.0], 0.99),
+        "release_reconcile_p99_ms": percentile(release_durations or [0.0], 0.99),
         "cpu_ms_per_claim_cycle": round(cpu / claims * 1000, 2),
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
@@ -178,12 +198,13 @@ async def _queue_empty(reconciler: ClaimReconciler) -> bool:
     return len(reconciler.queue) == 0
 
 
-async def _write_statuses(kube_url: str, entries: list[dict[str, Any]]
-                          ) -> asyncio.Future[dict[str, Any]]:
-    """Start ``bench.status_writer`` on ``entries`` in its own process; return a future of its
-    timing line (see that module)."""
+async def _write_statuses(kube_url: str, entries: list[dict[str, Any]],
+                          rate: float | None = None) -> asyncio.Future[dict[str, Any]]:
+    """Start ``bench.status_writer`` on ``entries`` in its own process (at most ``rate``
+    writes per second when given); return a future of its timing line (see that module)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.status_writer", kube_url,
+        *([str(rate)] if rate else []),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
 
     async def finish() -> dict[str, Any]:
@@ -233,10 +254,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--claims", type=int, default=200)
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=50.0,
+                        help="claims per second of the paced (latency) phase")
     parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
-    figures = asyncio.run(measure(options.claims, options.database_url, options.workers))
+    figures = asyncio.run(measure(options.claims, options.database_url, options.workers,
+                                  options.rate))
     write_figures(options.json, [figures])
 
 

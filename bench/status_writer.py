@@ -4,11 +4,12 @@
 scheduler's work, not the controller's) is not counted in the controller's CPU figures, and
 does not compete with the controller for its event loop. For each entry of the JSON list on
 its standard input (``{"name": ..., "status": {...}}``, claims of namespace ``default``) it
-reads the claim and replaces its status, one after the other. It prints one JSON line: the
+reads the claim and replaces its status, one after the other (at most RATE per second when
+given). It prints one JSON line: the
 ``time.monotonic()`` (shared by all processes on Linux) of its first and last write, and the
 count.
 
-    python -m bench.status_writer URL < entries.json
+    python -m bench.status_writer URL [RATE] < entries.json
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ import aiohttp
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 
 
-async def write(url: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Replace the status of each claim in ``entries``; return the timing line."""
+async def write(url: str, entries: list[dict[str, Any]],
+                rate: float | None = None) -> dict[str, Any]:
+    """Replace the status of each claim in ``entries`` (as fast as possible, or ``rate``
+    writes per second, evenly spaced); return the timing line."""
     started = time.monotonic()
     async with aiohttp.ClientSession(base_url=url) as http:
-        for entry in entries:
+        for index, entry in enumerate(entries):
+            if rate:
+                await asyncio.sleep(max(0.0, started + index / rate - time.monotonic()))
             path = f"{CLAIMS}/{entry['name']}"
             async with http.get(path) as response:
                 response.raise_for_status()
@@ -40,9 +45,10 @@ async def write(url: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Run as ``python -m bench.status_writer URL < entries.json``."""
+    """Run as ``python -m bench.status_writer URL [RATE] < entries.json``."""
     entries = json.load(sys.stdin)
-    print(json.dumps(asyncio.run(write(sys.argv[1], entries))), flush=True)
+    rate = float(sys.argv[2]) if len(sys.argv) > 2 else None
+    print(json.dumps(asyncio.run(write(sys.argv[1], entries, rate))), flush=True)
 
 
 if __name__ == "__main__":

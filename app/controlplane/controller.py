@@ -72,7 +72,14 @@ from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
 from app.hostmap import HostIndex, host_for_node
 from app.inventory.queries import host_refs
-from app.journal import ClaimRef, DeviceHeld, Journal, ReservationView, UnknownDevice
+from app.journal import (
+    ClaimRef,
+    DeviceHeld,
+    HeldDevice,
+    Journal,
+    ReservationView,
+    UnknownDevice,
+)
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeBadRequest, KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -93,6 +100,7 @@ REASON_ALLOCATION_FAILED = "AllocationFailed"
 REASON_INVALID_CLAIM = "InvalidClaim"
 REASON_DEVICE_TAKEN = "DeviceTaken"
 REASON_DEALLOCATED = "Deallocated"
+HELD_MAX_AGE_S = 1.0
 
 
 
@@ -183,6 +191,7 @@ class ControlPlaneController:
         self.metrics = metrics
         self.clock = clock
         self.allocator = allocator or Allocator()
+        self.answers = cp.NodeAnswers()
         self._checkpoint = checkpoint
         self.finalizer = cp.finalizer_name(settings.driver_name)
         self.journal = Journal(db, clock)
@@ -218,6 +227,9 @@ class ControlPlaneController:
         self._nodes: dict[str, Node] | None = None
         self._reachable: dict[str, tuple[Pool, ...]] | None = None
         self._hosts_at = -1e9
+        self._held_cache: tuple[int, float, list[HeldDevice]] | None = None
+        # Our devices allocated to each claim (by uid), kept from the claim events.
+        self._claim_devices: dict[str, frozenset[DeviceId]] = {}
         self._answers: dict[tuple[str, str], dict[str, list[str]]] = {}
         self._warned: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -322,6 +334,11 @@ class ControlPlaneController:
         uid = str(metadata.get("uid") or "")
         if not uid:
             return
+        devices = cp.claim_devices(obj, self.settings.driver_name)
+        if event == "DELETED" or not devices:
+            self._claim_devices.pop(uid, None)
+        else:
+            self._claim_devices[uid] = devices
         if event == "DELETED":
             self._by_uid.pop(uid, None)
             self._written.pop(uid, None)
@@ -469,6 +486,7 @@ class ControlPlaneController:
         driver = self.settings.driver_name
         if self._pools is None:
             self._reachable = None
+            self.answers.clear()
             self._pools = gather_pools(
                 s for s in self.slices.objects() if (s.get("spec") or {}).get("driver") == driver)
         if self._class_cache is None:
@@ -481,11 +499,13 @@ class ControlPlaneController:
                 if isinstance(suitable, Mapping):
                     selectors[parsed.name] = suitable
             self._class_cache = (classes, selectors)
+            self.answers.clear()
         hosts = await self._host_map()
-        reservations = await self.journal.active()
-        in_use = cp.devices_in_use(self.claims.objects(), reservations, driver, exclude_uids)
+        in_use = cp.devices_in_use(self._claim_devices, await self._held(), driver,
+                                   exclude_uids)
         if self._nodes is None:
             self._nodes = {n.name: n for n in map(node_from_json, self.nodes.objects())}
+            self.answers.clear()
             self._reachable = {}
         reachable = self._reachable
         if reachable is None or not reachable:
@@ -495,6 +515,20 @@ class ControlPlaneController:
             self._reachable = reachable
         return _Snapshot(self._pools, self._class_cache[0], self._class_cache[1], in_use,
                          self._nodes, hosts, reachable)
+
+    async def _held(self) -> list[HeldDevice]:
+        """The journal's held devices, read again only after a journal write of this process,
+        or after ``HELD_MAX_AGE_S`` (another process, the admin command say, may write it).
+        Reading something stale is safe: the journal's unique index refuses a device held
+        meanwhile (DeviceHeld), and the context is answered again from a fresh read."""
+        now = time.monotonic()
+        changes = self.db.reservation_changes
+        cached = self._held_cache
+        if cached is not None and cached[0] == changes and now - cached[1] < HELD_MAX_AGE_S:
+            return cached[2]
+        held = await self.journal.held()
+        self._held_cache = (changes, now, held)
+        return held
 
     async def _host_map(self) -> dict[str, str]:
         """Node name -> fabric host id, for the nodes that map to a host."""
@@ -588,7 +622,7 @@ class ControlPlaneController:
                     answers = cp.unsuitable_nodes(
                         self.allocator, parsed, snapshot.classes, snapshot.pools,
                         snapshot.in_use, potential, self._suitable_nodes(parsed, snapshot),
-                        snapshot.hosts, snapshot.reachable)
+                        snapshot.hosts, snapshot.reachable, self.answers)
         if reserved is not None:
             await self._at("after-reserve")
             return not await self._write_allocations(pod, pending, *reserved, selected)

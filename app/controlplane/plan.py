@@ -24,7 +24,7 @@ from typing import Any, Literal
 from app.allocator import Allocator, Claim, DeviceClass, Node, Pool
 from app.allocator.model import DeviceId
 from app.claims.model import WantedDevice, wanted_devices
-from app.journal import ReservationView
+from app.journal import HeldDevice, ReservationView
 
 MAX_NODES = 128  # resourceapi.PodSchedulingNodeListMaxSize
 JsonDict = dict[str, Any]
@@ -196,27 +196,40 @@ def remove_finalizer_patch(claim: Mapping[str, Any], finalizer: str) -> list[Jso
             {"op": "remove", "path": f"/metadata/finalizers/{current.index(finalizer)}"}]
 
 
+def claim_devices(claim: Mapping[str, Any], driver_name: str) -> frozenset[DeviceId]:
+    """(driver, pool, device) of our devices allocated to ``claim``, leaving out admin-access
+    results (they do not make a device unavailable: KEP-4381 adminAccess)."""
+    results = ((allocation_of(claim) or {}).get("devices") or {}).get("results") or []
+    return frozenset(
+        (driver_name, str(result.get("pool")), str(result.get("device")))
+        for result in results
+        if isinstance(result, Mapping) and result.get("driver") == driver_name
+        and not result.get("adminAccess")
+    )
+
+
 def devices_in_use(
-    claims: Iterable[Mapping[str, Any]], reservations: Iterable[ReservationView],
-    driver_name: str, exclude_uids: Collection[str] = (),
+    claims: Iterable[Mapping[str, Any]] | Mapping[str, frozenset[DeviceId]],
+    held: Iterable[HeldDevice], driver_name: str, exclude_uids: Collection[str] = (),
 ) -> set[DeviceId]:
     """(driver, pool, device) of our devices allocated to a claim or held in the journal by
-    any mode, leaving out what the claims in ``exclude_uids`` hold (they are being allocated
-    now; their own leftovers are replaced).
+    any mode (``held``: :meth:`app.journal.Journal.held`), leaving out what the claims in
+    ``exclude_uids`` hold (they are being allocated now; their own leftovers are replaced).
 
-    Admin-access results do not make a device unavailable (KEP-4381 adminAccess)."""
+    ``claims`` are claim objects, or their :func:`claim_devices` by uid (an index kept up to
+    date from the informer's events)."""
     used: set[DeviceId] = set()
-    for claim in claims:
-        if (claim.get("metadata") or {}).get("uid") in exclude_uids:
-            continue
-        results = ((allocation_of(claim) or {}).get("devices") or {}).get("results") or []
-        for result in results:
-            if (isinstance(result, Mapping) and result.get("driver") == driver_name
-                    and not result.get("adminAccess")):
-                used.add((driver_name, str(result.get("pool")), str(result.get("device"))))
-    for reservation in reservations:
-        if reservation.claim.uid not in exclude_uids and reservation.exclusive:
-            used.add((driver_name, reservation.pool, reservation.device_name))
+    if isinstance(claims, Mapping):
+        for uid, devices in claims.items():
+            if uid not in exclude_uids:
+                used.update(devices)
+    else:
+        for claim in claims:
+            if (claim.get("metadata") or {}).get("uid") not in exclude_uids:
+                used.update(claim_devices(claim, driver_name))
+    for device in held:
+        if device.claim_uid not in exclude_uids:
+            used.add((driver_name, device.pool, device.device_name))
     return used
 
 
@@ -226,6 +239,77 @@ class Pending:
 
     pod_claim: str
     claim: Claim
+
+
+class NodeAnswers:
+    """Remembers whether a pod's claims fit on a node, for answering scheduling contexts.
+
+    An answer depends only on the claims' requests and constraints, the node, the pools
+    reaching it, the device classes, and which devices of those pools are in use. Open
+    contexts are answered again after every allocation, for every potential node: with this
+    memo only the nodes whose pools changed are worked out again (the pods of one workload
+    share their claims' specs, so one pod's answers serve the next).
+
+    The caller clears it when pools, classes or nodes change (:meth:`clear`); in-use devices
+    are part of the key. At most ``max_entries`` answers are kept (all are dropped when full).
+    """
+
+    def __init__(self, max_entries: int = 50_000) -> None:
+        self.max_entries = max_entries
+        self._fits: dict[tuple[Any, ...], bool] = {}
+        self._specs: dict[tuple[Any, ...], int] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def clear(self) -> None:
+        """Forget every answer (pools, classes or nodes changed)."""
+        self._fits.clear()
+        self._specs.clear()
+
+    def __len__(self) -> int:
+        return len(self._fits)
+
+    def spec_key(self, claims: Sequence[Claim]) -> int:
+        """A small number standing for the claims' requests and constraints (hashing those
+        once per question instead of once per node)."""
+        spec = tuple((c.requests, c.constraints) for c in claims)
+        key = self._specs.get(spec)
+        if key is None:
+            if len(self._specs) >= self.max_entries:
+                self.clear()
+            key = self._specs[spec] = len(self._specs)
+        return key
+
+    def fits(self, allocator: Allocator, claims: Sequence[Claim],
+             classes: Mapping[str, DeviceClass], usable: Sequence[Pool],
+             in_use_by_pool: Mapping[str, frozenset[DeviceId]], in_use: Collection[DeviceId],
+             node: Node, spec_key: int | None = None) -> bool:
+        """True when ``claims`` can be allocated together on ``node`` (see
+        :meth:`Allocator.allocate`), from memory when the same question was answered.
+        ``spec_key``: :meth:`spec_key` of ``claims``, when the caller has it."""
+        key = (self.spec_key(claims) if spec_key is None else spec_key, node.name,
+               tuple(in_use_by_pool.get(p.name, _NONE) for p in usable))
+        known = self._fits.get(key)
+        if known is not None:
+            self.hits += 1
+            return known
+        self.misses += 1
+        fits = allocator.allocate(claims, classes, usable, in_use, node).ok
+        if len(self._fits) >= self.max_entries:
+            self._fits.clear()
+        self._fits[key] = fits
+        return fits
+
+
+_NONE: frozenset[DeviceId] = frozenset()
+
+
+def in_use_by_pool(in_use: Iterable[DeviceId]) -> dict[str, frozenset[DeviceId]]:
+    """``in_use`` grouped by pool name (a device id is (driver, pool, device))."""
+    grouped: dict[str, set[DeviceId]] = {}
+    for device_id in in_use:
+        grouped.setdefault(device_id[1], set()).add(device_id)
+    return {pool: frozenset(ids) for pool, ids in grouped.items()}
 
 
 def unsuitable_nodes(
@@ -238,6 +322,7 @@ def unsuitable_nodes(
     nodes: Mapping[str, Node],
     hosts: Collection[str],
     reachable: Mapping[str, Sequence[Pool]] | None = None,
+    answers: NodeAnswers | None = None,
 ) -> dict[str, list[str]]:
     """For each pending claim (by pod-level name), the potential nodes it cannot get devices
     on, in ``potential`` order, at most 128.
@@ -247,8 +332,12 @@ def unsuitable_nodes(
     (all of the pod's claims of our driver on that node, against ``in_use``). Listing every
     claim is what the upstream helper does for a joint failure: the scheduler skips a node
     that any claim lists. ``reachable`` (node name -> the pools reaching it, in allocation
-    order) saves the allocator from checking every pool's reach again on each call.
+    order) saves the allocator from checking every pool's reach again on each call;
+    ``answers`` remembers answers across calls (see :class:`NodeAnswers`).
     """
+    claims = [p.claim for p in pending]
+    grouped = in_use_by_pool(in_use) if answers is not None else {}
+    spec_key = answers.spec_key(claims) if answers is not None else None
     failed: list[str] = []
     for node_name in potential[:MAX_NODES]:
         node = nodes.get(node_name)
@@ -257,8 +346,12 @@ def unsuitable_nodes(
             continue
         usable = reachable[node_name] if reachable is not None and node_name in reachable else (
             pools)
-        outcome = allocator.allocate([p.claim for p in pending], classes, usable, in_use, node)
-        if not outcome.ok:
+        if answers is not None:
+            fits = answers.fits(allocator, claims, classes, usable, grouped, in_use, node,
+                                spec_key)
+        else:
+            fits = allocator.allocate(claims, classes, usable, in_use, node).ok
+        if not fits:
             failed.append(node_name)
     return {p.pod_claim: list(failed) for p in pending}
 
@@ -334,6 +427,7 @@ def chosen_devices(allocation: Mapping[str, Any], driver_name: str) -> list[Want
 
 __all__ = [
     "MAX_NODES",
+    "NodeAnswers",
     "Pending",
     "PodClaim",
     "add_finalizer_patch",
@@ -341,11 +435,13 @@ __all__ = [
     "allocation_of",
     "being_deleted",
     "chosen_devices",
+    "claim_devices",
     "claim_phase",
     "cleared_status",
     "consumer_ref",
     "devices_in_use",
     "finalizer_name",
+    "in_use_by_pool",
     "is_ours",
     "merged_claim_entries",
     "needs_status_clear",

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client import CoreV1Api
 from sqlalchemy import select
 
+from app.claims.fabric_ops import EventRecorder
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.db.engine import Database
 from app.db.models import Device
@@ -515,3 +517,38 @@ async def test_an_attach_that_times_out_is_retried_then_reported_failed(
     # Whatever the slow attaches did in the end, nothing stays attached.
     await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
                      timeout_s=10)
+
+
+async def test_events_are_sent_in_the_background_and_dropped_only_past_the_limit(
+    harness: Harness,
+) -> None:
+    claim = harness.create_claim("c1")
+    recorder = EventRecorder(CoreV1Api(harness.client.api), "test", "resource.k8s.io/v1",
+                             max_queued=3)
+    harness.emu.latency_s = 0.05
+    for i in range(5):
+        # Returns at once: nothing is sent before the caller yields.
+        await recorder.record(claim, "Normal", "Probe", f"message {i}")
+    assert (recorder.pending(), recorder.dropped, harness.events("Probe")) == (3, 2, [])
+    await recorder.close()
+    assert sorted(e["message"] for e in harness.events("Probe")) == [
+        "message 0", "message 1", "message 2"]
+    assert (recorder.sent, recorder.pending()) == (3, 0)
+    # After close an Event is sent at once, in the caller's task.
+    await recorder.record(claim, "Warning", "Probe", "late")
+    assert len(harness.events("Probe")) == 4
+    harness.emu.latency_s = 0
+
+
+async def test_an_event_the_server_refuses_is_logged_and_the_rest_still_go(
+    harness: Harness,
+) -> None:
+    claim = harness.create_claim("c1")
+    recorder = EventRecorder(CoreV1Api(harness.client.api), "test", "resource.k8s.io/v1")
+    harness.emu.fail_next(1, method="POST", path_regex="/events", status=500)
+    await recorder.record(claim, "Normal", "Probe", "refused")
+    await recorder.record(claim, "Normal", "Probe", "accepted")
+    await recorder.flush()
+    assert [e["message"] for e in harness.events("Probe")] == ["accepted"]
+    assert recorder.sent == 1
+    await recorder.close()

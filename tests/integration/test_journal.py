@@ -138,3 +138,59 @@ async def test_queries(db: Database, names: list[str]) -> None:
                                                  updated_at=(await journal.get(a.id)).updated_at,
                                                  released_at=(await journal.get(a.id)).released_at)
     assert a.to_json()["claim"] == {"uid": "uid-1", "namespace": "default", "name": "claim-1"}
+
+
+async def test_reserve_for_attach_journals_the_attach_in_the_same_transaction(
+    db: Database, names: list[str]
+) -> None:
+    journal = Journal(db)
+    changes = db.reservation_changes
+    view, device = await journal.reserve_for_attach(claim(1), "gpu", names[0], "p",
+                                                    "structured", "node-a", "host-a")
+    assert (view.state, view.attempts, view.node, view.host_id) == (
+        ATTACHING, 1, "node-a", "host-a")
+    assert device is not None and device.vendor_id == gpu(1).vendor_id
+    assert db.reservation_changes > changes
+    # Already held by the same claim and request: the existing one, nothing new to send.
+    again, none = await journal.reserve_for_attach(claim(1), "gpu", names[0], "p",
+                                                   "structured", "node-a", "host-a")
+    assert (again.id, none) == (view.id, None)
+    with pytest.raises(DeviceHeld, match="claim default/claim-1"):
+        await journal.reserve_for_attach(claim(2), "gpu", names[0], "p", "structured",
+                                         "node-a", "host-a")
+    with pytest.raises(UnknownDevice):
+        await journal.reserve_for_attach(claim(2), "gpu", "no-such-device", "p", "structured",
+                                         "node-a", "host-a")
+
+
+async def test_begin_attach_and_detach_move_and_read_the_device_together(
+    db: Database, names: list[str]
+) -> None:
+    journal = Journal(db)
+    pending = await journal.reserve(claim(1), "gpu", names[2], "p", "structured", "n", "h")
+    begun = await journal.begin_attach(pending.id)
+    assert begun is not None
+    moving, device = begun
+    assert (moving.state, moving.attempts, device.vendor_id) == (ATTACHING, 1, gpu(3).vendor_id)
+    assert await journal.transition(moving.id, [ATTACHING], ATTACHED) is not None
+    assert await journal.begin_attach(moving.id) is None  # attached: not moved again
+    detaching = await journal.begin_detach(moving.id)
+    assert detaching is not None
+    assert (detaching[0].state, detaching[0].attempts) == (DETACHING, 2)
+    assert detaching[1] == device
+    released = await journal.transition(moving.id, [DETACHING], RELEASED)
+    assert released is not None and released.attached_at is not None
+    assert released.released_at is not None
+    assert await journal.begin_detach(moving.id) is None
+
+
+async def test_held_lists_active_exclusive_reservations(db: Database, names: list[str]) -> None:
+    journal = Journal(db)
+    a = await journal.reserve(claim(1), "gpu", names[0], "p1", "structured", None, None)
+    await journal.reserve(claim(2), "gpu", names[1], "p2", "control-plane", None, None)
+    c = await journal.reserve(claim(3), "gpu", names[2], "p3", "control-plane", None, None)
+    await journal.transition(c.id, [PENDING], RELEASED)
+    held = await journal.held()
+    assert [(h.claim_uid, h.pool, h.device_name) for h in held] == [
+        (a.claim.uid, "p1", names[0])]
+    assert await journal.count_active() == 2

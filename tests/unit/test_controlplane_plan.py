@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from app.allocator import Allocator, Node, claim_from_json, device_class_from_json, gather_pools
 from app.claims.model import WantedDevice
 from app.controlplane import plan as cp
-from app.journal import PENDING, ClaimRef, ReservationView
+from app.journal import PENDING, ClaimRef, HeldDevice, ReservationView
 
 DRIVER = "fabric.example.com"
 FINALIZER = "fabric.example.com/deletion-protection"
@@ -129,10 +129,14 @@ def test_devices_in_use_come_from_claims_and_the_journal_but_not_the_claims_allo
         {"request": "dev", "driver": DRIVER, "pool": "us-east/r1", "device": "gpu-9",
          "adminAccess": True},
         {"request": "dev", "driver": "other.example.com", "pool": "x", "device": "y"}]}}})
-    held = [reservation(1, "gpu-2", uid="u3"), reservation(2, "gpu-3", uid="u1"),
-            reservation(3, "gpu-4", uid="u4", exclusive=False)]
-    assert cp.devices_in_use([other], held, DRIVER, {"u1"}) == {
-        (DRIVER, "us-east/r1", "gpu-1"), (DRIVER, "us-east/r1", "gpu-2")}
+    held = [HeldDevice("u3", "us-east/r1", "gpu-2"), HeldDevice("u1", "us-east/r1", "gpu-3")]
+    expected = {(DRIVER, "us-east/r1", "gpu-1"), (DRIVER, "us-east/r1", "gpu-2")}
+    assert cp.devices_in_use([other], held, DRIVER, {"u1"}) == expected
+    # The same from the per-claim index the controller keeps from claim events.
+    index = {"u2": cp.claim_devices(other, DRIVER), "u1": frozenset(
+        {(DRIVER, "us-east/r1", "gpu-7")})}
+    assert cp.devices_in_use(index, held, DRIVER, {"u1"}) == expected
+    assert cp.claim_devices(claim(), DRIVER) == frozenset()
 
 
 def test_stale_reservations_are_those_the_new_allocation_does_not_use() -> None:
@@ -216,3 +220,62 @@ def test_a_node_is_unsuitable_exactly_when_the_allocator_fails_there(
                                   NODES, hosts=set(NODES))
     for node_name, have in (("east-1", east), ("west-1", west)):
         assert (node_name in answers["gpu"]) == (have < count)
+
+
+class CountingAllocator(Allocator):
+    """An allocator that counts its runs."""
+
+    runs = 0
+
+    def allocate(self, *args: Any, **kwargs: Any) -> Any:
+        self.runs += 1
+        return super().allocate(*args, **kwargs)
+
+
+def test_remembered_answers_are_reused_until_the_nodes_pools_change() -> None:
+    pools = gather_pools(slices({"east": 2, "west": 2}))
+    reachable = {n: tuple(p for p in pools if p.reaches_node(node)) for n, node in NODES.items()}
+    allocator, memo = CountingAllocator(), cp.NodeAnswers()
+    potential = ["east-1", "east-2", "west-1"]
+
+    def answer(in_use: set[Any], name: str = "gpu") -> dict[str, list[str]]:
+        return cp.unsuitable_nodes(allocator, [pending(2, name)], CLASSES, pools, in_use,
+                                   potential, NODES, set(NODES), reachable, memo)
+
+    assert answer(set()) == {"gpu": []}
+    assert allocator.runs == 3
+    # Another pod whose claim has the same spec: every answer comes from memory.
+    assert answer(set(), "other") == {"other": []}
+    assert allocator.runs == 3
+    # A device taken in the west pool: only west-1 is worked out again.
+    assert answer({(DRIVER, "west/r1", "gpu-west-0")}) == {"gpu": ["west-1"]}
+    assert allocator.runs == 4
+    assert (memo.hits, memo.misses) == (5, 4)
+    memo.clear()
+    assert answer({(DRIVER, "west/r1", "gpu-west-0")}) == {"gpu": ["west-1"]}
+    assert allocator.runs == 7
+
+
+@given(st.lists(st.tuples(st.sampled_from(["east", "west"]), st.integers(0, 3)), max_size=6),
+       st.integers(1, 3))
+def test_remembered_answers_equal_fresh_ones(taken: list[tuple[str, int]], count: int) -> None:
+    pools = gather_pools(slices({"east": 3, "west": 2}))
+    memo = cp.NodeAnswers()
+    potential = ["east-1", "west-1", "east-2"]
+    in_use: set[Any] = set()
+    for region, index in taken:
+        in_use.add((DRIVER, f"{region}/r1", f"gpu-{region}-{index}"))
+        remembered = cp.unsuitable_nodes(Allocator(), [pending(count)], CLASSES, pools,
+                                         set(in_use), potential, NODES, set(NODES), None, memo)
+        fresh = cp.unsuitable_nodes(Allocator(), [pending(count)], CLASSES, pools, set(in_use),
+                                    potential, NODES, set(NODES))
+        assert remembered == fresh
+
+
+def test_remembered_answers_are_bounded() -> None:
+    pools = gather_pools(slices({"east": 1}))
+    memo = cp.NodeAnswers(max_entries=2)
+    for count in (1, 2, 3, 4):
+        cp.unsuitable_nodes(Allocator(), [pending(count)], CLASSES, pools, set(),
+                            ["east-1"], NODES, set(NODES), None, memo)
+        assert len(memo) <= 2
