@@ -373,7 +373,10 @@ class Informer:
 
     # ----------------------------------------------------------------- list
     async def _list_all(self) -> tuple[list[JsonDict], str]:
-        """List every object, page by page. Returns (objects, list resourceVersion)."""
+        """List every object, page by page. Returns (converted objects, list
+        resourceVersion). Each page is converted as it arrives, so that only one page of raw
+        objects is held at a time (a converter that slims objects keeps a large list small:
+        1,172 ResourceSlices of 100,000 devices are about 320 MiB as raw JSON dicts)."""
         what = f"list {self.settings.name}"
         items: list[JsonDict] = []
         continue_token: str | None = None
@@ -412,8 +415,9 @@ class Informer:
                     raw["kind"] = item_kind
                 if api_version and "apiVersion" not in raw:
                     raw["apiVersion"] = api_version
-                items.append(raw)
+                items.append(self._convert(raw))
             metadata = page.get("metadata") or {}
+            del page
             continue_token = metadata.get("continue") or None
             if not continue_token:
                 version = metadata.get("resourceVersion")
@@ -423,11 +427,9 @@ class Informer:
 
     async def _relist(self) -> None:
         self.list_count += 1
-        raw_items, list_version = await self._list_all()
-        fresh: dict[ObjectKey, JsonDict] = {}
-        for raw in raw_items:
-            obj = self._convert(raw)
-            fresh[object_key(obj)] = obj
+        listed, list_version = await self._list_all()
+        fresh: dict[ObjectKey, JsonDict] = {object_key(obj): obj for obj in listed}
+        del listed
         # Diff against what consumers have seen (client-go's DeltaFIFO.Replace).
         for key in [k for k in self._cache if k not in fresh]:
             old = self._cache.pop(key)

@@ -175,6 +175,42 @@ async def test_initial_list_is_paginated_and_fills_the_cache(
         await informer.stop()
 
 
+async def test_a_listed_page_is_converted_before_the_next_page_is_asked_for(
+    emulator: tuple[KubeEmulator, str], kube: KubeClient
+) -> None:
+    # Converting page by page keeps only one page of raw objects in memory: a slimming
+    # converter then bounds what a large list costs.
+    emu, _ = emulator
+    for i in range(5):
+        emu.create(resource_slice(f"s{i}"))
+
+    def list_requests() -> int:
+        return sum(1 for r in emu.requests
+                   if r.method == "GET" and r.path.endswith("resourceslices"))
+
+    seen: list[tuple[str, int]] = []
+
+    def slim(obj: dict[str, Any]) -> dict[str, Any]:
+        seen.append((obj["metadata"]["name"], list_requests()))
+        return {"metadata": obj["metadata"], "kind": obj["kind"], "apiVersion": "slim"}
+
+    before = list_requests()
+    informer = Informer(ResourceV1Api(kube.api).list_resource_slice, fast_settings(),
+                        converter=slim)
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+        # Two objects a page: each object was converted while its own page was the last
+        # one served.
+        assert [(name, count - before) for name, count in seen[:5]] == [
+            ("s0", 1), ("s1", 1), ("s2", 2), ("s3", 2), ("s4", 3)]
+        listed = informer.get("s3")
+        assert listed is not None
+        assert listed["apiVersion"] == "slim"
+    finally:
+        await informer.stop()
+
+
 async def test_watch_delivers_every_change_once_in_order(
     emulator: tuple[KubeEmulator, str], kube: KubeClient
 ) -> None:
