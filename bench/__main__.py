@@ -88,7 +88,7 @@ def cases(short: bool) -> list[Case]:
     if short:
         out.append(Case("controlplane", "2,000 devices, 40 pods",
                         ("--devices", "2000", "--racks", "40", "--pods", "40",
-                         "--in-flight", "8"), 300))
+                         "--in-flight", "8", "--warmup", "5"), 300))
         out.append(Case("allocate", "10,000 devices, 300 allocations",
                         ("--allocations", "300"), 300))
     else:
@@ -183,6 +183,13 @@ def _mb(name: str) -> Callable[[list[dict[str, Any]]], Any]:
     return read
 
 
+def _ms(name: str, step: str | None = None) -> Callable[[list[dict[str, Any]]], Any]:
+    def read(figures: list[dict[str, Any]]) -> Any:
+        value = _key(name, step)(figures)
+        return None if value is None else round(value * 1000, 1)
+    return read
+
+
 def _at_least(devices: int) -> Callable[[list[dict[str, Any]]], bool]:
     return lambda figures: int(figures[0].get("devices", 0)) >= devices
 
@@ -220,6 +227,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("claims", "reconcile p50", _key("reconcile_p50_ms"), "ms"),
     Metric("claims", "reconcile p99", _key("reconcile_p99_ms"), "ms",
            target=("< 50 ms", lambda v: v < 50)),
+    Metric("claims", "reconcile p99 in the burst", _key("burst_reconcile_p99_ms"), "ms"),
     Metric("claims", "CPU per claim cycle", _key("cpu_ms_per_claim_cycle"), "ms"),
     Metric("claims", "CPU per claim cycle (ratio)", _key("ref_units_per_claim_cycle"), "ref"),
     Metric("claims", "peak resident memory", _mb("peak_rss_mib"), "MB"),
@@ -230,8 +238,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("controlplane", "pod to bind p99", _key("p99_ms", "allocations"), "ms"),
     Metric("controlplane", "API requests per allocation",
            _key("api_requests_per_allocation", "allocations")),
+    Metric("controlplane", "CPU per allocation", _ms("cpu_seconds_per_allocation",
+                                                      "allocations"), "ms"),
     Metric("controlplane", "CPU per allocation (ratio)",
            _key("ref_units_per_allocation", "allocations"), "ref"),
+    Metric("controlplane", "node answers worked out per allocation",
+           _key("node_answers_computed_per_allocation", "allocations")),
     Metric("allocate", "allocations per second (allocator alone)",
            _key("allocations_per_second", "allocations"), "/s"),
     Metric("allocate", "allocation p99", _key("p99_ms", "allocations"), "ms"),
