@@ -23,8 +23,10 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_kube_config
+from yarl import URL
 
 from app.kube.errors import KubeError, KubeInvalidResponse, error_from_status, translate_error
 
@@ -247,7 +249,35 @@ async def connect(
     configuration = await build_configuration(settings, now=now)
     api = ApiClient(configuration=configuration)
     api.user_agent = settings.user_agent
+    _proxy_from_environment_once(api)
     return KubeClient(api, settings)
+
+
+def _proxy_from_environment_once(api: ApiClient) -> None:
+    """Look the proxy for the API server up once instead of on every request.
+
+    kubernetes-asyncio opens its aiohttp session with ``trust_env=True``, so every request
+    looks up ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` and reads ``~/.netrc``, each in a
+    worker thread: two thread hops and a file read per request, a large share of a claim's
+    cost. The environment does not change while the process runs: the proxy it names for the
+    server (client-go's ``ProxyFromEnvironment`` rule) is resolved here and passed with every
+    request, and the per-request lookups are turned off. ``.netrc`` credentials are never used
+    for the API server (authentication is by token or certificate).
+    """
+    rest = api.rest_client
+    session = rest.pool_manager
+    if not hasattr(session, "_trust_env"):
+        return  # another aiohttp: leave its behaviour alone
+    if not rest.proxy:
+        try:
+            proxy, proxy_auth = get_env_proxy_for_url(URL(str(api.configuration.host)))
+        except LookupError:
+            proxy, proxy_auth = None, None
+        if proxy is not None:
+            rest.proxy = str(proxy)
+            if proxy_auth is not None:
+                rest.proxy_headers = {"Proxy-Authorization": proxy_auth.encode()}
+    session._trust_env = False
 
 
 async def call_json(call: Awaitable[Any], what: str) -> JsonDict:

@@ -152,3 +152,48 @@ async def test_typed_errors_carry_retry_after() -> None:
                 await discover_version(client.api)
     finally:
         await emu.stop()
+
+
+async def test_the_proxy_is_taken_from_the_environment_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://user:secret@proxy.example:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL,
+                                              url="https://api.example:6443"))
+    try:
+        rest = client.api.rest_client
+        assert rest.proxy == "http://proxy.example:3128"
+        assert rest.proxy_headers["Proxy-Authorization"].startswith("Basic ")
+        # No lookup (and no thread hop) per request any more.
+        assert rest.pool_manager._trust_env is False
+    finally:
+        await client.close()
+    monkeypatch.setenv("NO_PROXY", "api.example")
+    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL,
+                                              url="https://api.example:6443"))
+    try:
+        assert not client.api.rest_client.proxy
+    finally:
+        await client.close()
+
+
+async def test_requests_go_through_the_proxy_named_at_connect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A plain-HTTP "proxy" that is the emulator itself: an absolute-form request line is
+    # served like any other, so the request arriving proves it went through the proxy.
+    emu = KubeEmulator()
+    url = await emu.start()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        async with await connect(KubeClientSettings(
+                mode=KubeAuthMode.URL, url="http://kube.invalid:6443")) as client:
+            body = await call_json(CoreV1Api(client.api).list_node(_preload_content=False),
+                                   "list Node")
+            assert body["kind"] == "NodeList"
+    finally:
+        await emu.stop()
