@@ -14,6 +14,7 @@ Rules it keeps (DESIGN.md invariants 1 and 2):
 from __future__ import annotations
 
 import datetime as dt
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -183,6 +184,59 @@ def _view(row: Any) -> ReservationView:
     )
 
 
+class HeldFeed:
+    """What this process's journal writes changed in the set of held devices (active
+    exclusive reservations), so that a reader can keep a copy current without reading every
+    reservation again after each change.
+
+    ``version`` grows by one per entry. :meth:`since` gives the entries after a version a
+    reader saw, or None when some were dropped (at most ``max_entries`` are kept) or a write
+    ended in an error that leaves the outcome unknown (:meth:`reset`): then the reader reads
+    :meth:`Journal.held` again. Other processes' writes are not in the feed: readers also read
+    again after a while.
+    """
+
+    def __init__(self, max_entries: int = 10_000) -> None:
+        self.version = 0
+        self._entries: deque[tuple[int, bool, HeldDevice | None]] = deque(maxlen=max_entries)
+
+    def hold(self, reservation: ReservationView) -> None:
+        """A new active exclusive reservation was committed."""
+        self._add(True, _held(reservation))
+
+    def release(self, reservation: ReservationView) -> None:
+        """An exclusive reservation was committed as released."""
+        self._add(False, _held(reservation))
+
+    def reset(self) -> None:
+        """A write's outcome is unknown: readers must read everything again."""
+        self._add(False, None)
+
+    def _add(self, held: bool, device: HeldDevice | None) -> None:
+        self.version += 1
+        self._entries.append((self.version, held, device))
+
+    def since(self, version: int) -> list[tuple[bool, HeldDevice]] | None:
+        """(held?, device) for each entry after ``version``, oldest first; None when the
+        reader must read everything again."""
+        if version == self.version:
+            return []
+        if not self._entries or self._entries[0][0] > version + 1 or version > self.version:
+            return None
+        out: list[tuple[bool, HeldDevice]] = []
+        for entry_version, held, device in self._entries:
+            if entry_version <= version:
+                continue
+            if device is None:
+                return None
+            out.append((held, device))
+        return out
+
+
+def _held(reservation: ReservationView) -> HeldDevice:
+    return HeldDevice(reservation.claim.uid, reservation.pool, reservation.device_name)
+
+
 class Journal:
     """Reads and writes reservations. Each method is one short database transaction.
 
@@ -194,6 +248,9 @@ class Journal:
     def __init__(self, db: Database, clock: Callable[[], dt.datetime] = utcnow) -> None:
         self.db = db
         self.clock = clock
+        if db.held_feed is None:
+            db.held_feed = HeldFeed()
+        self.feed: HeldFeed = db.held_feed
 
     async def reserve(
         self,
@@ -249,15 +306,21 @@ class Journal:
         node: str | None, host_id: str | None, *, attaching: bool,
     ) -> tuple[ReservationView, FabricDevice | None]:
         try:
-            return await self._reserve_once(claim, request, device_name, pool, mode, node,
-                                            host_id, attaching=attaching)
-        finally:
-            self.db.reservation_changes += 1
+            view, device, inserted = await self._reserve_once(
+                claim, request, device_name, pool, mode, node, host_id, attaching=attaching)
+        except (DeviceHeld, UnknownDevice):
+            raise
+        except BaseException:
+            self.feed.reset()  # committed or not: readers read again
+            raise
+        if inserted and view.exclusive:
+            self.feed.hold(view)
+        return view, device
 
     async def _reserve_once(
         self, claim: ClaimRef, request: str, device_name: str, pool: str, mode: str,
         node: str | None, host_id: str | None, *, attaching: bool,
-    ) -> tuple[ReservationView, FabricDevice | None]:
+    ) -> tuple[ReservationView, FabricDevice | None, bool]:
         try:
             # One transaction for the check and the insert (BEGIN IMMEDIATE on SQLite); the
             # time is taken inside it, so journal times follow commit order.
@@ -271,7 +334,7 @@ class Journal:
                             if r[_FABRIC_WIDTH] is not None]
                 for held in existing:
                     if held.claim.uid == claim.uid and held.request == request:
-                        return held, None
+                        return held, None, False
                 fabric = _fabric_device_from(device[1:_FABRIC_WIDTH])
                 exclusive = not fabric.shareable
                 if exclusive and existing:
@@ -284,7 +347,7 @@ class Journal:
                     "state": ATTACHING if attaching else PENDING,
                     "attempts": 1 if attaching else 0, "created_at": now, "updated_at": now,
                 })).one()
-                return _view(inserted), fabric if attaching else None
+                return _view(inserted), fabric if attaching else None, True
         except IntegrityError as err:
             # A concurrent reserve (another process, or PostgreSQL's weaker isolation) won
             # the race for the device; the index said no.
@@ -373,12 +436,18 @@ class Journal:
         if state not in STATES or not set(expected) <= set(STATES):
             raise ValueError(f"unknown reservation state in {state!r} / {sorted(expected)}")
         try:
-            return await self._move(
+            moved = await self._move(
                 reservation_id, expected, state, error=error, count_attempt=count_attempt,
                 node=node, host_id=host_id, operation_id=operation_id,
                 with_device=with_device, device_required=device_required)
-        finally:
-            self.db.reservation_changes += 1
+        except UnknownDevice:
+            raise  # rolled back
+        except BaseException:
+            self.feed.reset()
+            raise
+        if moved is not None and state == RELEASED and moved[0].exclusive:
+            self.feed.release(moved[0])
+        return moved
 
     async def _move(
         self, reservation_id: int, expected: Collection[str], state: str, *,

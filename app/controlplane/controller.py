@@ -37,7 +37,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -75,7 +75,6 @@ from app.inventory.queries import host_refs
 from app.journal import (
     ClaimRef,
     DeviceHeld,
-    HeldDevice,
     Journal,
     ReservationView,
     UnknownDevice,
@@ -100,7 +99,7 @@ REASON_ALLOCATION_FAILED = "AllocationFailed"
 REASON_INVALID_CLAIM = "InvalidClaim"
 REASON_DEVICE_TAKEN = "DeviceTaken"
 REASON_DEALLOCATED = "Deallocated"
-HELD_MAX_AGE_S = 1.0
+HELD_MAX_AGE_S = 2.0
 
 
 
@@ -149,7 +148,7 @@ class _Snapshot:
     pools: tuple[Pool, ...]
     classes: Mapping[str, DeviceClass]
     class_selectors: Mapping[str, Mapping[str, Any]]
-    in_use: set[DeviceId]
+    in_use: Collection[DeviceId]
     nodes: Mapping[str, Node]
     hosts: Mapping[str, str]
     reachable: Mapping[str, tuple[Pool, ...]]
@@ -227,9 +226,11 @@ class ControlPlaneController:
         self._nodes: dict[str, Node] | None = None
         self._reachable: dict[str, tuple[Pool, ...]] | None = None
         self._hosts_at = -1e9
-        self._held_cache: tuple[int, float, list[HeldDevice]] | None = None
-        # Our devices allocated to each claim (by uid), kept from the claim events.
-        self._claim_devices: dict[str, frozenset[DeviceId]] = {}
+        # Our devices in use: claims' allocations from the claim events, the journal's held
+        # devices from its feed (see _refresh_held).
+        self.in_use = cp.InUse()
+        self._held_version = 0
+        self._held_read_at = -1e9
         self._answers: dict[tuple[str, str], dict[str, list[str]]] = {}
         self._warned: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -334,11 +335,8 @@ class ControlPlaneController:
         uid = str(metadata.get("uid") or "")
         if not uid:
             return
-        devices = cp.claim_devices(obj, self.settings.driver_name)
-        if event == "DELETED" or not devices:
-            self._claim_devices.pop(uid, None)
-        else:
-            self._claim_devices[uid] = devices
+        self.in_use.set_claim(uid, frozenset() if event == "DELETED" else cp.claim_devices(
+            obj, self.settings.driver_name))
         if event == "DELETED":
             self._by_uid.pop(uid, None)
             self._written.pop(uid, None)
@@ -501,8 +499,8 @@ class ControlPlaneController:
             self._class_cache = (classes, selectors)
             self.answers.clear()
         hosts = await self._host_map()
-        in_use = cp.devices_in_use(self._claim_devices, await self._held(), driver,
-                                   exclude_uids)
+        await self._refresh_held()
+        in_use = self.in_use.view(exclude_uids)
         if self._nodes is None:
             self._nodes = {n.name: n for n in map(node_from_json, self.nodes.objects())}
             self.answers.clear()
@@ -516,19 +514,29 @@ class ControlPlaneController:
         return _Snapshot(self._pools, self._class_cache[0], self._class_cache[1], in_use,
                          self._nodes, hosts, reachable)
 
-    async def _held(self) -> list[HeldDevice]:
-        """The journal's held devices, read again only after a journal write of this process,
-        or after ``HELD_MAX_AGE_S`` (another process, the admin command say, may write it).
-        Reading something stale is safe: the journal's unique index refuses a device held
-        meanwhile (DeviceHeld), and the context is answered again from a fresh read."""
+    async def _refresh_held(self) -> None:
+        """Bring the journal's part of :attr:`in_use` up to date: from the feed of this
+        process's journal writes when it has every change since the last look, else (and at
+        least every ``HELD_MAX_AGE_S``: another process, the admin command say, may write the
+        journal) by reading every held device. Something stale is safe: the journal's unique
+        index refuses a device held meanwhile (DeviceHeld), and the context is answered again
+        from a fresh read."""
         now = time.monotonic()
-        changes = self.db.reservation_changes
-        cached = self._held_cache
-        if cached is not None and cached[0] == changes and now - cached[1] < HELD_MAX_AGE_S:
-            return cached[2]
-        held = await self.journal.held()
-        self._held_cache = (changes, now, held)
-        return held
+        feed = self.journal.feed
+        driver = self.settings.driver_name
+        changes = None if now - self._held_read_at >= HELD_MAX_AGE_S else feed.since(
+            self._held_version)
+        if changes is None:
+            version = feed.version
+            self.in_use.set_held(await self.journal.held(), driver)
+            self._held_version, self._held_read_at = version, now
+            return
+        for held, device in changes:
+            if held:
+                self.in_use.hold(device, driver)
+            else:
+                self.in_use.release(device, driver)
+        self._held_version = feed.version
 
     async def _host_map(self) -> dict[str, str]:
         """Node name -> fabric host id, for the nodes that map to a host."""

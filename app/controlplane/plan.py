@@ -17,7 +17,7 @@ and ``status.deallocationRequested`` passed through untouched.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -233,6 +233,118 @@ def devices_in_use(
     return used
 
 
+class InUse:
+    """Our devices in use, kept current as claims and the journal change, so that answering a
+    scheduling context does not go over every allocation in the cluster again.
+
+    A device is in use while an allocated claim holds it (:func:`claim_devices`; admin
+    access does not count) or an active exclusive reservation of the journal holds it, for any
+    mode. Each pool has a version that changes whenever any holder of one of its devices
+    changes: :meth:`pool_key` (with the holders left out of a question) identifies its in-use
+    devices exactly, for :class:`NodeAnswers`.
+    """
+
+    def __init__(self) -> None:
+        self._claims: dict[str, frozenset[DeviceId]] = {}
+        self._journal: dict[str, frozenset[DeviceId]] = {}
+        self._holders: dict[DeviceId, dict[str, int]] = {}
+        self._versions: dict[str, int] = {}
+
+    def set_claim(self, uid: str, devices: frozenset[DeviceId]) -> None:
+        """What claim ``uid`` is allocated now (empty when nothing, or gone)."""
+        self._replace(self._claims, uid, devices)
+
+    def set_held(self, held: Iterable[HeldDevice], driver_name: str) -> None:
+        """Replace the journal's part with ``held`` (all of it, as just read)."""
+        grouped: dict[str, set[DeviceId]] = {}
+        for device in held:
+            grouped.setdefault(device.claim_uid, set()).add(
+                (driver_name, device.pool, device.device_name))
+        for uid in [u for u in self._journal if u not in grouped]:
+            self._replace(self._journal, uid, frozenset())
+        for uid, devices in grouped.items():
+            self._replace(self._journal, uid, frozenset(devices))
+
+    def hold(self, device: HeldDevice, driver_name: str) -> None:
+        """One more device held in the journal."""
+        current = self._journal.get(device.claim_uid, frozenset())
+        self._replace(self._journal, device.claim_uid,
+                      current | {(driver_name, device.pool, device.device_name)})
+
+    def release(self, device: HeldDevice, driver_name: str) -> None:
+        """A device no longer held in the journal for that claim."""
+        current = self._journal.get(device.claim_uid, frozenset())
+        self._replace(self._journal, device.claim_uid,
+                      current - {(driver_name, device.pool, device.device_name)})
+
+    def _replace(self, part: dict[str, frozenset[DeviceId]], uid: str,
+                 devices: frozenset[DeviceId]) -> None:
+        old = part.get(uid, frozenset())
+        if old == devices:
+            return
+        if devices:
+            part[uid] = devices
+        else:
+            part.pop(uid, None)
+        for device in old - devices:
+            holders = self._holders[device]
+            holders[uid] -= 1
+            if not holders[uid]:
+                del holders[uid]
+            if not holders:
+                del self._holders[device]
+            self._bump(device[1])
+        for device in devices - old:
+            holders = self._holders.setdefault(device, {})
+            holders[uid] = holders.get(uid, 0) + 1
+            self._bump(device[1])
+
+    def _bump(self, pool: str) -> None:
+        self._versions[pool] = self._versions.get(pool, 0) + 1
+
+    def view(self, exclude_uids: Collection[str] = ()) -> InUseView:
+        """The devices in use, leaving out what ``exclude_uids`` hold (the claims being
+        allocated now). Reflects later changes too: take it, use it, drop it."""
+        return InUseView(self, frozenset(exclude_uids))
+
+    def pool_key(self, pool: str, exclude_uids: frozenset[str]) -> tuple[Any, ...]:
+        """A value that changes exactly when the in-use devices of ``pool`` (with
+        ``exclude_uids`` left out) may have changed."""
+        excluded = frozenset(
+            d for uid in exclude_uids for part in (self._claims, self._journal)
+            for d in part.get(uid, ()) if d[1] == pool)
+        return (self._versions.get(pool, 0), excluded)
+
+    def holders(self, device: DeviceId) -> frozenset[str]:
+        """The uids of the claims holding ``device``."""
+        return frozenset(self._holders.get(device, ()))
+
+
+class InUseView(Collection[DeviceId]):
+    """The devices of an :class:`InUse` in use by claims other than some (see
+    :meth:`InUse.view`); what the allocator takes as ``in_use``."""
+
+    def __init__(self, index: InUse, exclude_uids: frozenset[str]) -> None:
+        self.index = index
+        self.exclude_uids = exclude_uids
+
+    def __contains__(self, device: object) -> bool:
+        holders = self.index._holders.get(device)  # type: ignore[call-overload]
+        if not holders:
+            return False
+        return not self.exclude_uids or any(u not in self.exclude_uids for u in holders)
+
+    def __iter__(self) -> Iterator[DeviceId]:
+        return (d for d in list(self.index._holders) if d in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def pool_key(self, pool: str) -> tuple[Any, ...]:
+        """See :meth:`InUse.pool_key`."""
+        return self.index.pool_key(pool, self.exclude_uids)
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
     """One of the pod's claims we must allocate: its pod-level name and parsed claim."""
@@ -287,8 +399,11 @@ class NodeAnswers:
         """True when ``claims`` can be allocated together on ``node`` (see
         :meth:`Allocator.allocate`), from memory when the same question was answered.
         ``spec_key``: :meth:`spec_key` of ``claims``, when the caller has it."""
-        key = (self.spec_key(claims) if spec_key is None else spec_key, node.name,
-               tuple(in_use_by_pool.get(p.name, _NONE) for p in usable))
+        if isinstance(in_use, InUseView):
+            pools_key: tuple[Any, ...] = tuple(in_use.pool_key(p.name) for p in usable)
+        else:
+            pools_key = tuple(in_use_by_pool.get(p.name, _NONE) for p in usable)
+        key = (self.spec_key(claims) if spec_key is None else spec_key, node.name, pools_key)
         known = self._fits.get(key)
         if known is not None:
             self.hits += 1
@@ -336,7 +451,8 @@ def unsuitable_nodes(
     ``answers`` remembers answers across calls (see :class:`NodeAnswers`).
     """
     claims = [p.claim for p in pending]
-    grouped = in_use_by_pool(in_use) if answers is not None else {}
+    grouped = (in_use_by_pool(in_use)
+               if answers is not None and not isinstance(in_use, InUseView) else {})
     spec_key = answers.spec_key(claims) if answers is not None else None
     failed: list[str] = []
     for node_name in potential[:MAX_NODES]:
@@ -427,6 +543,8 @@ def chosen_devices(allocation: Mapping[str, Any], driver_name: str) -> list[Want
 
 __all__ = [
     "MAX_NODES",
+    "InUse",
+    "InUseView",
     "NodeAnswers",
     "Pending",
     "PodClaim",

@@ -86,9 +86,8 @@ class Database:
     # SQLite has one writer at a time; waiting for its lock means polling with sleeps that grow
     # to 100 ms. Queueing writers here instead keeps them in order at no cost.
     _write_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    # Bumped by the journal after each of its writes (app.journal), so that readers in this
-    # process can tell whether what they read before is still current.
-    reservation_changes: int = field(default=0, repr=False)
+    # The journal's feed of held devices (app.journal.HeldFeed), created by the journal.
+    held_feed: Any = field(default=None, repr=False)
     # The same engine (and pool) with the SQLite BEGIN mode preset, built once.
     _immediate: AsyncEngine | None = field(default=None, repr=False)
     _autocommit: AsyncEngine | None = field(default=None, repr=False)

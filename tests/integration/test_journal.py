@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from builders import MemoryBackend, gpu
@@ -22,6 +23,8 @@ from app.journal import (
     RELEASED,
     ClaimRef,
     DeviceHeld,
+    HeldDevice,
+    HeldFeed,
     Journal,
     UnknownDevice,
 )
@@ -144,13 +147,13 @@ async def test_reserve_for_attach_journals_the_attach_in_the_same_transaction(
     db: Database, names: list[str]
 ) -> None:
     journal = Journal(db)
-    changes = db.reservation_changes
+    version = journal.feed.version
     view, device = await journal.reserve_for_attach(claim(1), "gpu", names[0], "p",
                                                     "structured", "node-a", "host-a")
     assert (view.state, view.attempts, view.node, view.host_id) == (
         ATTACHING, 1, "node-a", "host-a")
     assert device is not None and device.vendor_id == gpu(1).vendor_id
-    assert db.reservation_changes > changes
+    assert journal.feed.since(version) == [(True, HeldDevice(view.claim.uid, "p", names[0]))]
     # Already held by the same claim and request: the existing one, nothing new to send.
     again, none = await journal.reserve_for_attach(claim(1), "gpu", names[0], "p",
                                                    "structured", "node-a", "host-a")
@@ -194,3 +197,48 @@ async def test_held_lists_active_exclusive_reservations(db: Database, names: lis
     assert [(h.claim_uid, h.pool, h.device_name) for h in held] == [
         (a.claim.uid, "p1", names[0])]
     assert await journal.count_active() == 2
+
+
+async def test_the_held_feed_follows_holds_and_releases_and_says_when_to_read_again(
+    db: Database, names: list[str]
+) -> None:
+    journal = Journal(db)
+    assert Journal(db).feed is journal.feed  # one feed per database
+    start = journal.feed.version
+    a = await journal.reserve(claim(1), "gpu", names[0], "p", "structured", None, None)
+    await journal.reserve(claim(2), "gpu", names[1], "p", "structured", None, None)  # shared
+    await journal.reserve(claim(1), "gpu", names[0], "p", "structured", None, None)  # again
+    moved = await journal.transition(a.id, [PENDING], ATTACHING)
+    assert moved is not None
+    await journal.transition(a.id, [ATTACHING], RELEASED)
+    held_a = HeldDevice(a.claim.uid, "p", names[0])
+    assert journal.feed.since(start) == [(True, held_a), (False, held_a)]
+    assert journal.feed.since(journal.feed.version) == []
+    c = await journal.reserve(claim(4), "gpu", names[2], "p", "structured", None, None)
+    version = journal.feed.version
+    # Refused reservations change nothing.
+    with pytest.raises(UnknownDevice):
+        await journal.reserve(claim(3), "gpu", "no-such", "p", "structured", None, None)
+    with pytest.raises(DeviceHeld):
+        await journal.reserve(claim(3), "gpu", names[2], "p", "structured", None, None)
+    assert journal.feed.since(version) == []
+    assert journal.feed.since(version - 1) == [(True, HeldDevice(c.claim.uid, "p", names[2]))]
+
+
+def test_a_feed_that_dropped_entries_or_was_reset_asks_for_a_full_read() -> None:
+    feed = HeldFeed(max_entries=2)
+    view = _fake_view()
+    for _ in range(3):
+        feed.hold(view)
+    assert feed.since(0) is None  # the first entry was dropped
+    assert feed.since(1) == [(True, HeldDevice("u", "p", "d"))] * 2
+    feed.reset()
+    assert feed.since(2) is None
+    assert feed.since(feed.version) == []
+    assert feed.since(feed.version + 5) is None
+
+
+def _fake_view() -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(claim=ClaimRef("u", "ns", "c"), pool="p", device_name="d")

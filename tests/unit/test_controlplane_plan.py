@@ -279,3 +279,53 @@ def test_remembered_answers_are_bounded() -> None:
         cp.unsuitable_nodes(Allocator(), [pending(count)], CLASSES, pools, set(),
                             ["east-1"], NODES, set(NODES), None, memo)
         assert len(memo) <= 2
+
+
+# ---------------------------------------------------------------------------- in-use index
+_UIDS = st.sampled_from(["u1", "u2", "u3"])
+_DEVICES = st.tuples(st.sampled_from(["east/r1", "west/r1"]), st.sampled_from(["d0", "d1", "d2"]))
+_STEPS = st.lists(st.one_of(
+    st.tuples(st.just("claim"), _UIDS, st.frozensets(_DEVICES, max_size=2)),
+    st.tuples(st.just("hold"), _UIDS, _DEVICES),
+    st.tuples(st.just("release"), _UIDS, _DEVICES),
+    st.tuples(st.just("held"), st.just(""), st.frozensets(st.tuples(_UIDS, _DEVICES),
+                                                          max_size=3)),
+), max_size=25)
+
+
+@given(_STEPS, st.frozensets(_UIDS, max_size=2))
+def test_the_in_use_index_matches_a_count_from_scratch(
+    steps: list[tuple[str, str, Any]], exclude: frozenset[str],
+) -> None:
+    index = cp.InUse()
+    claims: dict[str, frozenset[tuple[str, str]]] = {}
+    held: set[tuple[str, tuple[str, str]]] = set()
+    keys: dict[str, tuple[Any, ...]] = {}
+    sets: dict[str, frozenset[Any]] = {}
+    for kind, uid, value in steps:
+        if kind == "claim":
+            claims[uid] = value
+            index.set_claim(uid, frozenset((DRIVER, p, d) for p, d in value))
+        elif kind == "hold":
+            held.add((uid, value))
+            index.hold(HeldDevice(uid, *value), DRIVER)
+        elif kind == "release":
+            held.discard((uid, value))
+            index.release(HeldDevice(uid, *value), DRIVER)
+        else:
+            held = set(value)
+            index.set_held([HeldDevice(u, p, d) for u, (p, d) in value], DRIVER)
+        expected = cp.devices_in_use(
+            {u: frozenset((DRIVER, p, d) for p, d in devices) for u, devices in claims.items()},
+            [HeldDevice(u, p, d) for u, (p, d) in held], DRIVER, exclude)
+        view = index.view(exclude)
+        assert set(view) == expected
+        assert all(((DRIVER, p, d) in view) == ((DRIVER, p, d) in expected)
+                   for p in ("east/r1", "west/r1") for d in ("d0", "d1", "d2", "d9"))
+        for pool in ("east/r1", "west/r1"):
+            now = frozenset(x for x in expected if x[1] == pool)
+            key = view.pool_key(pool)
+            # An unchanged key always means unchanged in-use devices of the pool.
+            if keys.get(pool) == key:
+                assert sets[pool] == now
+            keys[pool], sets[pool] = key, now

@@ -18,9 +18,9 @@ DEFAULT_RBAC_USER = "system:serviceaccount:fabric-dra:fabric-dra"
 
 async def _serve(host: str, port: int, versions: list[str], history_size: int,
                  token: str | None, nodes: list[dict[str, object]],
-                 tokens: dict[str, str], rbac: RbacPolicy | None) -> None:
+                 tokens: dict[str, str], rbac: RbacPolicy | None, validate: bool = True) -> None:
     emulator = KubeEmulator(served_resource_versions=versions, history_size=history_size,
-                            token=token, tokens=tokens, rbac=rbac)
+                            validate=validate, token=token, tokens=tokens, rbac=rbac)
     for node in nodes:
         emulator.create(dict(node))
     url = await emulator.start(host, port)
@@ -63,9 +63,12 @@ def _read_token(path: Path, flag: str) -> str:
 @click.option("--rbac-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="File holding the bearer token that authenticates as --rbac-user "
                    "(required with --rbac-manifests).")
+@click.option("--no-validation", is_flag=True,
+              help="Store writes without the schema and field-rule checks (benchmarks: the "
+                   "checks cost this Python emulator more than serving the request).")
 def cli(host: str, port: int, resource_versions: str, history_size: int,
         token_file: Path | None, nodes_file: Path | None, rbac_manifests: tuple[Path, ...],
-        rbac_user: str, rbac_token_file: Path | None) -> None:
+        rbac_user: str, rbac_token_file: Path | None, no_validation: bool) -> None:
     """Serve an emulated Kubernetes API (resource.k8s.io, core, coordination) until Ctrl-C.
 
     With --rbac-manifests, requests bearing the --rbac-token-file token act as --rbac-user
@@ -95,6 +98,7 @@ def cli(host: str, port: int, resource_versions: str, history_size: int,
     elif rbac_token_file is not None:
         raise click.BadParameter("needs --rbac-manifests", param_hint="--rbac-token-file")
     try:
-        asyncio.run(_serve(host, port, versions, history_size, token, nodes, tokens, rbac))
+        asyncio.run(_serve(host, port, versions, history_size, token, nodes, tokens, rbac,
+                           validate=not no_validation))
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--resource-versions") from err
