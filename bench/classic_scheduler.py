@@ -57,7 +57,7 @@ async def run(url: str, spec: dict[str, Any]) -> None:
     async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
         core, custom = CoreV1Api(client.api), CustomObjectsApi(client.api)
         scheduler = ClassicScheduler(client, ClassicSchedulerSettings(
-            poll_interval_s=0.02, answer_timeout_s=60, allocation_timeout_s=60,
+            poll_interval_s=0.01, answer_timeout_s=60, allocation_timeout_s=60,
             retry_interval_s=0.05, informer=informer))
         await scheduler.start()
         _say({"ready": True})

@@ -346,7 +346,10 @@ class ControlPlaneController:
         elif cp.is_ours(obj, self.settings.driver_name):
             self._by_uid[uid] = (str(metadata.get("namespace") or ""), str(metadata.get("name")))
         mine = cp.is_ours(obj, self.settings.driver_name)
-        if mine or event == "DELETED":
+        # Changes a claim pass does not act on (our own finalizer patch, say) are not queued;
+        # the periodic resync still looks at every claim.
+        if event == "DELETED" or (mine and (old is None or _claim_work(obj) != _claim_work(
+                old))):
             self.queue.add(("claim", uid, ""))
         # An allocation made or given back changes what is free for every open context; a
         # claim that appears or goes away may be one a pod waits for.
@@ -360,7 +363,10 @@ class ControlPlaneController:
         if event == "DELETED":
             self._answers.pop(key, None)
             return
-        self.queue.add(("context", *key))
+        # The scheduler writes the spec (potential and selected nodes); the status is the
+        # drivers' answers, ours included: an answer written does not need answering again.
+        if old is None or obj.get("spec") != old.get("spec"):
+            self.queue.add(("context", *key))
 
     async def _on_slice(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
         self._pools = None
@@ -953,6 +959,16 @@ class ControlPlaneController:
         log.warning("claim %s/%s: %s", (claim.get("metadata") or {}).get("namespace"),
                     (claim.get("metadata") or {}).get("name"), message)
         await self.events.record(claim, "Warning", reason, message)
+
+
+def _claim_work(claim: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The parts of a claim that a claim pass acts on (see :func:`cp.claim_phase` and
+    :meth:`ControlPlaneController._attach_claim`): who allocates it, its allocation, its
+    consumers, deallocation and deletion."""
+    status = claim.get("status") or {}
+    return ((claim.get("spec") or {}).get("controller"), status.get("allocation"),
+            status.get("reservedFor"), status.get("deallocationRequested"),
+            (claim.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def _resource_version(obj: Mapping[str, Any]) -> int:
