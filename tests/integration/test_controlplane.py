@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -424,3 +425,48 @@ async def test_auto_mode_comes_from_discovery(served: tuple[str, ...], expected:
                     await discover_modes(client.api, "control-plane")
     finally:
         await emu.stop()
+
+
+async def test_written_answers_and_finalizers_are_not_worked_on_again(harness: Harness) -> None:
+    harness.create_claim("c1")
+    pod = harness.create_pod("p1", "c1")
+    controller = harness.controller()
+    # No periodic resync during the test: it looks at everything again on purpose.
+    controller.settings = dataclasses.replace(controller.settings, resync_interval_s=60)
+    passes: list[tuple[str, ...]] = []
+    sync_context, sync_claim = controller.sync_context, controller.sync_claim
+
+    async def counted_context(namespace: str, name: str) -> bool:
+        passes.append(("context", name))
+        return await sync_context(namespace, name)
+
+    async def counted_claim(uid: str) -> bool:
+        passes.append(("claim", uid))
+        return await sync_claim(uid)
+
+    controller.sync_context = counted_context  # type: ignore[method-assign]
+    controller.sync_claim = counted_claim  # type: ignore[method-assign]
+    async with running(controller):
+        harness.create_context(pod, [*NODES, NO_HOST])
+        await eventually(lambda: harness.answers("p1") == {"gpu": [NO_HOST]},
+                         what="unsuitableNodes answered")
+        await asyncio.sleep(0.2)
+        seen = len(passes)
+        # Another driver's answer in the status is not a question for us.
+        context = harness.context("p1")
+        assert context is not None
+        context["status"]["resourceClaims"].append({"name": "other", "unsuitableNodes": []})
+        harness.emu.update_status(context)
+        # A finalizer someone else adds changes nothing a claim pass acts on.
+        claim = harness.claim("c1")
+        assert claim is not None
+        claim["metadata"]["finalizers"] = ["example.com/keep"]
+        harness.emu.update(claim)
+        await asyncio.sleep(0.3)
+        assert passes[seen:] == []
+        # A new question (the scheduler changed the spec) is answered.
+        context = harness.context("p1")
+        assert context is not None
+        context["spec"]["potentialNodes"] = NODES
+        harness.emu.update(context)
+        await eventually(lambda: ("context", "p1") in passes[seen:], what="answered again")
