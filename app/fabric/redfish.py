@@ -746,8 +746,9 @@ class RedfishBackend:
             system_ids={s.uri: s.host_id for s in systems},
         )
         devices: dict[str, FabricDevice] = {}
+        duplicates: set[str] = set()
         for results in await self._gather(walk.block, block_uris):
-            _collect(results, devices, rejected)
+            _collect(results, devices, rejected, duplicates)
         return Listing(tuple(devices.values()), tuple(rejected))
 
     async def _list_devices_expanded(self, blocks_uri: str, expand: str) -> Listing[FabricDevice]:
@@ -765,6 +766,7 @@ class RedfishBackend:
         )
         devices: dict[str, FabricDevice] = {}
         rejected: list[Rejected] = []
+        duplicates: set[str] = set()
         done: set[str] = set()
         async for page, raw in self._pages(blocks_uri, expand):
             rejected.extend(_bad_members(blocks_uri, page))
@@ -778,7 +780,7 @@ class RedfishBackend:
                 return await walk.block(uri, bodies.get(uri))
 
             for results in await self._gather(block, todo):
-                _collect(results, devices, rejected)
+                _collect(results, devices, rejected, duplicates)
         return Listing(tuple(devices.values()), tuple(rejected))
 
     # --- attach / detach ------------------------------------------------------------------
@@ -1191,12 +1193,28 @@ def _collect(
     results: Iterable[FabricDevice | Rejected],
     devices: dict[str, FabricDevice],
     rejected: list[Rejected],
+    duplicates: set[str],
 ) -> None:
+    """Add one block's results to a listing. A device that two ResourceBlocks link is
+    rejected (kind ``duplicate``), every copy: a device is composed through one block, and
+    there is no telling which block the service really attaches it with (Redfish
+    ResourceBlock ``Processors``/``Memory``/``Drives`` link the block's own devices)."""
     for result in results:
         if isinstance(result, Rejected):
             rejected.append(result)
-        else:
-            devices.setdefault(result.vendor_id, result)
+            continue
+        vendor_id = result.vendor_id
+        if vendor_id in duplicates:
+            continue
+        first = devices.get(vendor_id)
+        if first is None:
+            devices[vendor_id] = result
+        elif first.attach_unit != result.attach_unit:
+            del devices[vendor_id]
+            duplicates.add(vendor_id)
+            rejected.append(Rejected(
+                vendor_id, f"device is linked from two blocks ({first.attach_unit} and "
+                f"{result.attach_unit}): duplicate, left out", "duplicate"))
 
 
 def _decode(raw: bytes) -> Any:
