@@ -346,10 +346,14 @@ class ControlPlaneController:
         elif cp.is_ours(obj, self.settings.driver_name):
             self._by_uid[uid] = (str(metadata.get("namespace") or ""), str(metadata.get("name")))
         mine = cp.is_ours(obj, self.settings.driver_name)
-        # Changes a claim pass does not act on (our own finalizer patch, say) are not queued;
-        # the periodic resync still looks at every claim.
-        if event == "DELETED" or (mine and (old is None or _claim_work(obj) != _claim_work(
-                old))):
+        # Changes a claim pass does not act on (our own finalizer patch, say) are not queued,
+        # nor a new claim that waits for its allocation (the context pass allocates it; what
+        # an allocation that stopped halfway left behind is released by the pass that follows
+        # the failed write, or after a restart, by the start); the periodic resync still
+        # looks at every claim.
+        if event == "DELETED" or (mine and (
+                cp.claim_phase(obj, self.settings.driver_name) != "pending" if old is None
+                else _claim_work(obj) != _claim_work(old))):
             self.queue.add(("claim", uid, ""))
         # An allocation made or given back changes what is free for every open context; a
         # claim that appears or goes away may be one a pod waits for.
