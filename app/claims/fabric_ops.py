@@ -128,6 +128,10 @@ class EventRecorder:
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_loop(), name="event-recorder")
 
+    def open(self) -> None:
+        """Queue Events again after :meth:`close` (a component started again)."""
+        self._closed = False
+
     def pending(self) -> int:
         """How many Events wait to be sent."""
         return self._queue.qsize()

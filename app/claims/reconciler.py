@@ -197,6 +197,7 @@ class ClaimReconciler:
     async def start(self) -> None:
         """Start the informers, recover unfinished journal entries, then start the workers
         and the sweep. Returns once the workers run."""
+        self.events.open()
         self.claims.start()
         self.nodes.start()
         await self.claims.has_synced.wait()

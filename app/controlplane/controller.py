@@ -257,6 +257,7 @@ class ControlPlaneController:
     async def start(self) -> None:
         """Start the informers, settle unfinished control-plane journal entries, then start
         the workers and the resync loop. Returns once the workers run."""
+        self.events.open()
         for informer in self._informers:
             informer.start()
         for informer in self._informers:

@@ -534,9 +534,14 @@ async def test_events_are_sent_in_the_background_and_dropped_only_past_the_limit
     assert sorted(e["message"] for e in harness.events("Probe")) == [
         "message 0", "message 1", "message 2"]
     assert (recorder.sent, recorder.pending()) == (3, 0)
-    # After close an Event is sent at once, in the caller's task.
+    # After close an Event is sent at once, in the caller's task; opened again, it queues.
     await recorder.record(claim, "Warning", "Probe", "late")
     assert len(harness.events("Probe")) == 4
+    recorder.open()
+    await recorder.record(claim, "Warning", "Probe", "queued")
+    assert recorder.pending() == 1
+    await recorder.close()
+    assert len(harness.events("Probe")) == 5
     harness.emu.latency_s = 0
 
 
