@@ -149,9 +149,13 @@ class EventRecorder:
         try:
             await asyncio.wait_for(self._queue.join(), timeout_s)
         except TimeoutError:
-            self.dropped += self._queue.qsize()
-            log.info("dropped %d events not sent within %.1f s of shutdown",
-                     self._queue.qsize(), timeout_s)
+            left = 0
+            while not self._queue.empty():
+                self._queue.get_nowait()
+                self._queue.task_done()
+                left += 1
+            self.dropped += left
+            log.info("dropped %d events not sent within %.1f s of shutdown", left, timeout_s)
         self._sender.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._sender
@@ -162,6 +166,9 @@ class EventRecorder:
             namespace, what, body = await self._queue.get()
             try:
                 await self._send(namespace, what, body)
+            except asyncio.CancelledError:
+                self.dropped += 1  # cut off by close(): lost
+                raise
             except Exception as err:  # the sender must outlive any one bad Event
                 log.warning("could not record event %s: %r", what, err)
             finally:

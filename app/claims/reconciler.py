@@ -356,8 +356,12 @@ class ClaimReconciler:
             requeue |= not await self._release(reservation, claim)
         attach: list[tuple[ReservationView, FabricDevice | None]] = [
             (r, None) for r in plan.attach]
+        # One device: reserved with its attach journalled in one transaction. Several: every
+        # one is held first (pending), then each attach is journalled as it is sent, so that
+        # no attempt is counted for an attach that a failure before it never sent.
+        attach_now = len(plan.reserve) == 1
         for wanted in plan.reserve:
-            reserved_or_report = await self._reserve(claim, wanted, wants)
+            reserved_or_report = await self._reserve(claim, wanted, wants, attach_now)
             if isinstance(reserved_or_report, DeviceReport):
                 reports[wanted] = reserved_or_report
             else:
@@ -461,10 +465,10 @@ class ClaimReconciler:
                              self.settings.host_key)
 
     async def _reserve(
-        self, claim: JsonDict | None, wanted: WantedDevice, wants: ClaimWants
+        self, claim: JsonDict | None, wanted: WantedDevice, wants: ClaimWants, attach_now: bool
     ) -> tuple[ReservationView, FabricDevice | None] | DeviceReport:
-        """Reserve ``wanted`` and journal the attach in one transaction (the plan reserves
-        only once the node and host are known, and attaches at once)."""
+        """Reserve ``wanted`` (the plan reserves only once the node and host are known); with
+        ``attach_now``, journal its attach in the same transaction."""
         assert claim is not None
         assert wants.node is not None
         assert wants.host_id is not None
@@ -472,6 +476,10 @@ class ClaimReconciler:
         ref = ClaimRef(str(metadata.get("uid")), str(metadata.get("namespace")),
                        str(metadata.get("name")))
         try:
+            if not attach_now:
+                return await self.journal.reserve(
+                    ref, wanted.request, wanted.device, wanted.pool, MODE, wants.node,
+                    wants.host_id), None
             return await self.journal.reserve_for_attach(
                 ref, wanted.request, wanted.device, wanted.pool, MODE, wants.node,
                 wants.host_id,

@@ -232,6 +232,9 @@ class ControlPlaneController:
         self._held_version = 0
         self._held_read_at = -1e9
         self._answers: dict[tuple[str, str], dict[str, list[str]]] = {}
+        # The scheduling contexts our last status writes returned (newer than the cache until
+        # the informer delivers them), by (namespace, name).
+        self._context_written: dict[tuple[str, str], JsonDict] = {}
         self._warned: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.recent_errors: deque[ControlPlaneError] = deque(maxlen=MAX_RECENT_ERRORS)
@@ -367,10 +370,15 @@ class ControlPlaneController:
         key = (str(metadata.get("namespace") or ""), str(metadata.get("name")))
         if event == "DELETED":
             self._answers.pop(key, None)
+            self._context_written.pop(key, None)
             return
-        # The scheduler writes the spec (potential and selected nodes); the status is the
-        # drivers' answers, ours included: an answer written does not need answering again.
-        if old is None or obj.get("spec") != old.get("spec"):
+        # The scheduler writes the spec (potential and selected nodes); the status holds the
+        # drivers' answers. Our own answer coming back needs no new pass; any other change
+        # (another driver's answer, ours overwritten or cleared) gets one.
+        written = self._context_written.get(key)
+        if old is None or obj.get("spec") != old.get("spec") or (
+                obj.get("status") != old.get("status")
+                and (written is None or _resource_version(obj) != _resource_version(written))):
             self.queue.add(("context", *key))
 
     async def _on_slice(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
@@ -596,8 +604,16 @@ class ControlPlaneController:
                 # The claims' own passes wait while their allocation is made and written.
                 for uid in sorted(uids):
                     await stack.enter_async_context(self._claim_lock(uid))
-            return await self._answer_or_allocate(namespace, name, pod, pending, selected,
-                                                  potential, uids)
+            try:
+                return await self._answer_or_allocate(namespace, name, pod, pending,
+                                                      selected, potential, uids)
+            except BaseException:
+                if selected:
+                    # An allocation that stopped halfway may have left reservations behind:
+                    # the claims' own passes release them (once the locks held here go).
+                    for uid in uids:
+                        self.queue.add(("claim", uid, ""))
+                raise
 
     def _claim_lock(self, uid: str) -> asyncio.Lock:
         return self._claim_locks.setdefault(uid, asyncio.Lock())
@@ -730,6 +746,14 @@ class ControlPlaneController:
     async def _write_answers(self, namespace: str, name: str,
                              answers: Mapping[str, list[str]]) -> None:
         cached = self.contexts.get(name, namespace)
+        written = self._context_written.get((namespace, name))
+        if cached is not None and written is not None:
+            if _resource_version(written) > _resource_version(cached):
+                # The informer has not delivered our last write yet: compare with what we
+                # wrote, not with the older cached status.
+                cached = written
+            else:
+                del self._context_written[(namespace, name)]
         current = list(((cached or {}).get("status") or {}).get("resourceClaims") or [])
         if cached is not None and cp.same_claim_entries(
                 cp.merged_claim_entries(current, answers), current):
@@ -744,9 +768,10 @@ class ControlPlaneController:
                 return
             body = {**context, "status": {**status, "resourceClaims": entries}}
             try:
-                await call_json(self._custom.replace_namespaced_custom_object_status(
-                    GROUP, VERSION.value, namespace, "podschedulingcontexts", name, body,
-                    _preload_content=False),
+                self._context_written[(namespace, name)] = await call_json(
+                    self._custom.replace_namespaced_custom_object_status(
+                        GROUP, VERSION.value, namespace, "podschedulingcontexts", name, body,
+                        _preload_content=False),
                     f"update PodSchedulingContext {namespace}/{name} status")
                 return
             except KubeNotFound:

@@ -308,12 +308,14 @@ class InUse:
         return InUseView(self, frozenset(exclude_uids))
 
     def pool_key(self, pool: str, exclude_uids: frozenset[str]) -> tuple[Any, ...]:
-        """A value that changes exactly when the in-use devices of ``pool`` (with
-        ``exclude_uids`` left out) may have changed."""
-        excluded = frozenset(
+        """A value that is the same for two questions only when the in-use devices of
+        ``pool`` (with ``exclude_uids`` left out) are the same: the pool's version (its
+        holders) and the devices only the left-out claims hold."""
+        freed = frozenset(
             d for uid in exclude_uids for part in (self._claims, self._journal)
-            for d in part.get(uid, ()) if d[1] == pool)
-        return (self._versions.get(pool, 0), excluded)
+            for d in part.get(uid, ())
+            if d[1] == pool and all(h in exclude_uids for h in self._holders.get(d, ())))
+        return (self._versions.get(pool, 0), freed)
 
     def holders(self, device: DeviceId) -> frozenset[str]:
         """The uids of the claims holding ``device``."""

@@ -557,3 +557,52 @@ async def test_an_event_the_server_refuses_is_logged_and_the_rest_still_go(
     assert [e["message"] for e in harness.events("Probe")] == ["accepted"]
     assert recorder.sent == 1
     await recorder.close()
+
+
+async def test_events_left_at_a_timed_out_close_are_dropped_and_later_ones_still_go(
+    harness: Harness,
+) -> None:
+    claim = harness.create_claim("c1")
+    recorder = EventRecorder(CoreV1Api(harness.client.api), "test", "resource.k8s.io/v1",
+                             max_queued=2)
+    harness.emu.latency_s = 0.5  # the API server is slow
+    for i in range(4):
+        await recorder.record(claim, "Normal", "Probe", f"old {i}")
+        await asyncio.sleep(0)
+    await recorder.close(timeout_s=0.1)
+    assert recorder.pending() == 0
+    # One refused by the full queue, one cut off in flight, two left queued at the close.
+    assert recorder.dropped == 4
+    harness.emu.latency_s = 0
+    recorder.open()
+    await recorder.record(claim, "Normal", "Probe", "new")
+    await recorder.flush()
+    assert [e["message"] for e in harness.events("Probe")] == ["new"]
+    await recorder.close()
+    await asyncio.sleep(0.6)  # the emulator's handler of the request cut off ends
+
+
+async def test_an_attach_never_sent_is_never_counted(harness: Harness) -> None:
+    # Two devices: both are held first, each attach is journalled only as it is sent. A pass
+    # cut off after the first intent leaves the second one pending with no attempt.
+    names = harness.device_names()
+    harness.create_claim("c1", ("a", "b"))
+    stopped = asyncio.Event()
+
+    async def stop_once(at: str) -> None:
+        if at == "after-intent" and not stopped.is_set():
+            stopped.set()
+            raise RuntimeError("cut off after the first intent")
+
+    reconciler = harness.reconciler()
+    reconciler._checkpoint = stop_once
+    async with running(reconciler):
+        harness.allocate("c1", [("a", names[0]), ("b", names[1])], NODES[0])
+        await eventually(stopped.is_set, what="the cut")
+        uid = harness.claim("c1")["metadata"]["uid"]
+        await eventually(lambda: harness.condition("c1", names[1], "FabricDeviceReady")
+                         == "True", what="both attached by the next pass")
+        held = {r.device_name: r for r in await reconciler.journal.for_claim(uid)}
+    # The first device had its attempt counted twice (the cut one and the real one), the
+    # second once: it was never counted before it was sent.
+    assert (held[names[0]].attempts, held[names[1]].attempts) == (2, 1)
