@@ -494,7 +494,7 @@ class ControlPlaneController:
     def _remember(self, raw: JsonDict) -> JsonDict:
         """Keep a claim our write returned (wire shape) in the mutation cache; return it in
         the v1 shape."""
-        claim = claim_from_wire(raw, VERSION)
+        claim = claim_from_wire(raw, VERSION, owned=True)
         self._written[str((claim.get("metadata") or {}).get("uid"))] = claim
         return claim
 
@@ -919,7 +919,7 @@ class ControlPlaneController:
 
     async def _read_claim(self, namespace: str, name: str) -> JsonDict | None:
         raw = await self._read("resourceclaims", namespace, name)
-        return claim_from_wire(raw, VERSION) if raw is not None else None
+        return claim_from_wire(raw, VERSION, owned=True) if raw is not None else None
 
     async def _ensure_finalizer(self, claim: JsonDict) -> JsonDict | None:
         """The claim with our finalizer (added by a guarded JSON patch), or None when it is

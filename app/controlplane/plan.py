@@ -145,7 +145,8 @@ def allocated_status(
     consumer: Mapping[str, str], node_name: str,
 ) -> JsonDict:
     """The claim with ``status.allocation`` (``controller`` set to our driver) and the pod in
-    ``reservedFor``, to be written in one status update.
+    ``reservedFor``, to be written in one status update (a new dict; ``claim`` is not
+    changed).
 
     The allocation's ``nodeSelector`` names ``node_name``: the devices are attached to that
     node's fabric host, so they are usable there only, whatever the pool's selector says
@@ -156,7 +157,8 @@ def allocated_status(
         consumer: ``{"resource": "pods", "name": ..., "uid": ...}``.
         node_name: the selected node.
     """
-    result = copy.deepcopy(dict(claim))
+    # A new top level and status; the rest is shared with ``claim`` (it is sent, not changed).
+    result = dict(claim)
     status = dict(result.get("status") or {})
     status["allocation"] = {**copy.deepcopy(dict(allocation)),
                             "nodeSelector": node_selector_for(node_name),
