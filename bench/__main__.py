@@ -19,7 +19,6 @@ the table and in the results (``"met": false``), not in the exit status.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import json
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import REFERENCE_RECORDS, REFERENCE_ROUNDS
+from bench.common import REFERENCE_RECORDS, REFERENCE_ROUNDS, command_line
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_RESULTS = HERE / "results.json"
@@ -327,10 +326,26 @@ def _reference_seconds(outcomes: Sequence[Outcome]) -> float | None:
     return round(sorted(values)[len(values) // 2], 4) if values else None
 
 
+def _cannot_write(path: Path) -> str | None:
+    """Why the results could not be written to ``path`` (checked before the benchmarks run,
+    not after), or None."""
+    if path.is_dir():
+        return "is a folder"
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as err:
+        return f"cannot be written ({err.strerror or err})"
+    if not existed:
+        path.unlink()
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite; return the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m bench",
-                                     description=(__doc__ or "").splitlines()[0])
+    parser = command_line(__doc__, "bench")
     parser.add_argument("--short", action="store_true",
                         help="the quick run for CI: small sizes only")
     parser.add_argument("--only", action="append", choices=BENCHMARKS, metavar="NAME",
@@ -341,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="do not copy a full run's table into README.md")
     parser.add_argument("--list", action="store_true", help="list the cases and stop")
     options = parser.parse_args(argv)
+    problem = _cannot_write(options.results)
+    if problem is not None:
+        parser.error(f"--results {options.results}: {problem}")
     chosen = [c for c in cases(options.short) if not options.only or c.benchmark in options.only]
     if options.list:
         for case in chosen:
@@ -394,4 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the running case was ended with its group
+        print("interrupted: no results written", file=sys.stderr)
+        sys.exit(130)

@@ -14,14 +14,19 @@ alone; in reference units too, see ``bench.common.reference_cpu_seconds``) and c
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from app.allocator import Allocator, Node, claim_from_json, device_class_from_json, gather_pools
-from bench.common import reference_cpu_seconds, reference_units, write_figures
+from bench.common import (
+    at_least,
+    command_line,
+    reference_cpu_seconds,
+    reference_units,
+    write_figures,
+)
 
 DRIVER = "fabric.example.com"
 REGION = "topology.kubernetes.io/region"
@@ -148,10 +153,13 @@ def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, A
 
 def main() -> None:
     """Run the benchmark and print JSON lines."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--allocations", type=int, default=2000)
-    parser.add_argument("--devices", type=int, default=10_000)
-    parser.add_argument("--pools", type=int, default=80)
+    parser = command_line(__doc__, "bench.allocate")
+    parser.add_argument("--allocations", type=at_least(2), default=2000,
+                        help="at least 2: the first one is timed apart")
+    parser.add_argument("--devices", type=at_least(1), default=10_000,
+                        help="devices in the pools")
+    parser.add_argument("--pools", type=at_least(1), default=80,
+                        help="pools (one rack each)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     write_figures(args.json, measure(args.allocations, args.devices, args.pools))

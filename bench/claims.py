@@ -20,7 +20,6 @@ see ``bench.common.reference_cpu_seconds``) and peak memory.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -44,9 +43,12 @@ from app.journal import Journal
 from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
 from app.kube.versions import ResourceApiVersion
 from bench.common import (
+    at_least,
+    command_line,
     cpu_seconds,
     kube_emulator_process,
     peak_rss_mib,
+    positive_float,
     redfish_simulator_process,
     reference_cpu_seconds,
     reference_units,
@@ -251,10 +253,12 @@ async def _until(check: Any, timeout_s: float = 600) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--claims", type=int, default=200)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--rate", type=float, default=50.0,
+    parser = command_line(__doc__, "bench.claims")
+    parser.add_argument("--claims", type=at_least(1), default=200,
+                        help="claims allocated, made ready and released")
+    parser.add_argument("--workers", type=at_least(1), default=8,
+                        help="claims reconciled at once")
+    parser.add_argument("--rate", type=positive_float, default=50.0,
                         help="claims per second of the paced (latency) phase")
     parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")

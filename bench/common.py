@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import hashlib
 import json
 import math
 import resource
+import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +140,51 @@ def write_figures(path: Path | None, figures: list[dict[str, Any]]) -> None:
         print(json.dumps(line), flush=True)
     if path is not None:
         path.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+
+
+# --- command lines ----------------------------------------------------------------------------
+
+
+def command_line(doc: str | None, prog: str) -> argparse.ArgumentParser:
+    """An argument parser for ``python -m PROG`` described by ``doc``'s first paragraph;
+    SIGTERM is handled like Ctrl-C from then on (see :func:`stop_on_sigterm`)."""
+    stop_on_sigterm()
+    summary = " ".join((doc or "").split("\n\n")[0].split())
+    return argparse.ArgumentParser(prog=f"python -m {prog}", description=summary,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def stop_on_sigterm() -> None:
+    """Handle SIGTERM like Ctrl-C: raise KeyboardInterrupt, which ``asyncio.run`` answers by
+    cancelling the benchmark, whose ``finally`` blocks and context managers then stop the
+    simulator and emulator processes it started instead of leaving them running. (Sending
+    ourselves SIGINT would not do: a job started in the background has SIGINT ignored.)"""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number greater than 0, got {text}")
+    return value

@@ -26,7 +26,6 @@ API requests per allocation, this process's CPU per allocation (also in referenc
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -62,6 +61,8 @@ from app.kube.versions import ResourceApiVersion, slice_to_wire
 from app.kube.workqueue import WorkQueueSettings
 from app.pools import PoolConfig, desired_pools, resource_slice_spec
 from bench.common import (
+    at_least,
+    command_line,
     cpu_seconds,
     kube_emulator_process,
     peak_rss_mib,
@@ -301,16 +302,24 @@ async def _request_count(url: str) -> int:
 
 def main() -> None:
     """Run the benchmark and print JSON lines."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=10_000)
-    parser.add_argument("--racks", type=int, default=80)
-    parser.add_argument("--pods", type=int, default=300)
-    parser.add_argument("--in-flight", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=20,
+    parser = command_line(__doc__, "bench.controlplane")
+    parser.add_argument("--devices", type=at_least(1), default=10_000,
+                        help="devices in the inventory")
+    parser.add_argument("--racks", type=at_least(1), default=80,
+                        help="racks (one node each)")
+    parser.add_argument("--pods", type=at_least(1), default=300,
+                        help="pods measured")
+    parser.add_argument("--in-flight", type=at_least(1), default=16,
+                        help="pods waiting to be scheduled at any time")
+    parser.add_argument("--workers", type=at_least(1), default=8,
+                        help="contexts and claims worked on at once")
+    parser.add_argument("--warmup", type=at_least(0), default=20,
                         help="pods allocated before the measured ones")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
+    if options.devices < options.racks * 5:
+        parser.error(f"--devices {options.devices} leaves fewer than 5 devices per rack "
+                     f"({options.racks} racks): no pod could be placed")
     write_figures(options.json, asyncio.run(measure(
         options.devices, options.racks, options.pods, options.in_flight, options.workers,
         options.warmup)))

@@ -29,6 +29,8 @@ from app.db.migrate import upgrade
 from app.fabric.redfish import RedfishBackend
 from app.inventory import InventorySync
 from bench.common import (
+    at_least,
+    command_line,
     cpu_seconds,
     peak_rss_mib,
     redfish_simulator_process,
@@ -98,8 +100,9 @@ async def measure(devices: int, database_url: str | None, expand: bool = True) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--devices", type=int, nargs="+", default=[1000, 10000])
+    parser = command_line(__doc__, "bench.inventory_sync")
+    parser.add_argument("--devices", type=at_least(1), nargs="+", default=[1000, 10000],
+                        help="inventory sizes to measure, each in turn")
     parser.add_argument("--expand", action=argparse.BooleanOptionalAction, default=True,
                         help="let the simulator offer $expand (default: yes)")
     parser.add_argument("--database-url", default=None,

@@ -14,7 +14,6 @@ process for a true peak memory figure (the peak only ever grows).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from dataclasses import replace
@@ -29,6 +28,8 @@ from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, pool_name
 from app.publisher.publisher import Publisher, PublisherSettings
 from bench.common import (
+    at_least,
+    command_line,
     cpu_seconds,
     kube_emulator_process,
     peak_rss_mib,
@@ -145,12 +146,13 @@ async def measure(devices: int, per_rack: int, workers: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--devices", type=int, nargs="+", default=[1000, 10000])
+    parser = command_line(__doc__, "bench.publish")
+    parser.add_argument("--devices", type=at_least(2), nargs="+", default=[1000, 10000],
+                        help="sizes to publish, each in turn (at least 2 devices)")
     parser.add_argument("--large", action="store_true", help="also run 100,000 devices")
-    parser.add_argument("--devices-per-rack", type=int, default=256,
+    parser.add_argument("--devices-per-rack", type=at_least(1), default=256,
                         help="devices per pool (default 256: two slices a pool)")
-    parser.add_argument("--workers", type=int, default=16, help="pools synced at once")
+    parser.add_argument("--workers", type=at_least(1), default=16, help="pools synced at once")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     sizes = [*options.devices, *([100_000] if options.large else [])]

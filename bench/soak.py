@@ -16,7 +16,6 @@ at most ``--max-growth`` (default 10%) after the warm-up.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import sys
@@ -40,7 +39,13 @@ from app.inventory import InventorySync
 from app.journal import Journal
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, call_json, connect
 from app.kube.versions import ResourceApiVersion
-from bench.common import kube_emulator_process, redfish_simulator_process, write_figures
+from bench.common import (
+    at_least,
+    command_line,
+    kube_emulator_process,
+    redfish_simulator_process,
+    write_figures,
+)
 
 DRIVER = "fabric.example.com"
 CYCLE_TIMEOUT_S = 60.0
@@ -236,10 +241,10 @@ async def _run(cycles: int, warmup: int, lanes: int, database: Database,
 
 def main() -> None:
     """Command-line entry: run the soak, print the figures, exit 1 when RSS grew too much."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cycles", type=int, default=2000)
-    parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--lanes", type=int, default=4)
+    parser = command_line(__doc__, "bench.soak")
+    parser.add_argument("--cycles", type=at_least(1), default=2000)
+    parser.add_argument("--warmup", type=at_least(0), default=200)
+    parser.add_argument("--lanes", type=at_least(1), default=4)
     parser.add_argument("--max-growth", type=float, default=0.10)
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--json", type=Path, default=None)

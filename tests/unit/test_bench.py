@@ -6,6 +6,7 @@ produced figures, and that the results file and the table have the documented sh
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -90,3 +91,52 @@ def test_the_readme_table_goes_between_the_markers_and_nowhere_else(tmp_path: Pa
     assert "old" not in text and "Before." in text and "After." in text
     assert text.count("<!-- bench:results:end -->") == 1
     assert not update_readme(tmp_path / "missing.md", results, [])
+
+
+def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    from bench.__main__ import _cannot_write
+
+    assert _cannot_write(tmp_path) == "is a folder"
+    assert _cannot_write(tmp_path / "a" / "b.json") is None  # folders are made
+    assert not (tmp_path / "a" / "b.json").exists()  # and no file is left behind
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert "cannot be written" in str(_cannot_write(blocker / "x.json"))
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "allocate", "--results", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert finished.returncode == 2
+    assert "is a folder" in finished.stderr
+    assert "running" not in finished.stderr  # refused before any case ran
+
+
+@pytest.mark.parametrize(("module", "args", "message"), [
+    ("bench.claims", ["--claims", "0"], "--claims: must be at least 1, got 0"),
+    ("bench.claims", ["--rate", "0"], "--rate: must be a number greater than 0"),
+    ("bench.claims", ["--workers", "x"], "--workers: 'x' is not a whole number"),
+    ("bench.controlplane", ["--devices", "5", "--racks", "80"], "fewer than 5 devices per rack"),
+    ("bench.controlplane", ["--warmup", "-1"], "--warmup: must be at least 0, got -1"),
+    ("bench.publish", ["--devices", "0"], "--devices: must be at least 2, got 0"),
+    ("bench.allocate", ["--allocations", "1"], "--allocations: must be at least 2, got 1"),
+    ("bench.inventory_sync", ["--devices", "-3"], "--devices: must be at least 1, got -3"),
+])
+def test_bad_benchmark_arguments_are_refused_with_a_message(
+    module: str, args: list[str], message: str,
+) -> None:
+    finished = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert finished.returncode == 2, finished.stderr
+    assert message in finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
+def test_argument_types() -> None:
+    from bench.common import at_least, positive_float
+
+    assert at_least(0)("0") == 0
+    assert positive_float("0.5") == 0.5
+    for bad in ("0", "-1", "nan", "inf", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_float(bad)
