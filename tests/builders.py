@@ -1,7 +1,10 @@
-"""Small builders for tests: fabric value types and an in-memory fabric backend."""
+"""Small builders for tests: fabric value types, an in-memory fabric backend, and
+:func:`eventually` for waiting on asynchronous outcomes."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -109,3 +112,19 @@ class MemoryBackend:
 
     async def close(self) -> None:
         self.closed = True
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 15,
+                     what: str = "condition", interval_s: float = 0.05) -> None:
+    """Wait until ``check()`` (a plain or an awaitable result) is true, looking every
+    ``interval_s`` seconds. Raises AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        result = check()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(interval_s)

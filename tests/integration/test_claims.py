@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from builders import eventually
 from kubernetes_asyncio.client import CoreV1Api
 from sqlalchemy import select
 
@@ -33,21 +34,6 @@ from app.sim.redfish import InventorySpec, RedfishSimulator
 
 DRIVER = "fabric.example.com"
 CLAIMS = "resource.k8s.io/v1"
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 15,
-                     what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
 
 @dataclass
 class Harness:

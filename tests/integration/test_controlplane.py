@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from builders import eventually
 from sqlalchemy import select
 
 from app.controlplane import ControlPlaneController, ControlPlaneSettings
@@ -38,21 +39,6 @@ NODES = ["node-us-east-rack-01-1", "node-us-east-rack-01-2"]
 NO_HOST = "node-without-fabric-host"
 LABELS = {"topology.kubernetes.io/region": "us-east", "fabric-dra.io/rack": "rack-01"}
 FAST = InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=0.2)
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 15,
-                     what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
 
 @dataclass
 class Harness:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import aiohttp
 import pytest
+from builders import eventually
 from kubernetes_asyncio.client import ResourceV1Api, ResourceV1beta1Api
 
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, call_json, connect
@@ -21,6 +23,8 @@ from app.sim.kubeapi import KubeEmulator
 
 DRIVER = "fabric.example.com"
 NS = "default"
+
+eventually = partial(eventually, timeout_s=10.0, interval_s=0.02)
 
 
 def resource_slice(name: str, devices: int = 1, *, version: str = "v1") -> dict[str, Any]:
@@ -100,17 +104,6 @@ async def kube(emulator: tuple[KubeEmulator, str]) -> AsyncIterator[KubeClient]:
         yield client
     finally:
         await client.close()
-
-
-async def eventually(
-    check: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition"
-) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
 
 def store_versions(emu: KubeEmulator) -> dict[str, str]:
     return {

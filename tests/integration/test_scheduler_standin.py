@@ -11,12 +11,14 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import prometheus_client
 import pytest
+from builders import eventually
 
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.db.engine import Database
@@ -46,21 +48,7 @@ RACK_LABELS = {"fabric-dra.io/region": "us-east", "fabric-dra.io/rack": "rack-01
 FAST_INFORMER = InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05,
                                  backoff_max_s=0.2)
 FAST_QUEUE = WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2)
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 15,
-                     what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
+eventually = partial(eventually, interval_s=0.02)
 
 @dataclass
 class Env:

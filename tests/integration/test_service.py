@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from builders import eventually
 
 from app.config import Settings, load_settings
 from app.service import Service
@@ -20,19 +22,7 @@ from app.sim.redfish import InventorySpec, RedfishSimulator
 DRIVER = "fabric.example.com"
 CLAIMS = "resource.k8s.io/v1"
 NODES = ["node-us-east-rack-01-1", "node-us-east-rack-01-2"]
-
-
-async def eventually(check: Any, timeout_s: float = 20, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+eventually = partial(eventually, timeout_s=20)
 
 
 @pytest.fixture
