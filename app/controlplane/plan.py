@@ -211,24 +211,17 @@ def claim_devices(claim: Mapping[str, Any], driver_name: str) -> frozenset[Devic
 
 
 def devices_in_use(
-    claims: Iterable[Mapping[str, Any]] | Mapping[str, frozenset[DeviceId]],
-    held: Iterable[HeldDevice], driver_name: str, exclude_uids: Collection[str] = (),
+    claims: Iterable[Mapping[str, Any]], held: Iterable[HeldDevice], driver_name: str,
+    exclude_uids: Collection[str] = (),
 ) -> set[DeviceId]:
-    """(driver, pool, device) of our devices allocated to a claim or held in the journal by
-    any mode (``held``: :meth:`app.journal.Journal.held`), leaving out what the claims in
-    ``exclude_uids`` hold (they are being allocated now; their own leftovers are replaced).
-
-    ``claims`` are claim objects, or their :func:`claim_devices` by uid (an index kept up to
-    date from the informer's events)."""
+    """(driver, pool, device) of our devices allocated to a claim (:func:`claim_devices`) or
+    held in the journal by any mode (``held``: :meth:`app.journal.Journal.held`), leaving out
+    what the claims in ``exclude_uids`` hold (they are being allocated now; their own
+    leftovers are replaced). The rule :class:`InUse` keeps current incrementally."""
     used: set[DeviceId] = set()
-    if isinstance(claims, Mapping):
-        for uid, devices in claims.items():
-            if uid not in exclude_uids:
-                used.update(devices)
-    else:
-        for claim in claims:
-            if (claim.get("metadata") or {}).get("uid") not in exclude_uids:
-                used.update(claim_devices(claim, driver_name))
+    for claim in claims:
+        if (claim.get("metadata") or {}).get("uid") not in exclude_uids:
+            used.update(claim_devices(claim, driver_name))
     for device in held:
         if device.claim_uid not in exclude_uids:
             used.add((driver_name, device.pool, device.device_name))

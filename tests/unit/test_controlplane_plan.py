@@ -132,10 +132,12 @@ def test_devices_in_use_come_from_claims_and_the_journal_but_not_the_claims_allo
     held = [HeldDevice("u3", "us-east/r1", "gpu-2"), HeldDevice("u1", "us-east/r1", "gpu-3")]
     expected = {(DRIVER, "us-east/r1", "gpu-1"), (DRIVER, "us-east/r1", "gpu-2")}
     assert cp.devices_in_use([other], held, DRIVER, {"u1"}) == expected
-    # The same from the per-claim index the controller keeps from claim events.
-    index = {"u2": cp.claim_devices(other, DRIVER), "u1": frozenset(
-        {(DRIVER, "us-east/r1", "gpu-7")})}
-    assert cp.devices_in_use(index, held, DRIVER, {"u1"}) == expected
+    # The same from the index the controller keeps from claim events and the journal.
+    index = cp.InUse()
+    index.set_claim("u2", cp.claim_devices(other, DRIVER))
+    index.set_claim("u1", frozenset({(DRIVER, "us-east/r1", "gpu-7")}))
+    index.set_held(held, DRIVER)
+    assert set(index.view({"u1"})) == expected
     assert cp.claim_devices(claim(), DRIVER) == frozenset()
 
 
@@ -316,7 +318,7 @@ def test_the_in_use_index_matches_a_count_from_scratch(
             held = set(value)
             index.set_held([HeldDevice(u, p, d) for u, (p, d) in value], DRIVER)
         expected = cp.devices_in_use(
-            {u: frozenset((DRIVER, p, d) for p, d in devices) for u, devices in claims.items()},
+            [_allocated(u, devices) for u, devices in claims.items()],
             [HeldDevice(u, p, d) for u, (p, d) in held], DRIVER, exclude)
         view = index.view(exclude)
         assert set(view) == expected
@@ -329,3 +331,10 @@ def test_the_in_use_index_matches_a_count_from_scratch(
             if keys.get(pool) == key:
                 assert sets[pool] == now
             keys[pool], sets[pool] = key, now
+
+
+def _allocated(uid: str, devices: frozenset[tuple[str, str]]) -> dict[str, Any]:
+    """A claim of ``uid`` allocated ``devices`` ((pool, device) pairs) of our driver."""
+    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": [
+        {"request": "r", "driver": DRIVER, "pool": p, "device": d} for p, d in sorted(devices)
+    ]}}}}
