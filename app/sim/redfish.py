@@ -39,6 +39,76 @@ Behaviour a client can rely on (DSP0266, the Redfish specification, unless said 
 * Shareable blocks (mockups only): a block whose ``CompositionStatus`` says ``SharingCapable``
   and ``SharingEnabled`` may be held by up to ``MaxCompositions`` Systems;
   :meth:`RedfishSimulator.attachments` then names the first holder.
+
+Test controls besides the fault knobs: :meth:`~RedfishSimulator.attach_out_of_band` and
+:meth:`~RedfishSimulator.detach_out_of_band` (someone else changed the fabric; no history
+entry), :meth:`~RedfishSimulator.restart` (synchronous: sessions and tasks dropped, and with
+``volatile-state`` every attachment since start forgotten), ``noop_attaches`` (see
+``attach-noop``) and :meth:`~RedfishSimulator.compute_block`.
+
+Profiles
+--------
+``RedfishSimulator(profiles=("name", ...))`` or ``fabric-dra sim redfish --profile NAME``
+(repeatable) makes the simulator behave the way real third-party Redfish composability
+services do (``/work/shared/docs/REDFISH-REFERENCE.md``, "What a real composability service
+did"). Profiles compose; no profile is the behaviour above. The definitions (a
+:class:`~app.sim.redfish_profiles.ProfileSwitches` per profile) are in
+:mod:`app.sim.redfish_profiles`. "Device block i" below is the i-th block (0-based) of the
+ResourceBlocks collection as generated (one device each; a mockup's blocks in its order, its
+devices the existing links of each block's Processors, Memory, Storage, Drives,
+NetworkInterfaces, EthernetInterfaces and SimpleStorage).
+
+* ``server-owned-compute``: every block reports ``ResourceBlockType: []``. Each System holds
+  its own compute block ``.../ResourceBlocks/<System Id>-compute`` from the start (first in
+  its ``Links.ResourceBlocks``, appended after the device blocks in the collection, Composed)
+  with ``Processors/CPU0`` (``ProcessorType`` CPU), ``Memory/DIMM0`` (DDR5 DRAM, no ``CXL``)
+  and ``NetworkInterfaces/NIC0``, located in the System's rack Chassis (and its region's
+  zone). A PATCH of ``Links.ResourceBlocks`` leaving it out, or RemoveResourceBlock of it,
+  answers 406 and changes nothing; another System asking for it gets the usual 409.
+* ``message-errors``: every error body is ``{"message": "<text>"}``, nothing else.
+* ``text-errors``: every error body is ``text/plain`` with the message text (it contradicts
+  ``message-errors``).
+* ``no-etags``: no ``ETag`` header and no ``@odata.etag`` anywhere; ``If-Match`` and
+  ``require_if_match`` are ignored, ``If-None-Match`` never gives 304. Systems advertise no
+  AddResourceBlock / RemoveResourceBlock and their URIs are unknown resources (404, 500 with
+  ``unknown-500``): PATCH only.
+* ``unknown-500``: a request for any unknown URI (resource, task monitor, action) answers 500
+  ``InternalError``, not 404; an unknown block named inside a PATCH or action body is still
+  404. Device blocks 0, 10, 20, ... link one more Drive, ``<block URI>/Drives/Dangling0``,
+  that does not exist (``sim.dangling_uris`` lists them).
+* ``placeholder-identity``: every System has HostName ``localhost``, UUID
+  ``00000000-0000-0000-0000-000000000000`` and SerialNumber ``0123456789``.
+* ``attach-noop``: an attach (a PATCH that would add a block, or an AddResourceBlock of a
+  block not held) is checked as usual (404, 409, 406) and then answered 200 with the usual
+  body (a PATCH: the System as asked for) but not made. ``sim.noop_attaches`` counts the
+  attaches still to swallow (None, the profile's default: all); set it to 1 to swallow only
+  the next one.
+* ``double-quoted-etag``: the ``ETag`` header is ``""abc""`` while ``@odata.etag`` is
+  ``"abc"``; ``If-Match`` (and the action ETag parameters, ``If-None-Match``) matches when it is
+  ``"abc"`` or ``""abc""`` (or ``*``); anything else, ``W/"abc"`` included, is 412.
+* ``task-200-body`` (with ``task_mode``): the monitor answers 200 with the Task body
+  (``TaskState`` Running, ``PercentComplete``) while the task runs, and 200 with the Task in
+  its final state (``TaskState`` Completed, or Exception for a refused change) when done.
+* ``task-killed`` (with ``task_mode``): every task ends ``TaskState`` Killed, ``TaskStatus``
+  Critical, one ``TaskEvent.1.0.TaskAborted`` message; the change is not made and the monitor
+  answers 200 with that Task.
+* ``task-purged`` (with ``task_mode``): the change is made when the task runs, and the Task
+  and its monitor vanish at once: the read that ran it already answers as an unknown URI (404,
+  500 with ``unknown-500``).
+* ``volatile-state``: :meth:`~RedfishSimulator.restart` also forgets every attachment since
+  start, through the API or out of band; each System goes back to its initial blocks.
+* ``null-health``: device i gets ``Status`` ``{"Health": null, "State": "Enabled"}`` when
+  ``i % 6 == 0``, ``{"Health": "", "State": ""}`` when 1, ``{"State": null}`` when 2, none
+  when 3, ``{"Health": "Degraded", "State": "Enabled"}`` when 4 and keeps OK when 5; its block
+  gets the same Status (``Health`` null for the Degraded one).
+* ``real-service``: ``server-owned-compute``, ``message-errors``, ``no-etags``,
+  ``unknown-500``, ``placeholder-identity`` and ``volatile-state`` together.
+
+With a mockup folder every profile applies as written (a mockup System's compute block lives in
+its first ``Links.Chassis`` if it has one, in no zone; "device i" counts every device of every
+block, so one block may hold several variants of ``null-health`` and show the last). Not
+modelled from the real service: broken session login (201 without a token), a
+``CompositionState`` that never changes, and a Chassis without Location contained by itself.
 """
 
 from __future__ import annotations
@@ -53,7 +123,7 @@ import random
 import re
 import secrets
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,6 +132,18 @@ from typing import Any, Literal
 import click
 from aiohttp import web
 
+from app.sim.redfish_profiles import (
+    PROFILE_NAMES,
+    PROFILES,
+    ProfileSwitches,
+    add_compute_blocks,
+    add_dangling_drives,
+    blank_health,
+    compute_block_uri,
+    placeholder_identities,
+    remove_block_actions,
+    resolve_profiles,
+)
 from app.sim.redfish_state import (
     FabricState,
     RedfishError,
@@ -73,6 +155,7 @@ from app.sim.redfish_state import (
     parse_links_patch,
 )
 from app.sim.redfish_tree import (
+    BLOCKS,
     ROOT,
     SESSION_SERVICE,
     SESSIONS,
@@ -94,7 +177,8 @@ from app.sim.redfish_tree import (
     status,
 )
 
-__all__ = ["Faults", "InventorySpec", "RedfishSimulator", "cli"]
+__all__ = ["PROFILES", "PROFILE_NAMES", "Faults", "InventorySpec", "ProfileSwitches",
+           "RedfishSimulator", "cli"]
 
 log = logging.getLogger(__name__)
 
@@ -141,13 +225,7 @@ class _Task:
     run: Callable[[], Result]
     polls: int = 0
     result: Result | None = None
-
-
-def _json_response(result: Result) -> web.Response:
-    headers = {"OData-Version": "4.0", "Cache-Control": "no-cache", **result.headers}
-    if result.body is None:
-        return web.Response(status=result.status, headers=headers)
-    return web.json_response(result.body, status=result.status, headers=headers)
+    killed: bool = False
 
 
 def _now() -> str:
@@ -172,10 +250,18 @@ class RedfishSimulator:
         faults: the fault knobs (a new :class:`Faults` when None).
         require_if_match: PATCH without ``If-Match`` answers 428.
         retry_after_s: the ``Retry-After`` header of task answers, in seconds.
+        profiles: names of behaviour profiles to apply (see the module docstring and
+            :data:`app.sim.redfish_profiles.PROFILES`); they compose.
+
+    Attributes:
+        profiles: the profile names given.
+        switches: the merged :class:`ProfileSwitches` the simulator obeys.
+        dangling_uris: the Drive URIs ``unknown-500`` links but does not serve.
+        faults: the fault knobs; ``noop_attaches`` (a property) is the ``attach-noop`` one.
 
     Raises:
-        ValueError: both ``spec`` and ``mockup_dir`` given, a bad spec, or an unreadable
-            mockup folder.
+        ValueError: both ``spec`` and ``mockup_dir`` given, a bad spec, an unreadable
+            mockup folder, an unknown profile or two profiles that contradict each other.
     """
 
     def __init__(
@@ -184,6 +270,7 @@ class RedfishSimulator:
         task_mode: bool = False, task_polls: int = 2, page_size: int | None = None,
         offer_actions: bool = True, faults: Faults | None = None,
         require_if_match: bool = False, retry_after_s: int = 0, expand: bool = False,
+        profiles: Iterable[str] = (),
     ) -> None:
         if spec is not None and mockup_dir is not None:
             raise ValueError("give either an InventorySpec or a mockup folder, not both")
@@ -193,6 +280,9 @@ class RedfishSimulator:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if task_polls < 0:
             raise ValueError(f"task_polls must be >= 0, got {task_polls}")
+        self.profiles: tuple[str, ...] = (profiles,) if isinstance(profiles, str) \
+            else tuple(profiles)
+        self.switches = resolve_profiles(self.profiles)
         self.username = username
         self.password = password
         self.auth: AuthMode = auth
@@ -213,12 +303,17 @@ class RedfishSimulator:
             self.tree = builder.build()
             seed = builder.spec.seed
         self._rng = random.Random(seed)
+        self.dangling_uris: list[str] = []
+        owned = self._apply_profile_edits()
         self._add_service_resources()
         if expand:
             features = self.tree[ROOT].setdefault("ProtocolFeaturesSupported", {})
             features["ExpandQuery"] = {"ExpandAll": False, "Levels": True, "Links": False,
                                        "NoLinks": True, "MaxLevels": MAX_EXPAND_LEVELS}
         self.state = FabricState(self.tree, builder)
+        self.state.owned = owned
+        self.state.etags = self.switches.etag_style != "none"
+        self.state.noop_attaches = None if self.switches.attach_noop else 0
         if builder is not None and not offer_actions:
             for uri in self.state.systems:
                 self.tree[uri].pop("Actions", None)
@@ -230,6 +325,23 @@ class RedfishSimulator:
         self._runner: web.AppRunner | None = None
 
     # ----- setup -----------------------------------------------------------------------------
+
+    def _apply_profile_edits(self) -> dict[str, str]:
+        """Edit the tree once for the profiles; the owned (compute) blocks by URI -> System."""
+        switches = self.switches
+        # The device blocks, before any compute block joins the collection.
+        blocks = [normalise(m["@odata.id"]) for m in self.tree.get(BLOCKS, {}).get("Members", [])
+                  if isinstance(m, dict) and isinstance(m.get("@odata.id"), str)]
+        blocks = [b for b in dict.fromkeys(blocks) if b in self.tree]
+        if switches.null_health:
+            blank_health(self.tree, blocks)
+        if switches.dangling_drives:
+            self.dangling_uris = add_dangling_drives(self.tree, blocks)
+        if switches.placeholder_identity:
+            placeholder_identities(self.tree)
+        if not switches.block_actions:
+            remove_block_actions(self.tree)
+        return add_compute_blocks(self.tree) if switches.server_owned_compute else {}
 
     def _add_service_resources(self) -> None:
         # Sessions and tasks are live state: a mockup's recorded session is replaced by an
@@ -264,7 +376,8 @@ class RedfishSimulator:
 
     @property
     def history(self) -> list[tuple[str, str, str]]:
-        """("attach" | "detach", block URI, System Id) for every real change, in order."""
+        """("attach" | "detach", block URI, System Id) for every change made through the API,
+        in order (out-of-band changes and :meth:`restart` write none)."""
         return self.state.history
 
     @history.setter
@@ -324,6 +437,84 @@ class RedfishSimulator:
             KeyError: no such rack.
         """
         return self.state.add_block(region, rack, device_type)
+
+    @property
+    def noop_attaches(self) -> int | None:
+        """How many of the next attaches are answered with success but not made (None: all).
+
+        An attach is a PATCH that would add a block to the System, or an AddResourceBlock of
+        a block it does not hold; the request checks (404, 409, 406) still come first, and a
+        swallowed PATCH answers the System as asked for. 0 by default, None with the
+        ``attach-noop`` profile; set it to 1 to swallow only the next attach. Works without
+        the profile too.
+        """
+        return self.state.noop_attaches
+
+    @noop_attaches.setter
+    def noop_attaches(self, value: int | None) -> None:
+        if value is not None and value < 0:
+            raise ValueError(f"noop_attaches must be >= 0 or None, got {value}")
+        self.state.noop_attaches = value
+
+    def compute_block(self, system_id: str) -> str:
+        """The URI of the compute block System ``system_id`` owns (``server-owned-compute``).
+
+        Raises:
+            KeyError: the profile is off or there is no such System.
+        """
+        uri = compute_block_uri(system_id)
+        if uri not in self.state.owned:
+            raise KeyError(f"no compute block for System {system_id!r}")
+        return uri
+
+    @property
+    def tasks_created(self) -> int:
+        """How many tasks the service has accepted since start (one per write in task mode)."""
+        return self._task_seq
+
+    def attach_out_of_band(self, block_uri: str, system_id: str) -> None:
+        """Make ``system_id`` hold the block, as someone else attaching it would.
+
+        Not written to :attr:`history`; a no-op when it holds it already.
+
+        Raises:
+            KeyError: the block or the System is unknown.
+            ValueError: another System holds the block (and it is not shareable with room).
+        """
+        self.state.attach_out_of_band(block_uri, system_id)
+
+    def detach_out_of_band(self, block_uri: str) -> list[str]:
+        """Remove the block from every System holding it, as a detach by hand would.
+
+        Not written to :attr:`history`. Works on an owned compute block too.
+
+        Returns:
+            The ``Id`` of every System it was removed from.
+
+        Raises:
+            KeyError: the block is unknown.
+        """
+        return self.state.detach_out_of_band(block_uri)
+
+    def restart(self) -> None:
+        """Act as a service restart, synchronously (the listener and its connections stay).
+
+        Sessions and tasks are dropped (their tokens get 401, their monitors and Task
+        resources are unknown). With ``volatile-state`` every attachment made since the
+        simulator was created (through the API or out of band) is forgotten: each System
+        goes back to its initial blocks (its compute block with ``server-owned-compute``),
+        without :attr:`history` entries. Nothing else changes (health, added or removed
+        blocks, faults, ``noop_attaches``).
+        """
+        self.expire_sessions()
+        for task_id in self._tasks:
+            self.tree.pop(f"{TASKS}/{task_id}", None)
+        self._tasks.clear()
+        self._set_members(TASKS, [])
+        if self.switches.volatile_state:
+            # REDFISH-REFERENCE.md, "What a real composability service did": state is in
+            # memory, a restart forgets every attachment without telling anyone.
+            self.state.forget_attachments()
 
     def expire_sessions(self) -> None:
         """Forget every session, as a service restart or timeout would: their tokens get 401."""
@@ -428,22 +619,60 @@ class RedfishSimulator:
                 return rule
         return None
 
+    def _respond(self, result: Result) -> web.Response:
+        headers = {"OData-Version": "4.0", "Cache-Control": "no-cache", **result.headers}
+        etag = headers.get("ETag")
+        if etag is not None and self.switches.etag_style == "none":
+            # REDFISH-REFERENCE.md, "What a real composability service did": no ETags.
+            del headers["ETag"]
+        elif etag is not None and self.switches.etag_style == "double-quoted":
+            # Public reports (REDFISH-REFERENCE.md): ETag headers quoted twice; DSP0266 wants
+            # one quoted-string, as @odata.etag keeps.
+            headers["ETag"] = f'"{etag}"'
+        if result.text is not None:
+            return web.Response(status=result.status, text=result.text,
+                                content_type="text/plain", headers=headers)
+        if result.body is None:
+            return web.Response(status=result.status, headers=headers)
+        return web.json_response(result.body, status=result.status, headers=headers)
+
+    def _error_result(self, err: RedfishError) -> Result:
+        """The error answer in the profile's format: DSP0266's error object by default."""
+        fmt = self.switches.error_format
+        if fmt == "message":
+            # REDFISH-REFERENCE.md, "What a real composability service did": error bodies
+            # are {"message": "..."} with no Redfish error object.
+            return Result(err.status, {"message": err.text}, dict(err.headers))
+        if fmt == "text":
+            # Public reports (REDFISH-REFERENCE.md): plain-text error bodies.
+            return Result(err.status, None, dict(err.headers), text=err.text)
+        return Result(err.status, error_body(err.key, err.text, args=err.args_),
+                      dict(err.headers))
+
     def _error(self, err: RedfishError) -> web.Response:
-        headers = dict(err.headers)
+        result = self._error_result(err)
         if err.status == 401 and self.auth in ("any", "basic"):
-            headers.setdefault("WWW-Authenticate", 'Basic realm="fabric-dra simulator"')
-        return _json_response(Result(err.status, error_body(err.key, err.text, args=err.args_),
-                                     headers))
+            result.headers.setdefault("WWW-Authenticate", 'Basic realm="fabric-dra simulator"')
+        return self._respond(result)
+
+    def _unknown(self, path: str) -> RedfishError:
+        """The error for a request naming an unknown URI: 404, or 500 with ``unknown-500``."""
+        if self.switches.unknown_status == 500:
+            # REDFISH-REFERENCE.md, "What a real composability service did": unknown
+            # resources answer 500, not 404.
+            return RedfishError(500, "InternalError",
+                                f"Internal error while serving {path}.", args=[])
+        return not_found(path)
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         path = normalise(request.path)
         method = request.method
         if path == "/redfish":
             self._require_method(method, "GET, HEAD")
-            return _json_response(Result(200, {"v1": "/redfish/v1/"}))
+            return self._respond(Result(200, {"v1": "/redfish/v1/"}))
         if path == f"{ROOT}/odata":
             self._require_method(method, "GET, HEAD")
-            return _json_response(Result(200, odata_service_document(self.tree)))
+            return self._respond(Result(200, odata_service_document(self.tree)))
         if path == f"{ROOT}/$metadata":
             self._require_method(method, "GET, HEAD")
             return web.Response(text=metadata_document(self.tree), content_type="application/xml",
@@ -454,29 +683,33 @@ class RedfishSimulator:
                                f"OData-Version {odata_version} is not supported; use 4.0.")
         # DSP0266: a POST to a collection's Members property equals a POST to the collection.
         if path in (SESSIONS, f"{SESSIONS}/Members") and method == "POST":
-            return _json_response(await self._login(request))
+            return self._respond(await self._login(request))
         if path != ROOT:
             self._authenticate(request)
         if path.startswith(TASK_MONITORS + "/"):
-            return _json_response(self._task_monitor(method, path))
+            return self._respond(self._task_monitor(method, path))
         action = _ACTION_RE.match(path)
-        if action is not None and self.state.is_system(action["system"]):
-            return _json_response(await self._action(request, action["system"], action["verb"]))
+        system_action = action is not None and self.state.is_system(action["system"])
+        if action is not None and system_action and self.switches.block_actions:
+            return self._respond(await self._action(request, action["system"], action["verb"]))
         if path not in self.tree:
-            if "/Actions/" in path and path.split("/Actions/")[0] in self.tree:
+            # Without block actions (no-etags: "PATCH only", REDFISH-REFERENCE.md) their URIs
+            # are unknown resources, as on a service that never had them.
+            if "/Actions/" in path and path.split("/Actions/")[0] in self.tree \
+                    and not system_action:
                 self._require_method(method, "POST")
                 raise RedfishError(400, "ActionNotSupported",
                                    f"The action {path} is not supported by the resource.",
                                    args=[path])
-            raise not_found(path)
+            raise self._unknown(path)
         allowed = self._allowed(path)
         self._require_method(method, allowed)
         if method in ("GET", "HEAD"):
-            return _json_response(self._get(request, path, allowed))
+            return self._respond(self._get(request, path, allowed))
         if method == "PATCH":
-            return _json_response(await self._patch_system(request, path))
+            return self._respond(await self._patch_system(request, path))
         if method == "DELETE":
-            return _json_response(self._logout(path))
+            return self._respond(self._logout(path))
         raise RedfishError(405, "OperationNotAllowed", "The HTTP method is not allowed.")
 
     def _allowed(self, path: str) -> str:
@@ -584,15 +817,17 @@ class RedfishSimulator:
         task = self._task_for_resource(path)
         if task is not None:
             self._advance(task)
+            if path not in self.tree:  # task-purged: gone as soon as it has run
+                raise self._unknown(path)
         self._maybe_flap(path)
         headers = {"Allow": allowed, "Link": f"<{ROOT}/$metadata>; rel=describedby"}
-        if not levels:
+        if not levels and self.state.etags:
             # An expanded answer holds more than the resource, so it has no ETag of its own
             # (and hashing a large collection for every page of it would be quadratic).
             etag = self.state.etag(path)
             headers["ETag"] = etag
             if_none_match = request.headers.get("If-None-Match")
-            if if_none_match is not None and etag_matches(if_none_match, etag):
+            if if_none_match is not None and self._etag_matches(if_none_match, etag):
                 return Result(304, None, headers)
         members = self.tree[path].get("Members")
         if not (isinstance(members, list) and (skip or top is not None or self.page_size)):
@@ -698,7 +933,23 @@ class RedfishSimulator:
                                "The request body must be a JSON object.")
         return body
 
+    def _etag_matches(self, header: str, etag: str) -> bool:
+        """Whether an If-Match / If-None-Match value names ``etag``, as the profile compares."""
+        if self.switches.etag_style == "double-quoted":
+            # The quirk of services that send ETag ""abc"": they compare the client's tag,
+            # one doubled pair of quotes removed, with their own "abc" (DSP0266: If-Match
+            # names a strong quoted ETag), so "abc" and ""abc"" match and W/"abc" does not.
+            candidates = [c.strip() for c in header.split(",")]
+            candidates = [c[1:-1] if len(c) >= 4 and c.startswith('""') and c.endswith('""')
+                          else c for c in candidates]
+            return "*" in candidates or etag in candidates
+        return etag_matches(header, etag)
+
     def _check_if_match(self, request: web.Request, path: str, *, required: bool) -> None:
+        if self.switches.etag_style == "none":
+            # REDFISH-REFERENCE.md, "What a real composability service did": If-Match is
+            # ignored (and so is require_if_match).
+            return
         header = request.headers.get("If-Match")
         if header is None:
             if required:
@@ -706,7 +957,7 @@ class RedfishSimulator:
                                    "A precondition header or annotation is required to change "
                                    "the resource.", args=[path])
             return
-        if not etag_matches(header, self.state.etag(path)):
+        if not self._etag_matches(header, self.state.etag(path)):
             raise RedfishError(412, "PreconditionFailed",
                                "The ETag supplied did not match the ETag required to change "
                                "this resource.", args=[path])
@@ -732,7 +983,7 @@ class RedfishSimulator:
             if key in etags:
                 if target not in self.tree:
                     raise not_found(target)
-                if not etag_matches(etags[key], self.state.etag(target)):
+                if not self._etag_matches(etags[key], self.state.etag(target)):
                     raise RedfishError(412, "PreconditionFailed",
                                        f"The {key} supplied did not match the current ETag "
                                        f"of {target}.", args=[target])
@@ -745,19 +996,11 @@ class RedfishSimulator:
                             operation: Callable[[], Result]) -> Result:
         if not self.task_mode:
             return operation()
-
-        def run() -> Result:
-            try:
-                return operation()
-            except RedfishError as err:
-                return Result(err.status, error_body(err.key, err.text, args=err.args_),
-                              err.headers)
-
         self._task_seq += 1
         task_id = str(self._task_seq)
         uri = f"{TASKS}/{task_id}"
         monitor = f"{TASK_MONITORS}/{task_id}"
-        self._tasks[task_id] = _Task(task_id, run)
+        self._tasks[task_id] = _Task(task_id, operation)
         self.tree[uri] = {
             "@odata.id": uri,
             "@odata.type": "#Task.v1_7_4.Task",
@@ -787,34 +1030,66 @@ class RedfishSimulator:
         if task.result is not None:
             return
         task.polls += 1
-        resource = self.tree[f"{TASKS}/{task.task_id}"]
+        uri = f"{TASKS}/{task.task_id}"
+        resource = self.tree[uri]
         if task.polls <= self.task_polls:
             resource["PercentComplete"] = int(100 * task.polls / (self.task_polls + 1))
             return
-        task.result = result = task.run()
-        ok = result.status < 400
-        resource.update({
-            "TaskState": "Completed" if ok else "Exception",
-            "TaskStatus": "OK" if ok else "Critical",
-            "PercentComplete": 100,
-            "EndTime": _now(),
-        })
-        body = result.body or {}
-        info = body.get("error", {}).get("@Message.ExtendedInfo") if not ok else \
-            body.get("@Message.ExtendedInfo")
-        resource["Messages"] = info or [message("Success", "The request completed "
-                                                "successfully.", severity="OK")]
+        if self.switches.task_killed:
+            # The Task schema: TaskState Killed, "the task is complete because an operator
+            # killed it"; the operation never ran.
+            task.killed = True
+            task.result = Result(200, None)
+            resource.update({"TaskState": "Killed", "TaskStatus": "Critical",
+                             "EndTime": _now(), "Messages": [{
+                                 "MessageId": "TaskEvent.1.0.TaskAborted",
+                                 "Message": f"The task with Id '{task.task_id}' has been "
+                                            "aborted.",
+                                 "MessageArgs": [task.task_id],
+                                 "MessageSeverity": "Critical",
+                                 "Resolution": "None."}]})
+        else:
+            error: RedfishError | None = None
+            try:
+                result = task.run()
+            except RedfishError as err:
+                error, result = err, self._error_result(err)
+            task.result = result
+            resource.update({
+                "TaskState": "Completed" if error is None else "Exception",
+                "TaskStatus": "OK" if error is None else "Critical",
+                "PercentComplete": 100,
+                "EndTime": _now(),
+            })
+            info = [message(error.key, error.text, args=error.args_)] if error is not None \
+                else (result.body or {}).get("@Message.ExtendedInfo")
+            resource["Messages"] = info or [message("Success", "The request completed "
+                                                    "successfully.", severity="OK")]
+        if self.switches.task_purged:
+            # Public reports (REDFISH-REFERENCE.md): task monitors that vanish once done.
+            del self._tasks[task.task_id]
+            del self.tree[uri]
+            self._set_members(TASKS, [u for u in self._member_uris(TASKS) if u != uri])
 
     def _task_monitor(self, method: str, path: str) -> Result:
         task = self._tasks.get(path[len(TASK_MONITORS) + 1:])
         if task is None:
-            raise not_found(path)
+            raise self._unknown(path)
         self._require_method(method, "GET, HEAD")
         self._advance(task)
+        if task.task_id not in self._tasks:  # task-purged
+            raise self._unknown(path)
+        uri = f"{TASKS}/{task.task_id}"
         if task.result is None:
-            uri = f"{TASKS}/{task.task_id}"
+            if self.switches.task_200_body:
+                # Public reports (REDFISH-REFERENCE.md): monitors answering 200 with a Task
+                # body; DSP0266 wants 202 while the task runs.
+                return Result(200, self.state.with_etag(uri), {"ETag": self.state.etag(uri)})
             return Result(202, self.state.with_etag(uri),
                           {"Location": path, "Retry-After": str(self.retry_after_s)})
+        if task.killed or self.switches.task_200_body:
+            # A killed task has no operation answer: the Task (TaskState Killed) is the answer.
+            return Result(200, self.state.with_etag(uri), {"ETag": self.state.etag(uri)})
         return task.result
 
 
@@ -866,12 +1141,19 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
               help="Share of requests answered with 503.")
 @click.option("--require-if-match/--no-require-if-match", default=False, show_default=True,
               help="Refuse a PATCH without If-Match (428).")
+@click.option("--profile", "profiles", multiple=True, type=click.Choice(PROFILE_NAMES),
+              metavar="NAME",
+              help="Behave like a real third-party service (repeatable; they compose): "
+                   + ", ".join(PROFILE_NAMES) + ".")
 def cli(host: str, port: int, regions: int, racks_per_region: int, devices_per_rack: int,
         hosts_per_rack: int, device_mix: str, seed: int, mockup_dir: Path | None,
         username: str, password_file: Path | None, auth: AuthMode, task_mode: bool,
         page_size: int | None, expand: bool, latency: float, error_rate: float,
-        require_if_match: bool) -> None:
-    """Serve a simulated Redfish fabric manager (CompositionService) until Ctrl-C or SIGTERM."""
+        require_if_match: bool, profiles: tuple[str, ...]) -> None:
+    """Serve a simulated Redfish fabric manager (CompositionService) until Ctrl-C or SIGTERM.
+
+    Profiles (--profile) are described in the module docstring of app.sim.redfish.
+    """
     password = "password"
     if password_file is not None:
         password = password_file.read_text(encoding="utf-8").rstrip("\r\n")
@@ -883,7 +1165,7 @@ def cli(host: str, port: int, regions: int, racks_per_region: int, devices_per_r
                                password=password, auth=auth, task_mode=task_mode,
                                page_size=page_size, expand=expand,
                                faults=Faults(latency_s=latency, error_rate=error_rate),
-                               require_if_match=require_if_match)
+                               require_if_match=require_if_match, profiles=profiles)
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     asyncio.run(_serve_until_stopped(sim, host, port))

@@ -47,11 +47,13 @@ class RedfishError(Exception):
 
 @dataclass
 class Result:
-    """An answer: HTTP status, JSON body (None: no body) and headers."""
+    """An answer: HTTP status, JSON body (None: no body), headers and, instead of a JSON body,
+    a ``text/plain`` one (``text``, for the ``text-errors`` profile)."""
 
     status: int
     body: JsonObject | None
     headers: dict[str, str] = field(default_factory=dict)
+    text: str | None = None
 
 
 def not_found(uri: str) -> RedfishError:
@@ -200,13 +202,22 @@ class FabricState:
         tree: the tree.
         systems: System URIs, in collection order.
         blocks: ResourceBlock URIs, in collection order.
-        history: ("attach" | "detach", block URI, System Id) for every real change, in order.
+        history: ("attach" | "detach", block URI, System Id) for every change made through
+            the API, in order (not the out-of-band ones, nor :meth:`forget_attachments`).
+        owned: block URI -> the URI of the System that owns it and may not give it up (406;
+            the ``server-owned-compute`` profile's compute blocks).
+        etags: put ``@odata.etag`` in answers (False: the ``no-etags`` profile).
+        noop_attaches: how many attaches (changes that would add a block to a System) are
+            answered with success without being made; None: all of them (``attach-noop``).
     """
 
     def __init__(self, tree: Tree, builder: TreeBuilder | None) -> None:
         self.tree = tree
         self._builder = builder
         self.history: list[tuple[str, str, str]] = []
+        self.owned: dict[str, str] = {}
+        self.etags = True
+        self.noop_attaches: int | None = 0
         self.systems: list[str] = self._members_present(SYSTEMS)
         self.blocks: list[str] = self._members_present(BLOCKS)
         self._system_set = frozenset(self.systems)
@@ -216,6 +227,86 @@ class FabricState:
                 named_by.setdefault(block, []).append(system)
         self._holders: dict[str, list[str]] = {
             b: self._initial_holders(b, named_by.get(b, [])) for b in self.blocks}
+        self._initial: tuple[dict[str, list[str]], dict[str, list[str]]] = ({}, {})
+        self.mark_initial()
+
+    def mark_initial(self) -> None:
+        """Remember who holds what now, as the state :meth:`forget_attachments` goes back to."""
+        self._initial = ({b: list(h) for b, h in self._holders.items()},
+                         {s: self.system_blocks(s) for s in self.systems})
+
+    def forget_attachments(self) -> None:
+        """Go back to the holders of :meth:`mark_initial` (a restart of a service that keeps
+        its state in memory), without history entries.
+
+        Blocks added since then end up unused, removed ones stay removed; nothing else
+        changes.
+        """
+        initial_holders, initial_lists = self._initial
+        changed = []
+        for block in self.blocks:
+            target = [h for h in initial_holders.get(block, []) if h in self._system_set]
+            if self._holders[block] != target:
+                self._holders[block] = target
+                changed.append(block)
+        for system in self.systems:
+            # Keep references that were never blocks (a mockup's dangling ones) as they were.
+            wanted = [b for b in initial_lists.get(system, [])
+                      if b in self._holders or b not in initial_holders]
+            if self.system_blocks(system) != wanted:
+                self.tree[system].setdefault("Links", {})["ResourceBlocks"] = [
+                    link(b) for b in wanted]
+        for block in changed:
+            self._sync_block(block)
+
+    def system_uri(self, system_id: str) -> str:
+        """The URI of the System whose ``Id`` is ``system_id``.
+
+        Raises:
+            KeyError: no such System.
+        """
+        for uri in self.systems:
+            if self.system_id(uri) == system_id:
+                return uri
+        raise KeyError(f"no ComputerSystem {system_id!r}")
+
+    def attach_out_of_band(self, block_uri: str, system_id: str) -> None:
+        """Make ``system_id`` hold the block as if someone else had attached it (no history).
+
+        A no-op when it already does; an owned block may be attached elsewhere this way.
+
+        Raises:
+            KeyError: the block or the System is unknown.
+            ValueError: the block is held by another System (and not shareable with room).
+        """
+        block = normalise(block_uri)
+        if block not in self._holders:
+            raise KeyError(f"no ResourceBlock {block_uri!r}")
+        system = self.system_uri(system_id)
+        if system in self._holders[block]:
+            return
+        try:
+            self.check_block(block, system)
+        except RedfishError as err:
+            raise ValueError(err.text) from None
+        self._attach(block, system, record=False)
+
+    def detach_out_of_band(self, block_uri: str) -> list[str]:
+        """Remove the block from every System holding it, as if by hand (no history).
+
+        Returns:
+            The ``Id`` of every System it was removed from.
+
+        Raises:
+            KeyError: the block is unknown.
+        """
+        block = normalise(block_uri)
+        if block not in self._holders:
+            raise KeyError(f"no ResourceBlock {block_uri!r}")
+        removed = [self.system_id(s) for s in self._holders[block]]
+        for system in list(self._holders[block]):
+            self._detach(block, system, record=False)
+        return removed
 
     def is_system(self, uri: str) -> bool:
         """True when ``uri`` (normalised) is a ComputerSystem."""
@@ -241,7 +332,7 @@ class FabricState:
             body["Members"] = copy.deepcopy(resource["Members"][members])
         else:
             body = copy.deepcopy(resource)
-        if etag:
+        if etag and self.etags:
             body["@odata.etag"] = self.etag(path)
         else:
             body.pop("@odata.etag", None)
@@ -319,6 +410,7 @@ class FabricState:
             del self.tree[key]
         self.blocks.remove(uri)
         del self._holders[uri]
+        self.owned.pop(uri, None)
         coll = self.tree[BLOCKS]
         coll["Members"] = [m for m in coll["Members"] if normalise(m.get("@odata.id", "")) != uri]
         coll["Members@odata.count"] = len(coll["Members"])
@@ -374,22 +466,43 @@ class FabricState:
                                f"resource {block} is in use by "
                                f"{self.system_id(others[0])}.", args=[block])
 
-    def _attach(self, block: str, system: str) -> None:
+    def _take_noop_attach(self) -> bool:
+        """True when this attach is to be swallowed (``attach-noop``), counting it."""
+        if self.noop_attaches is None:
+            return True
+        if self.noop_attaches > 0:
+            self.noop_attaches -= 1
+            return True
+        return False
+
+    def _refuse_owned(self, block: str, system: str) -> None:
+        # REDFISH-REFERENCE.md, "What a real composability service did": a PATCH of
+        # Links.ResourceBlocks that leaves the System's own compute block out is refused
+        # with 406 (and so, here, is RemoveResourceBlock of it).
+        if self.owned.get(block) == system:
+            raise RedfishError(406, "GeneralError",
+                               f"The compute block {block} belongs to "
+                               f"{self.system_id(system)} and cannot be removed from it.",
+                               args=[block])
+
+    def _attach(self, block: str, system: str, *, record: bool = True) -> None:
         self._holders[block].append(system)
         refs = self.tree[system].setdefault("Links", {}).setdefault("ResourceBlocks", [])
         if block not in self.system_blocks(system):
             refs.append(link(block))
         self._sync_block(block)
-        self.history.append(("attach", block, self.system_id(system)))
+        if record:
+            self.history.append(("attach", block, self.system_id(system)))
 
-    def _detach(self, block: str, system: str) -> None:
+    def _detach(self, block: str, system: str, *, record: bool = True) -> None:
         self._holders[block].remove(system)
         links = self.tree[system].setdefault("Links", {})
         links["ResourceBlocks"] = [r for r in links.get("ResourceBlocks", [])
                                    if not (isinstance(r, dict)
                                            and normalise(str(r.get("@odata.id"))) == block)]
         self._sync_block(block)
-        self.history.append(("detach", block, self.system_id(system)))
+        if record:
+            self.history.append(("detach", block, self.system_id(system)))
 
     def _sync_block(self, block: str) -> None:
         resource = self.tree[block]
@@ -414,19 +527,28 @@ class FabricState:
     def apply_set(self, system: str, new: list[str]) -> Result:
         """Make ``new`` the System's full block list (the PATCH of ``Links.ResourceBlocks``).
 
-        All checks come first, so a refused PATCH changes nothing.
+        All checks come first, so a refused PATCH changes nothing. A swallowed attach
+        (:attr:`noop_attaches`) answers 200 with the System as the PATCH asked for it while
+        the stored System stays unchanged.
 
         Returns:
             200 with the System.
 
         Raises:
-            RedfishError: as :meth:`check_block`, for each added block.
+            RedfishError: 406 for a list without a block the System owns; as
+                :meth:`check_block`, for each added block.
         """
         old = self.system_blocks(system)
         added = [b for b in new if b not in old]
         removed = [b for b in old if b not in new and b in self._holders]
+        for block in removed:
+            self._refuse_owned(block, system)
         for block in added:
             self.check_block(block, system)
+        if any(system not in self._holders[b] for b in added) and self._take_noop_attach():
+            body = self.with_etag(system)
+            body.setdefault("Links", {})["ResourceBlocks"] = [link(b) for b in new]
+            return Result(200, body, {"ETag": self.etag(system)})
         # Frees first, so that a PATCH never holds more than the final list at any moment.
         for block in removed:
             if system in self._holders[block]:
@@ -440,6 +562,8 @@ class FabricState:
     def apply_add(self, system: str, block: str) -> Result:
         """``ComputerSystem.AddResourceBlock``: 200 ``Success``, or 200 ``NoOperation`` when held.
 
+        A swallowed attach (:attr:`noop_attaches`) answers ``Success`` and changes nothing.
+
         Raises:
             RedfishError: as :meth:`check_block`.
         """
@@ -448,6 +572,9 @@ class FabricState:
             return self._action_result("NoOperation", "The request body submitted contain no "
                                        "data to act upon and no changes to the resource took "
                                        "place.", system)
+        if self._take_noop_attach():
+            return self._action_result("Success", "The request completed successfully.",
+                                       system)
         self._attach(block, system)
         return self._action_result("Success", "The request completed successfully.", system)
 
@@ -455,10 +582,13 @@ class FabricState:
         """``ComputerSystem.RemoveResourceBlock``: 200 ``Success``, or 200 ``NoOperation``.
 
         Raises:
-            RedfishError: 404 ``ResourceNotFound`` for an unknown block.
+            RedfishError: 404 ``ResourceNotFound`` for an unknown block, 406 for a block the
+                System owns.
         """
         if block not in self._holders:
             raise not_found(block)
+        if system in self._holders[block]:
+            self._refuse_owned(block, system)
         if system not in self._holders[block]:
             return self._action_result("NoOperation", "The request body submitted contain no "
                                        "data to act upon and no changes to the resource took "
