@@ -93,7 +93,8 @@ class MemoryBackend:
                 return i
         raise FabricNotFound(f"device {device.vendor_id} not found")
 
-    async def attach(self, device: FabricDevice, host_id: str) -> Operation:
+    async def attach(self, device: FabricDevice, host_id: str, *,
+                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
         i = self._find(device)
         holder = self.devices[i].host_id
         if holder not in (None, host_id):
@@ -101,11 +102,20 @@ class MemoryBackend:
         self.devices[i] = replace(self.devices[i], host_id=host_id)
         return Operation(None, OperationState.COMPLETED)
 
-    async def detach(self, device: FabricDevice, host_id: str) -> Operation:
+    async def detach(self, device: FabricDevice, host_id: str, *,
+                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
         i = self._find(device)
         if self.devices[i].host_id == host_id:
             self.devices[i] = replace(self.devices[i], host_id=None)
         return Operation(None, OperationState.COMPLETED)
+
+    async def resume(self, op_id: str, device: FabricDevice, host_id: str, *,
+                     attach: bool) -> Operation:
+        # Operations here are synchronous: there is never a task to follow, so the state
+        # decides, as the contract says for an operation that is gone.
+        if attach:
+            return await self.attach(device, host_id)
+        return await self.detach(device, host_id)
 
     async def operation_status(self, op_id: str) -> Operation:
         raise FabricNotFound(f"operation {op_id} not found")

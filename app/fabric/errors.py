@@ -52,3 +52,18 @@ class FabricAuthError(FabricError):
 
 class FabricInvalidData(FabricError):
     """The fabric manager answered with something that is not what the protocol says."""
+
+
+class FabricServerOwned(FabricError):
+    """The attach unit belongs to a server (its own CPUs, memory, NICs) and is never attached
+    or detached; nothing was sent. Permanent."""
+
+
+class FabricNotEffective(FabricError):
+    """The service reported success, but reading the state back does not show the change.
+
+    Retryable: attach and detach are idempotent, so a new call reads the state again and
+    makes the change again only if it is still missing.
+    """
+
+    retryable = True

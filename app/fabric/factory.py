@@ -41,6 +41,10 @@ def backend_from_settings(fabric: FabricSettings) -> FabricBackend:
             max_concurrency=fabric.concurrency,
             retry=RetrySettings(attempts=fabric.retry_attempts),
             task_timeout_s=fabric.task_timeout_seconds,
+            server_owned_blocks=fabric.server_owned_blocks,
+            verify_poll_s=fabric.verify_poll_seconds,
+            verify_timeout_s=fabric.verify_timeout_seconds,
+            device_identity=fabric.device_identity,
         )
     except ValueError as err:
         raise ConfigError(f"settings fabric: {err}") from err

@@ -8,15 +8,34 @@ which also documents how Redfish locations and holders map to ours.
 Listing: ``/redfish/v1/`` -> ``CompositionService.ResourceBlocks`` -> each block -> its
 ``Processors``, ``Drives``, ``Storage/*/Drives``, ``SimpleStorage`` devices, ``Memory``,
 ``NetworkInterfaces`` and ``EthernetInterfaces``. ``vendor_id`` is the URI a device was reached
-at from its block and ``attach_unit`` is the block's URI; a device reachable twice is listed once
-(first block in collection order). Compute and ComputerSystem blocks contribute only their
-accelerator processors and are skipped, not rejected, when they have none.
+at from its block and ``attach_unit`` is the block's URI. A device linked from two blocks under
+one URI is rejected (``duplicate``, every copy). With ``device_identity`` ``serial`` or ``uuid``
+one physical device reached under two URIs is listed once, the first in collection order; the
+others are rejected as ``duplicate``. Server-owned blocks (a server's own CPUs, DRAM and NICs;
+rules in :mod:`app.fabric.redfish_parse`) yield no device and are reported in
+``Listing.local_units``; a block's processors are read first, so a server's block costs no
+reads of its memory or NICs. A resource that answers HTTP 500 after one retry (real services
+answer 500 for dangling links) is a ``fetch-failed`` rejection of that item; a 500 on the
+service root or a collection page still fails the listing.
 
-Attach / detach expand an existing System (Redfish "expandable system" composition): the
-``ComputerSystem.AddResourceBlock`` / ``RemoveResourceBlock`` actions when the System advertises
-them, else ``PATCH`` of the System's full ``Links.ResourceBlocks`` with ``If-Match``. Both are
-idempotent: the current holders are read first and nothing is written when the wanted state
-already holds.
+Attach / detach expand an existing System (Redfish "expandable system" composition, DSP2050):
+the ``ComputerSystem.AddResourceBlock`` / ``RemoveResourceBlock`` actions when the System
+advertises them, else ``PATCH`` of the System's full ``Links.ResourceBlocks`` (every other
+block it holds kept, its own server block included) with ``If-Match``. Both are idempotent:
+the current holders are read first and nothing is written when the wanted state already
+holds. A server-owned block is refused (:class:`~app.fabric.errors.FabricServerOwned`) before
+anything is sent. Every write that reports success (200/204, or a task that completed) is
+verified: the System is read once and must list the block (or no longer list it); if not yet,
+the block's ``Links.ComputerSystems`` is read too, and both are polled every
+``verify_poll_s`` up to ``verify_timeout_s``, then
+:class:`~app.fabric.errors.FabricNotEffective`. A 202 hands its task monitor to the caller's
+``on_operation`` before the first poll, so that :meth:`RedfishBackend.resume` can follow it
+after a restart instead of sending again.
+
+ETags: ``If-Match`` carries the System's ``@odata.etag``, else its ``ETag`` header, quoting
+repaired (:func:`app.fabric.redfish_parse.preferred_etag`). After a 412 the System is read
+again; if its ETag did not change, the service refused its own tag (a spelling it compares
+differently), and the write is sent once more without ``If-Match`` instead of looping.
 
 Retries (tenacity, exponential backoff with jitter): GETs on any
 :class:`~app.fabric.errors.FabricUnavailable` except TLS failures; writes only when nothing can
@@ -27,7 +46,8 @@ made again only if it has not taken effect, at most ``RetrySettings.attempts`` t
 
 Errors beyond :mod:`app.fabric.errors`: :class:`FabricTaskTimeout` (a FabricTimeout carrying the
 task monitor URI as ``op_id``). Listings also raise FabricInvalidData when the service root or a
-collection page is malformed.
+collection page is malformed. Error bodies without a Redfish error object (``{"message": ...}``,
+plain text) still give their text to the error message.
 """
 
 from __future__ import annotations
@@ -39,7 +59,15 @@ import json
 import logging
 import random
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -60,8 +88,10 @@ from app.fabric.errors import (
     FabricConflict,
     FabricError,
     FabricInvalidData,
+    FabricNotEffective,
     FabricNotFound,
     FabricPreconditionFailed,
+    FabricServerOwned,
     FabricTimeout,
     FabricUnavailable,
 )
@@ -73,13 +103,16 @@ from app.fabric.redfish_parse import (
     CollectionPage,
     DeviceContext,
     DeviceSource,
+    IdentityMode,
     SystemInfo,
     block_hosts,
     classify_message_ids,
+    device_identity,
     error_from_response,
     expand_levels,
     host_from_system,
     inline_resources,
+    is_cpu,
     is_task,
     link,
     location_from_chain,
@@ -94,6 +127,8 @@ from app.fabric.redfish_parse import (
     parse_simple_storage,
     parse_system,
     parse_task,
+    preferred_etag,
+    server_owned_reason,
     storage_drive_links,
     systems_by_block,
 )
@@ -113,6 +148,8 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 AuthMode = Literal["session", "basic", "none"]
+OnOperation = Callable[[str], Awaitable[None]]
+"""Called with a task monitor URI before it is first polled (the caller journals it)."""
 SERVICE_ROOT = "/redfish/v1/"
 SESSIONS = "/redfish/v1/SessionService/Sessions"
 MAX_CHASSIS_DEPTH = 8
@@ -207,10 +244,22 @@ class RedfishBackend:
         task_poll_interval_s: seconds between task monitor polls when the service gives no
             ``Retry-After``.
         task_timeout_s: seconds to wait for a 202 task before :class:`FabricTaskTimeout`.
+        server_owned_blocks: fnmatch patterns of ResourceBlock ``Id``s or URIs that belong to
+            a server (setting ``fabric.server_owned_blocks``); such blocks are never devices.
+        verify_poll_s: seconds between reads while a reported success is not yet visible.
+        verify_timeout_s: seconds a reported success may take to become visible before
+            :class:`~app.fabric.errors.FabricNotEffective`.
+        device_identity: ``uri``, ``serial`` or ``uuid``: what makes two listed devices one
+            (setting ``fabric.device_identity``).
+
+    Attributes:
+        retries: retries by reason (``transient``, ``precondition``, ``unknown-outcome``).
+        verifications: verification reads and outcomes (``read``: GETs made to verify a
+            write, ``poll``: waits because it was not visible yet, ``not-effective``).
 
     Raises:
-        ValueError: a malformed base URL, an unknown auth mode, missing credentials, or an
-            unreadable CA bundle.
+        ValueError: a malformed base URL, an unknown auth mode, missing credentials, an
+            unreadable CA bundle, a non-positive timeout, or an unknown device identity.
     """
 
     kind = "redfish"
@@ -230,6 +279,10 @@ class RedfishBackend:
         retry: RetrySettings | None = None,
         task_poll_interval_s: float = 1.0,
         task_timeout_s: float = 300.0,
+        server_owned_blocks: Sequence[str] = (),
+        verify_poll_s: float = 0.2,
+        verify_timeout_s: float = 10.0,
+        device_identity: IdentityMode = "uri",
     ) -> None:
         origin = URL(base_url)
         if not origin.is_absolute() or origin.scheme not in ("http", "https"):
@@ -244,6 +297,10 @@ class RedfishBackend:
             raise ValueError(f"auth mode {auth!r} needs a username and a password")
         if max_concurrency < 1 or timeout_s <= 0 or task_timeout_s <= 0:
             raise ValueError("max_concurrency, timeout_s and task_timeout_s must be positive")
+        if verify_poll_s <= 0 or verify_timeout_s < 0:
+            raise ValueError("verify_poll_s must be positive and verify_timeout_s not negative")
+        if device_identity not in ("uri", "serial", "uuid"):
+            raise ValueError(f"device identity {device_identity!r} is not one of uri, serial, uuid")
         self._origin = origin.origin()
         self._username = _Secret(username or "")
         self._password = _Secret(password or "")
@@ -275,6 +332,15 @@ class RedfishBackend:
             raise ValueError("retry.attempts must be at least 1")
         self._poll_s = task_poll_interval_s
         self._task_timeout_s = task_timeout_s
+        self._server_patterns = tuple(server_owned_blocks)
+        self._verify_poll_s = verify_poll_s
+        self._verify_timeout_s = verify_timeout_s
+        self._identity: IdentityMode = device_identity
+        self.verifications: collections.Counter[str] = collections.Counter()
+        # Block URI -> why it is server-owned (None: it is not), learnt from listings and
+        # attach checks: a block's processors do not change, and this spares attach a read
+        # of each of them.
+        self._server_owned: dict[str, str | None] = {}
         self._token: str | None = None
         self._session_uri: str | None = None
         self._login_lock = asyncio.Lock()
@@ -371,7 +437,7 @@ class RedfishBackend:
         if status in (401, 403):
             raise FabricAuthError(f"{context}: credentials refused (HTTP {status})", status=status)
         if status >= 400:
-            error = error_from_response(status, _decode(raw), context=context)
+            error = error_from_response(status, _error_body(raw), context=context)
             raise type(error)(
                 self._redact(str(error)), status=status, vendor_code=error.vendor_code
             )
@@ -452,7 +518,7 @@ class RedfishBackend:
                 continue
             break
         if status >= 400:
-            body = _decode(raw)
+            body = _error_body(raw)
             error = error_from_response(status, body, context=context)
             if status in (429, 503):
                 raise _Busy(
@@ -493,22 +559,42 @@ class RedfishBackend:
         step: float = settings.initial_backoff_s * 2.0 ** min(attempt - 1, 30)
         return min(step + random.uniform(0.0, step), settings.max_backoff_s)
 
-    def _retrying(self, retryable: Callable[[BaseException], bool]) -> AsyncRetrying:
+    def _retrying(
+        self, retryable: Callable[[BaseException], bool], *, item: bool = False
+    ) -> AsyncRetrying:
+        """Retries of one call; with ``item``, an HTTP 500 is retried once only (see
+        :meth:`_read_item`)."""
+
         def count(_state: Any) -> None:
             self.retries["transient"] += 1
 
+        most = stop_after_attempt(self._retry.attempts)
+
+        def stop(state: RetryCallState) -> bool:
+            if most(state):
+                return True
+            error = state.outcome.exception() if state.outcome is not None else None
+            return (
+                item
+                and state.attempt_number >= 2
+                and isinstance(error, FabricUnavailable)
+                and error.status == 500
+            )
+
         return AsyncRetrying(
-            stop=stop_after_attempt(self._retry.attempts),
+            stop=stop,
             wait=self._wait,
             retry=retry_if_exception(retryable),
             reraise=True,
             before_sleep=count,
         )
 
-    async def _get(self, ref: str) -> _Response:
-        """GET with retries on FabricUnavailable (not on TLS failures)."""
+    async def _get(self, ref: str, *, item: bool = False) -> _Response:
+        """GET with retries on FabricUnavailable (not on TLS failures); with ``item``, an
+        HTTP 500 is retried once only."""
         retrying = self._retrying(
-            lambda err: isinstance(err, FabricUnavailable) and not isinstance(err, _TlsFailure)
+            lambda err: isinstance(err, FabricUnavailable) and not isinstance(err, _TlsFailure),
+            item=item,
         )
         return await retrying(self._request, "GET", ref)
 
@@ -646,20 +732,30 @@ class RedfishBackend:
             rejected.extend(_bad_members(uri, page))
         return list(members.items()), rejected
 
-    async def _read_item(self, uri: str) -> Any:
+    async def _read_item(self, uri: str, *, strict: bool = False) -> Any:
         """A member resource's body, or BadItem when this one item cannot be read.
 
-        Listing-wide failures (FabricUnavailable, FabricAuthError) propagate.
+        A 4xx (404 for a dangling link, say), a body that is not JSON, or an HTTP 500 that
+        repeats once (real services answer 500 for resources that do not exist) is this
+        item's ``fetch-failed``. Listing-wide failures (other FabricUnavailable, including a
+        500 with ``strict``, and FabricAuthError) propagate.
         """
         try:
-            response = await self._get(uri)
-        except (FabricUnavailable, FabricAuthError):
+            response = await self._get(uri, item=not strict)
+        except FabricUnavailable as err:
+            if strict or err.status != 500:
+                raise
+            raise BadItem(f"{err} (after one retry)", "fetch-failed") from err
+        except FabricAuthError:
             raise
         except FabricError as err:
             raise BadItem(str(err), "fetch-failed") from err
         return response.body
 
-    async def _systems(self) -> tuple[list[SystemInfo], list[Rejected]]:
+    async def _systems(self, *, strict: bool = False) -> tuple[list[SystemInfo], list[Rejected]]:
+        """Every System, and the Systems that could not be read or parsed. With ``strict``
+        (the device listing, which needs every System to know who holds a block) an HTTP 500
+        on a System fails the call instead."""
         systems_uri = await self._root_link("Systems")
         # The System bodies are all the listing needs: not their processors, memory, storage.
         expand = await self._expand_query(most=1)
@@ -672,7 +768,8 @@ class RedfishBackend:
         async def read(member: tuple[str, Any]) -> SystemInfo | Rejected:
             uri, body = member
             try:
-                return parse_system(await self._read_item(uri) if body is None else body, uri)
+                payload = await self._read_item(uri, strict=strict) if body is None else body
+                return parse_system(payload, uri)
             except BadItem as err:
                 return Rejected(uri, f"system: {err.reason}", err.kind)
 
@@ -710,7 +807,7 @@ class RedfishBackend:
                 chain = await walk.chain(system.chassis[0]) if system.chassis else []
             except BadItem as err:
                 return Rejected(system.uri, f"system location: {err.reason}", err.kind)
-            return host_from_system(system, location_from_chain(chain))
+            return host_from_system(system, location_from_chain(chain, chassis_slot=True))
 
         hosts: list[FabricHost] = []
         for result in await self._gather(host, systems):
@@ -723,14 +820,16 @@ class RedfishBackend:
     async def list_devices(self) -> Listing[FabricDevice]:
         """Every composable device, with location, health, holder and shareability.
 
-        A block, device, storage or chassis that cannot be read (404, malformed JSON) or
-        parsed becomes a Rejected entry for the devices it concerns; the rest still lists.
-        Systems are read too, to find holders that only the System records; a System that
-        cannot be parsed is reported by :meth:`list_hosts`, not here.
+        A block, device, storage or chassis that cannot be read (404, 500 twice, malformed
+        JSON) or parsed becomes a Rejected entry for the devices it concerns; the rest still
+        lists. Server-owned blocks give no devices and are listed in ``local_units`` (their
+        count is logged at debug). Systems are read too, to find holders that only the
+        System records; a System that cannot be parsed is reported by :meth:`list_hosts`,
+        not here.
 
         Raises:
-            FabricUnavailable: any collection page or a needed resource could not be read
-                after retries (never a partial listing).
+            FabricUnavailable: any collection page, a System, or a needed resource could not
+                be read after retries (never a partial listing).
             FabricAuthError: credentials were refused.
             FabricInvalidData: the service root or a collection page is malformed.
         """
@@ -739,17 +838,28 @@ class RedfishBackend:
         if expand is not None:
             return await self._list_devices_expanded(blocks_uri, expand)
         block_uris, rejected = await self._collection(blocks_uri)
-        systems, _ = await self._systems()
-        walk = _DeviceWalk(
+        walk = await self._walk()
+        collector = _Collector(self._identity, rejected)
+        for results in await self._gather(walk.block, block_uris):
+            collector.add(results)
+        return self._finish(collector)
+
+    async def _walk(self) -> _DeviceWalk:
+        systems, _ = await self._systems(strict=True)
+        return _DeviceWalk(
             self,
             blocks_by_system={s.uri: s.resource_blocks for s in systems},
             system_ids={s.uri: s.host_id for s in systems},
         )
-        devices: dict[str, FabricDevice] = {}
-        duplicates: set[str] = set()
-        for results in await self._gather(walk.block, block_uris):
-            _collect(results, devices, rejected, duplicates)
-        return Listing(tuple(devices.values()), tuple(rejected))
+
+    def _finish(self, collector: _Collector) -> Listing[FabricDevice]:
+        listing = collector.listing()
+        if listing.local_units:
+            logger.debug(
+                "redfish %s: %d server-owned blocks are not devices",
+                self._origin, len(listing.local_units),
+            )
+        return listing
 
     async def _list_devices_expanded(self, blocks_uri: str, expand: str) -> Listing[FabricDevice]:
         """:meth:`list_devices` reading the blocks collection with ``$expand``: each page
@@ -758,15 +868,9 @@ class RedfishBackend:
         so only one page of raw JSON is held at a time. A member or device the service left
         as a link is read on its own, as without ``$expand``.
         """
-        systems, _ = await self._systems()
-        walk = _DeviceWalk(
-            self,
-            blocks_by_system={s.uri: s.resource_blocks for s in systems},
-            system_ids={s.uri: s.host_id for s in systems},
-        )
-        devices: dict[str, FabricDevice] = {}
+        walk = await self._walk()
         rejected: list[Rejected] = []
-        duplicates: set[str] = set()
+        collector = _Collector(self._identity, rejected)
         done: set[str] = set()
         async for page, raw in self._pages(blocks_uri, expand):
             rejected.extend(_bad_members(blocks_uri, page))
@@ -774,14 +878,12 @@ class RedfishBackend:
             todo = [uri for uri in dict.fromkeys(page.members) if uri not in done]
             done.update(todo)
 
-            async def block(uri: str, bodies: dict[str, Any] = bodies) -> list[
-                FabricDevice | Rejected
-            ]:
+            async def block(uri: str, bodies: dict[str, Any] = bodies) -> list[_BlockResult]:
                 return await walk.block(uri, bodies.get(uri))
 
             for results in await self._gather(block, todo):
-                _collect(results, devices, rejected, duplicates)
-        return Listing(tuple(devices.values()), tuple(rejected))
+                collector.add(results)
+        return self._finish(collector)
 
     # --- attach / detach ------------------------------------------------------------------
 
@@ -790,6 +892,7 @@ class RedfishBackend:
         return f"{norm_uri(systems_uri)}/{quote(host_id, safe='')}"
 
     async def _read_system(self, host_id: str, what: str) -> tuple[SystemInfo, str | None]:
+        """The System and the ETag to send back (``@odata.etag``, else the header)."""
         uri = await self._system_uri(host_id)
         try:
             response = await self._get(uri)
@@ -799,7 +902,7 @@ class RedfishBackend:
             system = parse_system(response.body, uri)
         except BadItem as err:
             raise FabricInvalidData(f"{what}: system {uri}: {err.reason}") from err
-        return system, response.headers.get("ETag") or system.etag
+        return system, preferred_etag(response.headers.get("ETag"), system.etag)
 
     async def _read_block(self, uri: str, what: str) -> BlockInfo:
         try:
@@ -811,48 +914,145 @@ class RedfishBackend:
         except BadItem as err:
             raise FabricInvalidData(f"{what}: block {uri}: {err.reason}") from err
 
-    async def attach(self, device: FabricDevice, host_id: str) -> Operation:
+    async def _refuse_server_owned(self, block: BlockInfo, what: str) -> None:
+        """Raise FabricServerOwned when ``block`` is a server's (rules in
+        :mod:`app.fabric.redfish_parse`). The CPU rule uses what a listing learnt, else reads
+        the block's processors once (then remembered)."""
+        reason = server_owned_reason(block, self._server_patterns)
+        if reason is None and block.uri in self._server_owned:
+            reason = self._server_owned[block.uri]
+        elif reason is None:
+            processors = [u for s, u in block.device_links if s is DeviceSource.PROCESSOR]
+
+            async def read(uri: str) -> Any:
+                try:
+                    return await self._read_item(uri)
+                except BadItem:
+                    return None
+
+            payloads = await self._gather(read, processors)
+            cpu = next((u for u, p in zip(processors, payloads, strict=True) if is_cpu(p)), None)
+            reason = None if cpu is None else f"it holds CPU {cpu}"
+            if reason is not None or all(p is not None for p in payloads):
+                self._server_owned[block.uri] = reason
+        if reason is not None:
+            raise FabricServerOwned(
+                f"{what}: the block belongs to a server ({reason}); it is never attached or "
+                "detached"
+            )
+
+    async def attach(
+        self, device: FabricDevice, host_id: str, *, on_operation: OnOperation | None = None
+    ) -> Operation:
         """Attach ``device.attach_unit`` (a ResourceBlock URI) to System ``host_id``.
 
         Already held by ``host_id``: success with no write. Held by another System and not
-        shareable: FabricConflict. A 202 answer is followed to completion.
+        shareable: FabricConflict. A 202 answer (or a 200 carrying a running Task) is
+        followed to completion; its task monitor URI is first awaited in
+        ``on_operation(monitor)``, before the first poll, so that the caller can journal it
+        and :meth:`resume` after a restart. A write that reports success is verified by
+        reading the System back (one GET; more only while the change is not visible yet).
 
         Returns:
             COMPLETED, with the task monitor as ``op_id`` when the service ran a task.
 
         Raises:
+            FabricServerOwned: the block is a server's own (nothing is sent).
             FabricNotFound: unknown block or host (HTTP 404 / ResourceNotFound).
             FabricConflict: held by another host, or HTTP 409 / ResourceInUse.
             FabricPreconditionFailed: the System's ETag changed twice in a row (HTTP 412).
+            FabricNotEffective: the service reported success, but the System does not hold
+                the block after ``verify_timeout_s`` (retryable).
             FabricTaskTimeout: the task did not finish in time or its monitor stopped
                 answering (``op_id`` is the monitor).
             FabricTimeout: the outcome stayed unknown after repeated re-reads.
             FabricUnavailable: the service could not be reached.
-            FabricError: the service refused, or the task failed.
+            FabricError: the service refused (400/405/406/501 are permanent), or the task
+                failed (its TaskState in the message). Whatever ``on_operation`` raises
+                propagates (the task may then still run: :meth:`resume` it).
         """
-        return await self._change(device, host_id, attach=True)
+        return await self._change(device, host_id, attach=True, on_operation=on_operation)
 
-    async def detach(self, device: FabricDevice, host_id: str) -> Operation:
+    async def detach(
+        self, device: FabricDevice, host_id: str, *, on_operation: OnOperation | None = None
+    ) -> Operation:
         """Detach ``device.attach_unit`` from System ``host_id``.
 
         Not held by ``host_id`` (free, or held by another System only): success with no
-        write. Otherwise as :meth:`attach`.
+        write. A PATCH keeps every other block the System holds. Otherwise as
+        :meth:`attach` (FabricNotEffective when the System still holds the block after
+        ``verify_timeout_s``).
         """
-        return await self._change(device, host_id, attach=False)
+        return await self._change(device, host_id, attach=False, on_operation=on_operation)
 
-    async def _change(self, device: FabricDevice, host_id: str, *, attach: bool) -> Operation:
+    async def resume(
+        self,
+        op_id: str,
+        device: FabricDevice,
+        host_id: str,
+        *,
+        attach: bool,
+        on_operation: OnOperation | None = None,
+    ) -> Operation:
+        """Finish an attach (``attach=True``) or detach whose task monitor ``op_id`` was
+        handed to ``on_operation`` before, e.g. by a process that has since restarted.
+
+        * The monitor says the task runs (202, or a Task body in a running TaskState, with
+          200 or 202): it is polled until it ends; nothing is sent meanwhile.
+        * The task completed: the change is verified as :meth:`attach` does.
+        * The monitor is gone (404/410), or the task ended in failure (TaskState Exception,
+          Killed, Cancelled; an error status): the state is read. If the wanted state holds,
+          COMPLETED; if not, the task ended without effect, so the change is made as
+          :meth:`attach` / :meth:`detach` would (a new task monitor goes to
+          ``on_operation``).
+
+        Returns:
+            COMPLETED, with ``op_id`` (or the new monitor when the change was sent again).
+
+        Raises:
+            FabricInvalidData: ``op_id`` is not on this service.
+            FabricTaskTimeout: the task still runs after the task timeout, or its monitor
+                cannot be read (``op_id`` is the monitor).
+            Otherwise as :meth:`attach`.
+        """
         block_uri = norm_uri(self._path(device.attach_unit))
-        what = (
-            f"attach {block_uri} to host {host_id!r}"
-            if attach
-            else f"detach {block_uri} from host {host_id!r}"
-        )
+        what = _what(block_uri, host_id, attach)
+        monitor = self._path(op_id)
+        await self._refuse_server_owned(await self._read_block(block_uri, what), what)
+        end = await self._poll_monitor(monitor, what, delay=None, immediately=True)
+        if end is not None and end.operation.state is OperationState.COMPLETED:
+            await self._verify(host_id, block_uri, attach=attach, what=what, via_block=True)
+            return end.operation
+        ended = "is gone" if end is None else f"ended: {end.operation.message or 'failed'}"
+        system, _ = await self._read_system(host_id, what)
+        block = await self._read_block(block_uri, what)
+        holds = block_uri in system.resource_blocks or system.uri in block.linked_systems
+        if holds == attach:
+            return Operation(
+                monitor, OperationState.COMPLETED, f"task {monitor} {ended}; the state holds"
+            )
+        logger.warning("%s: task %s %s, without effect; sending again", what, monitor, ended)
+        return await self._change(device, host_id, attach=attach, on_operation=on_operation)
+
+    async def _change(
+        self,
+        device: FabricDevice,
+        host_id: str,
+        *,
+        attach: bool,
+        on_operation: OnOperation | None,
+    ) -> Operation:
+        block_uri = norm_uri(self._path(device.attach_unit))
+        what = _what(block_uri, host_id, attach)
         precondition_retries = 0
         unknown_outcomes = 0
+        refused_etag: str | None = None
         while True:
             system, etag = await self._read_system(host_id, what)
             block = await self._read_block(block_uri, what)
-            holds = block_uri in system.resource_blocks or system.uri in block.linked_systems
+            await self._refuse_server_owned(block, what)
+            listed = block_uri in system.resource_blocks
+            holds = listed or system.uri in block.linked_systems
             if attach and holds:
                 return Operation(None, OperationState.COMPLETED, "already attached")
             if not attach and not holds:
@@ -865,12 +1065,20 @@ class RedfishBackend:
                 ]
                 if others:
                     raise FabricConflict(f"{what}: block is attached to {', '.join(others)}")
+            if refused_etag is not None and etag == refused_etag:
+                # The service refused the very ETag it still reports: it compares another
+                # spelling (quoted twice, header unlike @odata.etag). Nothing changed, so the
+                # write goes once more without If-Match rather than into a 412 loop.
+                logger.info("%s: the service refused its own ETag %s; sending without "
+                            "If-Match", what, etag)
+                etag = None
             try:
                 response = await self._write_change(system, etag, block_uri, attach)
             except FabricPreconditionFailed:
                 if precondition_retries >= 1:
                     raise
                 precondition_retries += 1
+                refused_etag = etag
                 self.retries["precondition"] += 1
                 continue
             except (_NotSent, _Busy):
@@ -886,11 +1094,23 @@ class RedfishBackend:
                 logger.warning("%s: outcome unknown (%s); reading the state again", what, err)
                 await asyncio.sleep(self._backoff(unknown_outcomes))
                 continue
-            if response.status != 202:
+            via_block = not attach and not listed
+            if not _is_task_answer(response):
+                await self._verify(host_id, block_uri, attach=attach, what=what,
+                                   via_block=via_block)
                 return Operation(None, OperationState.COMPLETED)
-            outcome = await self._follow_task(response, what)
-            if outcome is not None:
-                return outcome
+            monitor = self._monitor_of(response, what)
+            if on_operation is not None:
+                await on_operation(monitor)
+            end = await self._poll_monitor(
+                monitor, what, delay=parse_retry_after(response.headers.get("Retry-After"))
+            )
+            if end is not None:
+                if end.operation.state is OperationState.FAILED:
+                    raise end.error or _task_error(end.body, what, end.operation)
+                await self._verify(host_id, block_uri, attach=attach, what=what,
+                                   via_block=via_block)
+                return end.operation
             unknown_outcomes += 1
             if unknown_outcomes >= self._retry.attempts:
                 raise FabricTimeout(f"{what}: task outcome unknown after {unknown_outcomes} tries")
@@ -901,6 +1121,8 @@ class RedfishBackend:
         target = system.add_target if attach else system.remove_target
         if target is not None:
             return await self._write("POST", target, {"ResourceBlock": {"@odata.id": block_uri}})
+        # The full new list (DSP2050 "expand a system"): every other block stays, the
+        # System's own server block included, which real services refuse to lose (406).
         if attach:
             wanted = [*system.resource_blocks, block_uri]
         else:
@@ -909,28 +1131,88 @@ class RedfishBackend:
         body = {"Links": {"ResourceBlocks": [{"@odata.id": uri} for uri in wanted]}}
         return await self._write("PATCH", system.uri, body, headers)
 
-    async def _follow_task(self, accepted: _Response, what: str) -> Operation | None:
-        """Poll the task monitor of a 202 answer until the task ends.
+    async def _verify(
+        self, host_id: str, block_uri: str, *, attach: bool, what: str, via_block: bool
+    ) -> None:
+        """Check that a write the service reported as done took effect.
+
+        Reads the System (one GET): done when its ``Links.ResourceBlocks`` holds the block
+        (attach) or no longer holds it (detach; with ``via_block``, meaning the System never
+        listed it, the block's ``Links.ComputerSystems`` must no longer name the System
+        either). Otherwise the block is read too (some services record the holder only
+        there), and both are read again every ``verify_poll_s`` up to ``verify_timeout_s``.
+
+        Raises:
+            FabricNotEffective: the change did not show within ``verify_timeout_s``.
+            FabricError: as the reads.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._verify_timeout_s
+        while True:
+            system, _ = await self._read_system(host_id, what)
+            self.verifications["read"] += 1
+            listed = block_uri in system.resource_blocks
+            if listed == attach and (attach or not via_block):
+                return
+            if not (listed and not attach):
+                block = await self._read_block(block_uri, what)
+                self.verifications["read"] += 1
+                linked = system.uri in block.linked_systems
+                if attach and linked:
+                    return
+                if not attach and not listed and not linked:
+                    return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                self.verifications["not-effective"] += 1
+                held = "does not hold the block" if attach else "still holds the block"
+                raise FabricNotEffective(
+                    f"{what}: the service reported success but host {host_id!r} {held} "
+                    f"after {self._verify_timeout_s:g} s"
+                )
+            self.verifications["poll"] += 1
+            await asyncio.sleep(min(self._verify_poll_s, remaining))
+
+    def _monitor_of(self, accepted: _Response, what: str) -> str:
+        """The task monitor path of a 202 (or running-Task) answer: its ``Location``, else
+        the body's ``TaskMonitor`` or ``@odata.id`` (Task.v1)."""
+        monitor_ref = accepted.headers.get("Location")
+        if monitor_ref is None and isinstance(accepted.body, Mapping):
+            for key in ("TaskMonitor", "@odata.id"):
+                raw_id = accepted.body.get(key)
+                if isinstance(raw_id, str):
+                    monitor_ref = raw_id
+                    break
+        if monitor_ref is None:
+            raise FabricInvalidData(
+                f"{what}: HTTP {accepted.status} task answer without a task monitor Location"
+            )
+        return self._path(monitor_ref)
+
+    async def _poll_monitor(
+        self, monitor: str, what: str, *, delay: float | None, immediately: bool = False
+    ) -> _TaskEnd | None:
+        """Poll a task monitor until the task ends.
+
+        Args:
+            monitor: the monitor (or Task) path.
+            what: the operation, for messages.
+            delay: seconds before the first poll (the write's ``Retry-After``), else the
+                poll interval.
+            immediately: poll at once (resuming a task that may have ended long ago).
 
         Returns:
-            COMPLETED with the monitor as op_id, or None when the monitor vanished before
-            saying how it ended (the caller reads the state again).
+            How the task ended (COMPLETED, or FAILED with the error to raise), or None when
+            the monitor is gone (404/410) before saying how it ended.
 
         Raises:
             FabricTaskTimeout: not finished within the task timeout, or the monitor could not
                 be read (``op_id`` is the monitor either way).
-            FabricError: the task failed (class chosen by its MessageIds).
+            FabricAuthError, FabricInvalidData: as the reads.
         """
-        monitor_ref = accepted.headers.get("Location")
-        if monitor_ref is None and isinstance(accepted.body, Mapping):
-            raw_id = accepted.body.get("@odata.id")
-            monitor_ref = raw_id if isinstance(raw_id, str) else None
-        if monitor_ref is None:
-            raise FabricInvalidData(f"{what}: HTTP 202 without a task monitor Location")
-        monitor = self._path(monitor_ref)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._task_timeout_s
-        delay = parse_retry_after(accepted.headers.get("Retry-After"))
+        first = True
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -938,9 +1220,12 @@ class RedfishBackend:
                     f"{what}: task {monitor} not finished within {self._task_timeout_s} s",
                     op_id=monitor,
                 )
-            # A service answering "Retry-After: 0" forever must not be polled in a busy loop.
-            pause = self._poll_s if delay is None else max(delay, self._poll_s / 10)
-            await asyncio.sleep(min(pause, self._retry.max_retry_after_s, remaining))
+            if not (first and immediately):
+                # A service answering "Retry-After: 0" forever must not be polled in a busy
+                # loop.
+                pause = self._poll_s if delay is None else max(delay, self._poll_s / 10)
+                await asyncio.sleep(min(pause, self._retry.max_retry_after_s, remaining))
+            first = False
             try:
                 response = await self._get(monitor)
             except FabricNotFound:
@@ -951,19 +1236,20 @@ class RedfishBackend:
                 raise FabricTaskTimeout(
                     f"{what}: task {monitor} could not be followed: {err}", op_id=monitor
                 ) from err
+            except (FabricAuthError, FabricInvalidData):
+                raise
             except FabricError as err:
-                if isinstance(err, FabricAuthError):
-                    raise
-                raise type(err)(
+                # The monitor answers the operation's own final status: it failed.
+                failed = Operation(monitor, OperationState.FAILED, str(err))
+                error = type(err)(
                     f"{what}: task failed: {err}", status=err.status, vendor_code=err.vendor_code
-                ) from err
+                )
+                return _TaskEnd(failed, None, error)
             operation = _task_outcome(response, monitor)
             if operation.state is OperationState.RUNNING:
                 delay = parse_retry_after(response.headers.get("Retry-After"))
                 continue
-            if operation.state is OperationState.FAILED:
-                raise _task_error(response.body, what, operation)
-            return operation
+            return _TaskEnd(operation, response.body, None)
 
     async def operation_status(self, op_id: str) -> Operation:
         """The state of a task monitor or Task URI returned earlier.
@@ -1063,11 +1349,14 @@ class _DeviceWalk:
         self._systems_by_block = systems_by_block(blocks_by_system)
         self._system_ids = system_ids
 
-    async def block(self, uri: str, body: Any = None) -> list[FabricDevice | Rejected]:
-        """The devices of one block, or Rejected entries for its bad parts.
+    async def block(self, uri: str, body: Any = None) -> list[_BlockResult]:
+        """The devices of one block, or Rejected entries for its bad parts, or one
+        :class:`_ServerOwned` when the block is a server's (then nothing else).
 
         ``body`` is the block as an expanded collection member, if the service sent it so;
-        resources expanded inside it are used instead of being read again.
+        resources expanded inside it are used instead of being read again. Processors are
+        read first: a CPU among them makes the block server-owned, and its memory, NICs and
+        storage are then not read at all.
         """
         inline = inline_resources(body)
 
@@ -1079,9 +1368,30 @@ class _DeviceWalk:
             block = parse_block(await read(uri) if body is None else body, uri)
         except BadItem as err:
             return [Rejected(uri, f"resource block: {err.reason}", err.kind)]
-        results: list[FabricDevice | Rejected] = []
-        device_links = list(block.device_links)
-        known = {device_uri for _, device_uri in device_links}
+        reason = server_owned_reason(block, self._backend._server_patterns)
+        if reason is not None:
+            self._backend._server_owned[block.uri] = reason
+            return [_ServerOwned(block.uri, reason)]
+
+        async def fetch(item: tuple[DeviceSource, str]) -> tuple[DeviceSource, str, Any]:
+            source, device_uri = item
+            try:
+                return source, device_uri, await read(device_uri)
+            except BadItem as err:
+                return source, device_uri, err
+
+        processors = [d for d in block.device_links if d[0] is DeviceSource.PROCESSOR]
+        fetched = await self._backend._gather(fetch, processors)
+        cpu = next((u for _, u, payload in fetched if is_cpu(payload)), None)
+        if cpu is not None:
+            reason = f"it holds CPU {cpu}"
+            self._backend._server_owned[block.uri] = reason
+            return [_ServerOwned(block.uri, reason)]
+        if all(not isinstance(payload, BadItem) for _, _, payload in fetched):
+            self._backend._server_owned[block.uri] = None
+        results: list[_BlockResult] = []
+        device_links = [d for d in block.device_links if d[0] is not DeviceSource.PROCESSOR]
+        known = {device_uri for _, device_uri in block.device_links}
         for storage_uri in block.storage:
             try:
                 drives = storage_drive_links(await read(storage_uri), storage_uri)
@@ -1093,18 +1403,8 @@ class _DeviceWalk:
                     known.add(drive)
                     device_links.append((DeviceSource.DRIVE, drive))
         simple_storage = block.simple_storage
-        if block.is_compute:
-            device_links = [d for d in device_links if d[0] is DeviceSource.PROCESSOR]
-            simple_storage = ()
-        if not device_links and not simple_storage:
+        if not fetched and not device_links and not simple_storage:
             return results
-
-        async def fetch(item: tuple[DeviceSource, str]) -> tuple[DeviceSource, str, Any]:
-            source, device_uri = item
-            try:
-                return source, device_uri, await read(device_uri)
-            except BadItem as err:
-                return source, device_uri, err
 
         async def fetch_simple(storage_uri: str) -> tuple[str, Any]:
             try:
@@ -1112,7 +1412,7 @@ class _DeviceWalk:
             except BadItem as err:
                 return storage_uri, err
 
-        fetched = await self._backend._gather(fetch, device_links)
+        fetched += await self._backend._gather(fetch, device_links)
         fetched_simple = await self._backend._gather(fetch_simple, simple_storage)
         try:
             location = await self._location(block, fetched)
@@ -1189,36 +1489,80 @@ def _expanded(member: Any) -> tuple[str, Mapping[str, Any]] | None:
     return uri, member
 
 
-def _collect(
-    results: Iterable[FabricDevice | Rejected],
-    devices: dict[str, FabricDevice],
-    rejected: list[Rejected],
-    duplicates: set[str],
-) -> None:
-    """Add one block's results to a listing. A device that two ResourceBlocks link is
-    rejected (kind ``duplicate``), every copy: a device is composed through one block, and
-    there is no telling which block the service really attaches it with (Redfish
-    ResourceBlock ``Processors``/``Memory``/``Drives`` link the block's own devices)."""
-    for result in results:
-        if isinstance(result, Rejected):
-            rejected.append(result)
-            continue
-        vendor_id = result.vendor_id
-        if vendor_id in duplicates:
-            continue
-        first = devices.get(vendor_id)
-        if first is None:
-            devices[vendor_id] = result
-        elif first.attach_unit != result.attach_unit:
-            del devices[vendor_id]
-            duplicates.add(vendor_id)
-            rejected.append(Rejected(
-                vendor_id, f"device is linked from two blocks ({first.attach_unit} and "
-                f"{result.attach_unit}): duplicate, left out", "duplicate"))
+@dataclass(frozen=True, slots=True)
+class _ServerOwned:
+    """A block the walk found to be a server's: no devices, reported in ``local_units``."""
+
+    uri: str
+    reason: str
+
+
+_BlockResult = FabricDevice | Rejected | _ServerOwned
+
+
+class _Collector:
+    """One listing's devices, gathered block by block in collection order.
+
+    * A device that two ResourceBlocks link under one URI is rejected (kind ``duplicate``),
+      every copy: a device is composed through one block, and there is no telling which
+      block the service really attaches it with (Redfish ResourceBlock
+      ``Processors``/``Memory``/``Drives`` link the block's own devices).
+    * With identity ``serial`` / ``uuid`` (:func:`app.fabric.redfish_parse.device_identity`),
+      a device whose identity an earlier device already has is the same physical device
+      under another URI: the first in collection order is kept, the others are rejected as
+      ``duplicate`` naming both URIs.
+    """
+
+    def __init__(self, identity: IdentityMode, rejected: list[Rejected]) -> None:
+        self._identity: IdentityMode = identity
+        self._devices: dict[str, FabricDevice] = {}
+        self._rejected = rejected
+        self._duplicates: set[str] = set()
+        self._by_identity: dict[str, str] = {}
+        self._local: dict[str, None] = {}
+
+    def add(self, results: Iterable[_BlockResult]) -> None:
+        for result in results:
+            if isinstance(result, Rejected):
+                self._rejected.append(result)
+            elif isinstance(result, _ServerOwned):
+                self._local.setdefault(result.uri, None)
+            else:
+                self._add_device(result)
+
+    def _add_device(self, device: FabricDevice) -> None:
+        vendor_id = device.vendor_id
+        if vendor_id in self._duplicates:
+            return
+        first = self._devices.get(vendor_id)
+        if first is not None:
+            if first.attach_unit != device.attach_unit:
+                del self._devices[vendor_id]
+                self._duplicates.add(vendor_id)
+                self._rejected.append(Rejected(
+                    vendor_id, f"device is linked from two blocks ({first.attach_unit} and "
+                    f"{device.attach_unit}): duplicate, left out", "duplicate"))
+            return
+        key = device_identity(device, self._identity)
+        if key is not None:
+            kept = self._by_identity.get(key)
+            if kept is not None and kept in self._devices:
+                self._rejected.append(Rejected(
+                    vendor_id, f"device {vendor_id} has the {self._identity} of {kept} "
+                    f"(one physical device reached through two blocks): duplicate, listed "
+                    f"once as {kept}", "duplicate"))
+                return
+            self._by_identity[key] = vendor_id
+        self._devices[vendor_id] = device
+
+    def listing(self) -> Listing[FabricDevice]:
+        return Listing(
+            tuple(self._devices.values()), tuple(self._rejected), tuple(self._local)
+        )
 
 
 def _decode(raw: bytes) -> Any:
-    """The JSON in an error body, or None when there is none or it is not JSON."""
+    """The JSON in a body, or None when there is none or it is not JSON."""
     if not raw.strip():
         return None
     try:
@@ -1227,7 +1571,48 @@ def _decode(raw: bytes) -> Any:
         return None
 
 
+def _error_body(raw: bytes) -> Any:
+    """An error body for :func:`~app.fabric.redfish_parse.error_from_response`: its JSON,
+    else its text (a plain-text or HTML answer), else None when empty."""
+    decoded = _decode(raw)
+    if decoded is not None or not raw.strip():
+        return decoded
+    return raw[:4096].decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class _TaskEnd:
+    """How a followed task ended: its operation (COMPLETED or FAILED), the monitor's last
+    body, and for a failure answered with an error status, the error to raise."""
+
+    operation: Operation
+    body: Any
+    error: FabricError | None
+
+
+def _what(block_uri: str, host_id: str, attach: bool) -> str:
+    if attach:
+        return f"attach {block_uri} to host {host_id!r}"
+    return f"detach {block_uri} from host {host_id!r}"
+
+
+def _is_task_answer(response: _Response) -> bool:
+    """True for a write answer that hands over a task: 202 (DSP0266 "Asynchronous
+    operations"), or a 200/201 whose body is a Task still running (seen in the wild)."""
+    if response.status == 202:
+        return True
+    if not is_task(response.body):
+        return False
+    try:
+        return parse_task(response.body, "").state is OperationState.RUNNING
+    except FabricInvalidData:
+        return False
+
+
 def _task_outcome(response: _Response, monitor: str) -> Operation:
+    """A monitor's answer as an operation: a Task body decides by its TaskState whatever the
+    status (a 200 with a running Task is RUNNING); else 202 is RUNNING and any other success
+    COMPLETED (the monitor answers the operation's own final status, DSP0266)."""
     if is_task(response.body):
         return parse_task(response.body, monitor)
     if response.status == 202:

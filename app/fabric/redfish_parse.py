@@ -28,29 +28,63 @@ part comes from the nearest chassis in the chain that reports it:
 * row <- ``Placement.Row``, else the ``Id`` of the nearest ``ChassisType: RackGroup`` chassis;
 * rack <- ``Placement.Rack``, else the ``Id`` of the nearest ``ChassisType: Rack`` chassis;
 * chassis <- the ``Id`` of the first chassis in the chain (the block's enclosure);
-* slot <- the device's own ``Location.PartLocation``, else the enclosure's:
-  ``ServiceLabel``, else ``LocationOrdinalValue``;
+* slot <- the device's own part location only (``PhysicalLocation.PartLocation`` of a
+  Drive, else ``Location.PartLocation``): ``ServiceLabel``, else ``LocationOrdinalValue``.
+  A device without one has no slot: the enclosure's ``PartLocation`` says where the
+  enclosure sits (Resource.v1 ``PartLocation`` describes the resource that carries it), not
+  where the device sits inside it. A host's slot is its own chassis' ``PartLocation`` (that
+  chassis is the host itself);
 * fabric <- the ``Id`` of the block's first ResourceZone (``Links.Zones[0]``).
 
 A device with no chassis at all keeps only ``fabric``; the pool layer decides where such a
 device goes.
 
+Server-owned blocks (never devices): a ResourceBlock is part of a server, not a composable
+device, when
+
+* its ``ResourceBlockType`` (ResourceBlock.v1) contains ``Compute`` or ``ComputerSystem``, or
+* it has a top-level ``ComputerSystems`` array naming a System (the System *is* the block:
+  DMTF's composability mockups, DSP2050), or
+* its ``Id`` or URI matches one of the configured ``fabric.server_owned_blocks`` fnmatch
+  patterns, or
+* one of its ``Processors`` is a ``ProcessorType: CPU`` (Processor.v1). Real services report
+  ``ResourceBlockType: []`` on every block and start every System holding its own block of
+  CPUs, DRAM and NICs; this rule is what finds those.
+
+Such a block yields no device at all (not even an accelerator in it) and is reported in
+:attr:`~app.fabric.types.Listing.local_units`; attach and detach refuse it.
+
+Health: ``Status.Health`` (Resource.v1 ``Health``: OK, Warning, Critical) that is missing,
+null, blank, not a string or another value is UNKNOWN. A device's health combines its own and
+its block's (:func:`worst_health`): a device whose own health is UNKNOWN is UNKNOWN unless its
+block reports Warning or Critical (then the block's); a device with known health takes the
+worse of its own and its block's known health (a block with unknown health does not degrade
+it). ``Status.State`` that is missing, null or blank is None (the block's, if it has one).
+
+Device identity (:func:`device_identity`): the listing keys devices by URI, or, when
+configured, by ``SerialNumber`` or ``UUID`` (compared without case), so that one physical
+device reachable through two blocks under two URIs is listed once. Placeholder values
+(blank, all zeros, ``N/A``, ``Not Specified``, ...) are no identity.
+
 Current host: the hosts of a block are the Systems in the block's ``Links.ComputerSystems``,
 followed by every System whose ``Links.ResourceBlocks`` names the block. A top-level
 ``ComputerSystems`` array on the block (found in DMTF mockups, where it names the block's own
-embedded system) counts only where that System lists the block, which the second rule already
-covers; ``CompositionState`` is never used, as services leave it stale.
+embedded system) is no holder: it makes the block server-owned (below). ``CompositionState``
+is never used, as services leave it stale.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
+import fnmatch
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from app.fabric.errors import (
     FabricAuthError,
@@ -224,22 +258,34 @@ _SEVERITY = {Health.OK: 1, Health.WARNING: 2, Health.CRITICAL: 3, Health.UNKNOWN
 
 
 def worst_health(device: Health, block: Health) -> Health:
-    """The worse of a device's own health and its ResourceBlock's.
+    """A device's health given its own and its ResourceBlock's (Resource.v1 ``Health``).
 
-    A block in trouble (its fabric port or slot, say) makes the device in it as unhealthy as
-    the block; UNKNOWN counts only when neither side knows.
+    * device UNKNOWN: the block's health if that is WARNING or CRITICAL (a block in trouble,
+      its fabric port or slot say, makes the device in it as unhealthy), else UNKNOWN: a
+      healthy block says nothing about a device that reports nothing;
+    * device known: the worse of the device's and the block's known health; a block whose
+      health is UNKNOWN does not degrade it.
+
+    Both arguments and the result are :class:`Health` values; never raises.
     """
+    if device is Health.UNKNOWN:
+        return block if block in (Health.WARNING, Health.CRITICAL) else Health.UNKNOWN
     return max(device, block, key=lambda h: _SEVERITY[h])
 
 
 def parse_health(status: Mapping[str, Any], where: str = "Status.") -> Health:
-    """``Status.Health`` as :class:`Health`; unknown, absent or null values give UNKNOWN.
+    """``Status.Health`` (Resource.v1 ``Health``: OK, Warning, Critical, compared without
+    case) as :class:`Health`.
 
-    Raises:
-        BadItem: ``Health`` is present but not a string.
+    A missing, null, blank or unrecognised value gives UNKNOWN, and so does a value that is
+    not a string: health is advisory, and a service that garbles it must not make its device
+    disappear. Never raises.
     """
-    value = text(status, "Health", where)
-    if value is None:
+    raw = status.get("Health")
+    if not isinstance(raw, str):
+        return Health.UNKNOWN
+    value = raw.strip()
+    if not value:
         return Health.UNKNOWN
     for health in (Health.OK, Health.WARNING, Health.CRITICAL):
         if value.lower() == health.value.lower():
@@ -432,12 +478,24 @@ def parse_chassis(payload: Any, uri: str) -> ChassisPlace:
 
 
 def location_from_chain(
-    chain: Sequence[ChassisPlace], *, fabric: str | None = None, device_slot: str | None = None
+    chain: Sequence[ChassisPlace],
+    *,
+    fabric: str | None = None,
+    device_slot: str | None = None,
+    chassis_slot: bool = False,
 ) -> Location:
     """Build a :class:`Location` from a chassis chain, nearest (the enclosure) first.
 
     Each part is taken from the nearest chassis reporting it; ``rack`` and ``row`` fall back to
     the ``Id`` of the nearest Rack / RackGroup chassis (rules in the module docstring).
+
+    Args:
+        chain: the chassis, nearest first (may be empty).
+        fabric: the fabric id to carry (the block's first ResourceZone).
+        device_slot: the slot the device reports itself; the only slot a device gets.
+        chassis_slot: use the first chassis' own ``PartLocation`` as the slot when
+            ``device_slot`` is None. True for hosts (their chassis is the host itself); never
+            for devices, which do not sit at their enclosure's slot.
     """
 
     def first(values: Iterable[str | None]) -> str | None:
@@ -456,7 +514,7 @@ def location_from_chain(
         row=row,
         rack=rack,
         chassis=chain[0].chassis_id if chain else None,
-        slot=device_slot or (chain[0].slot if chain else None),
+        slot=device_slot or (chain[0].slot if chassis_slot and chain else None),
         fabric=fabric,
     )
 
@@ -475,6 +533,7 @@ class DeviceSource(StrEnum):
 
 
 COMPUTE_BLOCK_TYPES = frozenset({"Compute", "ComputerSystem"})
+"""ResourceBlockType values (ResourceBlock.v1) that make a block server-owned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,6 +542,7 @@ class BlockInfo:
 
     Attributes:
         uri: the block's URI as listed (the attach unit).
+        block_id: the block's ``Id``, else the URI's last segment.
         block_types: ``ResourceBlockType`` values.
         device_links: ``(source, uri)`` of the directly linked devices, in order, no repeats.
         storage: URIs of linked ``Storage`` resources (their ``Drives`` are devices).
@@ -490,12 +550,15 @@ class BlockInfo:
         chassis: ``Links.Chassis`` URIs.
         zones: ``Links.Zones`` URIs.
         linked_systems: ``Links.ComputerSystems`` URIs (who holds the block).
+        embedded_systems: the top-level ``ComputerSystems`` URIs (the Systems the block *is*;
+            such a block is server-owned).
         shareable: ``CompositionStatus.SharingCapable`` and ``SharingEnabled`` both true.
         health, state: the block's ``Status``.
     """
 
     uri: str
     name: str | None = None
+    block_id: str = ""
     block_types: tuple[str, ...] = ()
     device_links: tuple[tuple[DeviceSource, str], ...] = ()
     storage: tuple[str, ...] = ()
@@ -503,13 +566,15 @@ class BlockInfo:
     chassis: tuple[str, ...] = ()
     zones: tuple[str, ...] = ()
     linked_systems: tuple[str, ...] = ()
+    embedded_systems: tuple[str, ...] = ()
     shareable: bool = False
     health: Health = Health.UNKNOWN
     state: str | None = None
 
     @property
     def is_compute(self) -> bool:
-        """True for Compute / ComputerSystem blocks: only their accelerators are devices."""
+        """True for Compute / ComputerSystem blocks: server-owned, none of their parts (not
+        even an accelerator) is a device."""
         return bool(COMPUTE_BLOCK_TYPES.intersection(self.block_types))
 
     @property
@@ -553,6 +618,7 @@ def parse_block(payload: Any, uri: str) -> BlockInfo:
     return BlockInfo(
         uri=norm_uri(uri),
         name=text(payload, "Name"),
+        block_id=text(payload, "Id") or last_segment(uri),
         block_types=tuple(types_value),
         device_links=tuple((source, device) for device, source in device_links.items()),
         storage=links(payload, "Storage"),
@@ -560,11 +626,44 @@ def parse_block(payload: Any, uri: str) -> BlockInfo:
         chassis=links(block_links, "Chassis", "Links."),
         zones=links(block_links, "Zones", "Links."),
         linked_systems=links(block_links, "ComputerSystems", "Links."),
+        embedded_systems=links(payload, "ComputerSystems"),
         shareable=_flag(composition, "SharingCapable", "CompositionStatus.")
         and _flag(composition, "SharingEnabled", "CompositionStatus."),
         health=parse_health(status),
         state=text(status, "State", "Status."),
     )
+
+
+def server_owned_reason(block: BlockInfo, patterns: Iterable[str] = ()) -> str | None:
+    """Why ``block`` belongs to a server, judged from the block alone, or None.
+
+    Rules (module docstring): ``ResourceBlockType`` contains Compute or ComputerSystem; a
+    top-level ``ComputerSystems`` array names a System; the block's ``Id`` or URI matches one
+    of ``patterns`` (:func:`fnmatch.fnmatchcase`, e.g. ``"*-compute"`` or
+    ``"/redfish/v1/CompositionService/ResourceBlocks/local-*"``). The CPU rule needs the
+    block's processors: see :func:`is_cpu`.
+
+    Returns:
+        A short reason for logs and error messages, or None.
+    """
+    types = sorted(COMPUTE_BLOCK_TYPES.intersection(block.block_types))
+    if types:
+        return f"ResourceBlockType {', '.join(types)}"
+    if block.embedded_systems:
+        return f"it is System {block.embedded_systems[0]}"
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(block.block_id, pattern) or fnmatch.fnmatchcase(block.uri, pattern):
+            return f"matches fabric.server_owned_blocks pattern {pattern!r}"
+    return None
+
+
+def is_cpu(payload: Any) -> bool:
+    """True when ``payload`` is a Processor with ``ProcessorType: CPU`` (Processor.v1,
+    compared without case): the block holding it is a server's. Never raises."""
+    if not isinstance(payload, Mapping):
+        return False
+    value = payload.get("ProcessorType")
+    return isinstance(value, str) and value.strip().upper() == "CPU"
 
 
 def systems_by_block(blocks_by_system: Mapping[str, Iterable[str]]) -> dict[str, tuple[str, ...]]:
@@ -675,8 +774,9 @@ def parse_device(
         context: block, location and host it inherits.
 
     Returns:
-        The device, or None when the resource is not a composable device (a CPU, or anything
-        but an accelerator in a Compute block).
+        The device, or None when the resource is not a composable device: a CPU (or another
+        ProcessorType that is not an accelerator), or anything in a Compute / ComputerSystem
+        block (server-owned, rules in the module docstring).
 
     Raises:
         BadItem: missing ``@odata.id``, wrong types, strings over 1 KiB, negative capacity.
@@ -685,6 +785,8 @@ def parse_device(
         raise BadItem("body is not a JSON object", "bad-type")
     odata_id(payload)
     block = context.block
+    if block.is_compute:
+        return None
     status = obj(payload, "Status")
     memory_mib: int | None = None
     capacity: dict[str, int] = {}
@@ -692,16 +794,12 @@ def parse_device(
     if source is DeviceSource.PROCESSOR:
         processor_type = text(payload, "ProcessorType")
         if processor_type is None:
-            if block.is_compute:
-                return None
             raise BadItem("ProcessorType is missing", "missing-field")
         device_type = PROCESSOR_TYPES.get(processor_type)
         if device_type is None:
             return None
         attributes["processor_type"] = processor_type
         memory_mib = _processor_memory_mib(payload)
-    elif block.is_compute:
-        return None
     elif source is DeviceSource.DRIVE:
         protocol = text(payload, "Protocol")
         device_type = DeviceType.NVME if protocol == "NVMe" else DeviceType.DRIVE
@@ -744,7 +842,7 @@ def parse_device(
         memory_mib=memory_mib,
         capacity=capacity,
         attributes=attributes,
-        location=_with_slot(context.location, device_slot(payload)),
+        location=dataclasses.replace(context.location, slot=device_slot(payload)),
         health=worst_health(health, block.health),
         state=text(status, "State", "Status.") or block.state,
         host_id=context.host_id,
@@ -771,20 +869,45 @@ def device_slot(payload: Mapping[str, Any]) -> str | None:
     return part_location_slot(obj(payload, "Location"))
 
 
-def _with_slot(location: Location, slot: str | None) -> Location:
-    if slot is None:
-        return location
-    return Location(
-        region=location.region,
-        zone=location.zone,
-        site=location.site,
-        row=location.row,
-        rack=location.rack,
-        chassis=location.chassis,
-        slot=slot,
-        fabric=location.fabric,
-        fabric_zone=location.fabric_zone,
-    )
+IdentityMode = Literal["uri", "serial", "uuid"]
+"""How the listing keys devices: ``uri``, ``serial`` or ``uuid`` (setting
+``fabric.device_identity``)."""
+
+IDENTITY_MODES: tuple[IdentityMode, ...] = ("uri", "serial", "uuid")
+
+_PLACEHOLDERS = frozenset({
+    "n/a", "na", "none", "null", "unknown", "not specified", "not available", "not applicable",
+    "to be filled by o.e.m.", "default string", "system serial number", "123456789",
+})
+
+
+def device_identity(device: FabricDevice, mode: IdentityMode) -> str | None:
+    """The key that says two listed devices are one physical device, or None (use the URI).
+
+    Args:
+        device: a parsed device.
+        mode: ``uri`` (always None), ``serial`` (Redfish ``SerialNumber``) or ``uuid``
+            (``UUID``, compared without case).
+
+    Returns:
+        ``"serial:<value>"`` / ``"uuid:<value>"``, or None when the value is missing or a
+        placeholder (blank, all zeros, ``N/A``, ``Not Specified``, ...): services fill those
+        in for every device alike, and they must not merge distinct devices.
+
+    Raises:
+        ValueError: an unknown ``mode``.
+    """
+    if mode not in IDENTITY_MODES:
+        raise ValueError(f"device identity {mode!r} is not one of {', '.join(IDENTITY_MODES)}")
+    if mode == "uri":
+        return None
+    value = device.serial if mode == "serial" else device.uuid
+    if value is None:
+        return None
+    folded = value.strip().lower()
+    if not folded or folded in _PLACEHOLDERS or not folded.strip("0-: "):
+        return None
+    return f"{mode}:{folded if mode == 'uuid' else value.strip()}"
 
 
 def parse_simple_storage(
@@ -943,11 +1066,33 @@ def message_ids(body: Any) -> list[str]:
     return found
 
 
+MAX_MESSAGE_CHARS = 300
+"""Longest vendor message carried into an error, after folding it onto one line."""
+
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _one_line(value: str) -> str | None:
+    joined = " ".join(value.split())
+    if not joined:
+        return None
+    return joined if len(joined) <= MAX_MESSAGE_CHARS else joined[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
 def _message_text(body: Any) -> str | None:
+    """The human text of an error or Task body, on one line, at most
+    :data:`MAX_MESSAGE_CHARS`: the Redfish error's ``@Message.ExtendedInfo[].Message`` (else
+    ``error.message``) and a Task's ``Messages[].Message``; else, for services without a
+    Redfish error object, a top-level ``message`` / ``Message`` / ``detail`` string or an
+    ``error`` string; else a plain-text (non-JSON) body itself, HTML tags dropped."""
+    if isinstance(body, str):
+        return _one_line(_TAG.sub(" ", body) if body.lstrip().startswith("<") else body)
     if not isinstance(body, Mapping):
         return None
     error = body.get("error")
     parts: list[str] = []
+    if isinstance(error, str):
+        parts.append(error)
     if isinstance(error, Mapping):
         infos = error.get("@Message.ExtendedInfo")
         if isinstance(infos, list):
@@ -966,9 +1111,13 @@ def _message_text(body: Any) -> str | None:
             if isinstance(info, Mapping) and isinstance(info.get("Message"), str)
         )
     if not parts:
+        for key in ("message", "Message", "detail"):
+            if isinstance(body.get(key), str):
+                parts.append(body[key])
+                break
+    if not parts:
         return None
-    joined = " ".join(" ".join(part.split()) for part in parts)
-    return joined if len(joined) <= 300 else joined[:297] + "..."
+    return _one_line(" ".join(parts))
 
 
 _MESSAGE_CLASSES: tuple[tuple[str, type[FabricError]], ...] = (
@@ -995,6 +1144,12 @@ def classify_message_ids(ids: Sequence[str]) -> tuple[type[FabricError], str] | 
     return None
 
 
+PERMANENT_STATUSES = frozenset({400, 403, 405, 406, 501})
+"""Statuses that repeating the same request cannot change (RFC 9110 section 15: bad request,
+forbidden, method not allowed, not acceptable, not implemented): never retryable, whatever
+MessageId the body carries."""
+
+
 def _class_for_status(status: int) -> type[FabricError]:
     if status in (401, 403):
         return FabricAuthError
@@ -1006,6 +1161,8 @@ def _class_for_status(status: int) -> type[FabricError]:
         return FabricPreconditionFailed
     if status == 408 or status == 504:
         return FabricTimeout
+    if status in PERMANENT_STATUSES:
+        return FabricError
     if status == 429 or status >= 500:
         return FabricUnavailable
     return FabricError
@@ -1016,23 +1173,27 @@ def error_from_response(status: int, body: Any, *, context: str) -> FabricError:
 
     Args:
         status: the HTTP status (>= 400).
-        body: the decoded JSON body, or None when there was none or it was not JSON.
+        body: the decoded JSON body; or the body's text when it was not JSON (plain text or
+            HTML from a service or a proxy); or None when there was none.
         context: what was being done, e.g. ``"GET /redfish/v1/Systems/1"``; starts the message.
 
     Returns:
         401/403 -> FabricAuthError; 404/410 -> FabricNotFound; 409 -> FabricConflict;
-        412/428 -> FabricPreconditionFailed; 408/504 -> FabricTimeout; 429/5xx ->
-        FabricUnavailable; other 4xx -> FabricError, except that a recognised Base
-        MessageId (ResourceInUse, PreconditionFailed, ResourceNotFound, ...) decides the class
-        of a 4xx other than 401/403. ``vendor_code`` is the deciding MessageId, else the first
-        one, else ``error.code``.
+        412/428 -> FabricPreconditionFailed; 408/504 -> FabricTimeout; 400/405/406/501 and
+        other 4xx -> FabricError (permanent); 429 and other 5xx -> FabricUnavailable. A
+        recognised Base MessageId (ResourceInUse, PreconditionFailed, ResourceNotFound, ...)
+        decides the class of a 4xx other than 401/403, except that it never makes one of
+        :data:`PERMANENT_STATUSES` retryable. ``vendor_code`` is the deciding MessageId, else
+        the first one, else ``error.code``. The message is ``<context>: HTTP <status>
+        [<vendor_code>][: <vendor text>]``, the text on one line and capped (see
+        ``_message_text``).
     """
     error_class = _class_for_status(status)
     ids = message_ids(body)
     vendor_code = ids[0] if ids else None
     if 400 <= status < 500 and status not in (401, 403):
         known = classify_message_ids(ids)
-        if known is not None:
+        if known is not None and not (status in PERMANENT_STATUSES and known[0].retryable):
             error_class, vendor_code = known
     detail = _message_text(body)
     message = f"{context}: HTTP {status}"
@@ -1041,6 +1202,37 @@ def error_from_response(status: int, body: Any, *, context: str) -> FabricError:
     if detail:
         message += f": {detail}"
     return error_class(message, status=status, vendor_code=vendor_code)
+
+
+def normalise_etag(value: str | None) -> str | None:
+    """An entity tag spelt as RFC 9110 section 8.8.3 says (``"opaque"`` or ``W/"opaque"``),
+    or None for a missing or blank one.
+
+    Services get the quoting wrong: ``""abc""`` (quoted twice), ``abc`` (not quoted). Extra
+    quotes are stripped and one pair is put back. A weak prefix ``W/`` is kept and the tag is
+    sent back as the service gave it: RFC 9110 section 13.1.1 compares ``If-Match`` strongly,
+    but Redfish services hand out weak tags in ``@odata.etag`` and expect them back in
+    ``If-Match`` (DSP0266 "ETags": the client sends the ETag it read), and turning a weak tag
+    into a strong one would send a tag the service never issued. Never raises.
+    """
+    if value is None:
+        return None
+    tag = value.strip()
+    weak = tag[:2] in ("W/", "w/")
+    if weak:
+        tag = tag[2:].strip()
+    opaque = tag.strip('"').strip()
+    if not opaque:
+        return None
+    return f'{"W/" if weak else ""}"{opaque}"'
+
+
+def preferred_etag(header: str | None, body_etag: str | None) -> str | None:
+    """The ETag to send in ``If-Match``: the body's ``@odata.etag`` when present (DSP0266:
+    it is the resource's own version, and services whose header is quoted differently or
+    stale still compare against it), else the ``ETag`` header; both normalised by
+    :func:`normalise_etag`."""
+    return normalise_etag(body_etag) or normalise_etag(header)
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
@@ -1084,7 +1276,10 @@ def parse_task(body: Any, op_id: str) -> Operation:
 
     Redfish Task.v1: TaskState New/Starting/Running/Suspended/Interrupted/Pending/Stopping/
     Service -> RUNNING; Exception/Killed/Cancelled -> FAILED; Completed -> COMPLETED unless
-    ``TaskStatus`` is Critical (then FAILED).
+    ``TaskStatus`` is Critical (then FAILED). This holds whatever the HTTP status that carried
+    the Task (services answer a running task's monitor with 200 and the Task as well as with
+    202). A FAILED operation's message starts with the TaskState (``TaskState Killed: ...``),
+    then the Task's messages.
 
     Raises:
         FabricInvalidData: not an object, or ``TaskState`` missing or unknown.
@@ -1096,9 +1291,13 @@ def parse_task(body: Any, op_id: str) -> Operation:
     if task_state in _RUNNING_TASK_STATES:
         return Operation(op_id, OperationState.RUNNING, message)
     if task_state in _FAILED_TASK_STATES:
-        return Operation(op_id, OperationState.FAILED, message or f"task {task_state}")
+        said = f"TaskState {task_state}"
+        return Operation(op_id, OperationState.FAILED, f"{said}: {message}" if message else said)
     if task_state == "Completed":
         if body.get("TaskStatus") == "Critical":
-            return Operation(op_id, OperationState.FAILED, message or "task completed Critical")
+            said = "TaskState Completed with TaskStatus Critical"
+            return Operation(
+                op_id, OperationState.FAILED, f"{said}: {message}" if message else said
+            )
         return Operation(op_id, OperationState.COMPLETED, message)
     raise FabricInvalidData(f"task {op_id}: TaskState {_show(task_state)} is not a task state")

@@ -171,10 +171,18 @@ class Listing(Generic[T]):
     A backend returns a Listing only when it read the whole collection; a listing that
     failed part-way raises :class:`app.fabric.errors.FabricUnavailable` instead, so a
     partial view can never be mistaken for removals.
+
+    Attributes:
+        items: the good items, in the vendor's collection order.
+        rejected: the items that could not be turned into value types.
+        local_units: attach units the backend left out on purpose because they belong to a
+            server (Redfish: ResourceBlocks holding the host's own CPUs, DRAM and NICs), in
+            collection order. They are neither items nor rejections: they are never devices.
     """
 
     items: tuple[T, ...]
     rejected: tuple[Rejected, ...] = ()
+    local_units: tuple[str, ...] = ()
 
 
 class OperationState(StrEnum):

@@ -363,6 +363,8 @@ async def test_dmtf_composability_mockup_lists_its_gpu_and_drives(
     )
     assert not any("ComputeBlock" in d.attach_unit or "SystemBlock" in d.attach_unit
                    for d in devices.items)
+    servers = ("ComputeBlock1", "ComputeBlock2", "SystemBlock11", "SystemBlock12")
+    assert set(devices.local_units) == {f"{BLOCKS}/{b}" for b in servers}
     assert devices.rejected == ()
     assert {h.host_id for h in hosts.items} == {
         "ComposedSystem", "ComposedSystem2", "SystemPreResourceBlock",

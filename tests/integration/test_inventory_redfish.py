@@ -121,18 +121,33 @@ async def test_fabric_manager_down_keeps_the_last_inventory(
     assert len(await stored_devices(db)) == 128
 
 
-@pytest.mark.parametrize("status", [500, 503])
 async def test_a_listing_that_fails_part_way_removes_nothing(
-    db: Database, fabric: tuple[RedfishSimulator, RedfishBackend], status: int
+    db: Database, fabric: tuple[RedfishSimulator, RedfishBackend]
 ) -> None:
     sim, backend = fabric
     sync = InventorySync(backend, db)
     await sync.sync_once()
-    # Every read of one block fails, more times than the backend retries: the listing is
-    # incomplete, so the sync fails as a whole.
-    sim.fail_next(10, method="GET", path_prefix=sim.block_uris()[40], status=status)
+    # Every read of one block answers 503, more times than the backend retries: the listing
+    # is incomplete, so the sync fails as a whole.
+    sim.fail_next(10, method="GET", path_prefix=sim.block_uris()[40], status=503)
     result = await sync.sync_once()
     assert not result.ok
+    assert len(await stored_devices(db)) == 128
+
+
+async def test_a_block_that_answers_500_is_rejected_and_its_device_kept(
+    db: Database, fabric: tuple[RedfishSimulator, RedfishBackend]
+) -> None:
+    sim, backend = fabric
+    sync = InventorySync(backend, db)
+    await sync.sync_once()
+    # Real services answer 500 for resources that do not exist: after one retry that is the
+    # block's own failure, not the listing's, and the device keeps its last known state.
+    block = sim.block_uris()[40]
+    sim.fail_next(10, method="GET", path_prefix=block, status=500)
+    result = await sync.sync_once()
+    assert result.ok
+    assert [(r.vendor_id, r.kind) for r in result.rejected] == [(block, "fetch-failed")]
     assert len(await stored_devices(db)) == 128
 
 

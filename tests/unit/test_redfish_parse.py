@@ -145,9 +145,12 @@ def test_location_takes_each_part_from_the_nearest_chassis_that_has_it() -> None
     rack = ChassisPlace(chassis_id="r7", chassis_type="Rack", region="us-east", row="row-2")
     group = ChassisPlace(chassis_id="pod-a", chassis_type="RackGroup", region="ignored")
     location = location_from_chain([enclosure, rack, group], fabric="zone-1")
+    # The enclosure's own PartLocation is where the enclosure sits, not a device's slot.
     assert location == Location(
-        region="us-east", row="row-2", rack="r7", chassis="encl-1", slot="bay-3", fabric="zone-1"
+        region="us-east", row="row-2", rack="r7", chassis="encl-1", slot=None, fabric="zone-1"
     )
+    # A host's chassis is the host itself: its PartLocation is the host's slot.
+    assert location_from_chain([enclosure, rack, group], chassis_slot=True).slot == "bay-3"
 
 
 def test_row_falls_back_to_the_rack_group_id_and_rack_to_the_rack_id() -> None:
@@ -375,12 +378,12 @@ def test_compute_block_parts_are_not_devices() -> None:
         assert parse_device(mockup(COMPOSABILITY, uri), uri, source, context) is None
 
 
-def test_gpu_in_a_compute_block_is_a_device() -> None:
+def test_gpu_in_a_compute_block_is_not_a_device() -> None:
+    # A Compute block is a server's own: none of its parts is composable, not even a GPU.
     block = BlockInfo(uri="/b", block_types=("Compute",))
     device = parse_device(gpu_payload(), "/b/Processors/GPU0", DeviceSource.PROCESSOR,
                           DeviceContext(block))
-    assert device is not None
-    assert device.device_type is DeviceType.GPU
+    assert device is None
 
 
 def test_processor_memory_is_summed_in_mib() -> None:
@@ -677,7 +680,7 @@ def test_task_failure_keeps_the_service_message() -> None:
     operation = parse_task(
         {"TaskState": "Exception", "Messages": [{"MessageId": "X", "Message": "in use"}]}, "/m"
     )
-    assert operation.message == "in use"
+    assert operation.message == "TaskState Exception: in use"
 
 
 @pytest.mark.parametrize("body", [{"TaskState": "Sleeping"}, {}, "Running"])
@@ -751,7 +754,9 @@ def test_region_is_the_nearest_reported_one(regions: list[str | None]) -> None:
     ("device", "block", "expected"),
     [("OK", "Critical", "Critical"), ("Warning", "OK", "Warning"),
      ("Unknown", "Warning", "Warning"), ("Unknown", "Unknown", "Unknown"),
-     ("Critical", "Unknown", "Critical")],
+     ("Critical", "Unknown", "Critical"), ("Unknown", "OK", "Unknown"),
+     ("Unknown", "Critical", "Critical"), ("OK", "Unknown", "OK"), ("Warning", "Critical",
+     "Critical")],
 )
 def test_device_health_is_the_worse_of_device_and_block(
     device: str, block: str, expected: str
