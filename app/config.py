@@ -173,6 +173,23 @@ class FabricSettings(_Section):
     task_timeout_seconds: Seconds = Field(
         default=300.0, description="seconds to wait for a long-running attach or detach, > 0"
     )
+    server_owned_blocks: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="a list (JSON or comma-separated) of fnmatch patterns of ResourceBlock Ids "
+        "or URIs that belong to a server and are never devices, e.g. *-compute",
+    )
+    verify_poll_seconds: Seconds = Field(
+        default=0.2, description="seconds between reads while an attach or detach the fabric "
+        "reported as done is not visible yet, > 0"
+    )
+    verify_timeout_seconds: Seconds = Field(
+        default=10.0, description="seconds an attach or detach the fabric reported as done may "
+        "take to become visible, > 0"
+    )
+    device_identity: Literal["uri", "serial", "uuid"] = Field(
+        default="uri",
+        description="uri, serial or uuid: what makes two listed devices one physical device",
+    )
 
     @field_validator("url")
     @classmethod
@@ -182,6 +199,11 @@ class FabricSettings(_Section):
         if not re.match(r"^https?://[^/\s:@]+(:\d{1,5})?/?$", value):
             raise ValueError("is not an http:// or https:// origin")
         return value.rstrip("/")
+
+    @field_validator("server_owned_blocks", mode="before")
+    @classmethod
+    def _pattern_list(cls, value: Any) -> Any:
+        return _split_list(value)
 
 
 class InventorySettings(_Section):
@@ -217,6 +239,11 @@ class PoolSettings(_Section):
     unhealthy: Literal["taint", "withhold"] = Field(
         default="taint",
         description="taint (publish with a NoSchedule taint) or withhold (leave out of slices)",
+    )
+    unknown_health: Literal["taint", "withhold", "offer"] = Field(
+        default="taint",
+        description="taint, withhold or offer: what to do with a device whose health the "
+        "fabric manager does not report (missing, null, empty or unknown Status.Health)",
     )
 
     @field_validator(
@@ -396,6 +423,11 @@ class ControllerSettings(_Section):
         default=False,
         description="true or false: also detach devices the fabric reports attached with no "
         "reservation behind them (else they are only reported)",
+    )
+    detach_attempts: int = Field(
+        default=15, ge=1, le=100,
+        description="transient detach failures in a row before a reservation ends "
+                    "detach-failed, 1-100",
     )
 
 

@@ -1,4 +1,4 @@
-"""Which fabric host a Kubernetes node is. Pure functions.
+"""Which fabric host a Kubernetes node is. Pure functions, plus a log of ambiguous identities.
 
 The fabric manager names servers its own way (Redfish: a ComputerSystem's ``Id`` and
 ``HostName``); Kubernetes names nodes. ``hosts.match`` chooses the rule:
@@ -7,15 +7,38 @@ The fabric manager names servers its own way (Redfish: a ComputerSystem's ``Id``
   host's ``hostname`` (case-insensitive; a short name matches the first label of a FQDN);
 * ``label`` / ``annotation``: the node's label or annotation ``hosts.key`` holds the host id;
 * ``provider_id``: ``spec.providerID`` ends with ``/<host id>`` or equals it.
+
+An identity shared by two or more hosts is never used to map a node: real Redfish services
+ship the same placeholder ``HostName`` (``localhost``) on every System, and "the last one wins"
+would attach devices to the wrong server. Such identities are kept aside in
+:attr:`HostIndex.ambiguous` / :attr:`HostIndex.ambiguous_short` /
+:attr:`HostIndex.ambiguous_ids` and reported by :func:`ambiguities`. Host ``UUID`` and
+``SerialNumber`` are stored by the inventory but no rule matches on them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+#: :attr:`Ambiguity.key` values.
+HOSTNAME = "hostname"
+SHORT_HOSTNAME = "short hostname"
+HOST_ID = "host id"
+
+log = logging.getLogger(__name__)
+
+_NAME_HINT = ("with hosts.match=hostname no node maps to them by this name; give each host its "
+              "own HostName, or match by label, annotation or provider_id")
+_HINTS = {
+    HOSTNAME: _NAME_HINT,
+    SHORT_HOSTNAME: _NAME_HINT,
+    HOST_ID: "no node maps to them: two backends report the same host id",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,32 +49,148 @@ class HostRef:
     hostname: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Ambiguity:
+    """One identity value shared by several hosts.
+
+    Attributes:
+        key: which identity: ``hostname`` (full name), ``short hostname`` (first label) or
+            ``host id``.
+        value: the shared value (lowercase for host names, as they are compared).
+        hosts: the host ids sharing it, sorted.
+    """
+
+    key: str
+    value: str
+    hosts: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        """One line for people, e.g. ``hostname 'localhost' is shared by hosts sys-1, sys-2``
+        (a shared host id: ``host id 'sys-1' is reported by 2 hosts``)."""
+        if self.key == HOST_ID:
+            return f"host id {self.value!r} is reported by {len(self.hosts)} hosts"
+        return f"{self.key} {self.value!r} is shared by hosts {', '.join(self.hosts)}"
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"key", "value", "hosts"}``."""
+        return {"key": self.key, "value": self.value, "hosts": list(self.hosts)}
+
+
 def _short(name: str) -> str:
     return name.split(".", 1)[0].lower()
 
 
+def _split(pairs: Iterable[tuple[str, HostRef]]) -> tuple[dict[str, HostRef],
+                                                           dict[str, tuple[str, ...]]]:
+    """``(value, host)`` pairs -> (values held by one host, values shared -> sorted host ids)."""
+    found: dict[str, list[HostRef]] = {}
+    for value, host in pairs:
+        found.setdefault(value, []).append(host)
+    unique = {value: hosts[0] for value, hosts in found.items() if len(hosts) == 1}
+    shared = {value: tuple(sorted(h.host_id for h in hosts))
+              for value, hosts in found.items() if len(hosts) > 1}
+    return unique, shared
+
+
+class AmbiguityLog:
+    """Logs the ambiguous identities of each index built, only when they changed.
+
+    The claim reconciler and the control-plane controller rebuild their index every few
+    seconds from the same hosts; a warning per rebuild would bury everything else. A value is
+    logged (WARNING) when it becomes ambiguous or its hosts change, and once (INFO) when it is
+    no longer ambiguous.
+    """
+
+    def __init__(self, logger: logging.Logger = log) -> None:
+        self.logger = logger
+        self._reported: frozenset[Ambiguity] = frozenset()
+
+    def report(self, found: Iterable[Ambiguity]) -> None:
+        """Log what changed since the last call."""
+        current = frozenset(found)
+        if current == self._reported:
+            return
+        for item in sorted(current - self._reported, key=_order):
+            self.logger.warning(
+                "%s: %s", item.message, _HINTS[item.key],
+                extra={"identity_key": item.key, "identity_value": item.value,
+                       "hosts": list(item.hosts)})
+        still = {(a.key, a.value) for a in current}
+        for item in sorted(self._reported, key=_order):
+            if (item.key, item.value) not in still:
+                self.logger.info("%s %r is no longer shared by several hosts", item.key,
+                                 item.value, extra={"identity_key": item.key,
+                                                    "identity_value": item.value})
+        self._reported = current
+
+
+# The process-wide log used by HostIndex.build by default: every index of one process reads the
+# same inventory, so one shared "last reported" set keeps it to one warning per change.
+_DEFAULT_LOG = AmbiguityLog()
+
+
+def _order(item: Ambiguity) -> tuple[int, str]:
+    return ((HOSTNAME, SHORT_HOSTNAME, HOST_ID).index(item.key), item.value)
+
+
 @dataclass(frozen=True)
 class HostIndex:
-    """Hosts indexed for :func:`host_for_node`. Build once per inventory."""
+    """Hosts indexed for :func:`host_for_node`. Build once per inventory.
+
+    Attributes:
+        by_id: host id -> host, for ids held by one host.
+        by_hostname: lowercase full hostname -> host, for names held by one host.
+        by_short: lowercase first label -> host, for short names held by one host.
+        ambiguous: lowercase full hostname shared by several hosts -> their sorted ids.
+        ambiguous_short: first label shared by several hosts -> their sorted ids.
+        ambiguous_ids: host id reported by several hosts (several backends) -> itself, once
+            per host.
+    """
 
     by_id: Mapping[str, HostRef]
     by_hostname: Mapping[str, HostRef]
     by_short: Mapping[str, HostRef]
+    ambiguous: Mapping[str, tuple[str, ...]]
+    ambiguous_short: Mapping[str, tuple[str, ...]]
+    ambiguous_ids: Mapping[str, tuple[str, ...]]
 
     @classmethod
-    def build(cls, hosts: Iterable[HostRef]) -> HostIndex:
+    def build(cls, hosts: Iterable[HostRef], *,
+              report: AmbiguityLog | None = _DEFAULT_LOG) -> HostIndex:
         """Index ``hosts`` by id, full hostname and short hostname (lowercase).
 
-        A short name shared by two hosts is left out of the short index: it is ambiguous.
+        A value shared by two or more hosts is left out of its index and recorded as
+        ambiguous; ``report`` (default: the process-wide :class:`AmbiguityLog`) logs the
+        ambiguous values when they changed since its last report. Pass None to log nothing
+        (commands and the admin API, which show them themselves).
         """
         hosts = list(hosts)
-        by_hostname = {h.hostname.lower(): h for h in hosts if h.hostname}
-        shorts: dict[str, list[HostRef]] = {}
-        for host in hosts:
-            if host.hostname:
-                shorts.setdefault(_short(host.hostname), []).append(host)
-        by_short = {name: found[0] for name, found in shorts.items() if len(found) == 1}
-        return cls({h.host_id: h for h in hosts}, by_hostname, by_short)
+        named = [h for h in hosts if h.hostname]
+        by_id, ambiguous_ids = _split((h.host_id, h) for h in hosts)
+        by_hostname, ambiguous = _split((str(h.hostname).lower(), h) for h in named)
+        by_short, ambiguous_short = _split((_short(str(h.hostname)), h) for h in named)
+        index = cls(by_id, by_hostname, by_short, ambiguous, ambiguous_short, ambiguous_ids)
+        if report is not None:
+            report.report(ambiguities(index))
+        return index
+
+
+def ambiguities(index: HostIndex) -> tuple[Ambiguity, ...]:
+    """Every identity value shared by several hosts, for display: full hostnames, then short
+    names, then host ids, each by value.
+
+    A short name shared by exactly the hosts of one shared full name (``localhost.localdomain``
+    everywhere) is the same problem and is not listed twice.
+    """
+    full = [Ambiguity(HOSTNAME, value, ids) for value, ids in sorted(index.ambiguous.items())]
+    full_sets = {a.hosts for a in full}
+    short = [Ambiguity(SHORT_HOSTNAME, value, ids)
+             for value, ids in sorted(index.ambiguous_short.items())
+             if ids not in full_sets]
+    ids = [Ambiguity(HOST_ID, value, hosts)
+           for value, hosts in sorted(index.ambiguous_ids.items())]
+    return (*full, *short, *ids)
 
 
 def host_for_node(node: Mapping[str, Any], index: HostIndex, match: str, key: str) -> str | None:
@@ -68,22 +207,68 @@ def host_for_node(node: Mapping[str, Any], index: HostIndex, match: str, key: st
     """
     metadata = node.get("metadata") or {}
     if match == "hostname":
-        labels = metadata.get("labels") or {}
-        for name in (labels.get(HOSTNAME_LABEL), metadata.get("name")):
-            if not name:
-                continue
+        for name in _node_names(metadata):
             found = index.by_hostname.get(name.lower()) or index.by_short.get(_short(name))
-            if found:
+            if found and found.host_id not in index.ambiguous_ids:
                 return found.host_id
         return None
     if match in ("label", "annotation"):
-        values = metadata.get("labels" if match == "label" else "annotations") or {}
-        value = values.get(key)
+        value = _host_id_value(metadata, match, key)
         return value if value in index.by_id else None
     if match == "provider_id":
-        provider_id = (node.get("spec") or {}).get("providerID") or ""
-        if provider_id in index.by_id:
-            return str(provider_id)
-        tail = provider_id.rstrip("/").rsplit("/", 1)[-1]
-        return tail if tail in index.by_id else None
+        for candidate in _provider_id_candidates(node):
+            if candidate in index.by_id:
+                return candidate
+        return None
     raise ValueError(f"unknown host match rule {match!r}")
+
+
+def ambiguity_for_node(node: Mapping[str, Any], index: HostIndex, match: str,
+                       key: str) -> Ambiguity | None:
+    """Why ``node`` maps to no host when the reason is a shared identity: the first of its
+    names (or its host id value) that is ambiguous, with the hosts sharing it; None when no
+    shared identity is involved. Call it for nodes :func:`host_for_node` did not map.
+
+    Raises:
+        ValueError: an unknown ``match``.
+    """
+    metadata = node.get("metadata") or {}
+    if match == "hostname":
+        for name in _node_names(metadata):
+            lower, short = name.lower(), _short(name)
+            if lower in index.ambiguous:
+                return Ambiguity(HOSTNAME, lower, index.ambiguous[lower])
+            found = index.by_hostname.get(lower)
+            if found is None and short in index.ambiguous_short:
+                return Ambiguity(SHORT_HOSTNAME, short, index.ambiguous_short[short])
+            found = found or index.by_short.get(short)
+            if found is not None and found.host_id in index.ambiguous_ids:
+                return Ambiguity(HOST_ID, found.host_id, index.ambiguous_ids[found.host_id])
+        return None
+    if match in ("label", "annotation"):
+        candidates = [_host_id_value(metadata, match, key)]
+    elif match == "provider_id":
+        candidates = list(_provider_id_candidates(node))
+    else:
+        raise ValueError(f"unknown host match rule {match!r}")
+    for candidate in candidates:
+        if candidate in index.ambiguous_ids:
+            return Ambiguity(HOST_ID, candidate, index.ambiguous_ids[candidate])
+    return None
+
+
+def _node_names(metadata: Mapping[str, Any]) -> list[str]:
+    labels = metadata.get("labels") or {}
+    return [str(n) for n in (labels.get(HOSTNAME_LABEL), metadata.get("name")) if n]
+
+
+def _host_id_value(metadata: Mapping[str, Any], match: str, key: str) -> str:
+    values = metadata.get("labels" if match == "label" else "annotations") or {}
+    return str(values.get(key) or "")
+
+
+def _provider_id_candidates(node: Mapping[str, Any]) -> tuple[str, ...]:
+    provider_id = str((node.get("spec") or {}).get("providerID") or "")
+    if not provider_id:
+        return ()
+    return provider_id, provider_id.rstrip("/").rsplit("/", 1)[-1]

@@ -1,9 +1,15 @@
-"""``fabric-dra inventory``: the stored inventory, grouped by region and rack."""
+"""``fabric-dra inventory``: the stored inventory, grouped by region and rack.
+
+With ``--sync`` it lists the fabric manager first; when that fails the command still prints the
+last known inventory, warns on stderr in one line naming the error, and exits with status 1 so
+scripts notice.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import groupby
 
 import click
@@ -16,6 +22,7 @@ from app.db.engine import Database
 from app.fabric.factory import backend_from_settings
 from app.inventory import InventorySync
 from app.inventory.queries import DeviceView, StatusView, list_devices, list_status
+from app.units import format_mib
 
 Column = tuple[str, Callable[[DeviceView], str]]
 
@@ -23,7 +30,7 @@ _COLUMNS: tuple[Column, ...] = (
     ("NAME", lambda d: d.name),
     ("TYPE", lambda d: d.device_type),
     ("MODEL", lambda d: " ".join(filter(None, (d.vendor, d.model))) or "-"),
-    ("MEMORY", lambda d: f"{d.memory_mib // 1024} GiB" if d.memory_mib else "-"),
+    ("MEMORY", lambda d: format_mib(d.memory_mib) if d.memory_mib is not None else "-"),
     ("HEALTH", lambda d: d.health),
     ("HOST", lambda d: d.host_id or "-"),
     ("SLOT", lambda d: d.slot or "-"),
@@ -64,9 +71,17 @@ def render_table(devices: Sequence[DeviceView], status: Sequence[StatusView]) ->
     return "\n".join(lines)
 
 
-async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> tuple[
-    list[DeviceView], list[StatusView]
-]:
+@dataclass(frozen=True)
+class InventoryRead:
+    """What the command prints: the stored inventory, and why the sync failed if it did."""
+
+    devices: list[DeviceView]
+    status: list[StatusView]
+    sync_error: str | None = None
+
+
+async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> InventoryRead:
+    sync_error: str | None = None
     database = Database.connect(settings.database.url)
     try:
         if sync:
@@ -81,15 +96,16 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> t
             finally:
                 await backend.close()
             if not result.ok:
-                click.echo(f"sync failed: {result.error}", err=True)
+                sync_error = (result.error or "unknown error").splitlines()[0]
         if await migrate.current(database.engine) is None:
             raise click.ClickException(
                 f"database {redact_url(settings.database.url)} has no schema yet: run "
                 "`fabric-dra db upgrade` or `fabric-dra inventory --sync`"
             )
-        return (
+        return InventoryRead(
             await list_devices(database, include_removed=include_removed),
             await list_status(database),
+            sync_error,
         )
     except (OperationalError, ProgrammingError, OSError) as err:
         raise click.ClickException(
@@ -106,12 +122,20 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> t
 @click.option("--all", "include_removed", is_flag=True, help="Include removed devices.")
 @settings_options
 def inventory(sync: bool, as_json: bool, include_removed: bool, settings: Settings) -> None:
-    """Print the device inventory from the database, grouped by region and rack."""
-    devices, status = run(_inventory(settings, sync, include_removed))
+    """Print the device inventory from the database, grouped by region and rack.
+
+    With --sync, a failed sync still prints the last known inventory and exits with status 1.
+    """
+    read = run(_inventory(settings, sync, include_removed))
+    if read.sync_error is not None:
+        click.echo(f"Warning: sync failed, showing the last known inventory (may be stale): "
+                   f"{read.sync_error}", err=True)
     if as_json:
         click.echo(json.dumps({
-            "devices": [d.to_json() for d in devices],
-            "backends": [s.to_json() for s in status],
+            "devices": [d.to_json() for d in read.devices],
+            "backends": [s.to_json() for s in read.status],
         }, indent=2, ensure_ascii=False))
     else:
-        click.echo(render_table(devices, status))
+        click.echo(render_table(read.devices, read.status))
+    if read.sync_error is not None:
+        raise SystemExit(1)

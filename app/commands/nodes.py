@@ -20,7 +20,16 @@ from app.commands.common import Settings, run, settings_options
 from app.config import redact_url
 from app.db import migrate
 from app.db.engine import Database
-from app.hostmap import HostIndex, HostRef, host_for_node
+from app.hostmap import (
+    HOST_ID,
+    SHORT_HOSTNAME,
+    Ambiguity,
+    HostIndex,
+    HostRef,
+    ambiguities,
+    ambiguity_for_node,
+    host_for_node,
+)
 from app.inventory.queries import host_refs, pool_devices
 from app.kube.client import JsonDict, call_json, connect
 from app.kube.errors import KubeError
@@ -94,11 +103,13 @@ def node_selector_matches(
 
 @dataclass(frozen=True)
 class NodeRow:
-    """One node: its host id (None when no host matches) and the pools it can reach."""
+    """One node: its host id (None when no host matches), the pools it can reach, and why it
+    maps to no host when the reason is known (an identity shared by several hosts)."""
 
     node: str
     host: str | None
     pools: tuple[str, ...]
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,8 @@ class NodesReport:
         unreachable_pools: pools whose node selector matches no node.
         pool_labels: pool name -> the node labels its selector asks for (``key=value``,
             one per ``In`` expression with a single value), so people know how to label nodes.
+        ambiguous: identities shared by several hosts that the match rule uses; they map no
+            node (see :func:`app.hostmap.ambiguities`).
     """
 
     rows: tuple[NodeRow, ...]
@@ -119,13 +132,22 @@ class NodesReport:
     unmatched_hosts: tuple[str, ...]
     unreachable_pools: tuple[str, ...]
     pool_labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    ambiguous: tuple[Ambiguity, ...] = ()
 
     @property
     def warnings(self) -> list[str]:
         """One line per problem."""
+        reasons = {r.node: r.reason for r in self.rows if r.reason}
+        # A host whose full name (or id) is shared cannot be mapped at all: its warning names
+        # it, and "is not a node of this cluster" would be a guess. A shared short name leaves
+        # the full name to match by.
+        shared = {h for a in self.ambiguous if a.key != SHORT_HOSTNAME for h in a.hosts}
         return (
-            [f"node {n} maps to no fabric host" for n in self.unmapped_nodes]
-            + [f"host {h} is not a node of this cluster" for h in self.unmatched_hosts]
+            [f"{a.message}: no node maps to them by it" for a in self.ambiguous]
+            + [f"node {n} maps to no fabric host" + (f": {reasons[n]}" if n in reasons else "")
+               for n in self.unmapped_nodes]
+            + [f"host {h} is not a node of this cluster" for h in self.unmatched_hosts
+               if h not in shared]
             + [
                 f"pool {p} is reachable from no node; label its nodes "
                 + (" ".join(self.pool_labels.get(p, ())) or "as its node selector asks")
@@ -136,11 +158,13 @@ class NodesReport:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {
-            "nodes": [{"node": r.node, "host": r.host, "pools": list(r.pools)} for r in self.rows],
+            "nodes": [{"node": r.node, "host": r.host, "pools": list(r.pools),
+                       "reason": r.reason} for r in self.rows],
             "unmapped_nodes": list(self.unmapped_nodes),
             "unmatched_hosts": list(self.unmatched_hosts),
             "unreachable_pools": list(self.unreachable_pools),
             "pool_labels": {p: list(labels) for p, labels in self.pool_labels.items()},
+            "ambiguous_hosts": [a.to_json() for a in self.ambiguous],
             "warnings": self.warnings,
         }
 
@@ -163,7 +187,8 @@ def build_report(
     Raises:
         ValueError: an unknown ``match``.
     """
-    index = HostIndex.build(hosts)
+    # The command shows the ambiguities itself; the process-wide log is for the service.
+    index = HostIndex.build(hosts, report=None)
     rows: list[NodeRow] = []
     reached: set[str] = set()
     mapped_hosts: set[str] = set()
@@ -172,18 +197,23 @@ def build_report(
         name = str(metadata.get("name") or "")
         labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
         host = host_for_node(node, index, match, key)
+        reason: str | None = None
         if host is not None:
             mapped_hosts.add(host)
+        elif (ambiguity := ambiguity_for_node(node, index, match, key)) is not None:
+            reason = ambiguity.message
         reachable = tuple(sorted(p for p, pool in pools.items()
                                  if node_selector_matches(pool.node_selector, labels, name)))
         reached.update(reachable)
-        rows.append(NodeRow(name, host, reachable))
+        rows.append(NodeRow(name, host, reachable, reason))
     return NodesReport(
         rows=tuple(rows),
         unmapped_nodes=tuple(r.node for r in rows if r.host is None),
         unmatched_hosts=tuple(sorted(h.host_id for h in hosts if h.host_id not in mapped_hosts)),
         unreachable_pools=tuple(sorted(p for p in pools if p not in reached)),
         pool_labels={name: _labels_asked(pool.node_selector) for name, pool in pools.items()},
+        # Host names are no identity under the label, annotation and provider-id rules.
+        ambiguous=tuple(a for a in ambiguities(index) if match == "hostname" or a.key == HOST_ID),
     )
 
 

@@ -81,6 +81,7 @@ async def test_inventory_sync_prints_a_table_and_json(tmp_path: Path, simulator:
     env = {"FABRIC_DRA_FABRIC__URL": simulator, **credentials(tmp_path)}
     code, out, err = await cli("inventory", "--sync", cwd=tmp_path, env=env)
     assert code == 0, err
+    assert "sync failed" not in err
     assert "6 devices in 2 racks" in out
     assert "us-east / rack-01: 3 devices" in out and "us-east / rack-02: 3 devices" in out
     assert "backend redfish: ok" in out
@@ -102,9 +103,42 @@ async def test_inventory_sync_with_the_fabric_down_keeps_data_and_says_why(
     env["FABRIC_DRA_FABRIC__URL"] = "http://127.0.0.1:9"
     env["FABRIC_DRA_FABRIC__RETRY_ATTEMPTS"] = "1"
     code, out, err = await cli("inventory", "--sync", cwd=tmp_path, env=env)
-    assert code == 0
-    assert "sync failed" in err and "cannot connect" in err
+    assert code == 1
+    assert len(sync_warnings(err)) == 1 and "cannot connect" in err
     assert "6 devices in 2 racks" in out and "failing" in out
+
+    code, out, err = await cli("inventory", "--sync", "--json", cwd=tmp_path, env=env)
+    assert code == 1 and len(sync_warnings(err)) == 1
+    data = json.loads(out)
+    assert len(data["devices"]) == 6 and data["backends"][0]["consecutive_failures"] == 2
+
+
+def sync_warnings(err: str) -> list[str]:
+    """The command's own warning lines (log lines may come too, at the default log level)."""
+    assert "Traceback" not in err
+    return [line for line in err.splitlines() if line.startswith("Warning: sync failed")]
+
+
+async def test_inventory_sync_with_nothing_listening_exits_1_with_one_warning(
+    tmp_path: Path
+) -> None:
+    env = {"FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9",
+           "FABRIC_DRA_FABRIC__RETRY_ATTEMPTS": "1",
+           "FABRIC_DRA_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}",
+           **credentials(tmp_path)}
+    code, out, err = await cli("inventory", "--sync", cwd=tmp_path, env=env)
+    assert code == 1
+    [warning] = sync_warnings(err)
+    assert "last known inventory" in warning
+    assert "FabricUnavailable" in warning and "127.0.0.1:9" in warning
+    assert out.startswith("0 devices in 0 racks")
+    assert "backend redfish: failing, last complete sync never" in out
+
+    env["FABRIC_DRA_LOG__LEVEL"] = "ERROR"
+    code, out, err = await cli("inventory", "--sync", "--json", cwd=tmp_path, env=env)
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1 and len(sync_warnings(err)) == 1
+    assert json.loads(out)["devices"] == []
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from builders import MemoryBackend, gpu, host
 from app.commands.nodes import build_report, node_selector_matches, render_table
 from app.db.engine import Database
 from app.fabric.types import Location
-from app.hostmap import HostRef
+from app.hostmap import Ambiguity, HostRef
 from app.inventory import InventorySync
 from app.pools import PoolConfig, PoolDevice, desired_pools
 from app.sim.kubeapi import KubeEmulator
@@ -109,6 +109,41 @@ def test_the_report_maps_nodes_to_hosts_and_pools_and_lists_what_does_not_fit() 
     assert "lonely  -     -" in table and "3 warnings:" in table
 
 
+def test_a_hostname_shared_by_several_hosts_is_named_and_maps_no_node() -> None:
+    hosts = [HostRef("sys-1", "localhost"), HostRef("sys-2", "localhost"),
+             HostRef("sys-3", "LOCALHOST"), HostRef("sys-4", "node-4"), HostRef("sys-5", None)]
+    nodes = [node("localhost"), node("node-4"), node("node-5")]
+    report = build_report(nodes, hosts, {}, "hostname", "")
+    shared = "hostname 'localhost' is shared by hosts sys-1, sys-2, sys-3"
+    assert [(r.node, r.host, r.reason) for r in report.rows] == [
+        ("localhost", None, shared), ("node-4", "sys-4", None), ("node-5", None, None)]
+    assert report.ambiguous == (Ambiguity("hostname", "localhost", ("sys-1", "sys-2", "sys-3")),)
+    assert report.unmatched_hosts == ("sys-1", "sys-2", "sys-3", "sys-5")
+    assert report.warnings == [
+        f"{shared}: no node maps to them by it",
+        f"node localhost maps to no fabric host: {shared}",
+        "node node-5 maps to no fabric host",
+        "host sys-5 is not a node of this cluster",
+    ]
+    data = report.to_json()
+    assert data["ambiguous_hosts"] == [
+        {"key": "hostname", "value": "localhost", "hosts": ["sys-1", "sys-2", "sys-3"]}]
+    assert data["nodes"][0] == {"node": "localhost", "host": None, "pools": [],
+                                "reason": shared}
+    assert f"  {shared}: no node maps to them by it" in render_table(report)
+
+
+def test_shared_hostnames_do_not_matter_when_nodes_are_matched_by_label() -> None:
+    key = "fabric-dra.io/host-id"
+    hosts = [HostRef("sys-1", "localhost"), HostRef("sys-2", "localhost")]
+    labelled = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "localhost", "labels": {key: "sys-2"}}}
+    report = build_report([labelled], hosts, {}, "label", key)
+    assert [(r.node, r.host, r.reason) for r in report.rows] == [("localhost", "sys-2", None)]
+    assert report.ambiguous == ()
+    assert report.warnings == ["host sys-1 is not a node of this cluster"]
+
+
 # --------------------------------------------------------------------------- the command
 def free_port() -> int:
     with socket.socket() as sock:
@@ -150,12 +185,13 @@ async def test_nodes_prints_hosts_pools_and_warnings(db: Database, database_url:
         assert code == 0, err
         report = json.loads(out)
         assert report["nodes"] == [
-            {"node": "gpu-less", "host": None, "pools": []},
+            {"node": "gpu-less", "host": None, "pools": [], "reason": None},
             {"node": "node-us-east-rack-01-1", "host": "us-east-rack-01-1",
-             "pools": ["us-east/rack-01"]},
+             "pools": ["us-east/rack-01"], "reason": None},
             {"node": "node-us-east-rack-01-2", "host": "us-east-rack-01-2",
-             "pools": ["us-east/rack-01"]},
+             "pools": ["us-east/rack-01"], "reason": None},
         ]
+        assert report["ambiguous_hosts"] == []
         assert report["unmapped_nodes"] == ["gpu-less"]
         assert report["unmatched_hosts"] == ["us-west-rack-02-1"]
         assert report["unreachable_pools"] == ["us-west/rack-02"]
@@ -164,6 +200,40 @@ async def test_nodes_prints_hosts_pools_and_warnings(db: Database, database_url:
         assert code == 0, err
         assert "node-us-east-rack-01-1  us-east-rack-01-1  us-east/rack-01" in out
         assert "pool us-west/rack-02 is reachable from no node" in out
+    finally:
+        await emu.stop()
+
+
+async def test_nodes_names_the_hosts_that_share_a_placeholder_hostname(
+    db: Database, database_url: str
+) -> None:
+    backend = MemoryBackend(
+        [gpu(0)],
+        [host(i, hostname="localhost") for i in (1, 2)] + [host(3)],
+    )
+    assert (await InventorySync(backend, db).sync_once()).ok
+    emu = KubeEmulator()
+    emu.create(node("localhost", "us-east", "rack-01"))
+    emu.create(node("node-us-east-rack-01-3", "us-east", "rack-01"))
+    url = await emu.start()
+    try:
+        env = settings_env(url, database_url)
+        code, out, err = await fabric_dra("nodes", "--json", env=env)
+        assert code == 0, err
+        report = json.loads(out)
+        shared = "hostname 'localhost' is shared by hosts us-east-rack-01-1, us-east-rack-01-2"
+        assert report["ambiguous_hosts"] == [
+            {"key": "hostname", "value": "localhost",
+             "hosts": ["us-east-rack-01-1", "us-east-rack-01-2"]}]
+        assert [(n["node"], n["host"], n["reason"]) for n in report["nodes"]] == [
+            ("localhost", None, shared),
+            ("node-us-east-rack-01-3", "us-east-rack-01-3", None)]
+
+        code, out, err = await fabric_dra("nodes", env=env)
+        assert code == 0, err
+        assert f"{shared}: no node maps to them by it" in out
+        assert f"node localhost maps to no fabric host: {shared}" in out
+        assert "Traceback" not in err
     finally:
         await emu.stop()
 

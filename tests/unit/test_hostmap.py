@@ -1,12 +1,24 @@
-"""Node -> fabric host mapping."""
+"""Node -> fabric host mapping, and identities shared by several hosts."""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from app.hostmap import HostIndex, HostRef, host_for_node
+from app.hostmap import (
+    Ambiguity,
+    AmbiguityLog,
+    HostIndex,
+    HostRef,
+    ambiguities,
+    ambiguity_for_node,
+    host_for_node,
+)
 
 INDEX = HostIndex.build([
     HostRef("sys-1", "node-a.dc1.example.com"),
@@ -14,7 +26,7 @@ INDEX = HostIndex.build([
     HostRef("sys-3", "dup.one.example"),
     HostRef("sys-4", "dup.two.example"),
     HostRef("sys-5", None),
-])
+], report=None)
 
 
 def node(name: str, *, labels: dict | None = None, annotations: dict | None = None,
@@ -60,3 +72,146 @@ def test_provider_id_rule(provider_id: str, expected: str | None) -> None:
 def test_unknown_rule_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown host match rule"):
         host_for_node(node("n"), INDEX, "magic", "")
+
+
+# --------------------------------------------------------------------------- shared identities
+PLACEHOLDERS = [
+    HostRef("sys-1", "localhost"),
+    HostRef("sys-2", "LocalHost"),
+    HostRef("sys-3", "localhost"),
+    HostRef("sys-4", "real-node.example.com"),
+]
+
+
+@pytest.mark.parametrize("name", ["localhost", "LOCALHOST", "localhost.cluster.local"])
+def test_a_hostname_shared_by_several_hosts_maps_no_node(name: str) -> None:
+    index = HostIndex.build(PLACEHOLDERS, report=None)
+    assert host_for_node(node(name), index, "hostname", "") is None
+    assert host_for_node(node("x", labels={"kubernetes.io/hostname": name}), index,
+                         "hostname", "") is None
+    assert host_for_node(node("real-node"), index, "hostname", "") == "sys-4"
+
+
+def test_the_index_records_shared_hostnames_with_their_hosts() -> None:
+    index = HostIndex.build(PLACEHOLDERS, report=None)
+    assert index.ambiguous == {"localhost": ("sys-1", "sys-2", "sys-3")}
+    assert "localhost" not in index.by_hostname and "localhost" not in index.by_short
+    assert set(index.by_hostname) == {"real-node.example.com"}
+
+
+def test_the_report_lists_each_shared_value_once() -> None:
+    index = HostIndex.build([
+        *PLACEHOLDERS,
+        HostRef("sys-5", "placeholder.localdomain"), HostRef("sys-6", "placeholder.localdomain"),
+        HostRef("sys-7", "web.a.example"), HostRef("sys-8", "web.b.example"),
+    ], report=None)
+    assert ambiguities(index) == (
+        Ambiguity("hostname", "localhost", ("sys-1", "sys-2", "sys-3")),
+        Ambiguity("hostname", "placeholder.localdomain", ("sys-5", "sys-6")),
+        # "placeholder" is shared by exactly sys-5 and sys-6: the line above says it already.
+        Ambiguity("short hostname", "web", ("sys-7", "sys-8")),
+    )
+    assert ambiguities(index)[0].message == \
+        "hostname 'localhost' is shared by hosts sys-1, sys-2, sys-3"
+    assert ambiguities(index)[0].to_json() == {
+        "key": "hostname", "value": "localhost", "hosts": ["sys-1", "sys-2", "sys-3"]}
+    assert ambiguities(HostIndex.build([HostRef("a", "a"), HostRef("b", None)],
+                                       report=None)) == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (node("localhost"), Ambiguity("hostname", "localhost", ("sys-1", "sys-2", "sys-3"))),
+        (node("n", labels={"kubernetes.io/hostname": "LocalHost"}),
+         Ambiguity("hostname", "localhost", ("sys-1", "sys-2", "sys-3"))),
+        (node("localhost.cluster.local"),
+         Ambiguity("short hostname", "localhost", ("sys-1", "sys-2", "sys-3"))),
+        (node("web"), Ambiguity("short hostname", "web", ("sys-7", "sys-8"))),
+        (node("web.a.example"), None),     # maps to sys-7 by its full name
+        (node("stranger"), None),          # unmapped, but no shared identity is involved
+    ],
+)
+def test_an_unmapped_node_is_told_which_hosts_share_its_name(
+    value: dict[str, Any], expected: Ambiguity | None
+) -> None:
+    index = HostIndex.build([*PLACEHOLDERS, HostRef("sys-7", "web.a.example"),
+                             HostRef("sys-8", "web.b.example")], report=None)
+    assert ambiguity_for_node(value, index, "hostname", "") == expected
+
+
+def test_a_host_id_reported_by_two_backends_maps_no_node() -> None:
+    key = "fabric-dra.io/host-id"
+    index = HostIndex.build([HostRef("sys-1", "a"), HostRef("sys-1", "b"), HostRef("sys-2", "c")],
+                            report=None)
+    shared = Ambiguity("host id", "sys-1", ("sys-1", "sys-1"))
+    assert ambiguities(index) == (shared,)
+    assert shared.message == "host id 'sys-1' is reported by 2 hosts"
+    assert host_for_node(node("n", labels={key: "sys-1"}), index, "label", key) is None
+    assert ambiguity_for_node(node("n", labels={key: "sys-1"}), index, "label", key) == shared
+    assert host_for_node(node("n", provider_id="fm://Systems/sys-1"), index, "provider_id",
+                         "") is None
+    assert host_for_node(node("a"), index, "hostname", "") is None
+    assert ambiguity_for_node(node("a"), index, "hostname", "") == shared
+    assert host_for_node(node("n", labels={key: "sys-2"}), index, "label", key) == "sys-2"
+    assert ambiguity_for_node(node("n", labels={key: "sys-9"}), index, "label", key) is None
+
+
+def test_shared_identities_are_logged_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
+    report = AmbiguityLog(logging.getLogger("test.hostmap"))
+    caplog.set_level(logging.INFO, logger="test.hostmap")
+    for _ in range(3):
+        HostIndex.build(PLACEHOLDERS, report=report)
+    assert [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records] == [
+        ("WARNING", "hostname 'localhost' is shared by hosts sys-1, sys-2, sys-3")]
+
+    caplog.clear()
+    more = [*PLACEHOLDERS, HostRef("sys-9", "localhost"), HostRef("sys-10", "x"),
+            HostRef("sys-11", "X")]
+    HostIndex.build(more, report=report)
+    HostIndex.build(more, report=report)
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "hostname 'localhost' is shared by hosts sys-1, sys-2, sys-3, sys-9",
+        "hostname 'x' is shared by hosts sys-10, sys-11"]
+    assert all(r.levelname == "WARNING" for r in caplog.records)
+
+    caplog.clear()
+    HostIndex.build(PLACEHOLDERS[3:], report=report)
+    HostIndex.build(PLACEHOLDERS[3:], report=report)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "hostname 'localhost' is no longer shared by several hosts"),
+        ("INFO", "hostname 'x' is no longer shared by several hosts")]
+
+
+def test_build_logs_through_the_hostmap_logger_by_default(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    # A value no other test uses, so the process-wide "last reported" set surely changes.
+    name = f"placeholder-{uuid.uuid4().hex[:8]}"
+    hosts = [HostRef("sys-1", name), HostRef("sys-2", name)]
+    caplog.set_level(logging.WARNING, logger="app.hostmap")
+    HostIndex.build(hosts)
+    HostIndex.build(hosts)
+    HostIndex.build(hosts, report=None)
+    assert [(r.name, r.getMessage().split(":")[0]) for r in caplog.records] == [
+        ("app.hostmap", f"hostname {name!r} is shared by hosts sys-1, sys-2")]
+
+
+HOSTNAMES = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c", "A", "B"]), st.booleans()), max_size=8)
+
+
+@given(HOSTNAMES, st.sampled_from(["a", "b", "c", "d"]))
+def test_a_node_maps_to_the_one_host_with_its_name_or_to_none(
+    names: list[tuple[str, bool]], wanted: str
+) -> None:
+    hosts = [HostRef(f"sys-{i}", name if named else None)
+             for i, (name, named) in enumerate(names)]
+    holders = [h.host_id for h in hosts if h.hostname and h.hostname.lower() == wanted]
+    index = HostIndex.build(hosts, report=None)
+    found = host_for_node(node(wanted), index, "hostname", "")
+    assert found == (holders[0] if len(holders) == 1 else None)
+    reason = ambiguity_for_node(node(wanted), index, "hostname", "")
+    assert (reason is not None) == (len(holders) > 1)
+    if reason is not None:
+        assert reason.hosts == tuple(sorted(holders))
