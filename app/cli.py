@@ -42,6 +42,7 @@ class LazyGroup(click.Group):
         "demo": "app.commands.demo:demo",
         "run": "app.commands.run:run",
         "nodes": "app.commands.nodes:nodes",
+        "forget": "app.commands.forget:forget",
         "sim": "app.cli:sim",
     },
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},

@@ -19,7 +19,20 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, String, Table, Text, and_, bindparam, func, insert, select, update
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    String,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.clock import utcnow
@@ -33,7 +46,14 @@ ATTACHED = "attached"
 DETACHING = "detaching"
 RELEASED = "released"
 FAILED = "failed"
-STATES = (PENDING, ATTACHING, ATTACHED, DETACHING, RELEASED, FAILED)
+DETACH_FAILED = "detach-failed"
+STATES = (PENDING, ATTACHING, ATTACHED, DETACHING, RELEASED, FAILED, DETACH_FAILED)
+TERMINAL_STATES = (FAILED, DETACH_FAILED)
+"""States that hold the device and that nothing retries on its own (attach-failed and
+detach-failed)."""
+FORGET_FROM = (ATTACHING, ATTACHED, DETACHING, FAILED, DETACH_FAILED)
+"""States an operator may *forget* (release without a detach): the hardware was fixed by
+hand."""
 MAX_ERROR_LENGTH = 2000
 
 
@@ -154,11 +174,15 @@ _MOVE = (
     .values(
         state=bindparam("b_state"),
         last_error=bindparam("b_error", type_=Text()),
-        attempts=_R.attempts + bindparam("b_attempt", type_=Integer()),
+        # Attempts are counted per phase (attach, then detach): a move into another phase
+        # starts the count again, so "N failures in a row" means N of this operation.
+        attempts=case((_R.state.in_(bindparam("b_same_phase", expanding=True)), _R.attempts),
+                      else_=0) + bindparam("b_attempt", type_=Integer()),
         node=func.coalesce(bindparam("b_node", type_=String()), _R.node),
         host_id=func.coalesce(bindparam("b_host_id", type_=String()), _R.host_id),
-        operation_id=func.coalesce(bindparam("b_operation_id", type_=String()),
-                                   _R.operation_id),
+        operation_id=case(
+            (bindparam("b_clear_operation", type_=Boolean()), None),
+            else_=func.coalesce(bindparam("b_operation_id", type_=String()), _R.operation_id)),
         updated_at=bindparam("b_now", type_=UtcDateTime()),
         attached_at=func.coalesce(bindparam("b_attached_at", type_=UtcDateTime()),
                                   _R.attached_at),
@@ -168,6 +192,22 @@ _MOVE = (
     .returning(*_COLUMNS)
 )
 _FABRIC_WIDTH = 1 + len(_FABRIC_COLUMNS)
+# The device row follows what we verified on the fabric, in the same transaction as the
+# journal move, so that the inventory never shows a device we just attached as held by
+# nobody, or one we just detached as still held (until the next sync reads the fabric). The
+# row's content hash is cleared with it: the hash stands for what the fabric last listed, so
+# the next sync compares the row with the fabric again (and rewrites it once) instead of
+# taking the old listing's hash for "no change" while the fabric has since drifted.
+_DEVICE_NOW_ON = (update(_DEVICES).where(_D.id == bindparam("b_device_id"))
+                  .values(host_id=bindparam("b_device_host", type_=String()), content_hash=""))
+_DEVICE_NOW_OFF = (update(_DEVICES)
+                   .where(_D.id == bindparam("b_device_id"),
+                          _D.host_id == bindparam("b_device_host", type_=String()))
+                   .values(host_id=None, content_hash=""))
+# A move to these states from those starts a new phase: its attempts are counted from zero.
+_NEW_PHASE_FROM = {PENDING: (ATTACHED,), DETACHING: (ATTACHING, ATTACHED, FAILED, DETACH_FAILED)}
+_SAME_PHASE = {state: [s for s in STATES if s not in _NEW_PHASE_FROM.get(state, ())]
+               for state in STATES}
 
 
 def _view(row: Any) -> ReservationView:
@@ -374,13 +414,23 @@ class Journal:
         node: str | None = None,
         host_id: str | None = None,
         operation_id: str | None = None,
+        clear_operation: bool = False,
+        detached: bool = False,
     ) -> ReservationView | None:
         """Move a reservation to ``state`` if it is in one of ``expected`` states.
+
+        Attempts are counted per phase: a move from ``attached`` back to ``pending`` (a lost
+        attachment to attach again) or into ``detaching`` from another state starts at 0.
+        A move to ``attached`` also records the reservation's host as the device's holder,
+        and a move to ``released`` with ``detached`` clears the device's holder when it is
+        still that host, in the same transaction.
 
         Args:
             error: stored as ``last_error`` (cut to 2,000 characters); None clears it.
             count_attempt: add one to ``attempts``.
             node, host_id, operation_id: stored when given.
+            clear_operation: forget the stored ``operation_id`` (the operation ended).
+            detached: the fabric showed the device detached from the reservation's host.
 
         Returns:
             The updated reservation, or None when it was not in an ``expected`` state (someone
@@ -391,7 +441,8 @@ class Journal:
         """
         moved = await self._transition(
             reservation_id, expected, state, error=error, count_attempt=count_attempt,
-            node=node, host_id=host_id, operation_id=operation_id, with_device=False)
+            node=node, host_id=host_id, operation_id=operation_id,
+            clear_operation=clear_operation, detached=detached, with_device=False)
         return moved[0] if moved else None
 
     async def begin_attach(self, reservation_id: int) -> tuple[ReservationView,
@@ -427,10 +478,30 @@ class Journal:
             reservation_id, (ATTACHING, ATTACHED, FAILED, DETACHING), DETACHING,
             count_attempt=True, with_device=True, device_required=False)
 
+    async def forget(self, reservation_id: int, reason: str) -> ReservationView | None:
+        """Release a reservation WITHOUT a detach: an operator fixed the hardware by hand.
+
+        The reason is journalled as ``last_error`` (``forgotten by an administrator: ...``);
+        the device's holder in the inventory is left as the fabric last showed it (the next
+        sync reads it again).
+
+        Returns:
+            The released reservation, or None when it was in none of :data:`FORGET_FROM`.
+
+        Raises:
+            ValueError: an empty reason.
+        """
+        if not reason.strip():
+            raise ValueError("a reason is required to forget a reservation")
+        return await self.transition(
+            reservation_id, FORGET_FROM, RELEASED, clear_operation=True,
+            error=f"forgotten by an administrator (released without a detach): {reason}")
+
     async def _transition(
         self, reservation_id: int, expected: Collection[str], state: str, *,
         error: str | None = None, count_attempt: bool = False, node: str | None = None,
-        host_id: str | None = None, operation_id: str | None = None, with_device: bool,
+        host_id: str | None = None, operation_id: str | None = None,
+        clear_operation: bool = False, detached: bool = False, with_device: bool,
         device_required: bool = True,
     ) -> tuple[ReservationView, FabricDevice | None] | None:
         if state not in STATES or not set(expected) <= set(STATES):
@@ -439,6 +510,7 @@ class Journal:
             moved = await self._move(
                 reservation_id, expected, state, error=error, count_attempt=count_attempt,
                 node=node, host_id=host_id, operation_id=operation_id,
+                clear_operation=clear_operation, detached=detached,
                 with_device=with_device, device_required=device_required)
         except UnknownDevice:
             raise  # rolled back
@@ -452,7 +524,8 @@ class Journal:
     async def _move(
         self, reservation_id: int, expected: Collection[str], state: str, *,
         error: str | None, count_attempt: bool, node: str | None, host_id: str | None,
-        operation_id: str | None, with_device: bool, device_required: bool,
+        operation_id: str | None, clear_operation: bool, detached: bool, with_device: bool,
+        device_required: bool,
     ) -> tuple[ReservationView, FabricDevice | None] | None:
         async with self.db.write_connection() as conn:
             # Taken inside the transaction, so journal times follow commit order.
@@ -462,12 +535,18 @@ class Journal:
                 "b_error": error[:MAX_ERROR_LENGTH] if error else None,
                 "b_attempt": 1 if count_attempt else 0, "b_node": node, "b_host_id": host_id,
                 "b_operation_id": operation_id, "b_now": now,
+                "b_same_phase": _SAME_PHASE[state], "b_clear_operation": clear_operation,
                 "b_attached_at": now if state == ATTACHED else None,
                 "b_released_at": now if state == RELEASED else None,
             })).first()
             if row is None:
                 return None
             view = _view(row)
+            if view.host_id is not None and (state == ATTACHED
+                                             or (state == RELEASED and detached)):
+                await conn.execute(_DEVICE_NOW_ON if state == ATTACHED else _DEVICE_NOW_OFF,
+                                   {"b_device_id": view.device_id,
+                                    "b_device_host": view.host_id})
             if not with_device:
                 return view, None
             device = (await conn.execute(

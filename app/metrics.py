@@ -87,6 +87,9 @@ class ClaimMetrics:
     * ``queue_depth``: claims waiting in the work queue.
     * ``node_from_pod``: allocations whose node had to be learnt from the consumer pod
       (binding conditions absent: pods may start before their device is attached).
+    * ``drift{kind}``: attached devices the fabric no longer shows on their host: ``lost``
+      (free on the fabric, or gone from it: attached again) and ``moved`` (on another host).
+    * ``terminal{state}``: reservations that ended ``failed`` (attach) or ``detach-failed``.
     """
 
     reconciles: Counter
@@ -98,6 +101,8 @@ class ClaimMetrics:
     queue_depth: Gauge
     node_from_pod: Counter
     status_conflicts: Counter
+    drift: Counter
+    terminal: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ClaimMetrics:
@@ -130,6 +135,16 @@ class ClaimMetrics:
             status_conflicts=Counter(
                 "claim_status_conflicts",
                 "Claim status writes refused with 409 Conflict (re-read and written again).",
+                namespace=NAMESPACE, registry=registry),
+            drift=Counter(
+                "fabric_drift",
+                "Attached devices the fabric no longer showed on their host, by kind (lost: "
+                "attached again; moved: on another host).", ["kind"],
+                namespace=NAMESPACE, registry=registry),
+            terminal=Counter(
+                "reservations_terminal",
+                "Reservations that ended in a terminal state (failed: the attach; "
+                "detach-failed: the detach), which only an operator clears.", ["state"],
                 namespace=NAMESPACE, registry=registry),
         )
 

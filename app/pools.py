@@ -13,10 +13,15 @@ Rules (DRA-REFERENCE.md; k8s.io/kubernetes pkg/apis/resource/validation):
   location reach it.
 * Each device becomes a slice device (v1 shape): typed attributes, capacity, ``bindsToNode``
   with binding conditions (KEP-5007) when configured, and a ``NoSchedule`` taint when it is
-  unhealthy (Redfish health Critical), cordoned or failed an attach; with
-  ``unhealthy=withhold`` such devices are left out instead. At most 32 attributes and
-  capacities; a string attribute longer than 64 characters or an invalid version is dropped and
-  reported.
+  out of service: unhealthy (Redfish health Critical: ``<driver>/unhealthy``), cordoned
+  (``<driver>/cordoned``), failed an attach (``<driver>/attach-failed``), failed a detach
+  (``<driver>/detach-failed``), or held by a server with no reservation of ours
+  (``<driver>/held-by-other-host``, the holder as value). With ``unhealthy=withhold`` such
+  devices are left out instead. A device whose health is unknown (missing, null, empty or
+  unrecognised Redfish ``Status.Health``) is not offered as healthy either: it gets its own
+  ``<driver>/health-unknown`` taint, or is withheld or offered as ``unknown_health`` says.
+  At most 32 attributes and capacities; a string attribute longer than 64 characters or an
+  invalid version is dropped and reported.
 * Slices hold at most 128 devices, 64 when any device in the slice has taints. Tainted devices
   are packed first, then the others, each run in name order, which gives the minimum number of
   slices: ceil(t/64) + ceil(max(0, u - spare)/128) for t tainted and u other devices, where
@@ -47,6 +52,7 @@ MAX_POOL_NAME = 253
 MAX_STRING_ATTRIBUTE = 64
 UNKNOWN = "unknown"
 UNHEALTHY = frozenset({"Critical"})
+HEALTH_UNKNOWN = "Unknown"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -75,6 +81,10 @@ class PoolDevice:
         attributes: extra typed attributes.
         cordoned: an operator took it out of service.
         attach_failed: its last attach failed; it is not offered until it is healthy again.
+        detach_failed: a detach of it failed for good; not offered until an operator
+            forgets the reservation.
+        held_by: the host the fabric shows it attached to while no reservation of ours
+            holds it (someone else's server), else None.
     """
 
     name: str
@@ -92,6 +102,8 @@ class PoolDevice:
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
     cordoned: bool = False
     attach_failed: bool = False
+    detach_failed: bool = False
+    held_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +117,8 @@ class PoolConfig:
         binds_to_node: put ``bindsToNode`` and the binding conditions on every device.
         binding_conditions, binding_failure_conditions: condition types (1 to 4 each).
         unhealthy: ``taint`` or ``withhold``.
+        unknown_health: ``taint``, ``withhold`` or ``offer`` (as healthy) a device whose
+            health is unknown.
         taints_supported: False when the API server drops taints (the DRADeviceTaints gate is
             off); unhealthy devices are then withheld whatever ``unhealthy`` says.
     """
@@ -116,6 +130,7 @@ class PoolConfig:
     binding_conditions: tuple[str, ...] = ("FabricDeviceReady",)
     binding_failure_conditions: tuple[str, ...] = ("FabricDeviceFailed",)
     unhealthy: str = "taint"
+    unknown_health: str = "taint"
     taints_supported: bool = True
 
     @classmethod
@@ -130,6 +145,7 @@ class PoolConfig:
             binding_conditions=tuple(settings.pools.binding_conditions),
             binding_failure_conditions=tuple(settings.pools.binding_failure_conditions),
             unhealthy=settings.pools.unhealthy,
+            unknown_health=settings.pools.unknown_health,
             taints_supported=taints_supported,
         )
 
@@ -390,20 +406,38 @@ def _firmware(version: str) -> dict[str, Any]:
 
 
 def _taints(device: PoolDevice, config: PoolConfig) -> list[dict[str, str]]:
-    taints = []
+    return [taint for taint, _ in _problems(device, config)]
+
+
+def _problems(device: PoolDevice, config: PoolConfig) -> list[tuple[dict[str, str], bool]]:
+    """Why ``device`` must not be allocated now: (its NoSchedule taint, withhold it instead)."""
+    withhold = config.unhealthy == "withhold" or not config.taints_supported
+    driver = config.driver_name
+    found: list[tuple[dict[str, str], bool]] = []
     if device.health in UNHEALTHY:
-        taints.append({"key": f"{config.driver_name}/unhealthy", "value": device.health,
-                       "effect": "NoSchedule"})
+        found.append(({"key": f"{driver}/unhealthy", "value": device.health,
+                       "effect": "NoSchedule"}, withhold))
+    elif device.health == HEALTH_UNKNOWN and config.unknown_health != "offer":
+        found.append(({"key": f"{driver}/health-unknown", "effect": "NoSchedule"},
+                      config.unknown_health == "withhold" or not config.taints_supported))
     if device.cordoned:
-        taints.append({"key": f"{config.driver_name}/cordoned", "effect": "NoSchedule"})
+        found.append(({"key": f"{driver}/cordoned", "effect": "NoSchedule"}, withhold))
     if device.attach_failed:
-        taints.append({"key": f"{config.driver_name}/attach-failed", "effect": "NoSchedule"})
-    return taints
+        found.append(({"key": f"{driver}/attach-failed", "effect": "NoSchedule"}, withhold))
+    if device.detach_failed:
+        found.append(({"key": f"{driver}/detach-failed", "effect": "NoSchedule"}, withhold))
+    if device.held_by is not None:
+        found.append(({"key": f"{driver}/held-by-other-host", "value": label_value(
+            device.held_by), "effect": "NoSchedule"}, withhold))
+    return found
 
 
-def out_of_service(device: PoolDevice) -> bool:
-    """True when the device must not be allocated: unhealthy, cordoned or failed an attach."""
-    return device.health in UNHEALTHY or device.cordoned or device.attach_failed
+def out_of_service(device: PoolDevice, config: PoolConfig | None = None) -> bool:
+    """True when the device must not be allocated: unhealthy, cordoned, failed an attach or
+    a detach, held by another server, or (unless ``config`` offers it) of unknown health."""
+    if config is None:
+        config = PoolConfig(driver_name="x.example.com")
+    return bool(_problems(device, config))
 
 
 def content_hash(node_selector_: Mapping[str, Any], devices: Sequence[Mapping[str, Any]]) -> str:
@@ -458,7 +492,6 @@ def desired_pools(devices: Iterable[PoolDevice], config: PoolConfig) -> dict[str
         groups.setdefault(name, []).append(device)
         locations.setdefault(name, device.location)
 
-    withhold = config.unhealthy == "withhold" or not config.taints_supported
     shared = SharedValues()
     pools: dict[str, DesiredPool] = {}
     for name, members in sorted(groups.items()):
@@ -471,8 +504,9 @@ def desired_pools(devices: Iterable[PoolDevice], config: PoolConfig) -> dict[str
         withheld: list[str] = []
         dropped: list[DroppedAttribute] = []
         for device in members:
-            bad = out_of_service(device)
-            if bad and withhold:
+            problems = _problems(device, config)
+            bad = bool(problems)
+            if any(withhold for _, withhold in problems):
                 withheld.append(device.name)
                 continue
             entry, lost = slice_device(device, config, tainted=bad, shared=shared)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import os
 import socket
@@ -25,8 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api
+from sqlalchemy.exc import SQLAlchemyError
 
+from app.claims.drift import Drift, DriftTarget, DriftWatch
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
+from app.clock import utcnow
 from app.config import Settings
 from app.db import migrate
 from app.db.engine import Database
@@ -34,6 +38,7 @@ from app.fabric.backend import FabricBackend
 from app.fabric.factory import backend_from_settings
 from app.inventory import InventorySync
 from app.inventory.queries import list_status, pool_devices
+from app.journal import Journal
 from app.kube.client import KubeClient, call_json, connect
 from app.kube.factory import kube_client_settings
 from app.kube.leader import LeaderElectionSettings, LeaderElector
@@ -115,6 +120,7 @@ class Service:
         self.admin_port: int | None = None
         self._started_at = time.monotonic()
         self.last_inventory: Any = None
+        self.last_drift: list[Drift] = []
         self.mode = settings.controller.mode
         self._stopping = False
 
@@ -238,6 +244,7 @@ class Service:
                     workers=settings.controller.workers,
                     orphan_grace_s=settings.controller.orphan_grace_seconds,
                     detach_unmanaged=settings.controller.detach_unmanaged,
+                    max_detach_attempts=settings.controller.detach_attempts,
                     identity=self.identity,
                 ),
                 metrics=self.metrics.claims,
@@ -253,6 +260,7 @@ class Service:
                     driver_name=settings.driver_name, host_match=settings.hosts.match,
                     host_key=settings.hosts.key, workers=settings.controller.workers,
                     identity=self.identity,
+                    max_detach_attempts=settings.controller.detach_attempts,
                 ),
                 metrics=self.metrics.claims,
             )
@@ -279,6 +287,7 @@ class Service:
         interval = self.settings.inventory.poll_interval_seconds
         first = True
         while True:
+            listed_from = utcnow()
             result = await leading.inventory.sync_once()
             self.last_inventory = result
             if result.ok and (first or result.row_writes):
@@ -286,7 +295,28 @@ class Service:
                 if leading.control_plane is not None:
                     leading.control_plane.mark_inventory_changed()
                 first = False
+            if result.ok:
+                await self._check_drift(leading, listed_from)
             await leading.inventory.wait_trigger(interval)
+
+    async def _check_drift(self, leading: Leadership, listed_from: dt.datetime) -> None:
+        """Compare the journal with what the sync just read (DESIGN.md invariant 8)."""
+        targets: dict[str, DriftTarget] = {}
+        if leading.claims is not None:
+            targets["structured"] = leading.claims.drift_target()
+        if leading.control_plane is not None:
+            targets["control-plane"] = leading.control_plane.drift_target()
+        if not targets:
+            return
+        watch = DriftWatch(Journal(self.db), self.db, targets)
+        try:
+            drifts = await watch.check(listed_from)
+        except SQLAlchemyError as err:
+            log.warning("drift check failed (tried again after the next sync): %s", err)
+            return
+        self.last_drift = drifts
+        if drifts:
+            leading.publish_wanted.set()
 
     async def _publish_loop(self, leading: Leadership) -> None:
         published_with: dict[ResourceApiVersion, bool] = {}  # taints_supported last used

@@ -41,7 +41,7 @@ DEFAULT_RESULTS = HERE / "results.json"
 README = HERE.parent / "README.md"
 README_START = "<!-- bench:results:start -->"
 README_END = "<!-- bench:results:end -->"
-BENCHMARKS = ("inventory_sync", "publish", "claims", "controlplane", "allocate")
+BENCHMARKS = ("inventory_sync", "publish", "claims", "drift", "controlplane", "allocate")
 MB = 1_000_000 / 2**20  # MiB per MB: targets speak of MB, the kernel reports KiB
 
 
@@ -84,6 +84,12 @@ def cases(short: bool) -> list[Case]:
     claims = 60 if short else 400
     out.append(Case("claims", f"{claims} claims, 8 workers",
                     ("--claims", str(claims), "--workers", "8"), 600))
+    if short:
+        out.append(Case("drift", "1,000 devices, 4 devices lost",
+                        ("--devices", "1000", "--samples", "4"), 300))
+    else:
+        out.append(Case("drift", "10,000 devices, 10 devices lost",
+                        ("--devices", "10000", "--samples", "10"), 1200))
     if short:
         out.append(Case("controlplane", "2,000 devices, 40 pods",
                         ("--devices", "2000", "--racks", "40", "--pods", "40",
@@ -229,7 +235,16 @@ METRICS: tuple[Metric, ...] = (
     Metric("claims", "reconcile p99 in the burst", _key("burst_reconcile_p99_ms"), "ms"),
     Metric("claims", "CPU per claim cycle", _key("cpu_ms_per_claim_cycle"), "ms"),
     Metric("claims", "CPU per claim cycle (ratio)", _key("ref_units_per_claim_cycle"), "ref"),
+    Metric("claims", "fabric reads to verify, per attach or detach",
+           _key("verify_reads_per_operation")),
     Metric("claims", "peak resident memory", _mb("peak_rss_mib"), "MB"),
+    Metric("drift", "full inventory sync", _key("full_sync_seconds_mean"), "s"),
+    Metric("drift", "device lost -> claim not ready, p50", _key("lost_to_not_ready_p50_s"),
+           "s"),
+    Metric("drift", "device lost -> claim not ready, p99", _key("lost_to_not_ready_p99_s"),
+           "s"),
+    Metric("drift", "device lost -> attached and ready again, p99",
+           _key("lost_to_ready_again_p99_s"), "s"),
     Metric("controlplane", "allocations per second", _key("allocations_per_second",
                                                           "allocations"), "/s",
            target=(">= 100", lambda v: v >= 100)),

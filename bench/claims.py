@@ -95,6 +95,8 @@ async def measure(claims: int, database_url: str | None, workers: int,
             client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url))
             try:
                 figures = await _cycle(claims, database, backend, client, workers, rate)
+                figures["verify_reads_per_operation"] = round(
+                    _verify_reads(backend) / (4 * claims), 3)
             finally:
                 await client.close()
                 await backend.close()
@@ -189,6 +191,12 @@ async def _cycle(claims: int, database: Database, backend: RedfishBackend, clien
         "cpu_ms_per_claim_cycle": round(cpu / claims * 1000, 2),
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
+
+
+def _verify_reads(backend: RedfishBackend) -> int:
+    """Reads the backend made to check that the fabric shows each attach and detach (both
+    phases attach and release every claim once: 4 operations per claim)."""
+    return int(getattr(backend, "verifications", {}).get("read", 0))
 
 
 async def _settle(reconciler: ClaimReconciler) -> None:

@@ -1,4 +1,4 @@
-"""The operator's writes behind the admin API: cordon, uncordon, force-release.
+"""The operator's writes behind the admin API: cordon, uncordon, force-release, forget.
 
 :class:`DatabaseActions` implements :class:`app.admin.context.AdminActions` over the database,
 the reservation journal and the fabric backend. After a change it calls ``on_change`` so the
@@ -10,6 +10,10 @@ before the fabric is asked to detach. A fabric that no longer knows the device, 
 by another host, counts as detached. Any other fabric error leaves the reservation
 ``detaching`` with the error recorded; the claim reconciler's recovery retries such entries, so
 the device is never released while it may still be attached.
+
+A *forget* is for the hardware an operator fixed by hand: the reservation (typically
+``detach-failed``) is released without any fabric call, with the operator's reason journalled in
+the reservation and as a ``forgotten`` device event.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
 from app.journal import (
     ATTACHED,
     ATTACHING,
+    DETACH_FAILED,
     DETACHING,
     FAILED,
     PENDING,
@@ -173,13 +178,52 @@ class DatabaseActions:
             # Another worker moved it between our read and our write: read again.
         raise ValueError(f"reservation {reservation_id} keeps changing state; try again")
 
+    async def forget(self, reservation_id: int, reason: str) -> Mapping[str, Any]:
+        """Release ``reservation_id`` without a detach, journalling ``reason``.
+
+        Returns:
+            The released reservation.
+
+        Raises:
+            LookupError: no such reservation.
+            ValueError: no reason, a reason over 255 characters, or the reservation is
+                released already or ``pending`` (nothing was sent: release it instead).
+        """
+        reason = reason.strip()
+        if not reason:
+            raise ValueError("a reason is required: say what was fixed on the fabric")
+        if len(reason) > MAX_REASON_LENGTH:
+            raise ValueError(f"reason: at most {MAX_REASON_LENGTH} characters")
+        current = await self.journal.get(reservation_id)
+        if current is None:
+            raise LookupError(f"reservation {reservation_id} does not exist")
+        if current.state in (RELEASED, PENDING):
+            raise ValueError(f"reservation {reservation_id} is {current.state}: "
+                             + ("there is nothing to forget" if current.state == RELEASED
+                                else "nothing was sent to the fabric; release it instead"))
+        done = await self.journal.forget(reservation_id, reason)
+        if done is None:
+            raise ValueError(f"reservation {reservation_id} changed state meanwhile; try again")
+        async with self.db.write() as session:
+            await session.execute(insert(DeviceEvent).values(
+                device_id=done.device_id, at=self.clock(), kind="forgotten",
+                old=current.state, new=reason[:255]))
+        log.warning("reservation %d (device %s, claim %s, was %s) forgotten by an "
+                    "administrator without a detach: %s", done.id, done.device_name,
+                    done.claim, current.state, reason)
+        await self._changed()
+        return done.to_json()
+
     async def _release(self, current: ReservationView) -> ReservationView | None:
         note = "released by an administrator"
         if current.state == PENDING:
             # Nothing was sent to the fabric for a pending reservation.
             return await self.journal.transition(current.id, [PENDING], RELEASED, error=note)
+        # A detach-failed reservation may be tried again by hand (the operator fixed what
+        # the fabric refused); if the fabric still refuses, it stays detaching and the
+        # controller's own tries end it detach-failed again.
         moving = await self.journal.transition(
-            current.id, [ATTACHING, ATTACHED, FAILED, DETACHING], DETACHING,
+            current.id, [ATTACHING, ATTACHED, FAILED, DETACHING, DETACH_FAILED], DETACHING,
             count_attempt=True, error=f"{note}: detaching",
         )
         if moving is None:

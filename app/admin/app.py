@@ -297,7 +297,9 @@ async def metrics(call: Call) -> web.Response:
 async def status(call: Call) -> web.Response:
     """The live summary and the database's counts."""
     service = await call.context.status()
-    return json_answer({"service": service, "database": await queries.counts(call.context.db)})
+    return json_answer({"service": service, "database": await queries.counts(call.context.db),
+                        "attention": await queries.attention(call.context.db,
+                                                             call.pool_config)})
 
 
 def _publisher(context: AdminContext) -> Mapping[str, Any] | None:
@@ -429,6 +431,23 @@ async def release(call: Call) -> web.Response:
                         "message": "the detach failed; the reservation stays "
                                    f"{reservation.get('state')} and the controller retries it"},
                        202)
+
+
+async def forget(call: Call) -> web.Response:
+    """Release a reservation without a detach (the hardware was fixed by hand): JSON body
+    ``{"reason": "..."}``, required."""
+    body = call.body
+    if not isinstance(body, dict) or set(body) != {"reason"}:
+        raise ApiError(400, "the body must be an object with exactly a 'reason': say what "
+                            "was fixed on the fabric")
+    reason = body["reason"]
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
+        raise ApiError(400, f"'reason' must be a non-empty string of at most {MAX_REASON} "
+                            "characters")
+    reservation = await _act_value(call.context.actions.forget(call.query["id"], reason))
+    return json_answer({"reservation": reservation,
+                        "message": "released without a detach; the next inventory sync "
+                                   "reads the device's holder from the fabric"})
 
 
 async def _act_value(action: Awaitable[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -564,6 +583,14 @@ def routes() -> tuple[Route, ...]:
               answers={200: ("Released.", _json("ReleaseAnswer")),
                        202: ("The detach failed; the reservation stays detaching.",
                              _json("ReleaseAnswer"))},
+              errors=(400, 404, 409)),
+        Route("POST", f"{API}/reservations/{{id}}/forget", forget, "forget_reservation",
+              "Release a reservation without a detach (hardware fixed by hand); a reason "
+              "is required and journalled.", "actions", ACTION,
+              params=(Param("id", "path", "the reservation id", kind="integer", minimum=1,
+                            maximum=MAX_OFFSET),),
+              body=_json("ForgetRequest"),
+              answers={200: ("Released without a detach.", _json("ReleaseAnswer"))},
               errors=(400, 404, 409)),
         Route("GET", f"{API}/claims/{{namespace}}/{{name}}", get_claim, "get_claim",
               "One claim: live view, reservations, fabric state, errors.", "claims",

@@ -43,6 +43,11 @@ class AdminActions(Protocol):
         """Detach (best effort) and release a reservation. Returns the reservation."""
         ...
 
+    async def forget(self, reservation_id: int, reason: str) -> Mapping[str, Any]:
+        """Release a reservation WITHOUT a detach (the hardware was fixed by hand); the
+        reason is journalled. Returns the reservation."""
+        ...
+
 
 @dataclass
 class AdminContext:

@@ -201,6 +201,10 @@ def dashboard_model(
             {"label": "attached", "value": by_state.get("attached", 0), "level": ""},
             {"label": "cordoned", "value": by_state.get("cordoned", 0),
              "level": "warn" if by_state.get("cordoned") else ""},
+            {"label": "held elsewhere", "value": by_state.get("held-elsewhere", 0),
+             "level": "warn" if by_state.get("held-elsewhere") else ""},
+            {"label": "detach failed", "value": len(attention.get("detach_failed") or []),
+             "level": "bad" if attention.get("detach_failed") else ""},
             {"label": "critical", "value": by_health.get("Critical", 0),
              "level": "bad" if by_health.get("Critical") else ""},
             {"label": "pools", "value": len(pools), "level": ""},
@@ -215,4 +219,21 @@ def dashboard_model(
         "errors": recent_errors(service, now),
         "freshness": freshness(service, counts, now),
         "waiting": waiting_claims(service, attention.get("unsettled_reservations") or [], now),
+        "detach_failed": [stuck_row(r, now) for r in _dicts(attention.get("detach_failed"))
+                          ][:MAX_ROWS],
+        "held_elsewhere": list(attention.get("held_elsewhere") or [])[:MAX_ROWS],
+    }
+
+
+def stuck_row(reservation: Mapping[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """One ``detach-failed`` reservation as the dashboard shows it (id, claim, device, host,
+    the fabric's refusal, age)."""
+    claim = reservation.get("claim") or {}
+    return {
+        "id": reservation.get("id"),
+        "claim": f"{claim.get('namespace')}/{claim.get('name')}",
+        "device": reservation.get("device_name"),
+        "host": reservation.get("host_id"),
+        "error": reservation.get("last_error") or "",
+        "since": age(now, reservation.get("updated_at")),
     }

@@ -169,6 +169,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "inventory": {"type": "array", "items": {"type": "object"}},
                 },
             },
+            "attention": {
+                "type": "object",
+                "description": "What needs a person: unhealthy and cordoned devices, "
+                               "unsettled and detach-failed reservations, devices held by "
+                               "another server with no reservation of ours.",
+                "properties": {key: {"type": "array", "items": {"type": "object"}}
+                               for key in ("unhealthy", "cordoned", "unsettled_reservations",
+                                           "detach_failed", "held_elsewhere")},
+            },
         },
     },
     "Pool": {
@@ -303,6 +312,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "CordonRequest": {
         "type": "object", "additionalProperties": False,
         "properties": {"reason": {"type": "string", "maxLength": 255}},
+    },
+    "ForgetRequest": {
+        "type": "object", "additionalProperties": False, "required": ["reason"],
+        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 255}},
     },
 }
 

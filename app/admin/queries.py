@@ -30,11 +30,20 @@ from sqlalchemy import ColumnElement, and_, exists, false, func, or_, select, tr
 from app.db.engine import Database
 from app.db.models import ACTIVE_RESERVATION_STATES, Device, DeviceEvent, Reservation
 from app.fabric.types import Location
-from app.inventory.queries import list_status, pool_devices
-from app.journal import ATTACHED, FAILED, ClaimRef, ReservationView
-from app.pools import UNHEALTHY, PoolConfig, desired_pools, minimum_slices, pool_name
+from app.inventory.queries import host_ambiguities, list_status, pool_devices
+from app.journal import ATTACHED, DETACH_FAILED, FAILED, ClaimRef, ReservationView
+from app.pools import (
+    HEALTH_UNKNOWN,
+    UNHEALTHY,
+    PoolConfig,
+    desired_pools,
+    minimum_slices,
+    pool_name,
+)
 
-DEVICE_STATES = ("free", "reserved", "attached", "cordoned", "removed")
+DEVICE_STATES = ("free", "reserved", "attached", "held-elsewhere", "cordoned", "removed")
+"""Admin states of a device. ``held-elsewhere``: the fabric shows it attached to a server while
+no reservation of ours holds it (someone else's); it is not offered."""
 MAX_DETAIL_ROWS = 100
 LOCATION_KEYS = ("region", "zone", "site", "row", "rack", "chassis", "slot", "fabric",
                  "fabric_zone")
@@ -135,8 +144,10 @@ def _state_condition(state: str | None) -> ColumnElement[bool]:
         return and_(in_service, _attached())
     if state == "reserved":
         return and_(in_service, _active(), ~_attached())
+    if state == "held-elsewhere":
+        return and_(in_service, ~_active(), Device.host_id.is_not(None))
     if state == "free":
-        return and_(in_service, ~_active())
+        return and_(in_service, ~_active(), Device.host_id.is_(None))
     raise ValueError(f"unknown device state {state!r}; one of {', '.join(DEVICE_STATES)}")
 
 
@@ -191,7 +202,9 @@ def device_state(row: Device, reservation_states: Sequence[str]) -> str:
         return "cordoned"
     if ATTACHED in reservation_states:
         return "attached"
-    return "reserved" if reservation_states else "free"
+    if reservation_states:
+        return "reserved"
+    return "held-elsewhere" if row.host_id is not None else "free"
 
 
 def device_json(row: Device, reservation_states: Sequence[str], config: PoolConfig) -> dict[
@@ -391,8 +404,16 @@ async def claim_reservations(db: Database, namespace: str, name: str) -> dict[st
 
 
 # --------------------------------------------------------------------------- counts
+async def ambiguous_hosts(db: Database) -> list[dict[str, Any]]:
+    """Identities shared by several present hosts, which map no node:
+    ``[{"key": "hostname" | "short hostname" | "host id", "value", "hosts": [host id]}]``."""
+    return [a.to_json() for a in await host_ambiguities(db)]
+
+
 async def counts(db: Database) -> dict[str, Any]:
-    """Devices by admin state, type and health, reservations by state, and the sync status."""
+    """Devices by admin state, type and health, reservations by state, the sync status, and
+    the host identities shared by several hosts (``ambiguousHosts``, see
+    :func:`ambiguous_hosts`)."""
     async with db.read() as session:
         by_type = {key: int(n) for key, n in (await session.execute(
             select(Device.device_type, func.count()).where(Device.removed_at.is_(None))
@@ -415,6 +436,7 @@ async def counts(db: Database) -> dict[str, Any]:
                          "active": sum(n for s, n in reservations.items()
                                        if s in ACTIVE_RESERVATION_STATES)},
         "inventory": [s.to_json() for s in await list_status(db)],
+        "ambiguousHosts": await ambiguous_hosts(db),
     }
 
 
@@ -429,6 +451,7 @@ class _Tally:
     cordoned: int = 0
     attach_failed: int = 0
     out_of_service: int = 0
+    held_elsewhere: int = 0
     reserved: int = 0
     attached: int = 0
     free: int = 0
@@ -441,16 +464,19 @@ async def _tallies(
     """Per-pool counts, grouped in the database: one row per location, type, health and
     reservation flags, however many devices there are, so a dashboard refresh stays cheap."""
     keys = config.grouping_keys
-    failed = exists().where(Reservation.device_id == Device.id, Reservation.state == FAILED)
+    failed = exists().where(Reservation.device_id == Device.id,
+                            Reservation.state.in_((FAILED, DETACH_FAILED)))
     per_device = select(
         *(getattr(Device, key).label(key) for key in keys),
         Device.device_type.label("device_type"), Device.health.label("health"),
         Device.cordoned_at.is_not(None).label("is_cordoned"), _active().label("is_held"),
         _attached().label("is_attached"), failed.label("is_failed"),
+        Device.host_id.is_not(None).label("has_host"),
     ).where(Device.removed_at.is_(None), condition if condition is not None else true()
             ).subquery()
     columns = [per_device.c[name] for name in (*keys, "device_type", "health", "is_cordoned",
-                                               "is_held", "is_attached", "is_failed")]
+                                               "is_held", "is_attached", "is_failed",
+                                               "has_host")]
     async with db.read() as session:
         rows = (await session.execute(
             select(*columns, func.count()).group_by(*columns).order_by(*columns[:len(keys)])
@@ -459,11 +485,15 @@ async def _tallies(
     for row in rows:
         values = tuple(row)
         location = dict(zip(keys, values[:len(keys)], strict=True))
-        device_type, health, cordoned, held, attached, failed_, count = values[len(keys):]
+        device_type, health, cordoned, held, attached, failed_, has_host, count = values[
+            len(keys):]
         name = pool_name(Location(**location), keys)
         tally = tallies.setdefault(name, _Tally(location))
         unhealthy = health in UNHEALTHY
-        out = unhealthy or bool(cordoned) or bool(failed_)
+        elsewhere = bool(has_host) and not held
+        unknown = health == HEALTH_UNKNOWN and config.unknown_health != "offer"
+        out = unhealthy or unknown or bool(cordoned) or bool(failed_) or elsewhere
+        tally.held_elsewhere += count if elsewhere else 0
         tally.devices += count
         tally.unhealthy += count if unhealthy else 0
         tally.cordoned += count if cordoned else 0
@@ -496,6 +526,7 @@ def _pool_json(
         "unhealthy": tally.unhealthy,
         "cordoned": tally.cordoned,
         "attach_failed": tally.attach_failed,
+        "held_elsewhere": tally.held_elsewhere,
         "reserved": tally.reserved,
         "attached": tally.attached,
         "free": tally.free,
@@ -545,7 +576,10 @@ async def pool_detail(
 
 
 async def attention(db: Database, config: PoolConfig, limit: int = 50) -> dict[str, Any]:
-    """Devices that need a person: not healthy, or cordoned (present ones, by name)."""
+    """What needs a person: devices not healthy or cordoned (present ones, by name),
+    reservations still settling, ``detach-failed`` reservations (an operator fixes the
+    hardware, then forgets them), and devices held by another server with no reservation of
+    ours (``held_elsewhere``, not offered). At most ``limit`` of each."""
     async with db.read() as session:
         unhealthy = (await session.scalars(
             select(Device).where(Device.removed_at.is_(None), Device.health != "OK")
@@ -555,11 +589,19 @@ async def attention(db: Database, config: PoolConfig, limit: int = 50) -> dict[s
             .order_by(Device.name).limit(limit))).all()
         waiting = (await session.scalars(
             select(Reservation).where(Reservation.state.in_(
-                [s for s in ACTIVE_RESERVATION_STATES if s != ATTACHED]))
+                [s for s in ACTIVE_RESERVATION_STATES if s not in (ATTACHED, DETACH_FAILED)]))
             .order_by(Reservation.id).limit(limit))).all()
+        stuck = (await session.scalars(
+            select(Reservation).where(Reservation.state == DETACH_FAILED)
+            .order_by(Reservation.id).limit(limit))).all()
+        elsewhere = (await session.scalars(
+            select(Device).where(_state_condition("held-elsewhere"))
+            .order_by(Device.name).limit(limit))).all()
     states = await _reservation_states(db, [r.id for r in [*unhealthy, *cordoned]])
     return {
         "unhealthy": [device_json(r, states.get(r.id, []), config) for r in unhealthy],
         "cordoned": [device_json(r, states.get(r.id, []), config) for r in cordoned],
         "unsettled_reservations": [reservation_json(r) for r in waiting],
+        "detach_failed": [reservation_json(r) for r in stuck],
+        "held_elsewhere": [device_json(r, [], config) for r in elsewhere],
     }

@@ -10,7 +10,14 @@ way (DESIGN.md invariants 1-3):
   Event;
 * release: a ``pending`` reservation is released at once (nothing was sent); any other goes
   through ``detaching`` before the detach call; a device or host gone from the fabric, or held
-  by another host, counts as detached;
+  by another host, counts as detached; a permanent refusal, or too many transient failures in
+  a row, ends in the terminal ``detach-failed`` (Event, metric, admin status) that only an
+  operator's *forget* clears;
+* every operation the fabric runs as a task has its monitor journalled before it is polled,
+  and is followed (not sent again) after a restart; the backend verifies each attach and
+  detach against the fabric before it reports success;
+* drift: :meth:`FabricOps.lost` and :meth:`FabricOps.moved` act on attached devices that the
+  fabric no longer shows on their host (see :mod:`app.claims.drift`);
 * recovery after a restart: ``attaching`` becomes ``attached`` when the fabric shows the device
   on the host, else ``pending``; ``detaching`` becomes ``released`` when it is no longer there.
   Recovery is limited to the reservations of the given modes, so that one mode's recovery
@@ -35,6 +42,9 @@ from kubernetes_asyncio.client import CoreV1Api
 from app.claims.model import (
     REASON_ATTACH_FAILED,
     REASON_ATTACHED,
+    REASON_DETACH_FAILED,
+    REASON_DEVICE_LOST,
+    REASON_DEVICE_MOVED,
     DeviceReport,
     EffectiveConfig,
     WantedDevice,
@@ -47,6 +57,7 @@ from app.fabric.types import FabricDevice
 from app.journal import (
     ATTACHED,
     ATTACHING,
+    DETACH_FAILED,
     DETACHING,
     FAILED,
     PENDING,
@@ -61,6 +72,11 @@ from app.metrics import ClaimMetrics
 
 log = logging.getLogger(__name__)
 REASON_DETACHED = "Detached"
+MOVED_MARK = "the fabric now shows it on host"
+"""Part of the journalled message of a device found on another host."""
+DEFAULT_DETACH_ATTEMPTS = 15
+"""Transient detach failures in a row before ``detach-failed``: with the work queue's default
+backoff (5 ms doubling) about 160 s of trying, on top of the backend's own retries per call."""
 
 
 
@@ -193,14 +209,16 @@ class FabricOps:
         journal: the reservation journal.
         backend: the fabric backend.
         events: where Events go.
-        metrics: optional (``fabric_operations``, ``attach_seconds``).
+        metrics: optional (``fabric_operations``, ``attach_seconds``, ``drift``, ``terminal``).
         clock: aware UTC time.
         on_error: called with (claim uid, message) for each problem worth showing on the
             admin API; optional.
-        on_failed_device: called when a device's attach failed for good (so that the
-            publisher stops offering it); optional.
+        on_failed_device: called when a device's attach or detach failed for good (so that
+            the publisher stops offering it); optional.
         checkpoint: awaited at ``after-intent`` (attaching written, attach not sent) and
             ``after-attach`` (attach done, not yet recorded); crash tests stop there.
+        max_detach_attempts: transient detach failures in a row before the reservation ends
+            ``detach-failed`` (a permanent refusal ends it at once).
     """
 
     def __init__(
@@ -214,7 +232,10 @@ class FabricOps:
         on_error: Callable[[str, str], None] | None = None,
         on_failed_device: Callable[[], None] | None = None,
         checkpoint: Callable[[str], Awaitable[None]] | None = None,
+        max_detach_attempts: int = DEFAULT_DETACH_ATTEMPTS,
     ) -> None:
+        if max_detach_attempts < 1:
+            raise ValueError(f"max_detach_attempts must be >= 1, got {max_detach_attempts}")
         self.journal = journal
         self.backend = backend
         self.events = events
@@ -223,6 +244,7 @@ class FabricOps:
         self.on_error = on_error
         self.on_failed_device = on_failed_device
         self.checkpoint = checkpoint
+        self.max_detach_attempts = max_detach_attempts
 
     async def _at(self, step: str) -> None:
         if self.checkpoint is not None:
@@ -236,11 +258,30 @@ class FabricOps:
         if self.metrics:
             self.metrics.fabric_operations.labels(operation, result).inc()
 
+    def _terminal(self, state: str) -> None:
+        if self.metrics:
+            self.metrics.terminal.labels(state).inc()
+        if self.on_failed_device:
+            self.on_failed_device()
+
+    def _journal_operation(self, reservation_id: int,
+                           state: str) -> Callable[[str], Awaitable[None]]:
+        """A backend ``on_operation`` callback: store the task monitor in the journal before
+        the backend polls it, so that a restarted controller follows that monitor instead of
+        sending the operation a second time (which could attach twice)."""
+        async def record(op_id: str) -> None:
+            await self.journal.transition(reservation_id, [state], state, operation_id=op_id)
+        return record
+
     async def attach(
         self, reservation: ReservationView, claim: Mapping[str, Any] | None,
         config: EffectiveConfig, *, device: FabricDevice | None = None,
     ) -> tuple[DeviceReport, bool]:
         """Attach a ``pending`` (or, after a crash, ``attaching``) reservation.
+
+        An ``attaching`` reservation with a stored ``operation_id`` (a task the fabric
+        accepted before a restart) is finished by following that task, not by a new call.
+        The backend verifies every attach against the fabric before it returns.
 
         Args:
             device: given when ``reservation`` was just written as ``attaching`` with its
@@ -250,6 +291,8 @@ class FabricOps:
         Returns:
             (the report for the device, True when it must be tried again later: another
             worker moved the reservation, or a retryable failure under the attempt limit).
+            A device attached before (its attachment was lost) reports ``DeviceLost``
+            (not ready, not failed) while it is attached again.
 
         Raises:
             SQLAlchemyError: the journal could not be written (retry the whole step).
@@ -267,11 +310,17 @@ class FabricOps:
         await self._at("after-intent")
         started = time.monotonic()
         try:
+            call = (
+                self.backend.resume(moving.operation_id, device, moving.host_id, attach=True)
+                if moving.operation_id else
+                self.backend.attach(device, moving.host_id,
+                                    on_operation=self._journal_operation(moving.id, ATTACHING))
+            )
             if config.attach_timeout_s is not None:
                 async with asyncio.timeout(config.attach_timeout_s):
-                    await self.backend.attach(device, moving.host_id)
+                    await call
             else:
-                await self.backend.attach(device, moving.host_id)
+                await call
         except (FabricError, TimeoutError) as err:
             reason = str(err) or f"no answer within {config.attach_timeout_s}s"
             message = f"attach {reservation.device_name} to host {moving.host_id}: {reason}"
@@ -279,28 +328,38 @@ class FabricOps:
                 isinstance(err, FabricError) and err.retryable
             )
             again = retryable and moving.attempts < config.max_attach_attempts
+            # A task that may still run keeps its monitor for the next try to follow.
+            keep_operation = isinstance(getattr(err, "op_id", None), str)
             self._metric("attach", "retry" if again else "failed")
             if again:
-                await self.journal.transition(moving.id, [ATTACHING], ATTACHING, error=message)
+                await self.journal.transition(moving.id, [ATTACHING], ATTACHING, error=message,
+                                              clear_operation=not keep_operation)
                 self._error(moving.claim.uid, message)
+                log.warning("claim %s: %s (attempt %d of %d; tried again with backoff)",
+                            moving.claim, message, moving.attempts, config.max_attach_attempts)
+                if moving.attached_at is not None:
+                    return DeviceReport(key, False, REASON_DEVICE_LOST, message,
+                                        failed=False), True
                 return DeviceReport(key, None, "", ""), True
-            await self.journal.transition(moving.id, [ATTACHING], FAILED, error=message)
+            await self.journal.transition(moving.id, [ATTACHING], FAILED, error=message,
+                                          clear_operation=True)
             self._error(moving.claim.uid, message)
             log.warning("claim %s: %s", moving.claim, message)
             if claim is not None:
                 await self.events.record(claim, "Warning", REASON_ATTACH_FAILED, message)
-            if self.on_failed_device:
-                self.on_failed_device()
+            self._terminal(FAILED)
             return DeviceReport(key, False, REASON_ATTACH_FAILED, message), False
         await self._at("after-attach")
-        done = await self.journal.transition(moving.id, [ATTACHING], ATTACHED)
+        done = await self.journal.transition(moving.id, [ATTACHING], ATTACHED,
+                                             clear_operation=True)
         self._metric("attach", "ok")
         if self.metrics:
             self.metrics.attach_seconds.observe(time.monotonic() - started)
         if claim is not None:
+            once_more = " again" if moving.attached_at is not None else ""
             await self.events.record(claim, "Normal", REASON_ATTACHED,
-                                     f"device {reservation.device_name} attached to node "
-                                     f"{moving.node} (fabric host {moving.host_id})")
+                                     f"device {reservation.device_name} attached{once_more} to "
+                                     f"node {moving.node} (fabric host {moving.host_id})")
         return self.ready_report(key, done or moving, device.uuid), False
 
     def ready_report(self, key: WantedDevice, reservation: ReservationView,
@@ -318,12 +377,20 @@ class FabricOps:
 
     async def release(self, reservation: ReservationView,
                       claim: Mapping[str, Any] | None) -> bool:
-        """Detach (when anything may have been sent) and release. True when done; False
-        when another worker moved it or the detach failed (try again later).
+        """Detach (when anything may have been sent) and release.
+
+        Returns:
+            True when there is nothing more to do: released, or ended ``detach-failed``
+            (permanent refusal, or :attr:`max_detach_attempts` transient failures in a row:
+            the device stays held and tainted until an operator forgets the reservation).
+            False when another worker moved it or a transient failure is to be tried again
+            with backoff.
 
         Raises:
             SQLAlchemyError: the journal could not be written.
         """
+        if reservation.state == DETACH_FAILED:
+            return True  # terminal: only an operator's forget ends it
         if reservation.state == PENDING:
             # Nothing was sent to the fabric for a pending reservation.
             return await self.journal.transition(reservation.id, [PENDING], RELEASED) is not None
@@ -337,25 +404,30 @@ class FabricOps:
         try:
             if device is None:
                 raise UnknownDevice(f"device {moving.device_name} is not in the inventory")
-            await self.backend.detach(device, moving.host_id)
+            if moving.operation_id:
+                await self.backend.resume(moving.operation_id, device, moving.host_id,
+                                          attach=False)
+            else:
+                await self.backend.detach(
+                    device, moving.host_id,
+                    on_operation=self._journal_operation(moving.id, DETACHING))
         except (UnknownDevice, FabricNotFound) as err:
             # The device or host is gone from the fabric: nothing is attached any more.
             note = f"released without detach: {err}"
-            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=note)
+            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=note,
+                                          clear_operation=True)
             self._metric("detach", "gone")
             return True
         except FabricConflict as err:
             # The device is held by another host now: it is not attached to ours.
-            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=str(err))
+            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=str(err),
+                                          clear_operation=True)
             self._metric("detach", "conflict")
             return True
         except FabricError as err:
-            message = f"detach {moving.device_name} from host {moving.host_id}: {err}"
-            await self.journal.transition(moving.id, [DETACHING], DETACHING, error=message)
-            self._error(moving.claim.uid, message)
-            self._metric("detach", "retry")
-            return False
-        await self.journal.transition(moving.id, [DETACHING], RELEASED)
+            return await self._detach_failed(moving, claim, err)
+        await self.journal.transition(moving.id, [DETACHING], RELEASED, detached=True,
+                                      clear_operation=True)
         self._metric("detach", "ok")
         if claim is not None:
             await self.events.record(claim, "Normal", REASON_DETACHED,
@@ -363,12 +435,92 @@ class FabricOps:
                                      f"{moving.host_id}")
         return True
 
+    async def _detach_failed(self, moving: ReservationView, claim: Mapping[str, Any] | None,
+                             err: FabricError) -> bool:
+        message = f"detach {moving.device_name} from host {moving.host_id}: {err}"
+        keep_operation = isinstance(getattr(err, "op_id", None), str)
+        if err.retryable and moving.attempts < self.max_detach_attempts:
+            await self.journal.transition(moving.id, [DETACHING], DETACHING, error=message,
+                                          clear_operation=not keep_operation)
+            self._error(moving.claim.uid, message)
+            self._metric("detach", "retry")
+            log.warning("claim %s: %s (attempt %d of %d; tried again with backoff)",
+                        moving.claim, message, moving.attempts, self.max_detach_attempts)
+            return False
+        why = ("the fabric manager refused it" if not err.retryable
+               else f"it failed {moving.attempts} times in a row")
+        final = (f"{message}; {why}. The device stays held and is not offered; fix it on the "
+                 "fabric, then forget the reservation (fabric-dra forget)")
+        done = await self.journal.transition(moving.id, [DETACHING], DETACH_FAILED,
+                                             error=final, clear_operation=True)
+        if done is None:
+            return False
+        self._error(moving.claim.uid, final)
+        self._metric("detach", "failed")
+        log.error("claim %s: %s", moving.claim, final)
+        await self.events.record(claim or _claim_stub(moving), "Warning", REASON_DETACH_FAILED,
+                                 final)
+        self._terminal(DETACH_FAILED)
+        return True
+
+    async def lost(self, reservation: ReservationView, reason: str,
+                   claim: Mapping[str, Any] | None = None) -> bool:
+        """An ``attached`` device the fabric no longer shows on its host (a fabric manager
+        that restarted and forgot it, a detach by hand, a device gone from the fabric):
+        back to ``pending``, attempts counted from zero, so that the claim's next pass
+        attaches it again (bounded by the claim's attempt limit). A Warning ``DeviceLost``
+        Event and the ``drift{kind="lost"}`` metric say so.
+
+        Returns:
+            True when the journal was moved (False: someone else moved it first).
+        """
+        message = (f"device {reservation.device_name} lost its attachment to host "
+                   f"{reservation.host_id}: {reason}; attaching it again")
+        moved = await self.journal.transition(reservation.id, [ATTACHED], PENDING,
+                                              error=message, clear_operation=True)
+        if moved is None:
+            return False
+        if self.metrics:
+            self.metrics.drift.labels("lost").inc()
+        self._error(reservation.claim.uid, message)
+        log.warning("claim %s: %s", reservation.claim, message)
+        await self.events.record(claim or _claim_stub(reservation), "Warning",
+                                 REASON_DEVICE_LOST, message)
+        return True
+
+    async def moved(self, reservation: ReservationView, holder: str,
+                    claim: Mapping[str, Any] | None = None) -> bool:
+        """An ``attached`` device the fabric shows on ANOTHER host: it is not ours to use
+        or to take back. The reservation ends ``failed`` (the claim gets its failure
+        condition and the device is tainted), with a Warning ``DeviceMoved`` Event and the
+        ``drift{kind="moved"}`` metric.
+
+        Returns:
+            True when the journal was moved.
+        """
+        message = (f"device {reservation.device_name} was attached to host "
+                   f"{reservation.host_id} but {MOVED_MARK} {holder}")
+        moved = await self.journal.transition(reservation.id, [ATTACHED], FAILED,
+                                              error=message, clear_operation=True)
+        if moved is None:
+            return False
+        if self.metrics:
+            self.metrics.drift.labels("moved").inc()
+        self._error(reservation.claim.uid, message)
+        log.warning("claim %s: %s", reservation.claim, message)
+        await self.events.record(claim or _claim_stub(reservation), "Warning",
+                                 REASON_DEVICE_MOVED, message)
+        self._terminal(FAILED)
+        return True
+
     async def recover(self, modes: Collection[str] | None = None) -> dict[str, int]:
         """Settle unfinished journal entries of ``modes`` (None: every mode) against the
         fabric. Run once, before any worker of those modes starts.
 
         When the fabric cannot be listed, entries stay as they are: attach and detach are
-        idempotent, so the reconcile simply drives them again.
+        idempotent, so the reconcile simply drives them again. An entry with a stored task
+        monitor that the fabric does not show done yet stays as it is too: the reconcile
+        follows that monitor (:meth:`FabricBackend.resume`) instead of sending again.
 
         Returns:
             Counts of what was done: ``{"attached": n, "pending": n, "released": n}``.
@@ -394,16 +546,27 @@ class FabricOps:
                 continue
             on_host = holder.get(device.vendor_id) == reservation.host_id
             if reservation.state == ATTACHING:
+                if not on_host and reservation.operation_id:
+                    continue  # a task may still run: the reconcile follows its monitor
                 target = ATTACHED if on_host else PENDING
             else:
                 if on_host:
                     continue
                 target = RELEASED
             if await self.journal.transition(reservation.id, [reservation.state], target,
-                                             error="recovered after restart"):
+                                             error="recovered after restart",
+                                             clear_operation=True,
+                                             detached=target == RELEASED):
                 counts[target] += 1
         log.info("recovery: %s", ", ".join(f"{n} {k}" for k, n in counts.items()))
         return counts
 
 
-__all__ = ["REASON_DETACHED", "EventRecorder", "FabricOps"]
+def _claim_stub(reservation: ReservationView) -> dict[str, Any]:
+    """Enough of a claim for an Event about it when the claim object is not at hand."""
+    return {"metadata": {"name": reservation.claim.name,
+                         "namespace": reservation.claim.namespace,
+                         "uid": reservation.claim.uid}}
+
+
+__all__ = ["DEFAULT_DETACH_ATTEMPTS", "MOVED_MARK", "REASON_DETACHED", "EventRecorder", "FabricOps"]

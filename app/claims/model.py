@@ -21,6 +21,9 @@ REASON_ATTACHED = "Attached"
 REASON_ATTACH_FAILED = "AttachFailed"
 REASON_BAD_CONFIG = "InvalidConfig"
 REASON_NO_HOST = "NoFabricHost"
+REASON_DEVICE_LOST = "DeviceLost"
+REASON_DEVICE_MOVED = "DeviceMoved"
+REASON_DETACH_FAILED = "DetachFailed"
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -194,6 +197,9 @@ class DeviceReport:
         ready: True (attached), False (failed), None (neither yet: no entry is written).
         reason, message: for the conditions.
         data: the ``data`` object (uuid, host, node, ...), or None.
+        failed: the failure conditions' status; None means ``not ready``. A device that
+            lost its attachment and is being attached again is ``ready=False,
+            failed=False``: not usable now, but not given up either.
     """
 
     wanted: WantedDevice
@@ -201,6 +207,7 @@ class DeviceReport:
     reason: str
     message: str
     data: Mapping[str, Any] | None = None
+    failed: bool | None = None
 
 
 def device_status_entries(
@@ -233,7 +240,8 @@ def device_status_entries(
             condition(t, report.ready, report.reason, report.message, now, before)
             for t in binding_conditions
         ] + [
-            condition(t, not report.ready, report.reason, report.message, now, before)
+            condition(t, not report.ready if report.failed is None else report.failed,
+                      report.reason, report.message, now, before)
             for t in binding_failure_conditions
         ]
         entry: dict[str, Any] = {

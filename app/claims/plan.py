@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.claims.model import WantedDevice
-from app.journal import ATTACHED, ATTACHING, DETACHING, FAILED, PENDING, ReservationView
+from app.journal import (
+    ATTACHED,
+    ATTACHING,
+    DETACH_FAILED,
+    DETACHING,
+    FAILED,
+    PENDING,
+    ReservationView,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +54,8 @@ class ClaimPlan:
         failed: reservations that failed (reported as failed until reallocated).
         refuse: results refused without a reservation (bad config), with the reason.
         waiting: results that wait (no node or host known yet), with the reason.
+        stuck: ``detach-failed`` reservations: terminal, never released or retried by a pass
+            (an operator forgets them); a wanted one is reported failed.
         requeue: True when the plan leaves work for a later pass (a detach in flight, waiting).
     """
 
@@ -56,6 +66,7 @@ class ClaimPlan:
     failed: tuple[ReservationView, ...] = ()
     refuse: tuple[tuple[WantedDevice, str], ...] = ()
     waiting: tuple[tuple[WantedDevice, str], ...] = ()
+    stuck: tuple[ReservationView, ...] = ()
     requeue: bool = False
 
     @property
@@ -79,14 +90,19 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
         The :class:`ClaimPlan`. Every wanted result ends in exactly one of reserve, attach,
         ready, failed, refuse or waiting, or waits for its old reservation's release (then
         ``requeue`` is set); every reservation that is no longer wanted, or is for another
-        host than the claim's now, is released.
+        host than the claim's now, is released, except ``detach-failed`` ones, which are
+        ``stuck`` (a wanted result held by one is reported failed).
     """
     wanted = set(wants.wanted)
     release: list[ReservationView] = []
+    stuck: list[ReservationView] = []
     current: dict[WantedDevice, ReservationView] = {}
     requeue = False
     for reservation in sorted(reservations, key=lambda r: r.id):
         key = _key(reservation)
+        if reservation.state == DETACH_FAILED:
+            stuck.append(reservation)
+            continue
         moved = (
             wants.host_id is not None
             and reservation.host_id is not None
@@ -111,7 +127,9 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
     for item in sorted(wanted):
         held = current.get(item)
         if held is None:
-            if any(_key(r) == item for r in release):
+            if any(_key(r) == item for r in stuck):
+                failed.extend(r for r in stuck if _key(r) == item)
+            elif any(_key(r) == item for r in release):
                 requeue = True
             elif wants.config_error is not None:
                 refuse.append((item, wants.config_error))
@@ -136,5 +154,5 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
     return ClaimPlan(
         release=tuple(release), reserve=tuple(reserve), attach=tuple(attach),
         ready=tuple(ready), failed=tuple(failed), refuse=tuple(refuse),
-        waiting=tuple(waiting), requeue=requeue,
+        waiting=tuple(waiting), stuck=tuple(stuck), requeue=requeue,
     )

@@ -32,10 +32,19 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api
 
-from app.claims.fabric_ops import EventRecorder, FabricOps
+from app.claims.drift import DriftTarget
+from app.claims.fabric_ops import (
+    DEFAULT_DETACH_ATTEMPTS,
+    MOVED_MARK,
+    EventRecorder,
+    FabricOps,
+)
 from app.claims.model import (
     REASON_ATTACH_FAILED,
     REASON_BAD_CONFIG,
+    REASON_DETACH_FAILED,
+    REASON_DEVICE_LOST,
+    REASON_DEVICE_MOVED,
     DeviceReport,
     EffectiveConfig,
     InvalidClaimConfig,
@@ -57,6 +66,7 @@ from app.fabric.types import FabricDevice
 from app.hostmap import HostIndex, host_for_node
 from app.inventory.queries import host_refs, unmanaged_attachments
 from app.journal import (
+    DETACH_FAILED,
     FAILED,
     RELEASED,
     STATES,
@@ -93,6 +103,7 @@ class ClaimSettings:
         orphan_grace_s: a reservation whose claim is missing this long is released.
         sweep_interval_s: time between sweeps.
         detach_unmanaged: detach devices attached with no reservation (after the grace).
+        max_detach_attempts: transient detach failures in a row before ``detach-failed``.
         hosts_refresh_s: how long the node -> host index is reused.
         informer: base settings of the claim and node informers (name is replaced).
         queue: work queue settings.
@@ -108,6 +119,7 @@ class ClaimSettings:
     orphan_grace_s: float = 60.0
     sweep_interval_s: float = 30.0
     detach_unmanaged: bool = False
+    max_detach_attempts: int = DEFAULT_DETACH_ATTEMPTS
     hosts_refresh_s: float = 10.0
     informer: InformerSettings = field(default_factory=lambda: InformerSettings(name="claims"))
     queue: WorkQueueSettings = field(default_factory=WorkQueueSettings)
@@ -171,7 +183,8 @@ class ClaimReconciler:
         self.events = EventRecorder(self._core, settings.identity, version.api_version, clock)
         self.ops = FabricOps(self.journal, backend, self.events, metrics=metrics, clock=clock,
                              on_error=self._error, on_failed_device=on_failed_device,
-                             checkpoint=self._at)
+                             checkpoint=self._at,
+                             max_detach_attempts=settings.max_detach_attempts)
         self.claims = Informer(
             self._resources.list_resource_claim_for_all_namespaces,
             _renamed(settings.informer, "resourceclaims"),
@@ -188,6 +201,7 @@ class ClaimReconciler:
         self._host_index: HostIndex | None = None
         self._host_index_at = -1e9
         self._tasks: list[asyncio.Task[None]] = []
+        self._retry_reason: dict[str, str] = {}
         self.recent_errors: deque[ClaimError] = deque(maxlen=MAX_RECENT_ERRORS)
         self.unmanaged: list[dict[str, str]] = []
         self.node_from_pod_claims: set[str] = set()
@@ -286,6 +300,11 @@ class ClaimReconciler:
             if isinstance(e, Mapping)
         )
 
+    def drift_target(self) -> DriftTarget:
+        """How drift found by the inventory reaches this reconciler (:mod:`app.claims.drift`):
+        the claim is queued, and its pass reports and attaches a lost device again."""
+        return DriftTarget(self.ops, self.claim_by_uid, self.queue.add)
+
     def claim_by_uid(self, uid: str) -> JsonDict | None:
         """The cached claim with ``uid``, or None when it is gone."""
         where = self._by_uid.get(uid)
@@ -315,8 +334,14 @@ class ClaimReconciler:
                 self._count("error", started)
             else:
                 if requeue:
-                    self.queue.add_rate_limited(uid)
+                    delay = self.queue.when(uid)
+                    retry = self._retry_reason.pop(uid, None)
+                    if retry is not None:
+                        log.info("claim %s: trying again in %.2f s (retry %d): %s",
+                                 self._name(uid), delay, self.queue.num_requeues(uid), retry)
+                    self.queue.add_after(uid, delay)
                 else:
+                    self._retry_reason.pop(uid, None)
                     self.queue.forget(uid)
                 self._count("requeued" if requeue else "ok", started)
             finally:
@@ -334,6 +359,7 @@ class ClaimReconciler:
 
     def _error(self, uid: str, message: str) -> None:
         self.recent_errors.append(ClaimError(self.clock(), self._name(uid), message))
+        self._retry_reason[uid] = message
 
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, uid: str) -> bool:
@@ -366,19 +392,27 @@ class ClaimReconciler:
                 reports[wanted] = reserved_or_report
             else:
                 attach.append(reserved_or_report)
-        for reservation, device in attach:
-            key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
-            report, retry = await self.ops.attach(reservation, claim, configs.get(
-                reservation.request, EffectiveConfig()), device=device)
-            requeue |= retry
-            reports[key] = report
         for reservation in plan.ready:
             key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
             reports[key] = await self._ready_report(key, reservation)
         for reservation in plan.failed:
             key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
-            reports[key] = DeviceReport(key, False, REASON_ATTACH_FAILED,
-                                        reservation.last_error or "attach failed")
+            reports[key] = failed_report(key, reservation)
+        lost = {_key(r): DeviceReport(_key(r), False, REASON_DEVICE_LOST,
+                                      r.last_error or "the device lost its attachment",
+                                      failed=False)
+                for r, _ in attach if r.attached_at is not None}
+        if lost and claim is not None:
+            # The device was attached and the fabric lost it: say so before attaching it
+            # again, so that nothing reads the claim as ready meanwhile.
+            claim = await self._write_status(claim, [*reports.values(), *lost.values()]
+                                             ) or claim
+        for reservation, device in attach:
+            key = _key(reservation)
+            report, retry = await self.ops.attach(reservation, claim, configs.get(
+                reservation.request, EffectiveConfig()), device=device)
+            requeue |= retry
+            reports[key] = report
         for wanted, reason in plan.refuse:
             reports[wanted] = DeviceReport(wanted, False, REASON_BAD_CONFIG, reason)
         if plan.refuse and claim is not None:
@@ -503,7 +537,11 @@ class ClaimReconciler:
         return await self.ops.release(reservation, claim)
 
     # ------------------------------------------------------------------ writes to the claim
-    async def _write_status(self, claim: JsonDict, reports: list[DeviceReport]) -> None:
+    async def _write_status(self, claim: JsonDict,
+                            reports: list[DeviceReport]) -> JsonDict | None:
+        """Write our ``status.devices`` entries. Returns the claim as the API server answered
+        the write (a later write in the same pass compares with it, not with the cache), or
+        None when nothing was written."""
         metadata = claim.get("metadata") or {}
         namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
         # The cached claim is usually current; a 409 means it was not, and we read it fresh.
@@ -519,9 +557,9 @@ class ClaimReconciler:
                         f"read ResourceClaim {namespace}/{name}",
                     ), self.version, owned=True)
                 except KubeNotFound:
-                    return
+                    return None
             if (fresh.get("metadata") or {}).get("uid") != metadata.get("uid"):
-                return
+                return None
             current = list((fresh.get("status") or {}).get("devices") or [])
             wanted = set(wanted_devices(fresh, self.settings.driver_name))
             entries = device_status_entries(
@@ -531,16 +569,16 @@ class ClaimReconciler:
                 self.clock(),
             )
             if same_device_status(entries, current):
-                return
+                return None
             fresh.setdefault("status", {})["devices"] = entries
             try:
-                await call_json(
+                written = await call_json(
                     self._resources.replace_namespaced_resource_claim_status(
                         name, namespace, claim_to_wire(fresh, self.version),
                         _preload_content=False),
                     f"update ResourceClaim {namespace}/{name} status",
                 )
-                return
+                return claim_from_wire(written, self.version, owned=True)
             except KubeConflict:
                 # Someone else wrote the claim since we read it: read again and re-apply.
                 if self.metrics:
@@ -549,7 +587,8 @@ class ClaimReconciler:
                     raise
                 fresh = None
             except KubeNotFound:
-                return
+                return None
+        return None
 
     async def _event(self, claim: Mapping[str, Any], type_: str, reason: str,
                      message: str) -> None:
@@ -636,6 +675,23 @@ class ClaimReconciler:
                 for e in list(self.recent_errors)[-20:]
             ],
         }
+
+
+def _key(reservation: ReservationView) -> WantedDevice:
+    return WantedDevice(reservation.request, reservation.pool, reservation.device_name)
+
+
+def failed_report(key: WantedDevice, reservation: ReservationView) -> DeviceReport:
+    """The report of a reservation that failed for good: its attach (``AttachFailed``), its
+    device found on another host (``DeviceMoved``), an attach again after a lost attachment
+    that failed (``DeviceLost``), or its detach (``DetachFailed``)."""
+    message = reservation.last_error or "attach failed"
+    if reservation.state == DETACH_FAILED:
+        return DeviceReport(key, False, REASON_DETACH_FAILED, message)
+    if reservation.attached_at is not None:
+        reason = REASON_DEVICE_MOVED if MOVED_MARK in message else REASON_DEVICE_LOST
+        return DeviceReport(key, False, reason, message)
+    return DeviceReport(key, False, REASON_ATTACH_FAILED, message)
 
 
 def _what_we_act_on(claim: Mapping[str, Any], driver_name: str) -> tuple[Any, ...]:

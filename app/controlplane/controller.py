@@ -56,7 +56,8 @@ from app.allocator import (
 )
 from app.allocator.model import DeviceId
 from app.allocator.pools import selector_matches
-from app.claims.fabric_ops import EventRecorder, FabricOps
+from app.claims.drift import DriftTarget
+from app.claims.fabric_ops import DEFAULT_DETACH_ATTEMPTS, EventRecorder, FabricOps
 from app.claims.model import (
     EffectiveConfig,
     InvalidClaimConfig,
@@ -119,6 +120,7 @@ class ControlPlaneSettings:
         informer: base settings of the informers (the name is replaced).
         queue: work queue settings.
         identity: this replica's name, for Events.
+        max_detach_attempts: transient detach failures in a row before ``detach-failed``.
     """
 
     driver_name: str
@@ -128,6 +130,7 @@ class ControlPlaneSettings:
     resync_interval_s: float = 30.0
     hosts_refresh_s: float = 10.0
     refresh_delay_s: float = 0.05
+    max_detach_attempts: int = DEFAULT_DETACH_ATTEMPTS
     informer: InformerSettings = field(
         default_factory=lambda: InformerSettings(name="control-plane"))
     queue: WorkQueueSettings = field(default_factory=WorkQueueSettings)
@@ -198,7 +201,8 @@ class ControlPlaneController:
         self._custom: Any = CustomObjectsApi(client.api)
         self.events = EventRecorder(self._core, settings.identity, VERSION.api_version, clock)
         self.ops = FabricOps(self.journal, backend, self.events, metrics=metrics, clock=clock,
-                             on_error=self._claim_error, checkpoint=self._at)
+                             on_error=self._claim_error, checkpoint=self._at,
+                             max_detach_attempts=settings.max_detach_attempts)
         self.queue: WorkQueue[Key] = WorkQueue(replace(settings.queue, name="control-plane"))
         self.claims = self._informer("resourceclaims",
                                      lambda obj: claim_from_wire(obj, VERSION, owned=True))
@@ -474,6 +478,12 @@ class ControlPlaneController:
         if claim is None or (claim.get("metadata") or {}).get("uid") != uid:
             return None
         return claim
+
+    def drift_target(self) -> DriftTarget:
+        """How drift found by the inventory reaches this controller (:mod:`app.claims.drift`):
+        a lost device's claim is queued and attached again."""
+        return DriftTarget(self.ops, self.claim_by_uid,
+                           lambda uid: self.queue.add(("claim", uid, "")))
 
     def _claim(self, name: str, namespace: str) -> JsonDict | None:
         """The cached claim, or the copy our own last write returned when the informer has

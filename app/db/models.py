@@ -195,7 +195,8 @@ class InventoryStatus(Base):
     last_rejects: Mapped[list[dict[str, str]]] = mapped_column(JSON, default=list)
 
 
-ACTIVE_RESERVATION_STATES = ("pending", "attaching", "attached", "detaching", "failed")
+ACTIVE_RESERVATION_STATES = ("pending", "attaching", "attached", "detaching", "failed",
+                             "detach-failed")
 """States in which a reservation holds its device (everything but ``released``)."""
 
 
@@ -207,10 +208,12 @@ class Reservation(Base):
 
     States: ``pending`` (held, nothing sent) -> ``attaching`` -> ``attached`` -> ``detaching``
     -> ``released``; ``failed`` holds the device after an attach that cannot succeed, until it
-    is rolled back through ``detaching``. At most one active (not ``released``) exclusive
-    reservation per device: the partial unique index ``uq_reservations_active_device`` enforces
-    it on SQLite and PostgreSQL alike (invariant 1). Reservations of shareable devices are not
-    exclusive.
+    is rolled back through ``detaching``; ``detach-failed`` holds it after a detach that the
+    fabric refused for good (or that failed too often): nothing is retried until an operator
+    fixes the hardware and *forgets* the reservation (released without a detach). At most one
+    active (not ``released``) exclusive reservation per device: the partial unique index
+    ``uq_reservations_active_device`` enforces it on SQLite and PostgreSQL alike (invariant 1).
+    Reservations of shareable devices are not exclusive.
     """
 
     __tablename__ = "reservations"

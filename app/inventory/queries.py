@@ -20,7 +20,7 @@ from app.db.models import (
     Reservation,
 )
 from app.fabric.types import Location
-from app.hostmap import HostRef
+from app.hostmap import Ambiguity, HostIndex, HostRef, ambiguities
 from app.pools import PoolDevice
 
 
@@ -117,18 +117,23 @@ async def list_status(db: Database) -> list[StatusView]:
 async def pool_devices(db: Database, backend: str | None = None) -> list[PoolDevice]:
     """Every present device as a :class:`app.pools.PoolDevice`, for publishing.
 
-    ``attach_failed`` is True for devices whose active reservation is in state ``failed``.
+    ``attach_failed`` is True for devices whose active reservation is in state ``failed``,
+    ``detach_failed`` for ``detach-failed``; ``held_by`` names the host of a device the fabric
+    shows attached while no active reservation of ours holds it (someone else's server).
     """
     query = select(Device).where(Device.removed_at.is_(None))
     if backend is not None:
         query = query.where(Device.backend == backend)
     async with db.read() as session:
         rows = (await session.scalars(query)).all()
-        failed = set(
-            (await session.scalars(
-                select(Reservation.device_id).where(Reservation.state == "failed")
-            )).all()
-        )
+        states: dict[int, set[str]] = {}
+        for device_id, state in (await session.execute(
+            select(Reservation.device_id, Reservation.state)
+            .where(Reservation.state.in_(ACTIVE_RESERVATION_STATES))
+        )).all():
+            states.setdefault(device_id, set()).add(state)
+    failed = {d for d, held in states.items() if "failed" in held}
+    detach_failed = {d for d, held in states.items() if "detach-failed" in held}
     return [
         PoolDevice(
             name=r.name,
@@ -149,6 +154,8 @@ async def pool_devices(db: Database, backend: str | None = None) -> list[PoolDev
             attributes=dict(r.attributes or {}),
             cordoned=r.cordoned_at is not None,
             attach_failed=r.id in failed,
+            detach_failed=r.id in detach_failed,
+            held_by=r.host_id if r.host_id is not None and r.id not in states else None,
         )
         for r in rows
     ]
@@ -161,6 +168,12 @@ async def host_refs(db: Database) -> list[HostRef]:
             select(Host.host_id, Host.hostname).where(Host.removed_at.is_(None))
         )).all()
     return [HostRef(host_id, hostname) for host_id, hostname in rows]
+
+
+async def host_ambiguities(db: Database) -> tuple[Ambiguity, ...]:
+    """The identities (hostname, short hostname, host id) shared by several present hosts, as
+    :func:`app.hostmap.ambiguities` reports them. Logs nothing: callers show them."""
+    return ambiguities(HostIndex.build(await host_refs(db), report=None))
 
 
 async def unmanaged_attachments(db: Database) -> list[dict[str, str]]:

@@ -8,10 +8,13 @@ dashboard tests.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,11 +48,12 @@ class FabricDouble(MemoryBackend):
         self.detach_error: FabricError | None = None
         self.detached: list[tuple[str, str]] = []
 
-    async def detach(self, device: FabricDevice, host_id: str) -> Operation:
+    async def detach(self, device: FabricDevice, host_id: str, *,
+                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
         self.detached.append((device.vendor_id, host_id))
         if self.detach_error is not None:
             raise self.detach_error
-        return await super().detach(device, host_id)
+        return await super().detach(device, host_id, on_operation=on_operation)
 
 
 def fabric() -> FabricDouble:
@@ -251,8 +255,8 @@ async def test_status_joins_the_live_summary_and_database_counts(admin: Admin) -
     assert body["service"]["identity"] == "fabric-dra-0"
     devices = body["database"]["devices"]
     assert devices["present"] == 9
-    assert devices["by_state"] == {"free": 6, "reserved": 2, "attached": 1, "cordoned": 0,
-                                   "removed": 0}
+    assert devices["by_state"] == {"free": 6, "reserved": 2, "attached": 1,
+                                   "held-elsewhere": 0, "cordoned": 0, "removed": 0}
     assert devices["by_type"] == {"fpga": 2, "gpu": 7}
     assert devices["by_health"] == {"Critical": 1, "OK": 8}
     assert body["database"]["reservations"] == {
@@ -711,6 +715,113 @@ async def test_force_release_of_unknown_or_malformed_ids(admin: Admin) -> None:
                                  headers=AUTH), 404, "999999")
     assert_error(await post_json(admin, "/api/v1/reservations/abc/release", 400,
                                  headers=AUTH), 400, "'id'")
+
+
+async def _detach_failed(admin: Admin) -> int:
+    rid = admin.seeded.attached
+    journal = Journal(admin.db)
+    assert await journal.begin_detach(rid) is not None
+    assert await journal.transition(rid, ["detaching"], "detach-failed",
+                                    error="detach: HTTP 406: block in use") is not None
+    return rid
+
+
+async def test_forget_releases_a_detach_failed_reservation_without_a_detach(
+        admin: Admin) -> None:
+    rid = await _detach_failed(admin)
+    status = await get_json(admin, "/api/v1/status")
+    assert [r["id"] for r in status["attention"]["detach_failed"]] == [rid]
+    body = await post_json(admin, f"/api/v1/reservations/{rid}/forget",
+                           json={"reason": "pulled the cable and re-seated the GPU"},
+                           headers=AUTH)
+    assert body["reservation"]["state"] == "released"
+    row = await reservation(admin.db, rid)
+    assert row.state == RELEASED and "re-seated" in (row.last_error or "")
+    assert admin.seeded.backend.detached == []  # nothing was sent to the fabric
+    async with admin.db.read() as session:
+        events = (await session.scalars(select(DeviceEvent).where(
+            DeviceEvent.kind == "forgotten"))).all()
+    assert [(e.old, e.new) for e in events] == [
+        ("detach-failed", "pulled the cable and re-seated the GPU")]
+    assert admin.live.changes == 1
+    status = await get_json(admin, "/api/v1/status")
+    assert status["attention"]["detach_failed"] == []
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "words"),
+    [(None, 400, ("JSON body",)), ({}, 400, ("reason",)), ({"reason": ""}, 400, ("non-empty",)),
+     ({"reason": "   "}, 400, ("non-empty",)), ({"reason": 7}, 400, ("string",)),
+     ({"reason": "x" * 256}, 400, ("255",)), ({"reason": "ok", "extra": 1}, 400, ("exactly",))],
+)
+async def test_forget_needs_a_reason(admin: Admin, payload: Any, status: int,
+                                     words: tuple[str, ...]) -> None:
+    rid = await _detach_failed(admin)
+    kwargs = {} if payload is None else {"json": payload}
+    body = await post_json(admin, f"/api/v1/reservations/{rid}/forget", status, headers=AUTH,
+                           **kwargs)
+    assert_error(body, status, *words)
+    assert (await reservation(admin.db, rid)).state == "detach-failed"
+
+
+async def test_forget_of_released_pending_or_unknown_reservations_is_refused(
+        admin: Admin) -> None:
+    reason = {"reason": "fixed"}
+    assert_error(await post_json(admin, "/api/v1/reservations/999999/forget", 404,
+                                 json=reason, headers=AUTH), 404, "999999")
+    assert_error(await post_json(admin, f"/api/v1/reservations/{admin.seeded.pending}/forget",
+                                 409, json=reason, headers=AUTH), 409, "release it instead")
+    await post_json(admin, f"/api/v1/reservations/{admin.seeded.attached}/release",
+                    headers=AUTH)
+    assert_error(await post_json(admin, f"/api/v1/reservations/{admin.seeded.attached}/forget",
+                                 409, json=reason, headers=AUTH), 409, "nothing to forget")
+
+
+async def test_forget_needs_the_admin_token(admin: Admin) -> None:
+    rid = await _detach_failed(admin)
+    body = await post_json(admin, f"/api/v1/reservations/{rid}/forget", 401,
+                           json={"reason": "fixed"})
+    assert_error(body, 401, "token")
+    assert (await reservation(admin.db, rid)).state == "detach-failed"
+
+
+async def test_force_release_may_try_a_detach_failed_reservation_again(admin: Admin) -> None:
+    rid = await _detach_failed(admin)
+    body = await post_json(admin, f"/api/v1/reservations/{rid}/release", headers=AUTH)
+    assert body["reservation"]["state"] == "released"
+    assert len(admin.seeded.backend.detached) == 1
+
+
+async def _cli(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "app", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_the_forget_command_releases_through_the_admin_api(
+        admin: Admin, tmp_path: Path) -> None:
+    rid = await _detach_failed(admin)
+    url = str(admin.client.make_url("")).rstrip("/")
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    code, out, err = await _cli("forget", str(rid), "--reason", "re-seated",
+                                "--admin-url", url)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "401" in err
+    assert (await reservation(admin.db, rid)).state == "detach-failed"
+    code, out, err = await _cli("forget", str(rid), "--reason", "re-seated",
+                                "--admin-url", url, "--token-file", str(token))
+    assert code == 0, err
+    assert f"reservation {rid}" in out and "without a detach" in out
+    assert (await reservation(admin.db, rid)).state == RELEASED
+    code, _, err = await _cli("forget", str(rid), "--reason", "again", "--admin-url", url,
+                              "--token-file", str(token))
+    assert code == 1 and "nothing to forget" in err and len(err.strip().splitlines()) == 1
+    code, _, err = await _cli("forget", str(rid), "--reason", "x", "--admin-url", url,
+                              "--token-file", str(tmp_path / "missing"))
+    assert code == 1 and "--token-file" in err and len(err.strip().splitlines()) == 1
 
 
 # --------------------------------------------------------------------------- errors, headers

@@ -14,10 +14,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 from test_admin import Live, live_status, make_context, seed
 
 from app.admin.app import serve
 from app.db.engine import Database
+from app.db.models import Device, Reservation
+from app.journal import Journal
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 WIDTH, HEIGHT = 1440, 1200
@@ -35,6 +38,17 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 async def dashboard_url(db: Database) -> AsyncIterator[str]:
     seeded = await seed(db)
+    # Things that need an operator: a detach the fabric refused for good, and a device another
+    # server holds with no reservation of ours.
+    journal = Journal(db)
+    assert await journal.begin_detach(seeded.attached) is not None
+    assert await journal.transition(seeded.attached, ["detaching"], "detach-failed",
+                                    error="detach: HTTP 406: the block is in use") is not None
+    async with db.write() as session:
+        held = select(Reservation.device_id).where(Reservation.state != "released")
+        free = (await session.scalars(select(Device).where(Device.id.not_in(held))
+                                      .order_by(Device.name).limit(1))).one()
+        free.host_id = "someone-elses-server"
     runner = await serve(make_context(db, seeded, Live(status=live_status())), "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}/"
@@ -79,6 +93,8 @@ async def test_the_dashboard_renders_in_chromium_with_a_clean_console(
 
     dom, stderr = await chromium(tmp_path / "profile-2", "--dump-dom", dashboard_url)
     for text in ("us-east/rack-01", "us-east/rack-02", "us-west/rack-07", "Recent errors",
-                 "update ResourceSlice: 409", "team-c/claim-c", "<svg class=\"bar\""):
+                 "update ResourceSlice: 409", "team-c/claim-c", "<svg class=\"bar\"",
+                 "banner-detach-failed", "HTTP 406: the block is in use",
+                 "banner-held-elsewhere", "someone-elses-server", "Needs an operator"):
         assert text in dom, text
     assert console_lines(stderr) == []

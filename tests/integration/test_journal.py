@@ -179,8 +179,12 @@ async def test_begin_attach_and_detach_move_and_read_the_device_together(
     assert await journal.begin_attach(moving.id) is None  # attached: not moved again
     detaching = await journal.begin_detach(moving.id)
     assert detaching is not None
-    assert (detaching[0].state, detaching[0].attempts) == (DETACHING, 2)
-    assert detaching[1] == device
+    # Attempts count per phase: the detach is its first attempt, not the claim's second.
+    assert (detaching[0].state, detaching[0].attempts) == (DETACHING, 1)
+    # The verified attach made the reservation's host the device's holder.
+    assert detaching[1] == replace(device, host_id="h")
+    again = await journal.begin_detach(moving.id)
+    assert again is not None and again[0].attempts == 2
     released = await journal.transition(moving.id, [DETACHING], RELEASED)
     assert released is not None and released.attached_at is not None
     assert released.released_at is not None

@@ -130,6 +130,10 @@ def claim_spec(count: int = 1) -> dict[str, Any]:
         "deviceClassName": "fabric-gpu", "count": count}}]}}
 
 
+HOST_LABEL = "fabric-dra.io/host-id"
+"""The node label naming the node's fabric host (used where HostNames are placeholders)."""
+
+
 async def make_cluster(tmp_path: Path, *, devices: int = 4, **sim_options: Any) -> Cluster:
     """Start the simulator (session auth with the test credentials) and the emulator (v1),
     with the rack's two Nodes, the DeviceClass and a one-device claim template."""
@@ -143,7 +147,7 @@ async def make_cluster(tmp_path: Path, *, devices: int = 4, **sim_options: Any) 
     for node in NODES:
         emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
             "kubernetes.io/hostname": node, "topology.kubernetes.io/region": "us-east",
-            "fabric-dra.io/rack": "rack-01"}}})
+            "fabric-dra.io/rack": "rack-01", HOST_LABEL: node}}})
     emu.create({"apiVersion": V1, "kind": "DeviceClass", "metadata": {"name": "fabric-gpu"},
                 "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}})
     emu.create({"apiVersion": V1, "kind": "ResourceClaimTemplate",
@@ -385,8 +389,10 @@ def end_state_problems(cluster: Cluster, blocks: dict[str, str],
                                 f"{node}, the fabric says {holders}")
             if not ready(claim, device):
                 problems.append(f"claim {name}: device {device} is not reported ready")
+    devices = set(blocks.values())
     for block, system in cluster.sim.attachments().items():
-        if system and block not in wanted:
+        # Only our devices' blocks: a server's own compute block is never ours to judge.
+        if system and block not in wanted and block in devices:
             problems.append(f"block {block} is attached to {system} with no live allocation")
     for earlier, later in overlapping_holds(rows):
         problems.append(f"device {earlier.device} held by {earlier.claim} and {later.claim} "

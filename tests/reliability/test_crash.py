@@ -25,11 +25,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 from reliability_driver import (
     DRIVER,
+    HOST_LABEL,
     NODES,
     V1,
     Cluster,
@@ -47,6 +49,7 @@ from app.kube.client import KubeAuthMode, KubeClientSettings, connect
 from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.kube.workqueue import WorkQueueSettings
+from app.sim.redfish_profiles import PROFILE_NAMES
 from app.sim.scheduler.structured import StructuredScheduler, StructuredSettings
 
 KILLS = int(os.environ.get("FABRIC_DRA_CRASH_KILLS", "20"))
@@ -127,10 +130,46 @@ async def test_the_controller_survives_sigkill_at_random_moments_and_converges(
         await _crash_run(tmp_path, database_url)
 
 
-async def _crash_run(tmp_path: Path, database_url: str) -> None:
+# How the controller is set up for a simulator profile whose real service needs it: where
+# HostNames are placeholders, nodes map to hosts by label; devices of unknown health are
+# offered so that the workload has devices to bind (their taint is tested elsewhere).
+_LABEL_MATCH = {"FABRIC_DRA_HOSTS__MATCH": "label", "FABRIC_DRA_HOSTS__KEY": HOST_LABEL}
+PROFILE_SETUP: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "placeholder-identity": ({}, _LABEL_MATCH),
+    "real-service": ({}, _LABEL_MATCH),
+    "null-health": ({}, {"FABRIC_DRA_POOLS__UNKNOWN_HEALTH": "offer"}),
+    "task-200-body": ({"task_mode": True, "task_polls": 1}, {}),
+    "task-purged": ({"task_mode": True, "task_polls": 1}, {}),
+}
+# task-killed: no attach can succeed, so there is no converged end state to judge; its claim
+# cycle (tests/integration/test_claims_profiles.py) checks the failure instead.
+CRASH_PROFILES = [p for p in PROFILE_NAMES if p != "task-killed"]
+PROFILE_KILLS = int(os.environ.get("FABRIC_DRA_CRASH_PROFILE_KILLS", "1"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150 + 8 * PROFILE_KILLS)
+@pytest.mark.parametrize("profile", CRASH_PROFILES)
+async def test_the_controller_survives_sigkill_on_every_simulator_profile(
+    tmp_path: Path, profile: str,
+) -> None:
+    print(f"crash test on profile {profile}: seed {SEED}, {PROFILE_KILLS} kills")
+    sim_options, environ = PROFILE_SETUP.get(profile, ({}, {}))
+    async with _database_url(tmp_path) as database_url:
+        await _crash_run(tmp_path, database_url, kills=PROFILE_KILLS, profile=profile,
+                         sim_options=sim_options, environ=environ)
+
+
+async def _crash_run(tmp_path: Path, database_url: str, *, kills: int = KILLS,
+                     profile: str | None = None, sim_options: dict[str, Any] | None = None,
+                     environ: dict[str, str] | None = None) -> None:
     rng = random.Random(SEED)
-    cluster = await make_cluster(tmp_path, devices=DEVICES)
-    controller = Controller(cluster.environ(database_url), tmp_path / "controller.log")
+    cluster = await make_cluster(tmp_path, devices=DEVICES,
+                                 profiles=(profile,) if profile else (), **(sim_options or {}))
+    if profile == "attach-noop":
+        cluster.sim.noop_attaches = 1  # one attach answered with success that did nothing
+    controller = Controller(cluster.environ(database_url, **(environ or {})),
+                            tmp_path / "controller.log")
     client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=cluster.emu.url))
     scheduler = StructuredScheduler(client, ResourceApiVersion.V1, StructuredSettings(
         poll_interval_s=0.1, retry_interval_s=0.2, binding_timeout_s=30.0,
@@ -141,7 +180,7 @@ async def _crash_run(tmp_path: Path, database_url: str) -> None:
     workload = Workload(cluster, rng)
     stop = asyncio.Event()
     driver: asyncio.Task[None] | None = None
-    context = f"seed {SEED}"
+    context = f"seed {SEED}" + (f", profile {profile}" if profile else "")
     try:
         await controller.start()
         await eventually(lambda: any(s["spec"]["driver"] == DRIVER
@@ -150,7 +189,7 @@ async def _crash_run(tmp_path: Path, database_url: str) -> None:
         await scheduler.start()
         driver = asyncio.create_task(workload.run(stop), name="crash-workload")
         started = time.monotonic()
-        for kill in range(KILLS):
+        for kill in range(kills):
             if rng.random() < 0.5:
                 # Anywhere from mid start-up (imports take ~2 s) to seconds of normal work.
                 await asyncio.sleep(rng.uniform(0.3, 4.0))
@@ -171,6 +210,18 @@ async def _crash_run(tmp_path: Path, database_url: str) -> None:
             await controller.start()
         stop.set()
         await driver
+        if not any(op == "detach" for op, _, _ in cluster.sim.history):
+            # A short run (one kill per profile) may end before any pod went: let one go, so
+            # that the detach path is judged on this profile too.
+            def bound() -> list[str]:
+                return [p["metadata"]["name"] for p in cluster.pods()
+                        if (p.get("spec") or {}).get("nodeName")
+                        and not p["metadata"].get("deletionTimestamp")]
+
+            await eventually(lambda: bool(bound()), timeout_s=60, what=f"a bound pod ({context})")
+            cluster.emu.delete("v1", "Pod", bound()[0], "default")
+            await eventually(lambda: any(op == "detach" for op, _, _ in cluster.sim.history),
+                             timeout_s=60, what=f"a detach ({context})")
         # The end state must include live allocations to check: top up to two pods.
         alive = [p for p in cluster.pods() if not p["metadata"].get("deletionTimestamp")]
         for index in range(max(0, 2 - len(alive))):
@@ -205,7 +256,7 @@ async def _crash_run(tmp_path: Path, database_url: str) -> None:
               f"{workload.created} pods created, {workload.deleted} deleted, "
               f"{len(cluster.sim.history)} fabric changes, {workload.samples} samples; "
               f"journal recoveries at start-up: {recoveries}")
-        assert controller.kills == KILLS, context
+        assert controller.kills == kills, context
         assert workload.double_allocations == [], f"{context}: {workload.double_allocations}"
         assert cluster.sim.history, f"nothing was ever attached ({context})"
         assert any(op == "detach" for op, _, _ in cluster.sim.history), (

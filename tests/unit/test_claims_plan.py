@@ -24,6 +24,7 @@ from app.claims.plan import ClaimWants, plan_claim
 from app.journal import (
     ATTACHED,
     ATTACHING,
+    DETACH_FAILED,
     DETACHING,
     FAILED,
     PENDING,
@@ -107,6 +108,28 @@ def test_failed_reservation_is_reported_until_reallocation() -> None:
     assert [r.id for r in plan.failed] == [1] and plan.idle
 
 
+def test_a_detach_failed_reservation_is_neither_released_nor_retried() -> None:
+    plan = plan_claim(ClaimWants(), [reservation(1, DETACH_FAILED, "a")])
+    assert [r.id for r in plan.stuck] == [1]
+    assert plan.idle and not plan.release and not plan.requeue
+
+
+def test_a_wanted_device_held_by_a_detach_failed_reservation_is_reported_failed() -> None:
+    plan = plan_claim(want("a"), [reservation(1, DETACH_FAILED, "a")])
+    assert [r.id for r in plan.failed] == [1] and not plan.reserve and plan.idle
+
+
+def test_a_lost_device_reports_not_ready_without_the_failure_condition() -> None:
+    claim = claim_with([result("gpu-a")])
+    key = WantedDevice("gpu", "us-east/rack-01", "gpu-a")
+    lost = DeviceReport(key, False, "DeviceLost", "lost its attachment", failed=False)
+    [entry] = device_status_entries(claim, DRIVER, [lost], ["FabricDeviceReady"],
+                                    ["FabricDeviceFailed"], NOW)
+    assert {c["type"]: c["status"] for c in entry["conditions"]} == {
+        "FabricDeviceReady": "False", "FabricDeviceFailed": "False"}
+    assert {c["reason"] for c in entry["conditions"]} == {"DeviceLost"}
+
+
 def test_duplicate_reservation_for_one_result_is_released() -> None:
     plan = plan_claim(want("a"), [reservation(1, ATTACHED, "a"), reservation(2, PENDING, "a")])
     assert [r.id for r in plan.ready] == [1] and [r.id for r in plan.release] == [2]
@@ -129,8 +152,13 @@ def test_every_result_and_reservation_gets_exactly_one_fate(
     kept = [*plan.attach, *plan.ready, *plan.failed]
     waiting = {w.device for w, _ in plan.waiting}
     parked = [r for r in rows if r.device_name in waiting and r not in plan.release]
-    # Reservations: each is kept, parked (waiting for its host) or released, once.
-    assert sorted(r.id for r in [*kept, *parked, *plan.release]) == [r.id for r in rows]
+    stuck_only = [r for r in plan.stuck if r not in plan.failed]
+    # Reservations: each is kept, parked (waiting for its host), released or stuck
+    # (detach-failed, reported failed when still wanted), once.
+    assert sorted(r.id for r in [*kept, *parked, *plan.release, *stuck_only]) == [
+        r.id for r in rows]
+    assert all(r.state == DETACH_FAILED for r in plan.stuck)
+    assert not any(r.state == DETACH_FAILED for r in [*plan.release, *plan.attach])
     # Results: each is in one bucket, or waits for its release (requeue).
     buckets = [
         *[r.device_name for r in kept], *[w.device for w in plan.reserve],

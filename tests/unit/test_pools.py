@@ -94,7 +94,9 @@ def test_binding_conditions_can_be_turned_off() -> None:
     ("changes", "taint_key"),
     [({"health": "Critical"}, "fabric.example.com/unhealthy"),
      ({"cordoned": True}, "fabric.example.com/cordoned"),
-     ({"attach_failed": True}, "fabric.example.com/attach-failed")],
+     ({"attach_failed": True}, "fabric.example.com/attach-failed"),
+     ({"detach_failed": True}, "fabric.example.com/detach-failed"),
+     ({"held_by": "system-7"}, "fabric.example.com/held-by-other-host")],
 )
 def test_out_of_service_devices_are_tainted_or_withheld(changes: dict, taint_key: str) -> None:
     pool = desired_pools([device(1, **changes), device(2)], CONFIG)["us-east/rack-01"]
@@ -110,6 +112,36 @@ def test_out_of_service_devices_are_tainted_or_withheld(changes: dict, taint_key
     # Where the API server drops taints, withholding is the only safe choice.
     no_taints = desired_pools([device(1, **changes)], replace(CONFIG, taints_supported=False))
     assert no_taints["us-east/rack-01"].withheld == ("gpu-00001",)
+
+
+def test_a_device_held_by_another_server_names_the_holder_as_a_valid_label_value() -> None:
+    entry = desired_pools([device(1, held_by="/redfish/v1/Systems/Blade 7")], CONFIG)[
+        "us-east/rack-01"].slices[0].devices[0]
+    [taint] = entry["taints"]
+    assert taint["key"] == "fabric.example.com/held-by-other-host"
+    assert taint["value"].startswith("redfish-v1-Systems-Blade-7-")
+    assert len(taint["value"]) <= 63
+
+
+@pytest.mark.parametrize(
+    ("setting", "tainted", "withheld"),
+    [("taint", True, False), ("withhold", False, True), ("offer", False, False)],
+)
+def test_unknown_health_is_not_offered_as_healthy_unless_configured(
+        setting: str, tainted: bool, withheld: bool) -> None:
+    config = replace(CONFIG, unknown_health=setting)
+    pool = desired_pools([device(1, health="Unknown")], config)["us-east/rack-01"]
+    assert (pool.withheld == ("gpu-00001",)) is withheld
+    entries = pool.slices[0].devices
+    if not withheld:
+        keys = [t["key"] for t in entries[0].get("taints", [])]
+        assert keys == (["fabric.example.com/health-unknown"] if tainted else [])
+
+
+def test_unknown_health_is_withheld_where_taints_are_dropped() -> None:
+    config = replace(CONFIG, taints_supported=False)
+    pool = desired_pools([device(1, health="Unknown")], config)["us-east/rack-01"]
+    assert pool.withheld == ("gpu-00001",)
 
 
 def test_warning_health_is_published_without_taint() -> None:
