@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import gc
 import logging
 import os
 import socket
@@ -50,6 +51,16 @@ from app.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def settle_heap() -> None:
+    """Move everything alive now (modules, settings, the synced informer caches) out of the
+    garbage collector's view (``gc.freeze``). What start-up built lives as long as the process;
+    left in view, every full collection walks it again, which stalled the reconciles of the
+    moment by about 100 ms (bench.claims: paced reconcile p99 60-80 ms before, 15-35 ms
+    after). Objects made later are collected as usual."""
+    gc.collect()
+    gc.freeze()
 
 
 def default_identity() -> str:
@@ -88,6 +99,9 @@ class Service:
         environ: the environment (in-cluster discovery, POD_NAMESPACE).
         backend: a fabric backend to use instead of building one from the settings (tests).
         kube: a Kubernetes client to use instead of building one (tests).
+        freeze_heap: once leading has started, freeze the heap (:func:`settle_heap`); for a
+            process that runs one service (``fabric-dra run``), not for tests that start many
+            in one process.
     """
 
     def __init__(
@@ -97,8 +111,10 @@ class Service:
         environ: Mapping[str, str] | None = None,
         backend: FabricBackend | None = None,
         kube: KubeClient | None = None,
+        freeze_heap: bool = False,
     ) -> None:
         self.settings = settings
+        self.freeze_heap = freeze_heap
         self.environ = os.environ if environ is None else environ
         self.metrics = Metrics.create()
         self.publisher_metrics = PublisherMetrics.create(self.metrics.registry)
@@ -265,6 +281,8 @@ class Service:
                 metrics=self.metrics.claims,
             )
             await leading.control_plane.start()
+        if self.freeze_heap:
+            settle_heap()
 
     async def _stop_leading(self, drain_s: float) -> None:
         task, self._lead_task = self._lead_task, None

@@ -60,6 +60,7 @@ from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion, slice_to_wire
 from app.kube.workqueue import WorkQueueSettings
 from app.pools import PoolConfig, desired_pools, resource_slice_spec
+from app.service import settle_heap
 from bench.common import (
     at_least,
     command_line,
@@ -220,6 +221,7 @@ async def _run(client: Any, database: Database, backend: InstantBackend,
         queue=WorkQueueSettings(base_delay_s=0.01, max_delay_s=0.5, qps=1000, burst=1000)))
     started = time.perf_counter()
     await controller.start()
+    settle_heap()  # as the service does once it leads
     claim_spec = {"controller": DRIVER, "devices": {"requests": [GPU_REQUEST]}}
     scheduler = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.classic_scheduler", client.host, json.dumps(claim_spec),

@@ -42,6 +42,7 @@ from app.inventory import InventorySync
 from app.journal import Journal
 from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
 from app.kube.versions import ResourceApiVersion
+from app.service import settle_heap
 from bench.claims import percentile
 from bench.common import (
     at_least,
@@ -103,6 +104,7 @@ async def _run(database: Database, backend: RedfishBackend, other: RedfishBacken
                                  ClaimSettings(driver_name=DRIVER, workers=4,
                                                sweep_interval_s=3600))
     await reconciler.start()
+    settle_heap()  # as the service does once it leads
     loop_task: asyncio.Task[None] | None = None
     sync_seconds: list[float] = []
     try:

@@ -41,7 +41,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None,
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    service = Service(settings)
+    service = Service(settings, freeze_heap=True)
     try:
         await service.start()
     except (ConfigError, KubeError, OSError) as err:

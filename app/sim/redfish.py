@@ -117,6 +117,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import gc
 import json
 import logging
 import random
@@ -1102,6 +1103,10 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     url = await sim.start(host, port)
+    # The generated tree lives as long as the process: keep it out of the garbage
+    # collector's full passes, which otherwise pause every answer for tens of milliseconds
+    # at large sizes (a real fabric manager has no such pauses to impose on its clients).
+    gc.freeze()
     click.echo(f"Redfish simulator serving {url}/redfish/v1 (Ctrl-C to stop)")
     try:
         await stop.wait()
