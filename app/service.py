@@ -432,6 +432,10 @@ class Service:
             },
             "inventory": inventory,
             "loops": [dataclasses.asdict(s) for s in self.supervisor.states()],
+            # What the last drift check found (each acted on: attached again, or failed).
+            "drift": [{"kind": d.kind, "claim": str(d.reservation.claim),
+                       "device": d.reservation.device_name, "host": d.reservation.host_id,
+                       "reason": d.reason} for d in self.last_drift],
         }
         if leading is not None and leading.publishers:
             main = leading.publishers.get(self.version) if self.version else None

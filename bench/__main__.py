@@ -328,7 +328,7 @@ def update_readme(path: Path, results: dict[str, Any], table_rows: Sequence[dict
         f"{README_START}\n"
         f"Latest full run: {results['finished_at']}, {machine['cpus']} CPUs, Python "
         f"{machine['python']}, reference workload {results['reference']['cpu_seconds']} s "
-        f"of CPU (\"ref\" below), whole suite {results['seconds']:.0f} s.\n\n"
+        f"of CPU (\"ref\" below), the benchmark run took {results['seconds']:.0f} s.\n\n"
         f"{table(table_rows, markdown=True)}\n"
     )
     path.write_text(text[:start] + block + text[end:], encoding="utf-8")

@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,8 @@ class InstantBackend:
     async def list_devices(self) -> Listing[FabricDevice]:
         return Listing(tuple(self.devices.values()))
 
-    async def attach(self, device: FabricDevice, host_id: str) -> Operation:
+    async def attach(self, device: FabricDevice, host_id: str, *,
+                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
         current = self.devices.get(device.vendor_id)
         if current is None:
             raise FabricNotFound(f"device {device.vendor_id} not found")
@@ -106,11 +108,17 @@ class InstantBackend:
         self.attaches += 1
         return Operation(None, OperationState.COMPLETED)
 
-    async def detach(self, device: FabricDevice, host_id: str) -> Operation:
+    async def detach(self, device: FabricDevice, host_id: str, *,
+                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
         current = self.devices.get(device.vendor_id)
         if current is not None and current.host_id == host_id:
             self.devices[device.vendor_id] = replace(current, host_id=None)
         return Operation(None, OperationState.COMPLETED)
+
+    async def resume(self, op_id: str, device: FabricDevice, host_id: str, *,
+                     attach: bool) -> Operation:
+        # Synchronous: there is never a task to follow.
+        return await (self.attach(device, host_id) if attach else self.detach(device, host_id))
 
     async def operation_status(self, op_id: str) -> Operation:
         raise FabricNotFound(f"operation {op_id} not found")

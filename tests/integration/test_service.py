@@ -128,6 +128,38 @@ async def test_the_service_inventories_publishes_attaches_and_stops_cleanly(
     assert lease is not None and not lease["spec"].get("holderIdentity")
 
 
+async def test_the_service_notices_a_device_detached_behind_its_back_and_attaches_it_again(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
+) -> None:
+    emu, sim = cluster
+    settings = settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/fd.db")
+    service = Service(settings)
+    await service.start()
+    try:
+        await eventually(lambda: len(slices(emu)) == 1, what="the pool's slice")
+        device = slices(emu)[0]["spec"]["devices"][0]["name"]
+        allocate(emu, "default", "c1", device, NODES[0])
+        await eventually(lambda: _ready_condition(emu, "c1"), what="device ready on the claim")
+        [block] = [b for b, h in sim.attachments().items() if h == NODES[0]]
+        sim.detach_out_of_band(block)  # the fabric manager lost it
+        # The next inventory sync (every second here) notices, and the device comes back.
+        await eventually(lambda: any(e.get("reason") == "DeviceLost"
+                                     for e in emu.list("v1", "Event", "default")),
+                         what="a DeviceLost Event")
+        await eventually(lambda: sim.attachments()[block] == NODES[0], what="attached again")
+        await eventually(lambda: _ready_condition(emu, "c1"), what="ready again")
+        assert service.admin_port
+        _, metrics_text = await _text(service.admin_port, "/metrics")
+        assert 'fabric_dra_fabric_drift_total{kind="lost"} 1.0' in metrics_text
+        # The world matches the journal again: a later check finds nothing.
+        async def no_drift() -> bool:
+            return (await service.status())["drift"] == []
+
+        await eventually(no_drift, what="a drift check that finds nothing")
+    finally:
+        await service.stop(deadline_s=10)
+
+
 async def _ready(port: int | None) -> bool:
     assert port is not None
     status, _ = await get_json(port, "/readyz")
