@@ -205,7 +205,9 @@ _DEVICE_NOW_OFF = (update(_DEVICES)
                           _D.host_id == bindparam("b_device_host", type_=String()))
                    .values(host_id=None, content_hash=""))
 # A move to these states from those starts a new phase: its attempts are counted from zero.
-_NEW_PHASE_FROM = {PENDING: (ATTACHED,), DETACHING: (ATTACHING, ATTACHED, FAILED, DETACH_FAILED)}
+# Attach tries are counted over the reservation's life: a lost attachment attached again adds
+# to them, so that a device the fabric keeps losing is given up (FabricOps.lost).
+_NEW_PHASE_FROM = {DETACHING: (ATTACHING, ATTACHED, FAILED, DETACH_FAILED)}
 _SAME_PHASE = {state: [s for s in STATES if s not in _NEW_PHASE_FROM.get(state, ())]
                for state in STATES}
 
@@ -419,8 +421,9 @@ class Journal:
     ) -> ReservationView | None:
         """Move a reservation to ``state`` if it is in one of ``expected`` states.
 
-        Attempts are counted per phase: a move from ``attached`` back to ``pending`` (a lost
-        attachment to attach again) or into ``detaching`` from another state starts at 0.
+        Attempts are counted per phase: attach tries over the reservation's life (a lost
+        attachment attached again adds to them), detach tries from the move into
+        ``detaching``.
         A move to ``attached`` also records the reservation's host as the device's holder,
         and a move to ``released`` with ``detached`` clears the device's holder when it is
         still that host, in the same transaction.

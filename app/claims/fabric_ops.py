@@ -72,6 +72,9 @@ from app.metrics import ClaimMetrics
 
 log = logging.getLogger(__name__)
 REASON_DETACHED = "Detached"
+DEFAULT_ATTACH_TRIES_WITH_LOSSES = 10
+"""Attach tries over a reservation's life, re-attaches after losses included, after which a
+device lost again is given up."""
 MOVED_MARK = "the fabric now shows it on host"
 """Part of the journalled message of a device found on another host."""
 DEFAULT_DETACH_ATTEMPTS = 15
@@ -219,6 +222,8 @@ class FabricOps:
             ``after-attach`` (attach done, not yet recorded); crash tests stop there.
         max_detach_attempts: transient detach failures in a row before the reservation ends
             ``detach-failed`` (a permanent refusal ends it at once).
+        max_attach_tries_with_losses: attach tries (over a reservation's life, losses
+            included) after which a device that loses its attachment again is given up.
     """
 
     def __init__(
@@ -233,6 +238,7 @@ class FabricOps:
         on_failed_device: Callable[[], None] | None = None,
         checkpoint: Callable[[str], Awaitable[None]] | None = None,
         max_detach_attempts: int = DEFAULT_DETACH_ATTEMPTS,
+        max_attach_tries_with_losses: int = DEFAULT_ATTACH_TRIES_WITH_LOSSES,
     ) -> None:
         if max_detach_attempts < 1:
             raise ValueError(f"max_detach_attempts must be >= 1, got {max_detach_attempts}")
@@ -245,6 +251,7 @@ class FabricOps:
         self.on_failed_device = on_failed_device
         self.checkpoint = checkpoint
         self.max_detach_attempts = max_detach_attempts
+        self.max_attach_tries_with_losses = max_attach_tries_with_losses
 
     async def _at(self, step: str) -> None:
         if self.checkpoint is not None:
@@ -466,17 +473,28 @@ class FabricOps:
     async def lost(self, reservation: ReservationView, reason: str,
                    claim: Mapping[str, Any] | None = None) -> bool:
         """An ``attached`` device the fabric no longer shows on its host (a fabric manager
-        that restarted and forgot it, a detach by hand, a device gone from the fabric):
-        back to ``pending``, attempts counted from zero, so that the claim's next pass
-        attaches it again (bounded by the claim's attempt limit). A Warning ``DeviceLost``
-        Event and the ``drift{kind="lost"}`` metric say so.
+        that restarted and forgot it, a detach by hand, a device gone from the fabric).
+
+        It goes back to ``pending``, so that the claim's next pass attaches it again, with a
+        Warning ``DeviceLost`` Event and the ``drift{kind="lost"}`` metric. Attach tries count
+        over the reservation's life: once it has used :attr:`max_attach_tries_with_losses`,
+        a device lost again is given up instead (``failed``, the claim's failure condition
+        with reason ``DeviceLost``, the device tainted): a device the fabric keeps dropping
+        is not attached again forever.
 
         Returns:
             True when the journal was moved (False: someone else moved it first).
         """
-        message = (f"device {reservation.device_name} lost its attachment to host "
-                   f"{reservation.host_id}: {reason}; attaching it again")
-        moved = await self.journal.transition(reservation.id, [ATTACHED], PENDING,
+        if reservation.attempts >= self.max_attach_tries_with_losses:
+            message = (f"device {reservation.device_name} lost its attachment to host "
+                       f"{reservation.host_id} again ({reason}) after "
+                       f"{reservation.attempts} attach tries; it is given up")
+            target = FAILED
+        else:
+            message = (f"device {reservation.device_name} lost its attachment to host "
+                       f"{reservation.host_id}: {reason}; attaching it again")
+            target = PENDING
+        moved = await self.journal.transition(reservation.id, [ATTACHED], target,
                                               error=message, clear_operation=True)
         if moved is None:
             return False
@@ -486,6 +504,8 @@ class FabricOps:
         log.warning("claim %s: %s", reservation.claim, message)
         await self.events.record(claim or _claim_stub(reservation), "Warning",
                                  REASON_DEVICE_LOST, message)
+        if target == FAILED:
+            self._terminal(FAILED)
         return True
 
     async def moved(self, reservation: ReservationView, holder: str,

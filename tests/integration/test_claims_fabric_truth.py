@@ -86,6 +86,29 @@ async def test_a_device_detached_behind_our_back_is_reported_lost_and_attached_a
         assert await _sync_and_check(harness, reconciler) == []
 
 
+async def test_a_device_the_fabric_keeps_losing_is_given_up_after_its_attach_tries(
+        harness: Harness) -> None:
+    device = harness.device_names()[4]
+    block = harness.block_of(device)
+    reconciler = harness.reconciler()
+    reconciler.ops.max_attach_tries_with_losses = 2
+    async with running(reconciler):
+        uid = await _attached(harness, reconciler, "c1", device)
+        harness.sim.detach_out_of_band(block)
+        assert [d.kind for d in await _sync_and_check(harness, reconciler)] == ["lost"]
+        await eventually(lambda: _state_is(reconciler, uid, ATTACHED), what="attached again")
+        assert harness.sim.holders(block) == [NODES[0]]
+        harness.sim.detach_out_of_band(block)
+        assert [d.kind for d in await _sync_and_check(harness, reconciler)] == ["lost"]
+        await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed")
+                         == "True", what="given up")
+        assert _reason(harness, "c1", device, "FabricDeviceFailed") == "DeviceLost"
+        (held,) = await reconciler.journal.for_claim(uid)
+        assert held.state == FAILED and "given up" in (held.last_error or "")
+        assert harness.sim.holders(block) == []
+        assert len(harness.events("DeviceLost")) == 2
+
+
 async def test_a_fabric_manager_restart_that_forgets_attachments_is_noticed(
         harness: Harness) -> None:
     device = harness.device_names()[1]
