@@ -7,8 +7,9 @@ reservations with the holders the fabric reported:
 
 * **lost**: the device is free on the fabric, or gone from it. The reservation goes back to
   ``pending`` and the claim is queued, so the device is attached again while the claim lives
-  (a device that keeps getting lost is given up after a bounded number of attach tries). The claim's ready condition is False with reason
-  ``DeviceLost`` until the device is back; a Warning Event and ``drift{kind="lost"}`` say so.
+  (a device that keeps getting lost is given up after a bounded number of attach tries).
+  The claim's ready condition is False with reason ``DeviceLost`` until the device is back;
+  a Warning Event and ``drift{kind="lost"}`` say so.
 * **moved**: the device is on another host. It is not ours to use or to take back: the
   reservation ends ``failed`` (failure condition ``DeviceMoved``, the device is tainted), with
   a Warning Event and ``drift{kind="moved"}``.
