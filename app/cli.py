@@ -7,6 +7,7 @@ Subcommands are loaded lazily so that ``fabric-dra --help`` stays fast and the s
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import click
@@ -34,8 +35,38 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
+class CommandLine(LazyGroup):
+    """The top-level group: every error, usage errors included, is one line on stderr.
+
+    click's own standalone handling prints a usage error as three lines (the usage, a hint,
+    the error); here it is ``Error: <what is wrong> (see 'fabric-dra <command> --help')``.
+    Exit statuses are click's: 2 for usage errors, 1 for other errors.
+    """
+
+    def main(self, args: Any = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
+        extra["windows_expand_args"] = windows_expand_args
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False,
+                                  **extra)
+        except click.UsageError as err:
+            where = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+            click.echo(f"Error: {' '.join(err.format_message().split())}{where}", err=True)
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            click.echo(f"Error: {' '.join(err.format_message().split())}", err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
 @click.group(
-    cls=LazyGroup,
+    cls=CommandLine,
     lazy={
         "db": "app.commands.db:db",
         "inventory": "app.commands.inventory:inventory",

@@ -72,6 +72,11 @@ class Ambiguity:
             return f"host id {self.value!r} is reported by {len(self.hosts)} hosts"
         return f"{self.key} {self.value!r} is shared by hosts {', '.join(self.hosts)}"
 
+    @property
+    def hint(self) -> str:
+        """What to do about it, one clause (e.g. match nodes by label instead)."""
+        return _HINTS[self.key]
+
     def to_json(self) -> dict[str, Any]:
         """``{"key", "value", "hosts"}``."""
         return {"key": self.key, "value": self.value, "hosts": list(self.hosts)}

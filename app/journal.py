@@ -51,9 +51,10 @@ STATES = (PENDING, ATTACHING, ATTACHED, DETACHING, RELEASED, FAILED, DETACH_FAIL
 TERMINAL_STATES = (FAILED, DETACH_FAILED)
 """States that hold the device and that nothing retries on its own (attach-failed and
 detach-failed)."""
-FORGET_FROM = (ATTACHING, ATTACHED, DETACHING, FAILED, DETACH_FAILED)
-"""States an operator may *forget* (release without a detach): the hardware was fixed by
-hand."""
+FORGET_FROM = (DETACHING, FAILED, DETACH_FAILED)
+"""States an operator may *forget* (release without a detach, the hardware fixed by hand): a
+detach that failed for good or keeps failing, and a failed attach. Never ``attaching`` or
+``attached``: a live claim's pod may be using the device (release those instead)."""
 MAX_ERROR_LENGTH = 2000
 
 

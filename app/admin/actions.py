@@ -38,6 +38,7 @@ from app.journal import (
     DETACH_FAILED,
     DETACHING,
     FAILED,
+    FORGET_FROM,
     PENDING,
     RELEASED,
     Journal,
@@ -186,8 +187,9 @@ class DatabaseActions:
 
         Raises:
             LookupError: no such reservation.
-            ValueError: no reason, a reason over 255 characters, or the reservation is
-                released already or ``pending`` (nothing was sent: release it instead).
+            ValueError: no reason, a reason over 255 characters, or the reservation is in
+                none of :data:`app.journal.FORGET_FROM` (released already; ``pending``,
+                ``attaching`` or ``attached``: release it instead, which detaches).
         """
         reason = reason.strip()
         if not reason:
@@ -197,10 +199,14 @@ class DatabaseActions:
         current = await self.journal.get(reservation_id)
         if current is None:
             raise LookupError(f"reservation {reservation_id} does not exist")
-        if current.state in (RELEASED, PENDING):
-            raise ValueError(f"reservation {reservation_id} is {current.state}: "
-                             + ("there is nothing to forget" if current.state == RELEASED
-                                else "nothing was sent to the fabric; release it instead"))
+        if current.state == RELEASED:
+            raise ValueError(f"reservation {reservation_id} is released: there is nothing to "
+                             "forget")
+        if current.state not in FORGET_FROM:
+            raise ValueError(
+                f"reservation {reservation_id} is {current.state}: only a detach-failed, failed "
+                "or detaching reservation can be forgotten (a live claim may be using this "
+                "device); release it instead, which detaches it")
         done = await self.journal.forget(reservation_id, reason)
         if done is None:
             raise ValueError(f"reservation {reservation_id} changed state meanwhile; try again")

@@ -64,7 +64,7 @@ from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
 from app.fabric.types import FabricDevice
 from app.hostmap import HostIndex, host_for_node
-from app.inventory.queries import host_refs, unmanaged_attachments
+from app.inventory.queries import host_refs, still_unmanaged, unmanaged_attachments
 from app.journal import (
     DETACH_FAILED,
     FAILED,
@@ -648,6 +648,8 @@ class ClaimReconciler:
 
         device = FabricDevice(vendor_id=item["vendor_id"], attach_unit=item["attach_unit"],
                               device_type=DeviceType(item["device_type"]))
+        if not await still_unmanaged(self.db, item["vendor_id"], item["host_id"]):
+            return  # reserved, or moved, since the sweep listed it
         try:
             await self.backend.detach(device, item["host_id"])
         except FabricError as err:

@@ -18,6 +18,7 @@ import click
 from app.commands.common import run
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
+MAX_REASON = 255
 
 
 def _token(path: Path | None) -> str | None:
@@ -46,14 +47,19 @@ async def _forget(admin_url: str, reservation_id: int, reason: str,
             except ValueError:
                 body = {}
             if response.status >= 400:
-                message = body.get("message") if isinstance(body, dict) else None
+                error = body.get("error") if isinstance(body, dict) else None
+                message = error.get("message") if isinstance(error, dict) else None
                 raise click.ClickException(
                     f"the controller refused: HTTP {response.status}: "
                     f"{message or text.strip()[:200] or response.reason}")
             return body if isinstance(body, dict) else {}
     except aiohttp.InvalidURL:
         raise click.ClickException(f"--admin-url {admin_url!r} is not a valid URL") from None
-    except (aiohttp.ClientError, TimeoutError) as err:
+    except TimeoutError:
+        raise click.ClickException(
+            f"the controller's admin API at {admin_url} did not answer within {timeout_s:g} s"
+        ) from None
+    except aiohttp.ClientError as err:
         raise click.ClickException(
             f"cannot reach the controller's admin API at {admin_url}: "
             f"{err or type(err).__name__}") from None
@@ -80,6 +86,12 @@ def forget(reservation_id: int, reason: str, admin_url: str, token_file: Path | 
     """
     if not reason.strip():
         raise click.BadParameter("say what was fixed on the fabric", param_hint="--reason")
+    if len(reason) > MAX_REASON:
+        raise click.BadParameter(f"at most {MAX_REASON} characters, got {len(reason)}",
+                                 param_hint="--reason")
+    if not admin_url.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{admin_url!r} is not an http:// or https:// URL",
+                                 param_hint="--admin-url")
     answer = run(_forget(admin_url, reservation_id, reason, _token(token_file), timeout_s))
     reservation = answer.get("reservation") or {}
     click.echo(f"reservation {reservation_id} (device {reservation.get('device_name')}, "

@@ -143,7 +143,7 @@ class NodesReport:
         # the full name to match by.
         shared = {h for a in self.ambiguous if a.key != SHORT_HOSTNAME for h in a.hosts}
         return (
-            [f"{a.message}: no node maps to them by it" for a in self.ambiguous]
+            [f"{a.message}: {a.hint}" for a in self.ambiguous]
             + [f"node {n} maps to no fabric host" + (f": {reasons[n]}" if n in reasons else "")
                for n in self.unmapped_nodes]
             + [f"host {h} is not a node of this cluster" for h in self.unmatched_hosts

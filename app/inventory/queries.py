@@ -197,3 +197,18 @@ async def unmanaged_attachments(db: Database) -> list[dict[str, str]]:
         {"name": n, "vendor_id": v, "attach_unit": u, "device_type": t, "host_id": str(h)}
         for n, v, u, t, h in rows
     ]
+
+
+async def still_unmanaged(db: Database, vendor_id: str, host_id: str) -> bool:
+    """True when the present device ``vendor_id`` is still shown on ``host_id`` with no active
+    reservation: read again right before an unmanaged device is detached, so that a device
+    reserved (or a holder changed) since the sweep listed it is left alone."""
+    held = select(Reservation.device_id).where(
+        Reservation.state.in_(ACTIVE_RESERVATION_STATES))
+    async with db.read() as session:
+        found = (await session.execute(
+            select(Device.id).where(Device.vendor_id == vendor_id, Device.host_id == host_id,
+                                    Device.removed_at.is_(None), Device.id.not_in(held))
+        )).first()
+    return found is not None
+

@@ -23,7 +23,7 @@ from sqlalchemy import func, insert, select, update
 
 from app.clock import utcnow
 from app.db.engine import Database
-from app.db.models import Device, DeviceEvent, Host, InventoryStatus
+from app.db.models import Device, DeviceEvent, Host, InventoryStatus, Reservation
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
 from app.fabric.types import FabricDevice, FabricHost, Location, Rejected
@@ -240,6 +240,7 @@ class InventorySync:
                     .where(Device.backend == kind)
                 )
             ]
+            devices = await self._keep_journal_holders(session, now, stored_devices, devices)
             stored_keys = {s.key for s in stored_devices}
             taken: set[str] = set()
             if any(d.vendor_id not in stored_keys for d in devices):
@@ -296,6 +297,28 @@ class InventorySync:
             row_writes=device_plan.row_writes + host_plan.row_writes,
             devices=present,
         )
+
+    @staticmethod
+    async def _keep_journal_holders(
+        session: Any, listed_from: dt.datetime, stored: Sequence[StoredItem],
+        devices: list[FabricDevice],
+    ) -> list[FabricDevice]:
+        """The listing, with the stored holder kept for each device whose reservation moved
+        after the listing began.
+
+        The journal records a verified attach or detach as the device's holder at once; a
+        listing taken before it would otherwise write the old holder back (a free device shown
+        as held by another server, an attached one as free) until the next sync.
+        """
+        moved = set((await session.scalars(
+            select(Reservation.device_id).where(Reservation.updated_at >= listed_from)
+        )).all())
+        if not moved:
+            return devices
+        holder = {s.key: s.host_id for s in stored if s.id in moved}
+        return [dataclasses.replace(d, host_id=holder[d.vendor_id])
+                if d.vendor_id in holder and holder[d.vendor_id] != d.host_id else d
+                for d in devices]
 
     async def _write_hosts(
         self, session: Any, plan: Plan, now: dt.datetime, previous_success: dt.datetime | None

@@ -141,6 +141,7 @@ from app.sim.redfish_profiles import (
     add_dangling_drives,
     blank_health,
     compute_block_uri,
+    needs_tasks,
     placeholder_identities,
     remove_block_actions,
     resolve_profiles,
@@ -287,7 +288,8 @@ class RedfishSimulator:
         self.username = username
         self.password = password
         self.auth: AuthMode = auth
-        self.task_mode = task_mode
+        # The task profiles are about tasks: they answer writes with task monitors.
+        self.task_mode = task_mode or needs_tasks(self.switches)
         self.task_polls = task_polls
         self.page_size = page_size
         self.offer_actions = offer_actions

@@ -261,7 +261,18 @@ def resolve_profiles(names: Iterable[str]) -> ProfileSwitches:
 
     for name in names:
         add(name)
+    # A task that is killed without effect and one that ran and vanished cannot both be
+    # what one service does with every task.
+    ends = [set_by[f] for f in ("task_killed", "task_purged") if merged.get(f)]
+    if len(ends) > 1:
+        raise ValueError(f"profiles {ends[0]!r} and {ends[1]!r} cannot be combined: both "
+                         "decide how every task ends")
     return dataclasses.replace(default, **merged)
+
+
+def needs_tasks(switches: ProfileSwitches) -> bool:
+    """True when a profile only means something with writes answered as tasks."""
+    return switches.task_200_body or switches.task_killed or switches.task_purged
 
 
 # ----- tree edits, made once before serving -------------------------------------------------

@@ -771,6 +771,10 @@ async def test_forget_of_released_pending_or_unknown_reservations_is_refused(
                                  json=reason, headers=AUTH), 404, "999999")
     assert_error(await post_json(admin, f"/api/v1/reservations/{admin.seeded.pending}/forget",
                                  409, json=reason, headers=AUTH), 409, "release it instead")
+    # An attached reservation's pod may be using the device: never forgotten.
+    assert_error(await post_json(admin, f"/api/v1/reservations/{admin.seeded.attached}/forget",
+                                 409, json=reason, headers=AUTH), 409, "live claim")
+    assert (await reservation(admin.db, admin.seeded.attached)).state == ATTACHED
     await post_json(admin, f"/api/v1/reservations/{admin.seeded.attached}/release",
                     headers=AUTH)
     assert_error(await post_json(admin, f"/api/v1/reservations/{admin.seeded.attached}/forget",
@@ -819,6 +823,14 @@ async def test_the_forget_command_releases_through_the_admin_api(
     code, _, err = await _cli("forget", str(rid), "--reason", "again", "--admin-url", url,
                               "--token-file", str(token))
     assert code == 1 and "nothing to forget" in err and len(err.strip().splitlines()) == 1
+    assert "{" not in err  # the controller's message, not its JSON body
+    for args in ([str(rid), "--reason", "x" * 256, "--admin-url", url],
+                 [str(rid), "--reason", "x", "--admin-url", "ftp://127.0.0.1:1"],
+                 [str(rid), "--reason", "  ", "--admin-url", url],
+                 [str(rid), "--admin-url", url],
+                 ["abc", "--reason", "x", "--admin-url", url]):
+        code, _, err = await _cli("forget", *args)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
     code, _, err = await _cli("forget", str(rid), "--reason", "x", "--admin-url", url,
                               "--token-file", str(tmp_path / "missing"))
     assert code == 1 and "--token-file" in err and len(err.strip().splitlines()) == 1

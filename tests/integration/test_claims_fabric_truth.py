@@ -15,8 +15,8 @@ from app.claims.drift import DriftWatch
 from app.claims.reconciler import ClaimReconciler
 from app.db.engine import Database
 from app.inventory import InventorySync
-from app.inventory.queries import pool_devices
-from app.journal import ATTACHED, ATTACHING, DETACH_FAILED, FAILED, RELEASED, Journal
+from app.inventory.queries import pool_devices, unmanaged_attachments
+from app.journal import ATTACHED, ATTACHING, DETACH_FAILED, FAILED, RELEASED, ClaimRef, Journal
 from app.pools import PoolConfig, desired_pools
 
 DRIVER = "fabric.example.com"
@@ -178,12 +178,51 @@ async def test_our_verified_detach_frees_the_device_in_the_inventory_at_once(
     device = harness.device_names()[0]
     reconciler = harness.reconciler()
     async with running(reconciler):
-        await _attached(harness, reconciler, "c1", device)
+        uid = await _attached(harness, reconciler, "c1", device)
+        # A sync while it is attached: the inventory shows it on our host, held by us.
+        assert (await InventorySync(harness.backend, harness.db).sync_once()).ok
         [row] = [d for d in await pool_devices(harness.db) if d.name == device]
         assert row.held_by is None
         harness.deallocate("c1")
-        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None)
-        await eventually(lambda: _device_free(harness, device), what="inventory shows it free")
+        await eventually(lambda: _no_active(reconciler, uid), what="released")
+        assert harness.sim.attachments()[harness.block_of(device)] is None
+        # No sync ran since: the journal's verified detach itself freed the inventory row.
+        assert await _device_free(harness, device)
+
+
+class _StaleListing:
+    """A backend whose device listing was taken earlier (it answers that old listing)."""
+
+    def __init__(self, backend: Any, listing: Any) -> None:
+        self.backend, self.listing, self.kind = backend, listing, backend.kind
+
+    async def list_hosts(self) -> Any:
+        return await self.backend.list_hosts()
+
+    async def list_devices(self) -> Any:
+        return self.listing
+
+
+async def test_a_listing_taken_before_our_detach_does_not_write_the_old_holder_back(
+        harness: Harness) -> None:
+    device = harness.device_names()[5]
+    reconciler = harness.reconciler()
+    async with running(reconciler):
+        await _attached(harness, reconciler, "c1", device)
+        listed_from = dt.datetime.now(dt.UTC)
+        stale = await harness.backend.list_devices()  # still shows the device on NODES[0]
+        uid = str(harness.claim("c1")["metadata"]["uid"])  # type: ignore[index]
+        harness.deallocate("c1")
+        await eventually(lambda: _no_active(reconciler, uid), what="released")
+        assert await _device_free(harness, device)
+        result = await InventorySync(_StaleListing(harness.backend, stale),  # type: ignore[arg-type]
+                                     harness.db, clock=lambda: listed_from).sync_once()
+        assert result.ok
+        [row] = [d for d in await pool_devices(harness.db) if d.name == device]
+        assert row.held_by is None, "the old listing wrote the old holder back"
+        # The next real sync reads the fabric again and agrees.
+        assert (await InventorySync(harness.backend, harness.db).sync_once()).ok
+        assert await _device_free(harness, device)
 
 
 async def _device_free(harness: Harness, device: str) -> bool:
@@ -275,3 +314,19 @@ async def test_an_attach_task_journals_its_monitor_before_polling_and_is_followe
 async def _has_operation(journal: Journal, uid: str) -> bool:
     rows = await journal.for_claim(uid)
     return bool(rows) and bool(rows[0].operation_id)
+
+
+async def test_an_unmanaged_device_reserved_since_the_sweep_listed_it_is_not_detached(
+        harness: Harness) -> None:
+    device = harness.device_names()[3]
+    block = harness.block_of(device)
+    harness.sim.attach_out_of_band(block, NODES[0])
+    assert (await InventorySync(harness.backend, harness.db).sync_once()).ok
+    reconciler = harness.reconciler(detach_unmanaged=True, orphan_grace_s=3600)
+    [item] = await unmanaged_attachments(harness.db)
+    # Meanwhile a claim takes it (the scheduler gave it to a pod on that node).
+    await Journal(harness.db).reserve(ClaimRef("u1", "default", "c1"), "gpu", device,
+                                      "us-east/rack-01", "structured", NODES[0], NODES[0])
+    await reconciler._detach_unmanaged(item)
+    assert harness.sim.holders(block) == [NODES[0]]
+

@@ -60,6 +60,18 @@ async def test_help_lists_every_command(tmp_path: Path) -> None:
         assert "Usage:" in out
 
 
+@pytest.mark.parametrize("args", [
+    ["nope"], ["inventory", "--no-such-flag"], ["db"], ["forget"],
+    ["sim", "redfish", "--profile", "nope"], ["nodes", "--log-level", "LOUD"],
+])
+async def test_every_usage_error_is_one_line_naming_the_help(tmp_path: Path,
+                                                             args: list[str]) -> None:
+    code, _, err = await cli(*args, cwd=tmp_path)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "--help" in lines[0], err
+
+
 async def test_demo_once_tells_the_story_from_a_clean_directory(tmp_path: Path) -> None:
     code, out, err = await cli("demo", "--once", "--admin-port", "0", cwd=tmp_path)
     assert code == 0, err

@@ -27,6 +27,10 @@ RACK = "fabric-dra.io/rack"
 LABELS = {"zone": "a", "gen": "5", "name": "x"}
 
 
+HINT = ("with hosts.match=hostname no node maps to them by this name; give each host its "
+        "own HostName, or match by label, annotation or provider_id")
+
+
 def term(*expressions: dict[str, Any], fields: list[dict[str, Any]] | None = None
          ) -> dict[str, Any]:
     body: dict[str, Any] = {"matchExpressions": list(expressions)}
@@ -120,7 +124,7 @@ def test_a_hostname_shared_by_several_hosts_is_named_and_maps_no_node() -> None:
     assert report.ambiguous == (Ambiguity("hostname", "localhost", ("sys-1", "sys-2", "sys-3")),)
     assert report.unmatched_hosts == ("sys-1", "sys-2", "sys-3", "sys-5")
     assert report.warnings == [
-        f"{shared}: no node maps to them by it",
+        f"{shared}: {HINT}",
         f"node localhost maps to no fabric host: {shared}",
         "node node-5 maps to no fabric host",
         "host sys-5 is not a node of this cluster",
@@ -130,7 +134,7 @@ def test_a_hostname_shared_by_several_hosts_is_named_and_maps_no_node() -> None:
         {"key": "hostname", "value": "localhost", "hosts": ["sys-1", "sys-2", "sys-3"]}]
     assert data["nodes"][0] == {"node": "localhost", "host": None, "pools": [],
                                 "reason": shared}
-    assert f"  {shared}: no node maps to them by it" in render_table(report)
+    assert f"  {shared}: {HINT}" in render_table(report)
 
 
 def test_shared_hostnames_do_not_matter_when_nodes_are_matched_by_label() -> None:
@@ -231,7 +235,7 @@ async def test_nodes_names_the_hosts_that_share_a_placeholder_hostname(
 
         code, out, err = await fabric_dra("nodes", env=env)
         assert code == 0, err
-        assert f"{shared}: no node maps to them by it" in out
+        assert f"{shared}: {HINT}" in out
         assert f"node localhost maps to no fabric host: {shared}" in out
         assert "Traceback" not in err
     finally:

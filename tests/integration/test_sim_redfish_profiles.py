@@ -498,3 +498,11 @@ async def test_cli_serves_with_profiles(http: aiohttp.ClientSession) -> None:
             proc.terminate()
         await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0
+
+
+def test_task_profiles_answer_writes_with_tasks_and_cannot_end_tasks_two_ways() -> None:
+    for profile in ("task-200-body", "task-killed", "task-purged"):
+        assert RedfishSimulator(profiles=(profile,)).task_mode, profile
+    assert not RedfishSimulator(profiles=("message-errors",)).task_mode
+    with pytest.raises(ValueError, match=r"task-killed.*task-purged"):
+        RedfishSimulator(profiles=("task-killed", "task-purged"))
