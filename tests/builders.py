@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
@@ -20,6 +22,11 @@ from app.fabric.types import (
     OperationState,
     Rejected,
 )
+
+REDFISH_DATA = Path(os.environ.get(
+    "REDFISH_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "redfish"))
+"""The shared Redfish data (DMTF mockups, CSDL): ``../shared`` beside the checkout, or
+``REDFISH_DATA_DIR``."""
 
 
 def gpu(

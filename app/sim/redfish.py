@@ -50,7 +50,7 @@ Profiles
 --------
 ``RedfishSimulator(profiles=("name", ...))`` or ``fabric-dra sim redfish --profile NAME``
 (repeatable) makes the simulator behave the way real third-party Redfish composability
-services do (``/work/shared/docs/REDFISH-REFERENCE.md``, "What a real composability service
+services do (``../shared/docs/REDFISH-REFERENCE.md``, "What a real composability service
 did"). Profiles compose; no profile is the behaviour above. The definitions (a
 :class:`~app.sim.redfish_profiles.ProfileSwitches` per profile) are in
 :mod:`app.sim.redfish_profiles`. "Device block i" below is the i-th block (0-based) of the

@@ -11,7 +11,7 @@ block actions). It knows nothing of HTTP.
 
 Sources of the modelled behaviour, cited next to each rule:
 
-* "What a real composability service did" in ``/work/shared/docs/REDFISH-REFERENCE.md`` (a
+* "What a real composability service did" in ``../shared/docs/REDFISH-REFERENCE.md`` (a
   real third-party composability service tried here, and public reports);
 * DSP0266 (the Redfish specification) for ETags, ``If-Match`` and task monitors;
 * the Task schema (``Task_v1.xml``, DSP8010) for ``TaskState`` values.

@@ -5,7 +5,7 @@ A tree is a plain ``dict`` mapping a normalised URI (no trailing slash, e.g.
 builds such trees and knows nothing of HTTP; :mod:`app.sim.redfish` serves and mutates them.
 
 Schema versions and enum values follow DMTF DSP8010 2025.4 (the CSDL files in
-``/work/shared/data/redfish/csdl``); messages follow the DMTF Base message registry.
+``../shared/data/redfish/csdl``); messages follow the DMTF Base message registry.
 """
 
 from __future__ import annotations

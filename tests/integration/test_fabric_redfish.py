@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import ssl
 from collections import Counter
@@ -16,6 +15,7 @@ import aiohttp
 import pytest
 import trustme
 from aiohttp import web
+from builders import REDFISH_DATA
 
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import (
@@ -32,7 +32,7 @@ from app.fabric.redfish import FabricTaskTimeout, RedfishBackend, RetrySettings
 from app.fabric.types import DeviceType, FabricDevice, OperationState
 from app.sim.redfish import InventorySpec, RedfishSimulator
 
-DATA = Path(os.environ.get("REDFISH_DATA_DIR", "/work/shared/data/redfish"))
+DATA = REDFISH_DATA
 COMPOSABILITY = DATA / "dmtf-public-composability"
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
 SESSIONS = "/redfish/v1/SessionService/Sessions"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from builders import REDFISH_DATA
 
 from app.fabric.errors import (
     FabricError,
@@ -29,7 +29,7 @@ from app.fabric.redfish import RedfishBackend, RetrySettings
 from app.fabric.types import DeviceType, FabricDevice, OperationState
 from app.sim.redfish import InventorySpec, RedfishSimulator
 
-DATA = Path(os.environ.get("REDFISH_DATA_DIR", "/work/shared/data/redfish"))
+DATA = REDFISH_DATA
 COMPOSABILITY = DATA / "dmtf-public-composability"
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
 SYSTEMS = "/redfish/v1/Systems"

@@ -13,10 +13,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from builders import REDFISH_DATA
 
 from app.sim.redfish import Faults, InventorySpec, RedfishSimulator
 
-MOCKUPS = Path("/work/shared/data/redfish")
+MOCKUPS = REDFISH_DATA
 COMPOSABILITY = MOCKUPS / "dmtf-public-composability"
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
 AUTH = aiohttp.encode_basic_auth("admin", "password")

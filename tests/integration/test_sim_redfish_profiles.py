@@ -6,11 +6,11 @@ import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from builders import REDFISH_DATA
 from click.testing import CliRunner
 
 from app.sim.redfish import InventorySpec, RedfishSimulator, cli
@@ -21,7 +21,7 @@ from app.sim.redfish_profiles import (
     resolve_profiles,
 )
 
-COMPOSABILITY = Path("/work/shared/data/redfish/dmtf-public-composability")
+COMPOSABILITY = REDFISH_DATA / "dmtf-public-composability"
 ROOT = "/redfish/v1"
 BLOCKS = f"{ROOT}/CompositionService/ResourceBlocks"
 AUTH = aiohttp.encode_basic_auth("admin", "password")

@@ -1,7 +1,7 @@
 """DMTF's Redfish Service Validator walks a generated simulator tree and finds no failure.
 
 The validator runs offline against the DMTF schema files in the shared data folder (see
-``/work/shared/data/redfish/README.md``) as a subprocess, while the simulator serves from this
+``../shared/data/redfish/README.md``) as a subprocess, while the simulator serves from this
 test's event loop.
 """
 
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from builders import REDFISH_DATA
 
 from app.sim.redfish import InventorySpec, RedfishSimulator
 
-CSDL = Path("/work/shared/data/redfish/csdl")
+CSDL = REDFISH_DATA / "csdl"
 SUMMARY = re.compile(r"\|\s*PASS\s*\|\s*WARN\s*\|\s*FAIL\s*\|\s*NOT TESTED\s*\|\s*\n"
                      r"\+[-+]+\+\s*\n\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import REDFISH_DATA
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -48,7 +48,7 @@ from app.fabric.redfish_parse import (
 )
 from app.fabric.types import DeviceType, Health, Location, OperationState
 
-DATA = Path(os.environ.get("REDFISH_DATA_DIR", "/work/shared/data/redfish"))
+DATA = REDFISH_DATA
 COMPOSABILITY = DATA / "dmtf-public-composability"
 BLADED = DATA / "dmtf-public-bladed-partitions"
 LOCATIONS = DATA / "dmtf-location-examples"

@@ -5,11 +5,10 @@ bodies, misquoted ETags, missing health, devices without their own slot, placeho
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import REDFISH_DATA
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -31,7 +30,7 @@ from app.fabric.redfish_parse import (
 )
 from app.fabric.types import DeviceType, FabricDevice, Health, Location, OperationState
 
-DATA = Path(os.environ.get("REDFISH_DATA_DIR", "/work/shared/data/redfish"))
+DATA = REDFISH_DATA
 COMPOSABILITY = DATA / "dmtf-public-composability"
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
 
