@@ -432,14 +432,6 @@ def _problems(device: PoolDevice, config: PoolConfig) -> list[tuple[dict[str, st
     return found
 
 
-def out_of_service(device: PoolDevice, config: PoolConfig | None = None) -> bool:
-    """True when the device must not be allocated: unhealthy, cordoned, failed an attach or
-    a detach, held by another server, or (unless ``config`` offers it) of unknown health."""
-    if config is None:
-        config = PoolConfig(driver_name="x.example.com")
-    return bool(_problems(device, config))
-
-
 def content_hash(node_selector_: Mapping[str, Any], devices: Sequence[Mapping[str, Any]]) -> str:
     """SHA-256 (hex) of a canonical JSON form of a slice's node selector and devices."""
     payload = json.dumps([node_selector_, list(devices)], sort_keys=True, separators=(",", ":"))

@@ -75,7 +75,8 @@ class ClaimPlan:
         return not (self.release or self.reserve or self.attach)
 
 
-def _key(reservation: ReservationView) -> WantedDevice:
+def reservation_key(reservation: ReservationView) -> WantedDevice:
+    """The allocation result a reservation stands for (request, pool, device)."""
     return WantedDevice(reservation.request, reservation.pool, reservation.device_name)
 
 
@@ -99,7 +100,7 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
     current: dict[WantedDevice, ReservationView] = {}
     requeue = False
     for reservation in sorted(reservations, key=lambda r: r.id):
-        key = _key(reservation)
+        key = reservation_key(reservation)
         if reservation.state == DETACH_FAILED:
             stuck.append(reservation)
             continue
@@ -127,9 +128,9 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
     for item in sorted(wanted):
         held = current.get(item)
         if held is None:
-            if any(_key(r) == item for r in stuck):
-                failed.extend(r for r in stuck if _key(r) == item)
-            elif any(_key(r) == item for r in release):
+            if any(reservation_key(r) == item for r in stuck):
+                failed.extend(r for r in stuck if reservation_key(r) == item)
+            elif any(reservation_key(r) == item for r in release):
                 requeue = True
             elif wants.config_error is not None:
                 refuse.append((item, wants.config_error))

@@ -57,7 +57,7 @@ from app.claims.model import (
     same_device_status,
     wanted_devices,
 )
-from app.claims.plan import ClaimPlan, ClaimWants, plan_claim
+from app.claims.plan import ClaimPlan, ClaimWants, plan_claim, reservation_key
 from app.clock import utcnow
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
@@ -398,7 +398,7 @@ class ClaimReconciler:
         for reservation in plan.failed:
             key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
             reports[key] = failed_report(key, reservation)
-        lost = {_key(r): DeviceReport(_key(r), False, REASON_DEVICE_LOST,
+        lost = {reservation_key(r): DeviceReport(reservation_key(r), False, REASON_DEVICE_LOST,
                                       r.last_error or "the device lost its attachment",
                                       failed=False)
                 for r, _ in attach if r.attached_at is not None}
@@ -408,7 +408,7 @@ class ClaimReconciler:
             claim = await self._write_status(claim, [*reports.values(), *lost.values()]
                                              ) or claim
         for reservation, device in attach:
-            key = _key(reservation)
+            key = reservation_key(reservation)
             report, retry = await self.ops.attach(reservation, claim, configs.get(
                 reservation.request, EffectiveConfig()), device=device)
             requeue |= retry
@@ -677,10 +677,6 @@ class ClaimReconciler:
                 for e in list(self.recent_errors)[-20:]
             ],
         }
-
-
-def _key(reservation: ReservationView) -> WantedDevice:
-    return WantedDevice(reservation.request, reservation.pool, reservation.device_name)
 
 
 def failed_report(key: WantedDevice, reservation: ReservationView) -> DeviceReport:
