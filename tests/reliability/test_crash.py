@@ -218,6 +218,8 @@ async def _crash_run(tmp_path: Path, database_url: str, *, kills: int = KILLS,
                         if (p.get("spec") or {}).get("nodeName")
                         and not p["metadata"].get("deletionTimestamp")]
 
+            if not any(not p["metadata"].get("deletionTimestamp") for p in cluster.pods()):
+                cluster.create_pod("before-final")  # the workload may have deleted them all
             await eventually(lambda: bool(bound()), timeout_s=60, what=f"a bound pod ({context})")
             cluster.emu.delete("v1", "Pod", bound()[0], "default")
             await eventually(lambda: any(op == "detach" for op, _, _ in cluster.sim.history),
