@@ -9,6 +9,16 @@ from typing import Any
 
 from aiohttp import web
 
+from .context import (
+    DRA_ADMIN_ACCESS,
+    DRA_CONSUMABLE_CAPACITY,
+    DRA_DEVICE_BINDING_CONDITIONS,
+    DRA_DEVICE_TAINTS,
+    DRA_PARTITIONABLE_DEVICES,
+    DRA_PRIORITIZED_LIST,
+    DRA_RESOURCE_CLAIM_DEVICE_STATUS,
+    Cluster,
+)
 from .errors import StatusError
 from .faults import Faults, RequestRecord
 from .http import ServerState, build_app, json_response
@@ -16,6 +26,10 @@ from .operations import Api
 from .rbac import RbacPolicy
 from .resources import served_types
 from .store import Store
+
+ALL_GATES = (DRA_ADMIN_ACCESS, DRA_CONSUMABLE_CAPACITY, DRA_DEVICE_BINDING_CONDITIONS,
+             DRA_DEVICE_TAINTS, DRA_PARTITIONABLE_DEVICES, DRA_PRIORITIZED_LIST,
+             DRA_RESOURCE_CLAIM_DEVICE_STATUS)
 
 
 class KubeEmulator:
@@ -44,7 +58,9 @@ class KubeEmulator:
         self._history_size = history_size
         self._validate = validate
         self._faults = Faults()
-        self._api = Api(Store(history_size), self._types, validate=validate)
+        # Until the cluster profiles are in place: Kubernetes 1.34 with every DRA gate on.
+        self._api = Api(Store(history_size), self._types, validate=validate,
+                        cluster=Cluster(34, frozenset(ALL_GATES)))
         self._rbac = rbac
         self._ensure_namespaces()
         self._state = ServerState(self._api, self._faults, git_version, token,

@@ -17,6 +17,7 @@ import yaml
 
 from . import dra, dra_claims
 from .apply import managed_fields_json, record_update, server_side_apply
+from .context import Cluster, RuleContext
 from .errors import (
     STALE_OBJECT,
     Cause,
@@ -60,12 +61,17 @@ class Api:
     ``dropped``: plural -> dotted paths silently removed on write (a disabled feature gate).
     """
 
-    def __init__(self, store: Store, types: Sequence[ResourceType], *, validate: bool) -> None:
+    def __init__(self, store: Store, types: Sequence[ResourceType], *, validate: bool,
+                 cluster: Cluster) -> None:
         self.store = store
         self.types = list(types)
         self.validate = validate
+        self.cluster = cluster
         self.schemas = SchemaValidator()
         self.dropped: dict[str, list[str]] = {}
+        # Warnings of the call in progress: the verbs are synchronous, so the HTTP layer
+        # empties this before a call and sends what it holds as Warning headers after it.
+        self.warnings: list[str] = []
 
     # -- lookup ---------------------------------------------------------------------------
     def find(self, group: str, version: str, plural: str) -> ResourceType | None:
@@ -160,10 +166,24 @@ class Api:
         for path in self.dropped.get(rt.plural, []):
             drop_path(obj, path)
 
-    def _kind_causes(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
-                     status_write: bool) -> list[Cause]:
+    def context(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
+                status_write: bool = False) -> RuleContext:
+        """The :class:`RuleContext` of a write of ``obj`` (``old``: stored state or None);
+        its warnings go to :attr:`warnings`.
+        """
+        labels: dict[str, str] = {}
+        if rt.namespaced:
+            namespace = (obj.get("metadata") or {}).get("namespace") or ""
+            ns = self.store.get(("", "namespaces"), ("", namespace))
+            labels = dict(((ns or {}).get("metadata") or {}).get("labels") or {})
+        return RuleContext(self.cluster, rt.version if rt.group == RESOURCE_GROUP else "",
+                           old, status_write, labels, self.warnings)
+
+    def _kind_causes(self, rt: ResourceType, obj: dict[str, Any],
+                     ctx: RuleContext) -> list[Cause]:
         if rt.group != RESOURCE_GROUP:
             return []
+        old, status_write = ctx.old, ctx.status_write
         if rt.plural == "resourceslices":
             return dra.resource_slice_causes(obj, old, rt.version)
         if rt.plural == "resourceclaims":
@@ -180,9 +200,9 @@ class Api:
                   status_write: bool = False) -> None:
         if not self.validate:
             return
+        ctx = self.context(rt, obj, old, status_write)
         self.schemas.check(rt, obj)
-        raise_if(rt, obj, metadata_causes(rt, obj)
-                 + self._kind_causes(rt, obj, old, status_write))
+        raise_if(rt, obj, metadata_causes(rt, obj) + self._kind_causes(rt, obj, ctx))
 
     def _namespace_exists(self, rt: ResourceType, namespace: str) -> None:
         if rt.namespaced and self.store.get(("", "namespaces"), ("", namespace)) is None:
