@@ -41,7 +41,8 @@ DEFAULT_RESULTS = HERE / "results.json"
 README = HERE.parent / "README.md"
 README_START = "<!-- bench:results:start -->"
 README_END = "<!-- bench:results:end -->"
-BENCHMARKS = ("inventory_sync", "publish", "claims", "drift", "controlplane", "allocate")
+BENCHMARKS = ("inventory_sync", "publish", "claims", "drift", "controlplane", "allocate",
+              "kubeapi")
 MB = 1_000_000 / 2**20  # MiB per MB: targets speak of MB, the kernel reports KiB
 
 
@@ -101,6 +102,9 @@ def cases(short: bool) -> list[Case]:
                         ("--devices", "10000", "--pods", "300", "--in-flight", "16"), 1200))
         out.append(Case("allocate", "10,000 devices, 2,000 allocations",
                         ("--allocations", "2000"), 600))
+    requests = 50 if short else 500
+    out.append(Case("kubeapi", f"{requests} requests of each kind",
+                    ("--requests", str(requests)), 300))
     return out
 
 
@@ -261,6 +265,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("allocate", "allocations per second (allocator alone)",
            _key("allocations_per_second", "allocations"), "/s"),
     Metric("allocate", "allocation p99", _key("p99_ms", "allocations"), "ms"),
+    *(Metric("kubeapi", f"emulator CPU per {label}, rules {state}",
+             _key(f"{key}_ms_rules_{state}"), "ms")
+      for key, label in (("create_slice", "slice create (32 devices)"),
+                         ("update_slice_cycle", "slice GET + PUT"),
+                         ("claim_status_cycle", "claim status GET + PUT"),
+                         ("create_claim", "claim create"),
+                         ("list_50_slices", "list of 50 slices"))
+      for state in ("on", "off")),
 )
 
 

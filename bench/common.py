@@ -8,12 +8,14 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import resource
 import signal
 import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +38,22 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+@dataclass(frozen=True)
+class ServerProcess:
+    """A server started by :func:`server_process`: its base ``url`` and process ``pid``."""
+
+    url: str
+    pid: int
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU seconds the server process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.asynccontextmanager
-async def _server_process(what: str, command: Sequence[str]) -> AsyncIterator[str]:
-    """Run ``fabric-dra COMMAND --port N`` in its own process; yield its URL once it answers."""
+async def server_process(what: str, command: Sequence[str]) -> AsyncIterator[ServerProcess]:
+    """Run ``fabric-dra COMMAND --port N`` in its own process; yield it once it answers."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "app", *command, "--port", str(port),
@@ -57,7 +72,7 @@ async def _server_process(what: str, command: Sequence[str]) -> AsyncIterator[st
                 if process.returncode is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the {what} did not start") from None
                 await asyncio.sleep(0.2)
-        yield url
+        yield ServerProcess(url, process.pid)
     finally:
         # A busy server may take a while to act on SIGTERM: then it is killed, never left.
         with contextlib.suppress(ProcessLookupError):
@@ -68,6 +83,12 @@ async def _server_process(what: str, command: Sequence[str]) -> AsyncIterator[st
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
+
+
+@contextlib.asynccontextmanager
+async def _server_process(what: str, command: Sequence[str]) -> AsyncIterator[str]:
+    async with server_process(what, command) as server:
+        yield server.url
 
 
 def redfish_simulator_process(args: Sequence[str]) -> contextlib.AbstractAsyncContextManager[str]:
