@@ -52,6 +52,8 @@ _KEPT_METADATA = ("labels", "annotations", "ownerReferences", "finalizers")
 # Fields the API server sets on its own; never a difference (DeviceTaint.timeAdded is set on
 # create and update when missing, k8s.io/kubernetes pkg/registry/resource/resourceslice).
 _SERVER_SET = {"taints": frozenset({"timeAdded"})}
+# Where a slim spec (the publisher's informer cache) keeps :func:`taint_times`.
+TAINT_TIMES = "fabric-dra.io/taintTimes"
 
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|n|u|k|M|G|T|P|E|"
                        r"[eE][+-]?\d+)?$")
@@ -122,7 +124,8 @@ def _canonical(value: Any, parent: str = "") -> Any:
     if kind is dict:
         ignored = _SERVER_SET.get(parent, _NO_FIELDS)
         result: dict[str, Any] = {}
-        in_capacity = parent == "capacity"
+        # Counter values are quantities too, canonicalised by the server like capacities.
+        in_capacity = parent == "capacity" or parent == "counters"
         in_entry = parent == "capacity-entry"
         for key, item in value.items():
             if key in ignored:
@@ -247,6 +250,8 @@ class ExistingSlice:
         index: parsed from the name (:func:`slice_index`); None when the name has no index.
         content_key: :func:`content_key` of the spec's content.
         kept_metadata: labels, annotations, owner references and finalizers, kept on update.
+        taint_times: :func:`taint_times` of the spec: the ``timeAdded`` the API server gave each
+            taint, sent back on update so that an unchanged taint keeps its age.
     """
 
     name: str
@@ -258,6 +263,56 @@ class ExistingSlice:
     index: int | None
     content_key: str
     kept_metadata: Mapping[str, Any] = field(default_factory=dict)
+    taint_times: Mapping[str, str] = field(default_factory=dict)
+
+
+def _taint_id(device: str, taint: Mapping[str, Any]) -> str:
+    return "\x00".join((device, str(taint.get("key") or ""), str(taint.get("value") or ""),
+                         str(taint.get("effect") or "")))
+
+
+def taint_times(spec: Mapping[str, Any]) -> dict[str, str]:
+    """The ``timeAdded`` of every taint of a ResourceSlice spec (v1 shape), by device name,
+    key, value and effect; {} when no device has a timed taint.
+
+    Defaulting on the API server stamps a taint written without ``timeAdded`` with the current
+    time, on update too (k8s.io/kubernetes pkg/apis/resource/v1/defaults.go
+    SetDefaults_DeviceTaint), so a writer that omits it resets the taint's age on every write.
+    """
+    found: dict[str, str] = {}
+    for device in spec.get("devices") or ():
+        if type(device) is not dict or not device.get("taints"):
+            continue
+        name = str(device.get("name") or "")
+        for taint in device["taints"]:
+            if type(taint) is dict and isinstance(taint.get("timeAdded"), str):
+                found[_taint_id(name, taint)] = taint["timeAdded"]
+    return found
+
+
+def keep_taint_times(spec: dict[str, Any], times: Mapping[str, str]) -> None:
+    """Give each taint of ``spec`` (v1 shape; its ``devices`` list is changed in place, the
+    device dicts are replaced, not modified) that has no ``timeAdded``
+    the time ``times`` (:func:`taint_times` of the stored slice) holds for the same device and
+    taint. A new taint gets none: the API server stamps it with the current time."""
+    devices = spec.get("devices")
+    if not times or type(devices) is not list:
+        return
+    for index, device in enumerate(devices):
+        if type(device) is not dict or not device.get("taints"):
+            continue
+        name = str(device.get("name") or "")
+        kept, changed = [], False
+        for taint in device["taints"]:
+            when = times.get(_taint_id(name, taint)) if type(taint) is dict else None
+            if when and "timeAdded" not in taint:
+                kept.append({**taint, "timeAdded": when})
+                changed = True
+            else:
+                kept.append(taint)
+        if changed:
+            # Copied, never changed in place: the desired pool shares its device dicts.
+            devices[index] = {**device, "taints": kept}
 
 
 def existing_slice(
@@ -265,7 +320,8 @@ def existing_slice(
 ) -> ExistingSlice:
     """Read an :class:`ExistingSlice` from a ResourceSlice JSON object (v1 shape).
 
-    ``key`` is the content key when already known (the spec's content is then not read).
+    ``key`` is the content key when already known (the spec's content is then not read). A
+    spec reduced to its header may carry the taint times under :data:`TAINT_TIMES`.
     Missing fields read as empty / 0, so a malformed slice is still classified (and deleted).
     """
     metadata = obj.get("metadata") or {}
@@ -282,6 +338,8 @@ def existing_slice(
         index=slice_index(name, driver_name),
         content_key=key if key is not None else content_key(content_of(spec)),
         kept_metadata={k: copy.deepcopy(metadata[k]) for k in _KEPT_METADATA if metadata.get(k)},
+        taint_times=(dict(spec[TAINT_TIMES]) if isinstance(spec.get(TAINT_TIMES), dict)
+                     else taint_times(spec)),
     )
 
 
@@ -414,14 +472,12 @@ class PoolPlan:
 
 def _body(
     driver_name: str, pool: DesiredPool, content: SliceContent, generation: int,
-    metadata: dict[str, Any],
+    metadata: dict[str, Any], times: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": metadata,
-        "spec": resource_slice_spec(driver_name, pool, content, generation),
-    }
+    spec = resource_slice_spec(driver_name, pool, content, generation)
+    if times:
+        keep_taint_times(spec, times)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
 
 def plan_pool(
@@ -482,7 +538,7 @@ def plan_pool(
                 "name": current.name,
                 "resourceVersion": current.resource_version,
                 **copy.deepcopy(dict(current.kept_metadata)),
-            }),
+            }, current.taint_times),
         )
         for index, current in rewrite
     )

@@ -52,6 +52,7 @@ from app.kube.workqueue import QueueClock, ShutDown, WorkQueue, WorkQueueSetting
 from app.pools import DesiredPool
 from app.publisher.metrics import PublisherMetrics
 from app.publisher.plan import (
+    TAINT_TIMES,
     ExistingSlice,
     PoolPlan,
     Verb,
@@ -64,6 +65,7 @@ from app.publisher.plan import (
     existing_slice,
     expected_key,
     plan_pool,
+    taint_times,
 )
 
 logger = logging.getLogger(__name__)
@@ -451,7 +453,8 @@ class Publisher:
 
     def _slim(self, raw: JsonDict) -> JsonDict:
         """The informer's converter: the form it caches. Metadata without managedFields, and
-        the spec's content (devices, node selection) replaced by its content key.
+        the spec's content (devices, node selection) replaced by its content key and the
+        taints' ``timeAdded`` (:func:`~app.publisher.plan.taint_times`).
 
         The informer is private to the publisher, which needs no more; at 100,000 devices the
         full objects would be most of the process's memory (client-go informers use a transform
@@ -466,6 +469,10 @@ class Publisher:
             slim_spec[_CONTENT_KEY] = known.content_key  # the echo of our own write
         else:
             slim_spec[_CONTENT_KEY] = content_key(content_of(spec))
+        # The server's timeAdded per taint, sent back on update (a taint keeps its age).
+        times = taint_times(spec)
+        if times:
+            slim_spec[TAINT_TIMES] = times
         return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
                 "metadata": metadata, "spec": slim_spec}
 
