@@ -177,7 +177,9 @@ async def measure(devices: int, racks: int, pods: int, in_flight: int,
         await InventorySync(backend, database).sync_once()
         lines.append({"step": "inventory", "devices": len(fabric_devices), "racks": racks,
                       "seconds": round(time.perf_counter() - started, 2)})
-        args = ["--resource-versions", VERSION, "--history-size", "200000"]
+        # Classic DRA (v1alpha3 with PodSchedulingContexts) is Kubernetes 1.31's.
+        args = ["--kubernetes-version", "1.31", "--resource-versions", VERSION,
+                "--history-size", "200000"]
         async with kube_emulator_process(args) as url:
             client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url))
             try:

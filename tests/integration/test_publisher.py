@@ -27,6 +27,7 @@ from app.publisher.metrics import PublisherMetrics
 from app.publisher.plan import slice_index
 from app.publisher.publisher import Publisher, PublisherSettings
 from app.sim.kubeapi import KubeEmulator
+from app.sim.kubeapi.cluster import all_gates_on
 
 DRIVER = "fabric.example.com"
 OTHER = "other.example.com"
@@ -64,9 +65,14 @@ def pools(*groups: list[PoolDevice], config: PoolConfig = CONFIG) -> dict[str, D
     return desired_pools([d for group in groups for d in group], config)
 
 
+# The publisher writes taints and binding conditions, which Kubernetes 1.34 keeps behind
+# alpha gates that are off by default: these emulators turn every DRA gate on.
+GATES = all_gates_on("1.34")
+
+
 @pytest.fixture
 async def emu() -> AsyncIterator[KubeEmulator]:
-    emulator = KubeEmulator(bookmark_interval_s=0.2)
+    emulator = KubeEmulator(feature_gates=GATES, bookmark_interval_s=0.2)
     await emulator.start()
     try:
         yield emulator
@@ -424,6 +430,29 @@ async def test_dropped_taints_are_reported_once_and_not_rewritten(
         await assert_second_sync_writes_nothing(emu, publisher)
 
 
+async def test_a_1_34_cluster_with_its_default_gates_drops_taints_and_binding_fields(
+) -> None:
+    # DRADeviceTaints and DRADeviceBindingConditions are alpha, off by default, in 1.34: the
+    # server drops those fields silently and the publisher must notice without looping.
+    emulator = KubeEmulator(kubernetes_version="1.34", bookmark_interval_s=0.2)
+    await emulator.start()
+    kube = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emulator.url))
+    try:
+        async with running(kube) as publisher:
+            await publish(publisher, pools(gpus(10, unhealthy=[2])))
+            assert writes(emulator) == {"POST": 1}
+            assert publisher.taints_dropped and publisher.binding_conditions_dropped
+            assert {"spec.devices[].taints", "spec.devices[].bindsToNode",
+                    "spec.devices[].bindingConditions"} <= publisher.dropped_paths
+            stored = slices(emulator)[0]["spec"]["devices"]
+            assert not any({"taints", "bindsToNode", "bindingConditions"} & set(d)
+                           for d in stored)
+            await assert_second_sync_writes_nothing(emulator, publisher)
+    finally:
+        await kube.close()
+        await emulator.stop()
+
+
 async def test_dropped_binding_conditions_are_detected_without_a_write_loop(
     emu: KubeEmulator, client: KubeClient,
 ) -> None:
@@ -442,7 +471,8 @@ async def test_dropped_binding_conditions_are_detected_without_a_write_loop(
 
 # --------------------------------------------------------------------------- versions
 async def test_a_v1beta2_server_gets_the_v1_json() -> None:
-    emulator = KubeEmulator(served_resource_versions=("v1beta2",), bookmark_interval_s=0.2)
+    emulator = KubeEmulator(served_resource_versions=("v1beta2",), feature_gates=GATES,
+                            bookmark_interval_s=0.2)
     await emulator.start()
     kube = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emulator.url))
     try:
@@ -459,7 +489,8 @@ async def test_a_v1beta2_server_gets_the_v1_json() -> None:
 
 
 async def test_a_v1beta1_server_gets_the_basic_shape() -> None:
-    emulator = KubeEmulator(served_resource_versions=("v1beta1",), bookmark_interval_s=0.2)
+    emulator = KubeEmulator(served_resource_versions=("v1beta1",), feature_gates=GATES,
+                            bookmark_interval_s=0.2)
     await emulator.start()
     kube = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emulator.url))
     try:

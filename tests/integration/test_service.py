@@ -17,6 +17,7 @@ from builders import eventually
 from app.config import Settings, load_settings
 from app.service import Service
 from app.sim.kubeapi import KubeEmulator
+from app.sim.kubeapi.cluster import all_gates_on
 from app.sim.redfish import InventorySpec, RedfishSimulator
 
 DRIVER = "fabric.example.com"
@@ -32,7 +33,8 @@ async def cluster() -> AsyncIterator[tuple[KubeEmulator, RedfishSimulator]]:
                                               hosts_per_rack=2), username="ops",
                            password="s3cret-pw", auth="session")
     URLS[id(sim)] = await sim.start()
-    emu = KubeEmulator(served_resource_versions=("v1",))
+    # The service publishes taints and binding conditions: alpha gates, off by default in 1.34.
+    emu = KubeEmulator(served_resource_versions=("v1",), feature_gates=all_gates_on("1.34"))
     await emu.start()
     for node in NODES:
         emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
@@ -269,7 +271,8 @@ async def test_the_whole_cycle_works_with_only_the_rbac_of_deploy(tmp_path: Path
                                               hosts_per_rack=2), username="ops",
                            password="s3cret-pw", auth="session")
     URLS[id(sim)] = await sim.start()
-    emu = KubeEmulator(served_resource_versions=("v1",), token="cluster-admin",
+    emu = KubeEmulator(served_resource_versions=("v1",), feature_gates=all_gates_on("1.34"),
+                       token="cluster-admin",
                        tokens={"sa-token": SERVICE_ACCOUNT},
                        rbac=RbacPolicy.from_manifests([DEPLOY / "rbac.yaml"]))
     await emu.start()

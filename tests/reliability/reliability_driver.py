@@ -27,6 +27,7 @@ from app.config import Settings, load_settings
 from app.db.engine import Database
 from app.db.models import Reservation
 from app.sim.kubeapi import KubeEmulator
+from app.sim.kubeapi.cluster import all_gates_on
 from app.sim.redfish import InventorySpec, RedfishSimulator
 
 DRIVER = "fabric.example.com"
@@ -142,7 +143,8 @@ async def make_cluster(tmp_path: Path, *, devices: int = 4, **sim_options: Any) 
                            username=FABRIC_USER, password=FABRIC_PASSWORD, auth="session",
                            **sim_options)
     sim_url = await sim.start()
-    emu = KubeEmulator(served_resource_versions=("v1",))
+    # The service publishes taints and binding conditions: alpha gates, off by default in 1.34.
+    emu = KubeEmulator(served_resource_versions=("v1",), feature_gates=all_gates_on("1.34"))
     await emu.start()
     for node in NODES:
         emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {

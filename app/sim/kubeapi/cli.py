@@ -10,21 +10,29 @@ from pathlib import Path
 import click
 import yaml
 
+from .cluster import (
+    DEFAULT_KUBERNETES_VERSION,
+    PROFILES,
+    parse_feature_gates,
+    parse_version,
+    profile,
+    resolve_gates,
+    resolve_served,
+)
 from .emulator import KubeEmulator
 from .rbac import RbacPolicy
 
 DEFAULT_RBAC_USER = "system:serviceaccount:fabric-dra:fabric-dra"
 
 
-async def _serve(host: str, port: int, versions: list[str], history_size: int,
-                 token: str | None, nodes: list[dict[str, object]],
-                 tokens: dict[str, str], rbac: RbacPolicy | None, validate: bool = True) -> None:
-    emulator = KubeEmulator(served_resource_versions=versions, history_size=history_size,
-                            validate=validate, token=token, tokens=tokens, rbac=rbac)
+async def _serve(emulator: KubeEmulator, host: str, port: int,
+                 nodes: list[dict[str, object]]) -> None:
     for node in nodes:
         emulator.create(dict(node))
     url = await emulator.start(host, port)
-    click.echo(f"Kubernetes API emulator serving resource.k8s.io {','.join(versions)} at {url}")
+    versions = ",".join(emulator.served_resource_versions)
+    click.echo(f"Kubernetes API emulator (Kubernetes {emulator.cluster.version}) serving "
+               f"resource.k8s.io {versions} at {url}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -46,8 +54,15 @@ def _read_token(path: Path, flag: str) -> str:
 @click.command("kube")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=6443, show_default=True, type=int, help="Port (plain HTTP).")
-@click.option("--resource-versions", default="v1", show_default=True,
-              help="Comma list of resource.k8s.io versions: v1, v1beta2, v1beta1, v1alpha3.")
+@click.option("--kubernetes-version", default=DEFAULT_KUBERNETES_VERSION, show_default=True,
+              help=f"Emulated Kubernetes release ({', '.join(PROFILES)}; also v1.34 or "
+                   "v1.34.2): its served versions, feature-gate defaults and schemas.")
+@click.option("--feature-gates", default="",
+              help="Gate overrides as kube-apiserver takes them, e.g. "
+                   "DRADeviceTaints=true,DRAAdminAccess=false.")
+@click.option("--resource-versions", default=None,
+              help="Comma list of resource.k8s.io versions to serve (first = preferred); "
+                   "default: the release's (v1 for 1.34+, v1alpha3 for 1.31).")
 @click.option("--history-size", default=1000, show_default=True, type=int,
               help="Watch events retained before 410 Expired.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -66,7 +81,8 @@ def _read_token(path: Path, flag: str) -> str:
 @click.option("--no-validation", is_flag=True,
               help="Store writes without the schema and field-rule checks (benchmarks: the "
                    "checks cost this Python emulator more than serving the request).")
-def cli(host: str, port: int, resource_versions: str, history_size: int,
+def cli(host: str, port: int, kubernetes_version: str, feature_gates: str,
+        resource_versions: str | None, history_size: int,
         token_file: Path | None, nodes_file: Path | None, rbac_manifests: tuple[Path, ...],
         rbac_user: str, rbac_token_file: Path | None, no_validation: bool) -> None:
     """Serve an emulated Kubernetes API (resource.k8s.io, core, coordination) until Ctrl-C.
@@ -75,7 +91,21 @@ def cli(host: str, port: int, resource_versions: str, history_size: int,
     and get 403 Forbidden unless the manifests' roles allow them; other requests are
     unrestricted (or need --token-file's token when given).
     """
-    versions = [v.strip() for v in resource_versions.split(",") if v.strip()]
+    try:
+        release = profile(parse_version(kubernetes_version))
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--kubernetes-version") from err
+    try:
+        gates = parse_feature_gates(feature_gates)
+        resolve_gates(release, gates)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--feature-gates") from err
+    versions = (None if resource_versions is None else
+                [v.strip() for v in resource_versions.split(",") if v.strip()])
+    try:
+        resolve_served(release, versions)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--resource-versions") from err
     token = _read_token(token_file, "--token-file") if token_file else None
     nodes: list[dict[str, object]] = []
     if nodes_file:
@@ -97,8 +127,7 @@ def cli(host: str, port: int, resource_versions: str, history_size: int,
         tokens[_read_token(rbac_token_file, "--rbac-token-file")] = rbac_user
     elif rbac_token_file is not None:
         raise click.BadParameter("needs --rbac-manifests", param_hint="--rbac-token-file")
-    try:
-        asyncio.run(_serve(host, port, versions, history_size, token, nodes, tokens, rbac,
-                           validate=not no_validation))
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--resource-versions") from err
+    emulator = KubeEmulator(kubernetes_version=kubernetes_version, feature_gates=gates,
+                            served_resource_versions=versions, history_size=history_size,
+                            validate=not no_validation, token=token, tokens=tokens, rbac=rbac)
+    asyncio.run(_serve(emulator, host, port, nodes))

@@ -1,10 +1,9 @@
-"""Small pure helpers on object JSON: timestamps, generated names, dotted-path field removal,
-version visibility between served versions.
+"""Small pure helpers on object JSON: timestamps, generated names, dotted-path field removal
+(conversion between served versions lives in :mod:`.conversion`).
 """
 
 from __future__ import annotations
 
-import copy
 import datetime
 import secrets
 from typing import Any
@@ -13,9 +12,6 @@ from .resources import RESOURCE_GROUP, ResourceType
 
 # k8s.io/apiserver pkg/storage/names: consonants and digits that cannot spell words.
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
-# resource.k8s.io versions whose JSON is identical: an object written through one is shown
-# through the other with only apiVersion changed.
-_SAME_SHAPE = {"v1", "v1beta2"}
 
 
 def now_rfc3339() -> str:
@@ -45,29 +41,24 @@ def drop_path(obj: Any, path: str) -> None:
         drop_path(child, rest)
 
 
-def visible_as(rt: ResourceType, obj: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``obj`` as seen through ``rt``'s version: itself when written in that version, a copy
-    with apiVersion changed between v1 and v1beta2 of resource.k8s.io, otherwise None (an
-    object written as v1beta1 or v1alpha3 is only visible through that version).
-    """
-    if obj is None:
-        return None
-    if obj.get("apiVersion") == rt.api_version:
-        return obj
-    written = str(obj.get("apiVersion", "")).rpartition("/")[2]
-    if rt.group == RESOURCE_GROUP and written in _SAME_SHAPE and rt.version in _SAME_SHAPE:
-        shown = copy.deepcopy(obj)
-        shown["apiVersion"] = rt.api_version
-        return shown
-    return None
-
-
 def spec_part(obj: dict[str, Any]) -> dict[str, Any]:
     """Everything but metadata and status: a change here bumps metadata.generation."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion",
                                                         "kind")}
 
 
+# Kinds whose strategy sets metadata.generation to 1 on create and bumps it when the spec
+# changes: k8s.io/kubernetes pkg/registry/resource/resourceslice/strategy.go and
+# deviceclass/strategy.go (PrepareForCreate/PrepareForUpdate), pkg/registry/core/pod/strategy.go
+# (PrepareForCreate, updatePodGeneration). The ResourceClaim, ResourceClaimTemplate and
+# PodSchedulingContext strategies never touch it, nor do those of Nodes, Namespaces, Events and
+# Leases, so their objects carry no generation.
+_GENERATION_KINDS = {(RESOURCE_GROUP, "resourceslices"), (RESOURCE_GROUP, "deviceclasses"),
+                     ("", "pods")}
+
+
 def uses_generation(rt: ResourceType) -> bool:
-    """Kinds whose strategy maintains metadata.generation (resource.k8s.io kinds and Pods)."""
-    return rt.has_spec and rt.plural not in ("nodes", "namespaces")
+    """True for kinds whose strategy maintains ``metadata.generation`` (ResourceSlice,
+    DeviceClass, Pod); False for every other served kind.
+    """
+    return rt.group_resource in _GENERATION_KINDS

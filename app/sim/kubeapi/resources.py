@@ -81,8 +81,10 @@ def served_types(resource_versions: Sequence[str]) -> list[ResourceType]:
     Raises ValueError for an unknown version.
     """
     out = [
+        # ReturnDeletedObject per kind: k8s.io/kubernetes pkg/registry/<group>/<kind>/storage
+        # (namespaces, pods and every resource.k8s.io kind; not nodes, events, leases).
         ResourceType("", "v1", "namespaces", "Namespace", False, ("status",), short_names=("ns",),
-                     selectable=("status.phase",)),
+                     selectable=("status.phase",), returns_deleted_object=True),
         ResourceType("", "v1", "nodes", "Node", False, ("status",), short_names=("no",),
                      selectable=("spec.unschedulable",)),
         ResourceType("", "v1", "pods", "Pod", True, ("status", "binding"), short_names=("po",),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -17,13 +18,14 @@ def untyped(api: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    "versions",
-    [("v1",), ("v1beta2", "v1beta1"), ("v1beta1",), ("v1alpha3",), ("v1", "v1beta2", "v1beta1")],
+    ("kubernetes_version", "versions"),
+    [("1.34", ("v1",)), ("1.34", ("v1beta2", "v1beta1")), ("1.35", ("v1beta1",)),
+     ("1.31", ("v1alpha3",)), ("1.37", ("v1", "v1beta2", "v1beta1"))],
 )
 async def test_served_resource_versions_are_discovered_with_the_first_preferred(
-    versions: tuple[str, ...],
+    kubernetes_version: str, versions: tuple[str, ...],
 ) -> None:
-    emu = KubeEmulator(served_resource_versions=versions)
+    emu = KubeEmulator(kubernetes_version=kubernetes_version, served_resource_versions=versions)
     url = await emu.start()
     try:
         async with client.ApiClient(client.Configuration(host=url)) as api:
@@ -54,7 +56,7 @@ async def test_v1_resource_list_has_verbs_scope_kinds_and_the_status_subresource
 
 
 async def test_v1alpha3_serves_pod_scheduling_contexts_with_status() -> None:
-    emu = KubeEmulator(served_resource_versions=("v1alpha3",))
+    emu = KubeEmulator(kubernetes_version="1.31")
     url = await emu.start()
     try:
         async with client.ApiClient(client.Configuration(host=url)) as api:
@@ -78,12 +80,21 @@ async def test_core_and_coordination_discovery_and_version(api_client: client.Ap
     assert (info.major, info.minor) == ("1", "34")
 
 
-async def test_git_version_is_configurable() -> None:
-    emu = KubeEmulator(git_version="v1.31.4")
+@pytest.mark.parametrize(("given", "git_version", "minor"), [
+    ({"kubernetes_version": "v1.31.4"}, "v1.31.4", "31"),
+    ({"kubernetes_version": "1.36"}, "v1.36.0", "36"),
+    ({"kubernetes_version": "v1.37"}, "v1.37.0", "37"),
+    ({"git_version": "v1.35.1"}, "v1.35.1", "35"),
+])
+async def test_the_kubernetes_version_is_what_version_reports(
+    given: dict[str, str], git_version: str, minor: str,
+) -> None:
+    emu = KubeEmulator(**given)  # type: ignore[arg-type]
     url = await emu.start()
     try:
         async with client.ApiClient(client.Configuration(host=url)) as api:
-            assert (await untyped(client.VersionApi(api)).get_code()).git_version == "v1.31.4"
+            info = await untyped(client.VersionApi(api)).get_code()
+            assert (info.git_version, info.major, info.minor) == (git_version, "1", minor)
     finally:
         await emu.stop()
 
@@ -98,5 +109,16 @@ async def test_an_unserved_version_is_404(api_client: client.ApiClient) -> None:
 
 
 def test_an_unknown_resource_version_is_refused() -> None:
-    with pytest.raises(ValueError, match="v2"):
+    with pytest.raises(ValueError, match=re.escape("cannot serve resource.k8s.io v2")):
         KubeEmulator(served_resource_versions=("v2",))
+
+
+def test_versions_no_release_serves_together_are_refused() -> None:
+    # v1 (1.34+) and the classic-DRA v1alpha3 (1.31) never share a cluster.
+    with pytest.raises(ValueError, match=re.escape(
+            "Kubernetes 1.34 cannot serve resource.k8s.io v1alpha3; it serves v1, v1beta2, "
+            "v1beta1")):
+        KubeEmulator(served_resource_versions=("v1", "v1alpha3"))
+    with pytest.raises(ValueError, match=re.escape("Kubernetes 1.31 cannot serve "
+                                                   "resource.k8s.io v1")):
+        KubeEmulator(kubernetes_version="1.31", served_resource_versions=("v1",))
