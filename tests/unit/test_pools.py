@@ -22,6 +22,7 @@ from app.pools import (
     quantity,
     resource_slice_spec,
 )
+from app.sim.kubeapi.context import Cluster, RuleContext
 from app.sim.kubeapi.dra import resource_slice_causes
 from app.sim.kubeapi.validation import schema_validator
 
@@ -46,7 +47,8 @@ def slice_problems(spec: dict[str, Any]) -> list[str]:
            "metadata": {"name": "s-0"}, "spec": spec}
     problems = [e.message for e in schema_validator("ResourceSlice",
                                                     "resource.k8s.io/v1").iter_errors(obj)]
-    problems += [f"{c.field}: {c.message}" for c in resource_slice_causes(obj, None, "v1")]
+    problems += [f"{c.field}: {c.message}" for c in resource_slice_causes(
+        obj, RuleContext(Cluster(34, frozenset()), "v1"))]
     return problems
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import names
+from . import names, nodeselector
+from .context import RuleContext
 from .errors import Cause
 
 MAX_DEVICES = 128
@@ -58,6 +59,11 @@ def cause_too_long(field: str, limit: int) -> Cause:
     return Cause("FieldValueTooLong", f"Too long: may not be more than {limit} bytes", field)
 
 
+def cause_too_long_items(field: str, limit: int) -> Cause:
+    """The 1.31 form of a list over its limit (field.TooLongMaxLength on a list)."""
+    return Cause("FieldValueTooLong", f"Too long: may not be longer than {limit}", field)
+
+
 def cause_forbidden(field: str, message: str) -> Cause:
     """A FieldValueForbidden cause (field.Forbidden)."""
     return Cause("FieldValueForbidden", f"Forbidden: {message}", field)
@@ -69,18 +75,39 @@ def cause_duplicate(field: str, value: Any) -> Cause:
 
 
 def driver_name_causes(value: Any, field: str) -> list[Cause]:
-    """A driver name: required DNS subdomain of at most 63 characters (validateDriverName)."""
+    """A driver name: required, at most 63 characters, a DNS subdomain once lowercased, so
+    uppercase letters pass (k8s.io/kubernetes pkg/apis/core/validation ValidateCSIDriverName,
+    which validateDriverName reuses). Like the Go code, an empty name is both required and
+    invalid.
+    """
+    if not isinstance(value, str):
+        value = "" if value is None else str(value)
+    out: list[Cause] = []
     if not value:
-        return [cause_required(field)]
+        out.append(cause_required(field))
     if len(value) > MAX_DRIVER_LENGTH:
-        return [cause_too_long(field, MAX_DRIVER_LENGTH)]
-    return [cause_invalid(field, value, e) for e in names.dns_subdomain(value)]
+        out.append(cause_too_long(field, MAX_DRIVER_LENGTH))
+    out.extend(cause_invalid(field, value, e) for e in names.dns_subdomain(value.lower()))
+    return out
+
+
+def driver_name_warnings(value: Any, field: str) -> list[str]:
+    """The Warning a real server sends for a driver name with uppercase letters
+    (k8s.io/kubernetes pkg/registry/resource/resourceslice/strategy.go WarningsOnCreate,
+    WarningsOnUpdate).
+    """
+    if isinstance(value, str) and value != value.lower():
+        return [f"{field}: driver names should be lowercase; {json.dumps(value)} contains "
+                "uppercase characters"]
+    return []
 
 
 def pool_name_causes(value: Any, field: str) -> list[Cause]:
     """A pool name: <= 253 characters, DNS subdomains joined by '/' (validatePoolName)."""
     if not value:
         return [cause_required(field)]
+    if not isinstance(value, str):
+        return [cause_invalid(field, value, "must be a string")]
     if len(value) > MAX_POOL_NAME_LENGTH:
         return [cause_too_long(field, MAX_POOL_NAME_LENGTH)]
     out: list[Cause] = []
@@ -90,8 +117,9 @@ def pool_name_causes(value: Any, field: str) -> list[Cause]:
 
 
 def qualified_name_causes(value: str, field: str) -> list[Cause]:
-    """An attribute or capacity name ``[domain/]id``: id a C identifier <= 32, domain a DNS
-    subdomain <= 63 (validateQualifiedName, validateCIdentifier).
+    """An attribute or capacity name ``[domain/]id``: id a C identifier <= 32, domain a
+    driver name (<= 63, a DNS subdomain once lowercased) (validateQualifiedName,
+    validateCIdentifier).
     """
     domain, slash, ident = value.rpartition("/")
     out: list[Cause] = []
@@ -101,7 +129,8 @@ def qualified_name_causes(value: str, field: str) -> list[Cause]:
         elif len(domain) > MAX_DOMAIN_LENGTH:
             out.append(cause_too_long(field, MAX_DOMAIN_LENGTH))
         else:
-            out.extend(cause_invalid(field, value, e) for e in names.dns_subdomain(domain))
+            out.extend(cause_invalid(field, value, e)
+                       for e in names.dns_subdomain(domain.lower()))
     if not ident:
         out.append(cause_required(field, "the id must not be empty"))
     elif len(ident) > MAX_ID_LENGTH:
@@ -156,37 +185,45 @@ def _taint_causes(taint: Any, field: str) -> list[Cause]:
     return out
 
 
-def _binding_causes(device: dict[str, Any], field: str) -> list[Cause]:
-    conditions = device.get("bindingConditions") or []
-    failures = device.get("bindingFailureConditions") or []
+def binding_causes(conditions: Any, failures: Any, field: str) -> list[Cause]:
+    """``bindingConditions`` and ``bindingFailureConditions`` of a device or an allocation
+    result: at most 4 each (that check short-circuits the list), qualified names, no
+    duplicates, no overlap, each list requiring the other (validateDeviceBindingParameters).
+    No rule ties them to ``bindsToNode``: neither 1.34 nor later has one.
+    """
+    conditions = conditions if isinstance(conditions, list) else []
+    failures = failures if isinstance(failures, list) else []
     out: list[Cause] = []
     for name, values in (("bindingConditions", conditions),
                          ("bindingFailureConditions", failures)):
         if len(values) > MAX_BINDING_CONDITIONS:
             out.append(cause_too_many(f"{field}.{name}", MAX_BINDING_CONDITIONS))
-        seen: set[str] = set()
+            continue
         for i, value in enumerate(values):
             out.extend(cause_invalid(f"{field}.{name}[{i}]", value, e)
-                       for e in names.qualified_name(value))
-            if value in seen:
-                out.append(cause_duplicate(f"{field}.{name}[{i}]", value))
-            seen.add(value)
-    if conditions and not failures:
-        out.append(cause_required(f"{field}.bindingFailureConditions",
-                             "bindingFailureConditions are required when bindingConditions "
-                             "are set"))
-    if failures and not conditions:
-        out.append(cause_required(f"{field}.bindingConditions",
-                             "bindingConditions are required when bindingFailureConditions "
-                             "are set"))
+                       for e in names.qualified_name(str(value)))
+    seen: set[str] = set()
+    for i, value in enumerate(conditions):
+        if value in seen:
+            out.append(cause_duplicate(f"{field}.bindingConditions[{i}]", value))
+        seen.add(value)
+    seen_failures: set[str] = set()
     for i, value in enumerate(failures):
+        if value in seen_failures:
+            out.append(cause_duplicate(f"{field}.bindingFailureConditions[{i}]", value))
+        seen_failures.add(value)
         if value in conditions:
             out.append(cause_invalid(f"{field}.bindingFailureConditions[{i}]", value,
-                                "must not overlap with bindingConditions"))
-    if (conditions or failures) and device.get("bindsToNode") is not True:
-        out.append(cause_required(f"{field}.bindsToNode",
-                             "must be true when bindingConditions or "
-                             "bindingFailureConditions are set"))
+                                     "bindingFailureConditions must not overlap with "
+                                     "bindingConditions"))
+    if not conditions and failures:
+        out.append(cause_invalid(f"{field}.bindingConditions", conditions,
+                                 "bindingConditions are required to use "
+                                 "bindingFailureConditions"))
+    if not failures and conditions:
+        out.append(cause_invalid(f"{field}.bindingFailureConditions", failures,
+                                 "bindingFailureConditions are required to use "
+                                 "bindingConditions"))
     return out
 
 
@@ -204,84 +241,144 @@ def _is_large_device(fields: dict[str, Any]) -> bool:
 
 
 def _node_selection_causes(
-    spec: dict[str, Any], field: str, pointer_fields: bool, per_device_allowed: bool
+    spec: dict[str, Any], field: str, classic: bool, per_device_allowed: bool
 ) -> tuple[list[Cause], int]:
-    """Causes for the node selection fields of a slice or a device, and how many were set."""
+    """Causes for the node selection fields of a slice or a device, and how many were set.
+
+    ``classic``: the v1alpha3 rules of 1.31 (value-typed nodeName/allNodes where empty means
+    unset, no perDeviceNodeSelection, node selector values not checked as label values).
+    """
     out: list[Cause] = []
     chosen: list[str] = []
     node_name = spec.get("nodeName")
-    if node_name is not None and (pointer_fields or node_name != ""):
-        chosen.append("nodeName")
+    if node_name is not None and (not classic or node_name != ""):
         if node_name == "":
-            out.append(cause_invalid(f"{field}nodeName", "", "must not be empty"))
+            out.append(cause_invalid(f"{field}nodeName", "",
+                                     "must be either unset or set to a non-empty string"
+                                     if field == "spec." else "must not be empty"))
         else:
+            chosen.append("`nodeName`")
             out.extend(cause_invalid(f"{field}nodeName", node_name, e)
-                       for e in names.dns_subdomain(node_name))
+                       for e in names.dns_subdomain(str(node_name)))
     selector = spec.get("nodeSelector")
     if selector is not None:
-        chosen.append("nodeSelector")
-        terms = selector.get("nodeSelectorTerms") or []
-        if len(terms) != 1:
-            out.append(cause_invalid(f"{field}nodeSelector.nodeSelectorTerms", len(terms),
-                                "must have exactly one node selector term"))
+        chosen.append("`nodeSelector`")
+        # k8s.io/kubernetes pkg/apis/core/validation ValidateNodeSelector
+        out.extend(nodeselector.node_selector_causes(selector, f"{field}nodeSelector",
+                                                     label_values=not classic))
+        terms = selector.get("nodeSelectorTerms") if isinstance(selector, dict) else None
+        if field == "spec." and len(terms or []) != 1:
+            # Only the slice-wide selector has this extra limit (it simplifies merging the
+            # selectors of devices allocated from different slices).
+            out.append(cause_invalid(f"{field}nodeSelector.nodeSelectorTerms", len(terms or []),
+                                     "must have exactly one selector term" if classic else
+                                     "must have exactly one node selector term"))
     all_nodes = spec.get("allNodes")
-    if all_nodes is not None and (pointer_fields or all_nodes is not False):
-        chosen.append("allNodes")
+    if all_nodes is not None and (not classic or all_nodes is not False):
         if all_nodes is not True:
-            out.append(cause_invalid(f"{field}allNodes", all_nodes, "must be true"))
+            out.append(cause_invalid(f"{field}allNodes", all_nodes,
+                                     "must be either unset or set to true"))
+        else:
+            chosen.append("`allNodes`")
     if per_device_allowed:
         per_device = spec.get("perDeviceNodeSelection")
         if per_device is not None:
-            chosen.append("perDeviceNodeSelection")
             if per_device is not True:
                 out.append(cause_invalid(f"{field}perDeviceNodeSelection", per_device,
-                                    "must be true"))
-    if len(chosen) > 1:
-        out.append(cause_invalid(field.rstrip(".") or "spec", "{" + ", ".join(chosen) + "}",
-                            "exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
-                            "`perDeviceNodeSelection` is required, but multiple fields are set"))
+                                         "must be either unset or set to true"))
+            else:
+                chosen.append("`perDeviceNodeSelection`")
     return out, len(chosen)
 
 
-def resource_slice_causes(
-    obj: dict[str, Any], old: dict[str, Any] | None, version: str
-) -> list[Cause]:
-    """All Go-side ResourceSlice rules for a create (``old`` None) or update.
+def _selection_summary(spec: dict[str, Any], classic: bool) -> list[Cause]:
+    """The slice-wide "exactly one node selection" rule (validateResourceSliceSpec)."""
+    chosen = [f"`{name}`" for name in ("nodeName", "nodeSelector", "allNodes",
+                                       "perDeviceNodeSelection")
+              if (spec.get(name) not in (None, "", False) if classic
+                  else spec.get(name) is not None and spec.get(name) not in ("", False))]
+    if classic:
+        message = "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required"
+        if not chosen:
+            return [cause_required("spec", message)]
+        if len(chosen) > 1:
+            return [cause_invalid("spec", "<spec>", message)]
+        return []
+    message = "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` " \
+              "is required"
+    if not chosen:
+        return [cause_required("spec", message)]
+    if len(chosen) > 1:
+        return [cause_invalid("spec", "{" + ", ".join(chosen) + "}",
+                              message + ", but multiple fields are set")]
+    return []
 
-    ``version`` is the resource.k8s.io version the object was written in: v1beta1 and
-    v1alpha3 wrap device fields in ``basic``; v1alpha3 still has value-typed nodeName/allNodes
-    (empty means unset) and no perDeviceNodeSelection.
+
+def _device_selection_causes(fields: dict[str, Any], prefix: str, per_device: bool,
+                             classic: bool) -> list[Cause]:
+    if classic:
+        return []
+    causes, count = _node_selection_causes(fields, f"{prefix}.", classic=False,
+                                           per_device_allowed=False)
+    rule = ("exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when "
+            "`perDeviceNodeSelection` is set to true in the ResourceSlice spec")
+    if per_device:
+        if count == 0:
+            causes.append(cause_required(prefix, rule))
+        elif count > 1:
+            chosen = [f"`{n}`" for n in ("nodeName", "nodeSelector", "allNodes")
+                      if fields.get(n) not in (None, "", False)]
+            causes.append(cause_invalid(prefix, "{" + ", ".join(chosen) + "}", rule))
+        return causes
+    if any(fields.get(n) is not None for n in ("nodeName", "nodeSelector", "allNodes")):
+        return [cause_invalid(prefix, None, "`nodeName`, `nodeSelector` and `allNodes` can only "
+                              "be set if `perDeviceNodeSelection` is set to true in the "
+                              "ResourceSlice spec")]
+    return []
+
+
+def resource_slice_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
+    """All Go-side ResourceSlice rules for a create (``ctx.old`` None) or update.
+
+    ``ctx.version`` is the resource.k8s.io version the object was written in: v1beta1 and
+    v1alpha3 wrap device fields in ``basic``; v1alpha3 follows the 1.31 rules (value-typed
+    nodeName/allNodes where empty means unset, no perDeviceNodeSelection, ``basic``
+    required). A driver name with uppercase letters is accepted with a warning (appended to
+    ``ctx.warnings``), as the real server does.
     Source: k8s.io/kubernetes pkg/apis/resource/validation ValidateResourceSlice,
-    ValidateResourceSliceUpdate.
+    ValidateResourceSliceUpdate; pkg/registry/resource/resourceslice/strategy.go warnings.
     """
     spec = obj.get("spec") or {}
+    old = ctx.old
+    version = ctx.version
+    classic = version == "v1alpha3"
     wrapped = version in ("v1beta1", "v1alpha3")
-    pointer_fields = version != "v1alpha3"
     out: list[Cause] = []
     out.extend(driver_name_causes(spec.get("driver"), "spec.driver"))
+    if not classic:
+        ctx.warnings.extend(driver_name_warnings(spec.get("driver"), "spec.driver"))
     pool = spec.get("pool") or {}
     out.extend(pool_name_causes(pool.get("name"), "spec.pool.name"))
-    if (pool.get("generation") or 0) < 0:
-        out.append(cause_invalid("spec.pool.generation", pool.get("generation"),
-                            "must be greater than or equal to 0"))
     if (pool.get("resourceSliceCount") or 0) < 1:
         out.append(cause_invalid("spec.pool.resourceSliceCount", pool.get("resourceSliceCount"),
-                            "must be greater than zero"))
-    selection, count = _node_selection_causes(spec, "spec.", pointer_fields,
-                                              version != "v1alpha3")
+                                 "must be greater than zero"))
+    if (pool.get("generation") or 0) < 0:
+        out.append(cause_invalid("spec.pool.generation", pool.get("generation"),
+                                 "must be greater than or equal to zero"))
+    selection, _ = _node_selection_causes(spec, "spec.", classic, per_device_allowed=not classic)
     out.extend(selection)
-    if count == 0:
-        out.append(cause_required("spec", "exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
-                                     "`perDeviceNodeSelection` is required"))
+    out.extend(_selection_summary(spec, classic))
     per_device = spec.get("perDeviceNodeSelection") is True
-    devices = spec.get("devices") or []
+    # A JSON null item decodes as Go's zero struct (the schema lets nulls through).
+    devices = [d if isinstance(d, dict) else {} for d in spec.get("devices") or []]
     if devices and spec.get("sharedCounters"):
-        out.append(cause_forbidden("spec.sharedCounters",
-                              "only one of `devices` or `sharedCounters` may be set"))
+        out.append(cause_invalid("spec", "", "only one of `sharedCounters` or `devices` is "
+                                 "allowed"))
     large = any(_is_large_device(_device_view(d, wrapped)[0]) for d in devices)
     limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if large else MAX_DEVICES
     if len(devices) > limit:
-        out.append(cause_too_many("spec.devices", limit))
+        out.append(cause_too_long_items("spec.devices", limit) if classic
+                   else cause_too_many("spec.devices", limit))
     seen: set[str] = set()
     for i, device in enumerate(devices):
         field = f"spec.devices[{i}]"
@@ -293,6 +390,10 @@ def resource_slice_causes(
             if name in seen:
                 out.append(cause_duplicate(f"{field}.name", name))
             seen.add(name)
+        if classic and not isinstance(device.get("basic"), dict):
+            # 1.31 validateDevice: a v1alpha3 device without `basic` has nothing to allocate.
+            out.append(cause_required(f"{field}.basic"))
+            continue
         fields, sub = _device_view(device, wrapped)
         prefix = f"{field}{sub}"
         attributes = fields.get("attributes") or {}
@@ -306,28 +407,21 @@ def resource_slice_causes(
             out.append(Cause("FieldValueTooMany", "Too many: the total number of attributes "
                              f"and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITY}",
                              prefix))
-        taints = fields.get("taints") or []
+        if classic:
+            continue
+        taints = [t if isinstance(t, dict) else {} for t in fields.get("taints") or []]
         if len(taints) > MAX_TAINTS:
             out.append(cause_too_many(f"{prefix}.taints", MAX_TAINTS))
         for t, taint in enumerate(taints):
             out.extend(_taint_causes(taint, f"{prefix}.taints[{t}]"))
-        out.extend(_binding_causes(fields, prefix))
-        device_selection, device_count = _node_selection_causes(
-            fields, f"{prefix}.", pointer_fields, per_device_allowed=False)
-        if per_device:
-            out.extend(device_selection)
-            if device_count == 0:
-                out.append(cause_required(prefix, "exactly one of `nodeName`, `nodeSelector`, "
-                                             "`allNodes` is required when "
-                                             "`perDeviceNodeSelection` is set"))
-        elif device_count:
-            out.append(cause_forbidden(prefix, "`nodeName`, `nodeSelector` and `allNodes` may only "
-                                          "be set when `perDeviceNodeSelection` is set"))
+        out.extend(binding_causes(fields.get("bindingConditions"),
+                                  fields.get("bindingFailureConditions"), prefix))
+        out.extend(_device_selection_causes(fields, prefix, per_device, classic))
     if old is not None:
         old_spec = old.get("spec") or {}
         for name, new_value, old_value in (
-            ("spec.driver", spec.get("driver"), old_spec.get("driver")),
             ("spec.pool.name", pool.get("name"), (old_spec.get("pool") or {}).get("name")),
+            ("spec.driver", spec.get("driver"), old_spec.get("driver")),
             ("spec.nodeName", spec.get("nodeName"), old_spec.get("nodeName")),
         ):
             if new_value != old_value:
