@@ -3,10 +3,12 @@
 A simplified structured-merge-diff (sigs.k8s.io/structured-merge-diff, used by
 k8s.io/apiserver pkg/endpoints/handlers/fieldmanager): an applied configuration is merged into
 the live object; the manager owns exactly the leaf fields it sent; fields it owned before and
-no longer sends are removed unless another manager owns them; a field owned by another Apply
-manager with a different value is a 409 Conflict unless ``force``. Lists follow the strategic
-merge list strategies of :mod:`.patch`. Ownership from non-apply updates is recorded but never
-causes conflicts.
+no longer sends are removed unless another manager owns them. Every write records ownership:
+an update (PUT or a non-apply PATCH) gives its manager an ``Update`` entry for the fields it
+changed. An apply that changes a field another manager owns, through Apply or Update, is a
+409 Conflict unless ``force``, which moves those fields to the applier
+(sigs.k8s.io/structured-merge-diff merge/update.go Updater.Apply and Updater.Update). Lists
+follow the OpenAPI list types of :func:`.patch.list_type`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import StatusError
-from .patch import list_strategy
+from .patch import list_type
 
 FieldPath = tuple[str, ...]
 
@@ -47,14 +49,16 @@ def field_set(obj: Any, prefix: FieldPath = ()) -> set[FieldPath]:
         if isinstance(value, dict) and value:
             out |= field_set(value, path)
         elif isinstance(value, list):
-            strategy = list_strategy(_plain(path))
+            strategy = list_type(_plain(path))
             if strategy == "set":
                 out |= {(*path, "v:" + json.dumps(v)) for v in value}
             elif isinstance(strategy, tuple):
                 for item in value:
-                    if isinstance(item, dict) and all(k in item for k in strategy):
-                        key_json = json.dumps({k: item[k] for k in strategy},
-                                              separators=(",", ":"), sort_keys=True)
+                    # Optional key fields (a device status' shareID) are left out of the key.
+                    key = {k: item[k] for k in strategy if k in item} \
+                        if isinstance(item, dict) else {}
+                    if key:
+                        key_json = json.dumps(key, separators=(",", ":"), sort_keys=True)
                         out |= field_set(item, (*path, "k:" + key_json))
                     else:
                         out.add(path)
@@ -136,7 +140,7 @@ def _merge(live: Any, config: Any, path: tuple[str, ...]) -> Any:
         if isinstance(value, dict):
             out[key] = _merge(out.get(key), value, child)
         elif isinstance(value, list) and isinstance(out.get(key), list):
-            strategy = list_strategy(child)
+            strategy = list_type(child)
             if strategy == "set":
                 out[key] = [*out[key], *[v for v in value if v not in out[key]]]
             elif isinstance(strategy, tuple):
@@ -145,6 +149,7 @@ def _merge(live: Any, config: Any, path: tuple[str, ...]) -> Any:
                     index = next((i for i, cur in enumerate(merged)
                                   if isinstance(cur, dict) and isinstance(item, dict)
                                   and all(cur.get(k) == item.get(k) for k in strategy)), None)
+                    # (a missing optional key field matches only a missing one)
                     if index is None:
                         merged.append(copy.deepcopy(item))
                     else:
@@ -165,6 +170,30 @@ class ManagerFields:
     operation: str
     subresource: str
     fields: frozenset[FieldPath]
+    api_version: str = ""
+
+    def describe(self) -> str:
+        """The manager as conflict messages name it: ``"name"``, ``"name" with subresource
+        "status"``, plus ``using <apiVersion>`` for an Update entry
+        (k8s.io/apimachinery pkg/util/managedfields/internal/conflict.go printManager).
+        """
+        text = json.dumps(self.manager)
+        if self.subresource:
+            text += f" with subresource {json.dumps(self.subresource)}"
+        if self.operation == "Update":
+            text += f" using {self.api_version}"
+        return text
+
+    def identifier(self) -> str:
+        """The manager's key (BuildManagerIdentifier: the entry as JSON without time and
+        fields; apiVersion only for Update), which orders managers in conflict messages.
+        """
+        entry: dict[str, str] = {"manager": self.manager, "operation": self.operation}
+        if self.operation == "Update":
+            entry["apiVersion"] = self.api_version
+        if self.subresource:
+            entry["subresource"] = self.subresource
+        return json.dumps(entry, separators=(",", ":"))
 
 
 def read_managed_fields(obj: dict[str, Any]) -> list[ManagerFields]:
@@ -174,7 +203,8 @@ def read_managed_fields(obj: dict[str, Any]) -> list[ManagerFields]:
         out.append(ManagerFields(
             entry.get("manager", ""), entry.get("operation", "Update"),
             entry.get("subresource", ""),
-            frozenset(from_fields_v1(entry.get("fieldsV1") or {}))))
+            frozenset(from_fields_v1(entry.get("fieldsV1") or {})),
+            entry.get("apiVersion", "")))
     return out
 
 
@@ -185,9 +215,13 @@ def server_side_apply(
     """Apply ``config`` (the manager's full intent) to ``live`` and return the new object and the
     new manager list (caller writes it to managedFields with timestamps).
 
-    Raises StatusError 409 Conflict listing the conflicting fields and managers when another
-    Apply manager owns a field with a different value and ``force`` is false
-    (sigs.k8s.io/structured-merge-diff merge.Conflicts).
+    A field the apply changes (or adds) that another manager owns is a conflict, whether that
+    manager applied or updated; the applier's own Update entry counts as another manager.
+    Without ``force`` that raises StatusError 409 Conflict with kube-apiserver's message
+    (``Apply failed with 1 conflict: conflict with "m" using v1: .spec.x``) and one
+    FieldManagerConflict cause per field; with ``force`` the applier takes the conflicting
+    fields from their owners (sigs.k8s.io/structured-merge-diff merge/update.go;
+    k8s.io/apimachinery pkg/util/managedfields/internal/conflict.go NewConflictError).
     """
     managers = read_managed_fields(live)
     wanted = field_set(config)
@@ -195,37 +229,32 @@ def server_side_apply(
         wanted = {p for p in wanted if p[:1] == ("f:status",)}
     else:
         wanted = {p for p in wanted if p[:1] != ("f:status",)}
-    conflicts: list[str] = []
-    for other in managers:
-        if other.manager == manager or other.operation != "Apply":
+    conflicts: dict[int, set[FieldPath]] = {}
+    for index, other in enumerate(managers):
+        if _is_applier(other, manager, subresource):
             continue
         for path in wanted & other.fields:
             found, current = _get(live, path)
             _, desired = _get(config, path)
-            if found and current != desired:
-                conflicts.append(f'conflict with "{other.manager}": .{".".join(_plain(path))}')
+            if not found or current != desired:
+                conflicts.setdefault(index, set()).add(path)
     if conflicts and not force:
-        message = (f"Apply failed with {len(conflicts)} conflict"
-                   f"{'s' if len(conflicts) > 1 else ''}: " + "\n".join(sorted(conflicts)))
-        raise StatusError(409, "Conflict", message, {
-            "causes": [{"reason": "FieldManagerConflict", "message": c.split(": ", 1)[0],
-                        "field": "." + c.split(": .", 1)[1]} for c in sorted(conflicts)]})
-    previous = next((m.fields for m in managers
-                     if m.manager == manager and m.operation == "Apply"
-                     and m.subresource == subresource), frozenset())
+        raise _conflict_error([(managers[i], paths) for i, paths in conflicts.items()])
+    previous = next((m.fields for m in managers if _is_applier(m, manager, subresource)),
+                    frozenset())
     merged = _merge(live, config, ())
     others: set[FieldPath] = set()
     new_managers: list[ManagerFields] = []
-    for other in managers:
-        if other.manager == manager and other.operation == "Apply" \
-                and other.subresource == subresource:
+    for index, other in enumerate(managers):
+        if _is_applier(other, manager, subresource):
             continue
-        # With force the applier takes the fields over from everybody else.
-        kept = frozenset(other.fields - wanted) if force else other.fields
+        # With force the applier takes the conflicting fields over; fields both set to the
+        # same value stay shared.
+        kept = frozenset(other.fields - conflicts.get(index, set()))
         others |= kept
         if kept:
             new_managers.append(ManagerFields(other.manager, other.operation,
-                                              other.subresource, kept))
+                                              other.subresource, kept, other.api_version))
     for path in sorted(previous - wanted - others, key=len, reverse=True):
         _remove(merged, path)
         # A map or list emptied by the removal goes too, so that dropping the last label
@@ -238,12 +267,54 @@ def server_side_apply(
     return merged, new_managers
 
 
+def _is_applier(entry: ManagerFields, manager: str, subresource: str) -> bool:
+    return (entry.manager, entry.operation, entry.subresource) == (manager, "Apply",
+                                                                   subresource)
+
+
+def path_string(path: FieldPath) -> str:
+    """A field path as structured-merge-diff prints it (fieldpath.Path.String):
+    ``.spec.x``, ``.status.conditions[type="Ready"].status``, ``.metadata.finalizers[="a"]``.
+    """
+    out: list[str] = []
+    for element in path:
+        kind, _, rest = element.partition(":")
+        if kind == "f":
+            out.append("." + rest)
+        elif kind == "k":
+            key = json.loads(rest)
+            out.append("[" + ",".join(f"{k}={json.dumps(key[k])}" for k in sorted(key)) + "]")
+        elif kind == "v":
+            out.append(f"[={json.dumps(json.loads(rest))}]")
+    return "".join(out)
+
+
+def _conflict_error(found: list[tuple[ManagerFields, set[FieldPath]]]) -> StatusError:
+    ordered = sorted(found, key=lambda item: item[0].identifier())
+    pairs = [(entry, path_string(path)) for entry, paths in ordered
+             for path in sorted(paths, key=path_string)]
+    causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {e.describe()}",
+               "field": text} for e, text in pairs]
+    if len(pairs) == 1:
+        entry, text = pairs[0]
+        message = f"Apply failed with 1 conflict: conflict with {entry.describe()}: {text}"
+    else:
+        lines: list[str] = []
+        for entry, paths in ordered:
+            lines.append(f"conflicts with {entry.describe()}:")
+            lines += [f"- {path_string(path)}" for path in sorted(paths, key=path_string)]
+        message = f"Apply failed with {len(pairs)} conflicts: " + "\n".join(lines)
+    return StatusError(409, "Conflict", message, {"causes": causes})
+
+
 def record_update(
     old: dict[str, Any] | None, new: dict[str, Any], manager: str, subresource: str = "",
 ) -> list[ManagerFields]:
-    """Managers after a non-apply write by ``manager``: it takes every leaf it changed (all of
-    them on create), and the others lose those fields without conflict, as an Update does in
-    k8s.io/apiserver fieldmanager.
+    """Managers after a non-apply write (POST, PUT, or a JSON, merge or strategic merge PATCH)
+    by ``manager``: its ``Update`` entry (per subresource) takes every leaf it changed (all of
+    them on create), and the others lose those fields without conflict
+    (sigs.k8s.io/structured-merge-diff merge/update.go Updater.Update, which forces). Later
+    applies by other managers conflict with the fields recorded here.
     """
     new_fields = field_set(new)
     if old is None:
@@ -266,7 +337,8 @@ def record_update(
             mine |= kept
             continue
         if kept:
-            out.append(ManagerFields(entry.manager, entry.operation, entry.subresource, kept))
+            out.append(ManagerFields(entry.manager, entry.operation, entry.subresource, kept,
+                                     entry.api_version))
     if mine:
         out.append(ManagerFields(manager, "Update", subresource, frozenset(mine)))
     return out
@@ -277,7 +349,8 @@ def managed_fields_json(
     previous: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The ``metadata.managedFields`` JSON for ``managers``; an entry whose fields did not change
-    keeps its old ``time``.
+    keeps its old ``time``, and one that names no apiVersion gets ``api_version`` (the
+    version of the write in progress).
     """
     old_times = {(e.get("manager"), e.get("operation"), e.get("subresource", "")):
                  (e.get("time"), e.get("fieldsV1")) for e in previous or []}
@@ -287,7 +360,8 @@ def managed_fields_json(
         old_time, old_fields = old_times.get((m.manager, m.operation, m.subresource),
                                              (None, None))
         entry: dict[str, Any] = {
-            "manager": m.manager, "operation": m.operation, "apiVersion": api_version,
+            "manager": m.manager, "operation": m.operation,
+            "apiVersion": m.api_version or api_version,
             "time": old_time if old_fields == fields_v1 and old_time else now,
             "fieldsType": "FieldsV1", "fieldsV1": fields_v1,
         }

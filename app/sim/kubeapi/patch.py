@@ -17,44 +17,82 @@ from .errors import bad_request, unprocessable_patch
 
 JSON = Any
 
-# Keys of lists of objects merged element by element (the patchMergeKey tags of k8s.io/api and
-# the listMapKeys of resource.k8s.io). Any other list is replaced as a whole.
-_MERGE_KEYS: dict[str, tuple[str, ...]] = {
-    "conditions": ("type",),
-    "reservedFor": ("uid",),
-    "ownerReferences": ("uid",),
-    "containers": ("name",),
-    "initContainers": ("name",),
-    "ephemeralContainers": ("name",),
-    "volumes": ("name",),
-    "env": ("name",),
-    "volumeMounts": ("mountPath",),
-    "addresses": ("type",),
-    "images": (),
-    "resourceClaims": ("name",),
+# How lists merge, by field path (field names only, list elements left out). The served kinds
+# never give one path two meanings, so the path alone decides. A list not named here is
+# replaced whole by a strategic merge patch and is atomic for server-side apply.
+#
+# Strategic merge patch follows the Go struct tags ``patchStrategy``/``patchMergeKey`` only
+# (k8s.io/apimachinery pkg/util/strategicpatch reads them, never ``+listType``): ObjectMeta
+# (k8s.io/apimachinery pkg/apis/meta/v1 types.go), Pod and Node (k8s.io/api core/v1
+# types.go), ResourceClaimStatus.reservedFor and PodSchedulingContextStatus.resourceClaims
+# (k8s.io/api resource/<version> types.go). ResourceClaimStatus.devices and its conditions are
+# ``+listType=map`` without patch tags, so a strategic merge patch replaces them.
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+_SMP: dict[tuple[str, ...], str | tuple[str, ...]] = {
+    ("metadata", "finalizers"): "set",
+    ("metadata", "ownerReferences"): ("uid",),
+    ("spec", "volumes"): ("name",),
+    ("spec", "imagePullSecrets"): ("name",),
+    ("spec", "hostAliases"): ("ip",),
+    ("spec", "topologySpreadConstraints"): ("topologyKey",),
+    ("spec", "resourceClaims"): ("name",),
+    ("spec", "schedulingGates"): ("name",),
+    ("spec", "podCIDRs"): "set",
+    ("status", "conditions"): ("type",),
+    ("status", "podIPs"): ("ip",),
+    ("status", "hostIPs"): ("ip",),
+    ("status", "resourceClaimStatuses"): ("name",),
+    ("status", "addresses"): ("type",),
+    ("status", "reservedFor"): ("uid",),
+    ("status", "resourceClaims"): ("name",),
 }
-# Lists of primitives merged as sets (patchStrategy=merge on []string).
-_SET_LISTS = {"finalizers"}
+# Server-side apply follows the OpenAPI ``x-kubernetes-list-type``/``-list-map-keys`` (the
+# ``+listType``/``+listMapKey`` markers of the same types.go files), read by
+# sigs.k8s.io/structured-merge-diff.
+_SSA: dict[tuple[str, ...], str | tuple[str, ...]] = {
+    ("metadata", "finalizers"): "set",
+    ("metadata", "ownerReferences"): ("uid",),
+    ("spec", "volumes"): ("name",),
+    ("spec", "imagePullSecrets"): ("name",),
+    ("spec", "hostAliases"): ("ip",),
+    ("spec", "topologySpreadConstraints"): ("topologyKey", "whenUnsatisfiable"),
+    ("spec", "resourceClaims"): ("name",),
+    ("spec", "schedulingGates"): ("name",),
+    ("spec", "podCIDRs"): "set",
+    ("status", "conditions"): ("type",),
+    ("status", "podIPs"): ("ip",),
+    ("status", "resourceClaimStatuses"): ("name",),
+    ("status", "addresses"): ("type",),
+    ("status", "reservedFor"): ("uid",),
+    ("status", "devices"): ("driver", "device", "pool", "shareID"),
+    ("status", "devices", "conditions"): ("type",),
+    ("status", "resourceClaims"): ("name",),
+}
+for _name in _CONTAINER_LISTS:
+    for _table in (_SMP, _SSA):
+        _table[("spec", _name)] = ("name",)
+        _table[("spec", _name, "env")] = ("name",)
+        _table[("spec", _name, "volumeMounts")] = ("mountPath",)
+        _table[("spec", _name, "volumeDevices")] = ("devicePath",)
+    _SMP[("spec", _name, "ports")] = ("containerPort",)
+    _SSA[("spec", _name, "ports")] = ("containerPort", "protocol")
 
 
 def list_strategy(path: tuple[str, ...]) -> str | tuple[str, ...]:
-    """How strategic merge treats the list at ``path`` (field names, list indices left out).
+    """How a strategic merge patch treats the list at ``path`` (field names, list indices
+    left out): "set" (primitives merged as a set), "replace", or the merge-key fields.
 
-    Returns "set" (merge primitives as a set), "replace", or the tuple of merge-key fields.
-    ``status.devices`` of a ResourceClaim merges by (driver, pool, device), ``addresses`` by
-    type only under ``status`` (k8s.io/api core/v1 NodeStatus.Addresses).
+    E.g. ``metadata.finalizers`` is a set, ``status.reservedFor`` merges by uid, pod
+    containers by name, and a claim's ``status.devices`` is replaced.
     """
-    name = path[-1] if path else ""
-    if name in _SET_LISTS and len(path) == 2 and path[0] == "metadata":
-        return "set"
-    if path == ("status", "devices"):
-        return ("driver", "pool", "device")
-    if path == ("status", "resourceClaims"):
-        return ("name",)
-    keys = _MERGE_KEYS.get(name)
-    if keys:
-        return keys
-    return "replace"
+    return _SMP.get(path, "replace")
+
+
+def list_type(path: tuple[str, ...]) -> str | tuple[str, ...]:
+    """The server-side apply list type at ``path``: "set", "atomic", or the list-map keys
+    (``status.devices`` of a claim: driver, device, pool, shareID).
+    """
+    return _SSA.get(path, "atomic")
 
 
 def merge_patch(target: JSON, patch: JSON) -> JSON:

@@ -8,7 +8,7 @@ for labels; ``path=v``, ``path==v``, ``path!=v`` for fields.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +119,69 @@ def parse_field_selector(text: str, supported: Iterable[str]) -> list[FieldRequi
         path = m.group(1)
         if path not in allowed:
             raise bad_request(f"field label not supported: {path}")
+        out.append(FieldRequirement(path, "=" if m.group(2) in ("=", "==") else "!=",
+                                    m.group(3)))
+    return out
+
+
+# Field labels per served kind, as the scheme's field label conversion functions accept them:
+# k8s.io/kubernetes pkg/apis/core/v1 conversion.go (Pod, Node, Event, Namespace) and
+# pkg/apis/resource/<version> conversion.go (ResourceSlice). A kind without a conversion
+# function gets k8s.io/apimachinery pkg/runtime DefaultMetaV1FieldSelectorConversion
+# (metadata.name and metadata.namespace). ``spec.host`` is the Pod alias of spec.nodeName.
+_CORE_LABELS: dict[str, frozenset[str]] = {
+    "Pod": frozenset({
+        "metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
+        "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
+        "status.podIP", "status.podIPs", "status.nominatedNodeName", "spec.host"}),
+    "Node": frozenset({"metadata.name", "spec.unschedulable"}),
+    "Namespace": frozenset({"status.phase", "metadata.name"}),
+    "Event": frozenset({
+        "involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
+        "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
+        "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type",
+        "metadata.namespace", "metadata.name"}),
+}
+_SLICE_LABELS = frozenset({"metadata.name", "spec.nodeName", "spec.driver"})
+_DEFAULT_LABELS = frozenset({"metadata.name", "metadata.namespace"})
+_ALIASES = {("", "Pod", "spec.host"): "spec.nodeName"}
+
+
+def _label_rule(group: str, version: str, kind: str) -> tuple[frozenset[str], Callable[[str], str]]:
+    if group == "" and kind in _CORE_LABELS:
+        return _CORE_LABELS[kind], lambda label: f"field label not supported: {label}"
+    if group == "resource.k8s.io" and kind == "ResourceSlice":
+        gvk = f"resource.k8s.io/{version}, Kind=ResourceSlice"
+        return _SLICE_LABELS, lambda label: f"field label not supported for {gvk}: {label}"
+    return _DEFAULT_LABELS, lambda label: (f'"{label}" is not a known field selector: only '
+                                           f'"metadata.name", "metadata.namespace"')
+
+
+def parse_field_selector_for(text: str, group: str, version: str,
+                             kind: str) -> list[FieldRequirement]:
+    """Parse a ``fieldSelector`` for the served kind ``group/version, kind``: only the labels
+    that kind's field label conversion accepts, with aliases resolved (``spec.host`` of a Pod
+    is ``spec.nodeName``).
+
+    Raises StatusError 400 with the conversion function's message, e.g. ``field label not
+    supported: spec.foo`` for core kinds, ``field label not supported for resource.k8s.io/v1,
+    Kind=ResourceSlice: spec.foo``, and ``"spec.foo" is not a known field selector: only
+    "metadata.name", "metadata.namespace"`` for kinds without a conversion function (the list
+    handler wraps the conversion error in a BadRequest: k8s.io/apiserver
+    pkg/endpoints/handlers/get.go ListResource).
+    """
+    if not text.strip():
+        return []
+    allowed, message = _label_rule(group, version, kind)
+    out: list[FieldRequirement] = []
+    for part in text.split(","):
+        m = _FIELD_RE.match(part)
+        if not m:
+            raise bad_request(f"invalid field selector: {part!r}")
+        path = m.group(1)
+        if path not in allowed:
+            raise bad_request(message(path))
+        path = _ALIASES.get((group, kind, path), path)
         out.append(FieldRequirement(path, "=" if m.group(2) in ("=", "==") else "!=",
                                     m.group(3)))
     return out
