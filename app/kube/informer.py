@@ -14,10 +14,12 @@ Modelled on client-go's Reflector + DeltaFIFO + Indexer (``k8s.io/client-go/tool
    failures (a restarted server may have lost the history).
 
 Events are de-duplicated against the cache: an object's resourceVersion is delivered at most once,
-and an ADDED for an object already cached is delivered as MODIFIED, so consumers see a consistent
-stream whatever the server replays. Objects are plain JSON dicts exactly as the server sent them
-(the generated models would drop unknown fields), optionally converted by ``converter`` (e.g.
-``versions.slice_from_wire``) so consumers see the v1 shape.
+an ADDED for an object already cached is delivered as MODIFIED, and an event older than the
+cached object (a replay from a misbehaving server or proxy) is dropped, so consumers see a
+consistent stream that never goes back in time whatever the server replays. The watch resumes
+from the newest resourceVersion seen, never an older one. Objects are plain JSON dicts exactly as
+the server sent them (the generated models would drop unknown fields), optionally converted by
+``converter`` (e.g. ``versions.slice_from_wire``) so consumers see the v1 shape.
 
 The loop runs as a supervised task: an unexpected crash is logged and the loop restarts with
 backoff. ``is_healthy()`` turns False while the watch keeps failing, so readiness can report it.
@@ -137,6 +139,18 @@ def resource_version_of(obj: Mapping[str, Any]) -> str | None:
     metadata = obj.get("metadata") or {}
     version = metadata.get("resourceVersion")
     return str(version) if version is not None else None
+
+
+def _older(version: str | None, than: str | None) -> bool:
+    """True when resourceVersion ``version`` is older than ``than``. They are compared as
+    integers when both are (etcd revisions, as kube-apiserver hands them out); otherwise
+    nothing is older, as client-go treats them as opaque."""
+    if version is None or than is None:
+        return False
+    try:
+        return int(version) < int(than)
+    except ValueError:
+        return False
 
 
 def _uid(obj: Mapping[str, Any]) -> str | None:
@@ -515,21 +529,28 @@ class Informer:
         version = resource_version_of(obj)
         if event_type == "BOOKMARK":
             # A bookmark only moves our resourceVersion forward; its object is a stub.
-            if version:
-                self._resource_version = version
+            self._advance(version)
             return
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             raise KubeInvalidResponse(f"{what}: unknown event type {event_type!r}")
-        converted = self._convert(obj)
-        key = object_key(converted)
+        key = object_key(obj)
         old = self._cache.get(key)
+        if old is not None and _older(version, resource_version_of(old)):
+            # Older than what is cached: a replayed event must not undo newer state (a
+            # DELETED of an earlier incarnation would drop the object that exists now).
+            return
+        converted = self._convert(obj)
         if event_type == "DELETED":
             if old is not None:
                 del self._cache[key]
                 await self._emit("DELETED", converted, old)
         else:
             await self._upsert(key, converted)
-        if version:
+        self._advance(version)
+
+    def _advance(self, version: str | None) -> None:
+        """Move the watch's resourceVersion to ``version`` unless that is older."""
+        if version and not _older(version, self._resource_version):
             self._resource_version = version
 
     async def _open(

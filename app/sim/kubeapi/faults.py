@@ -1,7 +1,10 @@
 """Fault injection and the request log of the emulator.
 
 Tests make the next matching requests fail with real ``Status`` bodies (500, 429 with
-Retry-After, 409, ...), slow every request down, and read back which requests were made.
+Retry-After, 409, ...), slow every request down, hold back the responses of matching requests
+after they took effect (so that their watch events arrive first), and read back which requests
+were made. The watch faults (old events replayed, ERROR 410 in live watches) act on the store's
+watchers; see :class:`.emulator.KubeEmulator`.
 """
 
 from __future__ import annotations
@@ -30,13 +33,19 @@ _REASONS = {
 @dataclass(frozen=True)
 class RequestRecord:
     """One request as served: HTTP ``method``, URL ``path`` (no query), response ``status``,
-    request ``content_type`` ('' when none).
+    request ``content_type`` ('' when none), ``query`` string ('' when none, not decoded).
     """
 
     method: str
     path: str
     status: int
     content_type: str
+    query: str = ""
+
+    @property
+    def url(self) -> str:
+        """``path?query`` (just the path without a query)."""
+        return f"{self.path}?{self.query}" if self.query else self.path
 
 
 @dataclass
@@ -48,6 +57,17 @@ class FailRule:
     pattern: re.Pattern[str]
     status: int
     retry_after: int | None
+
+
+@dataclass
+class DelayRule:
+    """Hold back the responses of matching requests by ``seconds`` after they were handled;
+    ``remaining`` uses left (None: until cleared)."""
+
+    remaining: int | None
+    method: str
+    pattern: re.Pattern[str]
+    seconds: float
 
 
 def injected_error(status: int, retry_after: int | None) -> StatusError:
@@ -68,8 +88,39 @@ class Faults:
 
     def __init__(self) -> None:
         self.rules: list[FailRule] = []
+        self.delays: list[DelayRule] = []
         self.latency_s = 0.0
+        # How long a list or watch for a resourceVersion the store has not reached waits
+        # before 504 (k8s.io/apiserver pkg/storage/cacher/watch_cache.go blockTimeout).
+        self.fresh_wait_s = 3.0
         self.requests: list[RequestRecord] = []
+
+    def delay_responses(self, seconds: float, *, method: str = "*", path_regex: str = ".*",
+                        n: int | None = None) -> None:
+        """Hold back the response of the next ``n`` (None: every) requests whose method and
+        path (``re.search``) match by ``seconds``, after they took effect. ``seconds`` 0
+        removes every delay rule. Raises ValueError for negative seconds or n < 1.
+        """
+        if seconds < 0:
+            raise ValueError("seconds must not be negative")
+        if n is not None and n < 1:
+            raise ValueError("n must be at least 1")
+        if seconds == 0:
+            self.delays.clear()
+            return
+        self.delays.append(DelayRule(n, method.upper(), re.compile(path_regex), seconds))
+
+    def take_delay(self, method: str, path: str) -> float:
+        """Seconds to hold back this response (0 for none), consuming one use of the first
+        matching rule."""
+        for rule in self.delays:
+            if rule.method in ("*", method) and rule.pattern.search(path):
+                if rule.remaining is not None:
+                    rule.remaining -= 1
+                    if rule.remaining <= 0:
+                        self.delays.remove(rule)
+                return rule.seconds
+        return 0.0
 
     def fail_next(self, n: int, *, method: str = "*", path_regex: str = ".*",
                   status: int = 500, retry_after: int | None = None) -> None:

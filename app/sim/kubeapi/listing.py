@@ -1,5 +1,10 @@
-"""List pages, continue tokens and the per-watch filter that turns store events into the
-events one watcher sees (k8s.io/apiserver pkg/storage/cacher semantics for selectors).
+"""List options, list pages, continue tokens and the per-watch filter that turns store events
+into the events one watcher sees (k8s.io/apiserver pkg/storage/cacher semantics for selectors).
+
+The list options are parsed, defaulted and validated as kube-apiserver's list/watch handler does
+(k8s.io/apiserver pkg/endpoints/handlers/get.go listOpts; k8s.io/apimachinery
+pkg/apis/meta/internalversion defaults.go SetListOptionsDefaults and validation/validation.go
+ValidateListOptions; k8s.io/apiserver pkg/storage/interfaces.go ValidateListOptions).
 """
 
 from __future__ import annotations
@@ -7,13 +12,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import bad_request
-from .objects import visible_as
-from .resources import ResourceType
+from .context import Cluster
+from .conversion import convert
+from .errors import Cause, StatusError, bad_request, expired, invalid
+from .resources import RESOURCE_GROUP, ResourceType
 from .selectors import FieldRequirement, Requirement, fields_match, labels_match
 from .store import StoreEvent
 
@@ -39,19 +45,31 @@ class WatchFilter:
     labels: Sequence[Requirement]
     fields: Sequence[FieldRequirement]
 
+    def shown(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """``obj`` (stored in any version) as this watch's version shows it; the stored
+        object itself when no conversion is needed (callers must not mutate it)."""
+        if self.rt.group == RESOURCE_GROUP:
+            return convert(obj, self.rt.version)
+        return obj
+
     def matches(self, obj: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The object as the watcher sees it, or None when it does not match."""
-        shown = visible_as(self.rt, obj)
-        if shown is None:
+        """The object as the watcher sees it, or None when it does not match.
+
+        Selectors are checked on the stored form and only matches are converted: the
+        selectable fields (metadata, spec.driver, spec.nodeName) have the same path in every
+        resource.k8s.io version (pkg/apis/resource/v1beta1/conversion.go field label
+        conversion keeps them as they are).
+        """
+        if obj is None:
             return None
-        meta = shown.get("metadata") or {}
+        meta = obj.get("metadata") or {}
         if self.namespace and meta.get("namespace", "") != self.namespace:
             return None
         if not labels_match(self.labels, meta.get("labels")):
             return None
-        if not fields_match(self.fields, shown):
+        if not fields_match(self.fields, obj):
             return None
-        return shown
+        return self.shown(obj)
 
     def render(self, event: StoreEvent) -> dict[str, Any] | None:
         """The watch event JSON for ``event``, or None to skip it. An object that starts or
@@ -63,23 +81,256 @@ class WatchFilter:
             if current is not None and before is None:
                 return {"type": "ADDED", "object": current}
             if current is None and before is not None:
-                shown = visible_as(self.rt, event.obj)
-                return {"type": "DELETED", "object": shown}
+                return {"type": "DELETED", "object": self.shown(event.obj)}
         if current is None:
             return None
         return {"type": event.type, "object": current}
 
 
 def encode_continue(rv: int, namespace: str, name: str) -> str:
-    """An opaque continue token: base64 of the list version and the last key returned."""
+    """An opaque continue token: base64 of the list version and the last key returned. A
+    version of -1 continues at the latest version (k8s.io/apiserver pkg/storage/continue.go
+    EncodeContinue)."""
     raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": [namespace, name]})
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 
 def decode_continue(token: str) -> tuple[int, tuple[str, str]]:
-    """Decode a continue token; raises StatusError 400 when it is not one of ours."""
+    """Decode a continue token into (version, last key); raises StatusError 400 when it is
+    not one of ours or has version 0 (k8s.io/apiserver pkg/storage/continue.go
+    DecodeContinue)."""
     try:
         data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return int(data["rv"]), (str(data["start"][0]), str(data["start"][1]))
-    except (ValueError, KeyError, IndexError, TypeError, binascii.Error) as err:
+        if data.get("v") != "meta.k8s.io/v1":
+            raise ValueError("incorrect encoded start resourceVersion (version "
+                             "meta.k8s.io/v1)")
+        rv = int(data["rv"])
+        if rv == 0:
+            raise ValueError("incorrect encoded start resourceVersion (version "
+                             "meta.k8s.io/v1)")
+        return rv, (str(data["start"][0]), str(data["start"][1]))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError,
+            binascii.Error) as err:
         raise bad_request(f"invalid continue token: {err}") from err
+
+
+# -- list options -----------------------------------------------------------------------------
+EXACT = "Exact"
+NOT_OLDER_THAN = "NotOlderThan"
+
+# k8s.io/apiserver pkg/storage/cacher/watch_cache.go: blockTimeout and
+# resourceVersionTooHighRetrySeconds.
+FRESH_WAIT_S = 3.0
+TOO_LARGE_RETRY_S = 1
+
+# k8s.io/apiserver pkg/storage/etcd3/errors.go.
+LIST_TOO_OLD = "The resourceVersion for the provided list is too old."
+INCONSISTENT_CONTINUE = (
+    "The provided continue parameter is too old to display a consistent list result. You can "
+    "start a new list without the continue parameter, or use the continue token in this "
+    "response to retrieve the remainder of the results. Continuing with the provided token "
+    "results in an inconsistent list - objects that were created, modified, or deleted "
+    "between the time the first chunk was returned and now may show up in the list.")
+
+_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
+
+@dataclass(frozen=True)
+class ListOptions:
+    """The list/watch query options: ``watch``, ``resource_version`` ('' = none),
+    ``resource_version_match`` ('' = none), ``send_initial_events`` (None = not given),
+    ``continue_token`` ('' = none), ``limit`` (0 = none)."""
+
+    watch: bool = False
+    resource_version: str = ""
+    resource_version_match: str = ""
+    send_initial_events: bool | None = None
+    continue_token: str = ""
+    limit: int = 0
+
+
+def watch_list_enabled(cluster: Cluster) -> bool:
+    """The WatchList gate's default in kube-apiserver 1.<minor>: beta and on in 1.32, off
+    again in 1.33, on from 1.34 (k8s.io/apiserver pkg/features/kube_features.go WatchList).
+    A cluster can also switch it on by name."""
+    return cluster.enabled("WatchList") or cluster.minor == 32 or cluster.minor >= 34
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    # strconv.ParseBool, which the query parameter conversion uses.
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise bad_request(f'strconv.ParseBool: parsing "{value}": invalid syntax for {name}')
+
+
+def parse_list_options(query: Mapping[str, str], *, watch_list: bool) -> ListOptions:
+    """The options of a list or watch request, defaulted as kube-apiserver does with the
+    WatchList gate ``watch_list`` on (a watch from "" or "0" without sendInitialEvents and
+    resourceVersionMatch gets sendInitialEvents=true, NotOlderThan: k8s.io/apimachinery
+    pkg/apis/meta/internalversion/defaults.go SetListOptionsDefaults), then validated.
+
+    Raises StatusError 400 for an unparsable value, 422 Invalid (ListOptions.meta.k8s.io) for
+    a forbidden combination (:func:`list_option_causes`).
+    """
+    watch_value = query.get("watch", "")
+    watch = _parse_bool("watch", watch_value) if watch_value else False
+    initial_value = query.get("sendInitialEvents")
+    send_initial = (_parse_bool("sendInitialEvents", initial_value)
+                    if initial_value is not None else None)
+    limit_value = query.get("limit", "")
+    try:
+        limit = int(limit_value) if limit_value else 0
+    except ValueError as err:
+        raise bad_request(f'strconv.ParseInt: parsing "{limit_value}": invalid syntax for '
+                          f'limit') from err
+    opts = ListOptions(watch, query.get("resourceVersion", ""),
+                       query.get("resourceVersionMatch", ""), send_initial,
+                       query.get("continue", ""), limit)
+    if (watch_list and opts.watch and opts.send_initial_events is None
+            and not opts.resource_version_match and opts.resource_version in ("", "0")):
+        opts = ListOptions(opts.watch, opts.resource_version, NOT_OLDER_THAN, True,
+                           opts.continue_token, opts.limit)
+    causes = list_option_causes(opts, watch_list=watch_list)
+    if causes:
+        raise invalid("ListOptions", "meta.k8s.io", "", causes)
+    return opts
+
+
+def _forbidden(field_name: str, detail: str) -> Cause:
+    return Cause("FieldValueForbidden", f"Forbidden: {detail}", field_name)
+
+
+def _not_supported(field_name: str, value: str, supported: Sequence[str]) -> Cause:
+    quoted = ", ".join(json.dumps(v) for v in supported)
+    return Cause("FieldValueNotSupported",
+                 f"Unsupported value: {json.dumps(value)}: supported values: {quoted}",
+                 field_name)
+
+
+def list_option_causes(opts: ListOptions, *, watch_list: bool) -> list[Cause]:
+    """The validation errors of ``opts``, in kube-apiserver's order and words
+    (k8s.io/apimachinery pkg/apis/meta/internalversion/validation/validation.go
+    ValidateListOptions and validateWatchOptions)."""
+    match = opts.resource_version_match
+    causes: list[Cause] = []
+    if opts.watch:
+        if opts.send_initial_events is not None:
+            if match != NOT_OLDER_THAN:
+                causes.append(_forbidden("resourceVersionMatch", "sendInitialEvents requires "
+                                         f"setting resourceVersionMatch to {NOT_OLDER_THAN}"))
+            if not watch_list:
+                causes.append(_forbidden("sendInitialEvents", "sendInitialEvents is forbidden "
+                                         "for watch unless the WatchList feature gate is "
+                                         "enabled"))
+        if match:
+            if opts.send_initial_events is None:
+                causes.append(_forbidden("resourceVersionMatch", "resourceVersionMatch is "
+                                         "forbidden for watch unless sendInitialEvents is "
+                                         "provided"))
+            if match != NOT_OLDER_THAN:
+                causes.append(_not_supported("resourceVersionMatch", match, [NOT_OLDER_THAN]))
+            if opts.continue_token:
+                causes.append(_forbidden("resourceVersionMatch", "resourceVersionMatch is "
+                                         "forbidden when continue is provided"))
+        return causes
+    if match:
+        if not opts.resource_version:
+            causes.append(_forbidden("resourceVersionMatch", "resourceVersionMatch is "
+                                     "forbidden unless resourceVersion is provided"))
+        if opts.continue_token:
+            causes.append(_forbidden("resourceVersionMatch", "resourceVersionMatch is "
+                                     "forbidden when continue is provided"))
+        if match not in (EXACT, NOT_OLDER_THAN):
+            causes.append(_not_supported("resourceVersionMatch", match,
+                                         [EXACT, NOT_OLDER_THAN, ""]))
+        if match == EXACT and opts.resource_version == "0":
+            causes.append(_forbidden("resourceVersionMatch", 'resourceVersionMatch "exact" is '
+                                     'forbidden for resourceVersion "0"'))
+    if opts.send_initial_events is not None:
+        causes.append(_forbidden("sendInitialEvents", "sendInitialEvents is forbidden for "
+                                 "list"))
+    return causes
+
+
+def _go_parse_uint(value: str) -> int | None:
+    # strconv.ParseUint: decimal digits only.
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
+def parse_list_resource_version(opts: ListOptions) -> int:
+    """The list's resourceVersion as a number (0 for "" and "0") after the storage layer's
+    checks (k8s.io/apiserver pkg/storage/interfaces.go ValidateListOptions): 400 for a
+    resourceVersion other than "0" with a continue token, 400 for an unparsable one.
+    """
+    rv = opts.resource_version
+    if opts.continue_token:
+        decode_continue(opts.continue_token)
+        if rv not in ("", "0"):
+            raise bad_request("specifying resource version is not allowed when using "
+                              "continue")
+        return 0
+    if rv in ("", "0"):
+        return 0
+    number = _go_parse_uint(rv)
+    if number is None:
+        raise bad_request(f'invalid resource version: resourceVersion: Invalid value: '
+                          f'"{rv}": strconv.ParseUint: parsing "{rv}": invalid syntax')
+    return number
+
+
+def parse_watch_resource_version(opts: ListOptions, kind: str, group: str) -> int:
+    """A watch's resourceVersion as a number (0 for "" and "0"); 422 Invalid for an
+    unparsable one (k8s.io/apiserver pkg/storage/api_object_versioner.go ParseResourceVersion,
+    reported by pkg/storage/errors/storage.go InterpretWatchError)."""
+    rv = opts.resource_version
+    if rv in ("", "0"):
+        return 0
+    number = _go_parse_uint(rv)
+    if number is None:
+        raise invalid(kind, group, "", [Cause(
+            "FieldValueInvalid",
+            f'Invalid value: "{rv}": strconv.ParseUint: parsing "{rv}": invalid syntax',
+            "resourceVersion")])
+    return number
+
+
+def too_large_resource_version(requested: int, current: int) -> StatusError:
+    """504 Timeout for a resourceVersion the server has not reached after waiting, with the
+    ResourceVersionTooLarge cause and Retry-After (k8s.io/apiserver pkg/storage/errors.go
+    NewTooLargeResourceVersionError, k8s.io/apimachinery pkg/api/errors NewTimeoutError)."""
+    return StatusError(
+        504, "Timeout", f"Timeout: Too large resource version: {requested}, current: {current}",
+        {"causes": [{"reason": "ResourceVersionTooLarge",
+                     "message": "Too large resource version"}],
+         "retryAfterSeconds": TOO_LARGE_RETRY_S},
+        {"Retry-After": str(TOO_LARGE_RETRY_S)})
+
+
+def watch_too_old(requested: int, oldest: int) -> StatusError:
+    """410 Expired for a watch from before the resource's window
+    (k8s.io/apiserver pkg/storage/cacher/watch_cache_history.go GetIntervalLocked)."""
+    return expired(f"too old resource version: {requested} ({oldest})")
+
+
+@dataclass
+class ExpiredContinue(StatusError):
+    """410 Expired for a continue token whose version was compacted, carrying in its
+    ``metadata.continue`` a token that continues at the latest version
+    (k8s.io/apiserver pkg/storage/etcd3/errors.go handleCompactedErrorForPaging)."""
+
+    continue_token: str = ""
+
+    def body(self) -> dict[str, Any]:
+        """The Status body with ``metadata.continue``."""
+        out = super().body()
+        out["metadata"] = {"continue": self.continue_token}
+        return out
+
+
+def expired_continue(start: tuple[str, str]) -> ExpiredContinue:
+    """The :class:`ExpiredContinue` error for a token that stopped after key ``start``."""
+    return ExpiredContinue(410, "Expired", INCONSISTENT_CONTINUE,
+                           continue_token=encode_continue(-1, start[0], start[1]))

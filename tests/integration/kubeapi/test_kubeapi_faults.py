@@ -189,7 +189,7 @@ async def test_http_control_endpoints(emulator: KubeEmulator, builders: Builders
         async with session.get(f"{emulator.url}/_emulator/requests") as resp:
             log = await resp.json()
         assert log[-1] == {"method": "GET", "path": "/api/v1/nodes", "status": 500,
-                           "content_type": ""}
+                           "content_type": "", "query": ""}
 
 
 async def test_method_not_allowed_and_bad_json_get_status_bodies(
