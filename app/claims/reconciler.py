@@ -76,7 +76,7 @@ from app.journal import (
     ReservationView,
     UnknownDevice,
 )
-from app.kube.client import KubeClient, call_json
+from app.kube.client import FIELD_VALIDATION_STRICT, KubeClient, call_json
 from app.kube.errors import KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
 from app.kube.versions import ResourceApiVersion, claim_from_wire, claim_to_wire, resource_api
@@ -572,10 +572,13 @@ class ClaimReconciler:
                 return None
             fresh.setdefault("status", {})["devices"] = entries
             try:
+                # Strict: a device status field this server's version does not know would
+                # otherwise be dropped with only a Warning header, and a lost binding
+                # condition leaves the pod waiting with nobody told.
                 written = await call_json(
                     self._resources.replace_namespaced_resource_claim_status(
                         name, namespace, claim_to_wire(fresh, self.version),
-                        _preload_content=False),
+                        field_validation=FIELD_VALIDATION_STRICT, _preload_content=False),
                     f"update ResourceClaim {namespace}/{name} status",
                 )
                 return claim_from_wire(written, self.version, owned=True)

@@ -80,7 +80,7 @@ from app.journal import (
     ReservationView,
     UnknownDevice,
 )
-from app.kube.client import KubeClient, call_json
+from app.kube.client import FIELD_VALIDATION_STRICT, KubeClient, call_json
 from app.kube.errors import KubeBadRequest, KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
 from app.kube.versions import GROUP, ResourceApiVersion, claim_from_wire, claim_to_wire
@@ -975,9 +975,11 @@ class ControlPlaneController:
                 # Ours already (an earlier write whose answer was lost), or someone else's.
                 return cp.allocation_of(current) == cp.allocation_of(body)
             try:
+                # Strict: an allocation field the server drops would be a silent bug.
                 self._remember(await call_json(self._custom.replace_namespaced_custom_object_status(
                     GROUP, VERSION.value, namespace, "resourceclaims", name,
-                    claim_to_wire(body, VERSION), _preload_content=False),
+                    claim_to_wire(body, VERSION), field_validation=FIELD_VALIDATION_STRICT,
+                    _preload_content=False),
                     f"update ResourceClaim {namespace}/{name} status"))
                 self._warned.pop(str(metadata.get("uid")), None)
                 return True

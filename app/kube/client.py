@@ -9,13 +9,19 @@ mapping from its caller.
 Bearer tokens read from a file are re-read every ``token_refresh_s`` seconds, because the kubelet
 rotates projected service-account tokens in place (client-go's ``transport/token_source.go``
 caches the file for one minute the same way).
+
+``Warning`` headers of every answer :func:`call_json` reads are logged, once per distinct
+message (:class:`WarningLog`): a field the server dropped from one of our writes (an unknown
+field under the default ``fieldValidation=Warn``) must not pass unseen.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -35,6 +41,12 @@ from app.kube.errors import KubeError, KubeInvalidResponse, error_from_status, t
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 JsonDict = dict[str, Any]
+
+logger = logging.getLogger(__name__)
+
+# fieldValidation values (k8s.io/apimachinery pkg/apis/meta/v1 types.go): our own writes that
+# must not lose a field silently send Strict.
+FIELD_VALIDATION_STRICT = "Strict"
 
 
 class KubeAuthMode(StrEnum):
@@ -280,7 +292,93 @@ def _proxy_from_environment_once(api: ApiClient) -> None:
     session._trust_env = False
 
 
-async def call_json(call: Awaitable[Any], what: str) -> JsonDict:
+def parse_warning_header(value: str) -> list[tuple[int, str, str]]:
+    """The ``(code, agent, text)`` warnings of one ``Warning`` header value.
+
+    RFC 7234 section 5.5 as k8s.io/apimachinery pkg/util/net/http.go ParseWarningHeader reads
+    it: ``299 - "text"`` with ``\\`` escapes, an optional quoted date, several warnings
+    separated by commas. Parsing stops at the first malformed warning (the ones before it are
+    kept), as client-go does.
+    """
+    out: list[tuple[int, str, str]] = []
+    rest = value.strip()
+    while rest:
+        parts = rest.split(" ", 2)
+        if len(parts) != 3 or not (len(parts[0]) == 3 and parts[0].isdigit()) or not parts[1]:
+            break
+        code, agent, quoted = int(parts[0]), parts[1], parts[2]
+        if not 100 <= code <= 299 or not quoted.startswith('"'):
+            break
+        text: list[str] = []
+        index, escaping, closed = 1, False, False
+        while index < len(quoted):
+            char = quoted[index]
+            index += 1
+            if escaping:
+                text.append(char)
+                escaping = False
+            elif char == "\\":
+                escaping = True
+            elif char == '"':
+                closed = True
+                break
+            else:
+                text.append(char)
+        if not closed:
+            break
+        out.append((code, agent, "".join(text)))
+        rest = quoted[index:].strip()
+        if rest.startswith('"'):  # warn-date
+            end = rest.find('"', 1)
+            if end < 0:
+                break
+            rest = rest[end + 1:].strip()
+        if rest and not rest.startswith(","):
+            break
+        rest = rest[1:].strip()
+    return out
+
+
+class WarningLog:
+    """Logs API ``Warning`` headers at WARNING level, each distinct message once.
+
+    client-go's default handler (k8s.io/client-go rest/warnings.go WarningLogger) logs every
+    code-299 warning; kubectl deduplicates (WarningWriterOptions.Deduplicate). A controller
+    repeats the same writes, so we deduplicate, remembering the last ``remember`` messages so
+    that a long-running process does not grow without bound.
+    """
+
+    def __init__(self, log: logging.Logger = logger, remember: int = 1024) -> None:
+        self._log = log
+        self._remember = remember
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def handle(self, header_values: Iterable[str], what: str) -> list[str]:
+        """Log the code-299 warnings of ``header_values`` not logged before, naming ``what``
+        (the call, e.g. ``"update ResourceSlice x"``); returns the messages logged."""
+        logged: list[str] = []
+        for value in header_values:
+            for code, _agent, text in parse_warning_header(value):
+                if code != 299 or not text:
+                    continue
+                if text in self._seen:
+                    self._seen.move_to_end(text)
+                    continue
+                self._seen[text] = None
+                if len(self._seen) > self._remember:
+                    self._seen.popitem(last=False)
+                self._log.warning("%s: the API server warned: %s", what, text,
+                                  extra={"api_warning": text, "api_call": what})
+                logged.append(text)
+        return logged
+
+
+# The process-wide handler, as client-go has one (rest.SetDefaultWarningHandler).
+_warning_log = WarningLog()
+
+
+async def call_json(call: Awaitable[Any], what: str, *,
+                    warnings: WarningLog | None = None) -> JsonDict:
     """Await a typed API call made with ``_preload_content=False`` and return its JSON body.
 
     Working on the raw JSON keeps every field the server sent (the generated models drop fields
@@ -289,6 +387,8 @@ async def call_json(call: Awaitable[Any], what: str) -> JsonDict:
     Args:
         call: e.g. ``api.read_namespaced_lease(name, ns, _preload_content=False)``.
         what: what is being done, for error messages (``"read Lease kube-system/x"``).
+        warnings: where the answer's ``Warning`` headers go (default: the process-wide
+            :class:`WarningLog`); they are logged for error answers too.
 
     Raises:
         KubeError: the matching subclass for an error status, a transport error or a body that
@@ -309,6 +409,7 @@ async def call_json(call: Awaitable[Any], what: str) -> JsonDict:
         raise translate_error(err, what) from err
     finally:
         response.release()
+    (warnings or _warning_log).handle(response.headers.getall("Warning", []), what)
     if not 200 <= response.status <= 299:
         raise error_from_status(response.status, what, body=body, headers=response.headers)
     try:

@@ -592,3 +592,18 @@ async def test_an_attach_never_sent_is_never_counted(harness: Harness) -> None:
     # The first device had its attempt counted twice (the cut one and the real one), the
     # second once: it was never counted before it was sent.
     assert (held[names[0]].attempts, held[names[1]].attempts) == (2, 1)
+
+
+async def test_claim_status_is_written_with_strict_field_validation(harness: Harness) -> None:
+    # A device status field the server does not know must fail the write, not vanish with
+    # only a Warning header (app/claims/reconciler.py _write_status).
+    device = harness.device_names()[0]
+    harness.create_claim("c1")
+    async with running(harness.reconciler()):
+        harness.allocate("c1", [("gpu", device)], NODES[0])
+        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
+                         what="binding condition True")
+    status_writes = [r for r in harness.emu.writes("/resourceclaims/c1/status")
+                     if r.method == "PUT"]
+    assert status_writes
+    assert all("fieldValidation=Strict" in r.query for r in status_writes)

@@ -1,9 +1,11 @@
 """Validation of every write: the official JSON schema plus object metadata rules.
 
 Schemas come from the ``kubernetes-validate`` package (strict variants: unknown fields are
-errors), loaded on first use and cached per :class:`SchemaValidator` instance. resource.k8s.io
-v1alpha3 is checked against Kubernetes 1.31 (the last release that served the classic-DRA
-shape); everything else against the newest release the package ships.
+errors), loaded on first use and cached per process. Each emulated cluster checks writes
+against its own release's schemas (the cluster profile's ``schema_version``, see
+:mod:`.cluster`); without one, resource.k8s.io v1alpha3 is checked against Kubernetes 1.31
+(the last release that served the classic-DRA shape) and everything else against the newest
+release the package ships.
 Metadata rules port k8s.io/apimachinery pkg/api/validation ValidateObjectMeta.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -21,6 +24,7 @@ import referencing.jsonschema
 
 from . import names
 from .errors import Cause, StatusError, bad_request, invalid
+from .fieldvalidation import Shape, apply_unknown, compile_shape, drop_unknown
 from .resources import ResourceType
 
 _ALPHA_SCHEMA_VERSION = "1.31"
@@ -61,30 +65,70 @@ def _registry(k8s_version: str) -> referencing.Registry[Any]:
 
 
 @cache
-def schema_validator(kind: str, api_version: str) -> Any:
-    """The cached JSON-schema validator for ``kind`` in ``api_version``.
+def schema_validator(kind: str, api_version: str, k8s_version: str | None = None) -> Any:
+    """The cached JSON-schema validator for ``kind`` in ``api_version`` as Kubernetes
+    ``k8s_version`` ("1.34") publishes it; without one, v1alpha3 is checked as 1.31 and
+    everything else as the newest release the package ships.
 
     Raises FileNotFoundError when ``kubernetes-validate`` has no schema for it.
     """
-    k8s_version = (_ALPHA_SCHEMA_VERSION if api_version.endswith("/v1alpha3")
-                   else newest_schema_version())
+    if k8s_version is None:
+        k8s_version = (_ALPHA_SCHEMA_VERSION if api_version.endswith("/v1alpha3")
+                       else newest_schema_version())
     folder = _schema_root().joinpath(f"v{k8s_version}.0-local-strict")
     schema = json.loads(folder.joinpath(_schema_file(kind, api_version)).read_text())
     return jsonschema.Draft202012Validator(schema, registry=_registry(k8s_version))
 
 
 class SchemaValidator:
-    """Validates objects against the official JSON schemas (validators cached per process)."""
+    """Validates objects against the official JSON schemas (validators cached per process).
+
+    ``k8s_version``: the release whose schemas apply ("1.34", the cluster profile's
+    ``schema_version``); None picks per group version as :func:`schema_validator` does.
+    """
+
+    def __init__(self, k8s_version: str | None = None) -> None:
+        self.k8s_version = k8s_version
+        # id(validator) -> (validator, its Shape); validators are cached for the process, the
+        # tuple keeps the id from being reused.
+        self._shapes: dict[int, tuple[Any, Shape]] = {}
+
+    def shape(self, rt: ResourceType) -> Shape:
+        """The known fields of ``rt`` in the schema :meth:`check` uses (a free-form Shape when
+        ``kubernetes-validate`` has no schema for it)."""
+        try:
+            validator = schema_validator(rt.kind, rt.api_version, self.k8s_version)
+        except FileNotFoundError:
+            return Shape()
+        found = self._shapes.get(id(validator))
+        if found is None:
+            found = self._shapes[id(validator)] = (validator, compile_shape(validator))
+        return found[1]
+
+    def drop_unknown(self, rt: ResourceType, obj: dict[str, Any],
+                     duplicates: Sequence[str] = ()) -> list[str]:
+        """Remove the fields of ``obj`` the Go type of ``rt`` does not have, in place, and
+        return the strict decoding errors (``unknown field "spec.foo"``, ``duplicate field
+        "..."`` for ``duplicates`` paths), as fieldvalidation.drop_unknown does."""
+        return drop_unknown(self.shape(rt), obj, duplicates)
+
+    def apply_unknown(self, rt: ResourceType, config: dict[str, Any]) -> list[str]:
+        """Undeclared fields of an apply configuration, in structured-merge-diff's words
+        (fieldvalidation.apply_unknown); ``config`` is not changed."""
+        return apply_unknown(self.shape(rt), config)
 
     def check(self, rt: ResourceType, obj: dict[str, Any]) -> None:
         """Raise StatusError for the first class of schema errors found in ``obj``.
 
-        Unknown fields and wrong JSON types become 400 BadRequest (``strict decoding error``,
-        as the Go decoder reports them with fieldValidation=Strict); missing required fields
-        422 Required; enum violations 422 NotSupported; other constraints 422 Invalid.
+        A wrong JSON type is 400 BadRequest in every fieldValidation mode, as the Go decoder
+        refuses it (``<Kind> in version "<v>" cannot be handled as a <Kind>: json: cannot
+        unmarshal ...``, k8s.io/apiserver pkg/endpoints/handlers/rest.go
+        transformDecodeError); unknown fields still present (callers that did not run
+        :meth:`drop_unknown`) 400 ``strict decoding error``; missing required fields 422
+        Required; enum violations 422 NotSupported; other constraints 422 Invalid.
         """
-        errors = sorted(schema_validator(rt.kind, rt.api_version).iter_errors(obj),
-                        key=lambda e: list(map(str, e.absolute_path)))
+        validator = schema_validator(rt.kind, rt.api_version, self.k8s_version)
+        errors = sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
         if not errors:
             return
         unknown: list[str] = []
@@ -97,7 +141,12 @@ class SchemaValidator:
                         "properties", {})] if isinstance(leaf.instance, dict) else []
                     unknown.extend(f"{path + '.' if path else ''}{k}" for k in extra)
                 elif leaf.validator == "type":
-                    unknown.append(f"{path}: wrong type: {leaf.message}")
+                    # The Go decoder stops at the first value of the wrong type.
+                    raise bad_request(
+                        f'{rt.kind} in version "{rt.version}" cannot be handled as a '
+                        f"{rt.kind}: json: cannot unmarshal {_json_type(leaf.instance)} into Go "
+                        f"struct field {rt.kind}.{_dotted(leaf.absolute_path)} of type "
+                        f"{_schema_type(leaf.validator_value)}")
                 elif leaf.validator == "required":
                     missing = leaf.message.split("'")[1] if "'" in leaf.message else ""
                     causes.append(Cause("FieldValueRequired", "Required value",
@@ -113,8 +162,31 @@ class SchemaValidator:
                                         f"{leaf.message[:200]}", path))
         if unknown:
             raise bad_request("strict decoding error: " + ", ".join(
-                f'unknown field "{u}"' if ": wrong type" not in u else u for u in unknown))
+                f'unknown field "{u}"' for u in unknown))
         raise invalid(rt.kind, rt.group, obj.get("metadata", {}).get("name", ""), causes)
+
+
+def _json_type(value: Any) -> str:
+    # encoding/json UnmarshalTypeError.Value: the JSON kind, numbers with their text.
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return f"number {json.dumps(value)}"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _dotted(path: Any) -> str:
+    # UnmarshalTypeError.Field: the JSON field names from the root, list indexes left out.
+    return ".".join(str(p) for p in path if not isinstance(p, int))
+
+
+def _schema_type(expected: Any) -> str:
+    names = [t for t in ([expected] if isinstance(expected, str) else expected) if t != "null"]
+    go = {"string": "string", "boolean": "bool", "integer": "int64", "number": "float64",
+          "object": "struct", "array": "slice"}
+    return go.get(names[0], names[0]) if names else "interface {}"
 
 
 def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
@@ -175,7 +247,8 @@ def metadata_causes(rt: ResourceType, obj: dict[str, Any]) -> list[Cause]:
         causes.append(Cause("FieldValueTooLong", "Too long: must have at most 262144 bytes",
                             "metadata.annotations"))
     seen: set[str] = set()
-    for i, finalizer in enumerate(meta.get("finalizers") or []):
+    for i, item in enumerate(meta.get("finalizers") or []):
+        finalizer = item if isinstance(item, str) else ""  # JSON null decodes as ""
         for e in names.qualified_name(finalizer):
             causes.append(Cause("FieldValueInvalid", f'Invalid value: "{finalizer}": {e}',
                                 f"metadata.finalizers[{i}]"))
