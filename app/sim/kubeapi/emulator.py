@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import builtins
 import copy
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
-from .context import (
-    DRA_ADMIN_ACCESS,
-    DRA_CONSUMABLE_CAPACITY,
-    DRA_DEVICE_BINDING_CONDITIONS,
-    DRA_DEVICE_TAINTS,
-    DRA_PARTITIONABLE_DEVICES,
-    DRA_PRIORITIZED_LIST,
-    DRA_RESOURCE_CLAIM_DEVICE_STATUS,
-    Cluster,
+from .cluster import (
+    DEFAULT_KUBERNETES_VERSION,
+    build_cluster,
+    parse_version,
+    profile,
+    resolve_served,
 )
-from .errors import StatusError
+from .cluster import git_version as full_git_version
+from .errors import StatusError, bad_request
 from .faults import Faults, RequestRecord
 from .http import ServerState, build_app, json_response
 from .operations import Api
@@ -27,43 +26,52 @@ from .rbac import RbacPolicy
 from .resources import served_types
 from .store import Store
 
-ALL_GATES = (DRA_ADMIN_ACCESS, DRA_CONSUMABLE_CAPACITY, DRA_DEVICE_BINDING_CONDITIONS,
-             DRA_DEVICE_TAINTS, DRA_PARTITIONABLE_DEVICES, DRA_PRIORITIZED_LIST,
-             DRA_RESOURCE_CLAIM_DEVICE_STATUS)
-
 
 class KubeEmulator:
     """A kube-apiserver stand-in over plain HTTP for the real kubernetes-asyncio client.
 
-    ``served_resource_versions``: resource.k8s.io versions served (any of v1, v1beta2,
-    v1beta1, v1alpha3; the first is preferred); ``history_size``: watch events retained
+    ``kubernetes_version``: the emulated release, "1.34", "v1.34" or "v1.34.2" (1.31 and
+    1.34 to 1.37, see :mod:`.cluster`; ``/version`` reports it); ``feature_gates``: gate
+    overrides on top of that release's defaults (``{"DRADeviceTaints": True}``);
+    ``served_resource_versions``: resource.k8s.io versions served (first = preferred; None =
+    the release's default, e.g. v1 only for 1.34); ``history_size``: watch events retained
     (older resourceVersions get 410 Expired); ``validate``: schema and Go-rule validation on
     every write; ``token``: require ``Authorization: Bearer <token>`` (401 otherwise);
-    ``git_version``: reported by ``/version``; ``bookmark_interval_s``: BOOKMARK period on
-    watches that allow them; ``tokens``: bearer tokens of restricted users (``{token: user}``,
-    e.g. ``system:serviceaccount:fabric-dra:fabric-dra``), whose requests ``rbac`` (an
-    :class:`RbacPolicy`) must allow (403 Forbidden otherwise) while the admin ``token`` (or any
-    request, without one) stays unrestricted. Raises ValueError for an unknown resource
-    version.
+    ``git_version``: older name of ``kubernetes_version``; ``bookmark_interval_s``: BOOKMARK
+    period on watches that allow them; ``tokens``: bearer tokens of restricted users
+    (``{token: user}``, e.g. ``system:serviceaccount:fabric-dra:fabric-dra``), whose
+    requests ``rbac`` (an :class:`RbacPolicy`) must allow (403 Forbidden otherwise) while
+    the admin ``token`` (or any request, without one) stays unrestricted.
+
+    Raises ValueError (one line) for an unsupported Kubernetes version, an unknown or locked
+    feature gate, or resource versions that release cannot serve (e.g. v1 with v1alpha3,
+    which no release serves together).
     """
 
-    def __init__(self, *, served_resource_versions: Sequence[str] = ("v1",),
+    def __init__(self, *, kubernetes_version: str | None = None,
+                 feature_gates: Mapping[str, bool] | None = None,
+                 served_resource_versions: Sequence[str] | None = None,
                  history_size: int = 1000, validate: bool = True, token: str | None = None,
-                 git_version: str = "v1.34.0", bookmark_interval_s: float = 5.0,
+                 git_version: str | None = None, bookmark_interval_s: float = 5.0,
                  tokens: Mapping[str, str] | None = None,
                  rbac: RbacPolicy | None = None) -> None:
-        if not served_resource_versions:
-            raise ValueError("serve at least one resource.k8s.io version")
-        self._types = served_types(served_resource_versions)
+        if git_version is not None and kubernetes_version is not None and \
+                parse_version(git_version) != parse_version(kubernetes_version):
+            raise ValueError(f"git_version {git_version!r} contradicts kubernetes_version "
+                             f"{kubernetes_version!r}")
+        version = kubernetes_version or git_version or DEFAULT_KUBERNETES_VERSION
+        self.cluster = build_cluster(version, feature_gates)
+        self.served_resource_versions = resolve_served(profile(version),
+                                                       served_resource_versions)
+        self._types = served_types(self.served_resource_versions)
         self._history_size = history_size
         self._validate = validate
         self._faults = Faults()
-        # Until the cluster profiles are in place: Kubernetes 1.34 with every DRA gate on.
         self._api = Api(Store(history_size), self._types, validate=validate,
-                        cluster=Cluster(34, frozenset(ALL_GATES)))
+                        cluster=self.cluster)
         self._rbac = rbac
         self._ensure_namespaces()
-        self._state = ServerState(self._api, self._faults, git_version, token,
+        self._state = ServerState(self._api, self._faults, full_git_version(version), token,
                                   bookmark_interval_s, tokens=dict(tokens or {}), rbac=rbac)
         self._runner: web.AppRunner | None = None
         self._host = "127.0.0.1"
@@ -100,12 +108,17 @@ class KubeEmulator:
             await runner.cleanup()
 
     async def restart(self, *, keep_store: bool = True) -> None:
-        """Stop and serve again on the same port. Without ``keep_store`` every object and
-        the history are lost (default namespaces come back) while resourceVersions keep
-        growing, so watchers resuming from an old version get 410 and must relist.
+        """Stop and serve again on the same port. The watch cache starts again at the current
+        resourceVersion, as a restarted kube-apiserver refills it from etcd
+        (k8s.io/apiserver pkg/storage/cacher/cacher.go startCaching): watches from older
+        versions get 410 and must relist, while continue tokens (served by etcd) still work.
+        Without ``keep_store`` every object and the history are lost too (default namespaces
+        come back) while resourceVersions keep growing.
         """
         await self.stop()
-        if not keep_store:
+        if keep_store:
+            self._api.store.restart_watch_cache()
+        else:
             self._api.store.clear()
             self._ensure_namespaces()
         await self.start(self._host, self._port)
@@ -164,6 +177,79 @@ class KubeEmulator:
         """Drop the event history: watches from any older resourceVersion get 410 Expired."""
         self._api.store.compact()
 
+    def _group_resource(self, resource: str) -> tuple[str, str]:
+        for rt in self._types:
+            if resource in (rt.plural, f"{rt.plural}.{rt.group}"):
+                return rt.group_resource
+        raise ValueError(f"unknown resource {resource!r}")
+
+    def delay_responses(self, seconds: float, *, method: str = "*", path_regex: str = ".*",
+                        n: int | None = None) -> None:
+        """Hold back the response of the next ``n`` (None: every) requests whose method and
+        path match by ``seconds`` after they took effect, so a write's watch event reaches
+        watchers before its answer reaches the writer. ``seconds`` 0 removes every delay.
+        Raises ValueError for negative seconds or n < 1.
+        """
+        self._faults.delay_responses(seconds, method=method, path_regex=path_regex, n=n)
+
+    def replay_event(self, resource: str, name: str, namespace: str | None = None, *,
+                     resource_version: str | None = None) -> str:
+        """Send an old watch event of one object again into every live watch of
+        ``resource`` (a plural, e.g. "resourceslices"), as a misbehaving server or proxy
+        might: the event that produced ``resource_version``, or by default the one before the
+        object's latest. Returns the resourceVersion replayed. Raises ValueError for an
+        unknown resource, LookupError when the history holds no such event.
+        """
+        gr = self._group_resource(resource)
+        key = (namespace or "", name)
+        events = [e for e in self._api.store.history(gr).events
+                  if (str((e.obj.get("metadata") or {}).get("namespace") or ""),
+                      str((e.obj.get("metadata") or {}).get("name") or "")) == key]
+        if resource_version is not None:
+            chosen = [e for e in events if str(e.rv) == str(resource_version)]
+            if not chosen:
+                raise LookupError(f"{resource} {key}: no event at resourceVersion "
+                                  f"{resource_version} in the history")
+            event = chosen[0]
+        elif len(events) >= 2:
+            event = events[-2]
+        else:
+            raise LookupError(f"{resource} {key}: the history holds no older event")
+        self._api.store.deliver(event)
+        return str(event.rv)
+
+    def expire_watches(self, resource: str | None = None) -> int:
+        """End the live watches (of ``resource``, a plural, or all) with an ERROR event
+        410 Expired, as when the history is compacted under a watch
+        (k8s.io/apiserver pkg/storage/etcd3/errors.go interpretWatchError). Returns how many
+        watches got it. Raises ValueError for an unknown resource.
+        """
+        gr = self._group_resource(resource) if resource else None
+        return self._api.store.expire_watchers(gr)
+
+    def set_history_size(self, resource: str, size: int) -> None:
+        """Give ``resource`` (a plural) its own watch-cache window of ``size`` events (the
+        others keep ``history_size``). Raises ValueError for an unknown resource or size < 1.
+        """
+        self._api.store.set_history_size(self._group_resource(resource), size)
+
+    @property
+    def resource_version(self) -> int:
+        """The store's current resourceVersion (that of the last write)."""
+        return self._api.store.rv
+
+    @property
+    def fresh_wait_s(self) -> float:
+        """Seconds a list or watch for a resourceVersion not reached yet waits before 504
+        Timeout "Too large resource version" (kube-apiserver: 3)."""
+        return self._faults.fresh_wait_s
+
+    @fresh_wait_s.setter
+    def fresh_wait_s(self, value: float) -> None:
+        if value < 0:
+            raise ValueError("fresh_wait_s must not be negative")
+        self._faults.fresh_wait_s = value
+
     def drop_fields(self, resource: str, paths: Sequence[str]) -> None:
         """Silently drop dotted ``paths`` (``[]`` = every list element) from objects of
         ``resource`` (a plural such as "resourceslices") on every write, as an API server with
@@ -177,7 +263,8 @@ class KubeEmulator:
         POST; returns the stored object. Raises StatusError.
         """
         rt = self._api.type_of(obj.get("apiVersion", ""), obj.get("kind", ""))
-        namespace = (obj.get("metadata") or {}).get("namespace") or (
+        meta = obj.get("metadata")
+        namespace = (meta.get("namespace") if isinstance(meta, dict) else None) or (
             "default" if rt.namespaced else "")
         return self._api.create(rt, namespace, obj, manager="emulator")
 
@@ -245,7 +332,50 @@ class KubeEmulator:
         async def requests(_request: web.Request) -> web.StreamResponse:
             return json_response([r.__dict__ for r in self.requests])
 
+        async def control_body(request: web.Request) -> dict[str, Any]:
+            try:
+                body = await request.json() if request.can_read_body else {}
+            except ValueError as err:
+                raise bad_request(f"the body is not JSON: {err}") from err
+            if not isinstance(body, dict):
+                raise bad_request("the body must be a JSON object")
+            return body
+
+        async def delay_responses(request: web.Request) -> web.StreamResponse:
+            body = await control_body(request)
+            try:
+                n = body.get("n")
+                self.delay_responses(float(body.get("seconds", 0)),
+                                     method=str(body.get("method", "*")),
+                                     path_regex=str(body.get("path_regex", ".*")),
+                                     n=None if n is None else int(n))
+            except (ValueError, TypeError, re.error) as err:
+                raise bad_request(str(err)) from err
+            return json_response({"ok": True})
+
+        async def replay_event(request: web.Request) -> web.StreamResponse:
+            body = await control_body(request)
+            try:
+                rv = body.get("resource_version")
+                replayed = self.replay_event(str(body["resource"]), str(body["name"]),
+                                             body.get("namespace"),
+                                             resource_version=None if rv is None else str(rv))
+            except (KeyError, ValueError, LookupError) as err:
+                raise bad_request(str(err)) from err
+            return json_response({"resourceVersion": replayed})
+
+        async def expire_watches(request: web.Request) -> web.StreamResponse:
+            body = await control_body(request)
+            try:
+                count = self.expire_watches(body.get("resource"))
+            except ValueError as err:
+                raise bad_request(str(err)) from err
+            return json_response({"expired": count})
+
         return [web.post("/_emulator/fail_next", fail_next),
                 web.post("/_emulator/compact", compact),
                 web.post("/_emulator/close_watches", close_watches),
-                web.get("/_emulator/requests", requests)]
+                web.get("/_emulator/requests", requests),
+                web.post("/_emulator/delay_responses", delay_responses),
+                web.post("/_emulator/replay_event", replay_event),
+                web.post("/_emulator/expire_watches", expire_watches)]

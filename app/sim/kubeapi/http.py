@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+import unicodedata
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +21,18 @@ from aiohttp import web
 
 from .errors import StatusError, bad_request, method_not_allowed, unauthorized
 from .faults import Faults, RequestRecord
-from .listing import WatchFilter
-from .operations import Api
+from .fieldvalidation import directive, parse_json
+from .listing import (
+    WatchFilter,
+    parse_list_options,
+    parse_list_resource_version,
+    parse_watch_resource_version,
+    too_large_resource_version,
+    watch_list_enabled,
+    watch_too_old,
+)
+from .operations import APPLY_PATCH, Api
+from .options import accepted_status, check_write_options, delete_options
 from .rbac import RbacPolicy, request_attributes
 from .resources import (
     ResourceType,
@@ -30,8 +41,8 @@ from .resources import (
     api_resource_list,
     api_versions,
 )
-from .selectors import parse_field_selector, parse_label_selector
-from .store import Watcher
+from .selectors import parse_field_selector_for, parse_label_selector
+from .store import Watcher, WatchExpired
 
 DEFAULT_WATCH_TIMEOUT_S = 1800.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -115,9 +126,78 @@ async def _json_body(request: web.Request) -> Any:
         raise bad_request(f"couldn't get version/kind; json parse error: {err}") from err
 
 
+async def _object_body(request: web.Request) -> tuple[Any, list[str]]:
+    # A create or update body and the paths of its repeated keys, which the strict decoder
+    # reports (fieldvalidation.py).
+    raw = await request.read()
+    if not raw:
+        return None, []
+    try:
+        return parse_json(raw)
+    except ValueError as err:
+        raise bad_request(f"couldn't get version/kind; json parse error: {err}") from err
+
+
+# k8s.io/apiserver pkg/endpoints/filters/warning.go: past 4096 characters of warning text in
+# one response every warning is cut to 256 characters.
+WARNING_TOTAL_RUNES = 4 * 1024
+WARNING_ITEM_RUNES = 256
+WARNINGS_KEY = web.RequestKey("warnings", list[str])
+
+
+def _warning_header(text: str) -> str | None:
+    # k8s.io/apimachinery pkg/util/net/http.go NewWarningHeader: code 299, agent "-", the text
+    # quoted with \ and " escaped; text with control characters is refused (None).
+    if any(unicodedata.category(c) == "Cc" for c in text):
+        return None
+    return '299 - "' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def warning_headers(messages: Iterable[str]) -> list[str]:
+    """The ``Warning`` header values for ``messages``, as kube-apiserver's warning recorder
+    writes them (k8s.io/apiserver pkg/endpoints/filters/warning.go recorder.AddWarning):
+    empty and repeated messages skipped, ``299 - "<text>"``, and once the texts pass 4096
+    characters every one (earlier ones included) cut to 256 characters, later ones dropped
+    when the cut texts fill the budget again.
+    """
+    recorded: set[str] = set()
+    ordered: list[str] = []
+    headers: list[str] = []
+    written = 0
+    truncating = False
+    for text in messages:
+        if not text or (truncating and written >= WARNING_TOTAL_RUNES) or text in recorded:
+            continue
+        recorded.add(text)
+        ordered.append(text)
+        if truncating:
+            text = text[:WARNING_ITEM_RUNES]
+        header = _warning_header(text)
+        if header is None:
+            continue
+        if truncating or written + len(text) <= WARNING_TOTAL_RUNES:
+            written += len(text)
+            headers.append(header)
+            continue
+        truncating = True
+        written = 0
+        headers = []
+        for earlier in ordered:
+            cut = earlier[:WARNING_ITEM_RUNES]
+            replayed = _warning_header(cut)
+            if replayed is not None:
+                written += len(cut)
+                headers.append(replayed)
+    return headers
+
+
 def _flag(value: str | None) -> bool:
     # The Python client sends booleans as "True"/"False"; Go clients send "true".
     return (value or "").lower() in ("true", "1")
+
+
+def _query_lists(request: web.Request) -> dict[str, list[str]]:
+    return {key: request.query.getall(key) for key in request.query}
 
 
 def _int_param(request: web.Request, name: str) -> int:
@@ -195,7 +275,9 @@ class Handlers:
         api = self.state.api
         method = request.method
         query = request.query
-        dry_run = query.get("dryRun") == "All"
+        # dryRun is a list parameter; only "All" is known (options.py).
+        dry_run_values = query.getall("dryRun", [])
+        dry_run = bool(dry_run_values)
         if t.rt.namespaced and not t.namespace and (method != "GET" or t.name):
             raise StatusError(404, "NotFound", "the server could not find the requested "
                                                "resource")
@@ -209,15 +291,20 @@ class Handlers:
                 return json_response(api.get(t.rt, t.namespace, t.name))
             if _flag(query.get("watch")):
                 return await self._watch(request, t)
-            return self._list(request, t)
+            return await self._list(request, t)
         if method == "POST":
             if t.name:
                 raise method_not_allowed(f"the server does not allow this method on the "
                                          f"requested resource (POST {t.rt.plural}/{t.name})")
-            body = await _json_body(request)
-            new_obj = api.create(t.rt, t.namespace, body,
-                                 manager=query.get("fieldManager") or _manager(request),
-                                 dry_run=dry_run)
+            check_write_options("Create", dry_run=dry_run_values,
+                                field_manager=query.get("fieldManager", ""))
+            field_validation = directive(query.get("fieldValidation"), "Create")
+            body, duplicates = await _object_body(request)
+            with self._warnings(request):
+                new_obj = api.create(t.rt, t.namespace, body,
+                                     manager=query.get("fieldManager") or _manager(request),
+                                     dry_run=dry_run, field_validation=field_validation,
+                                     duplicates=duplicates)
             return json_response(new_obj, 201)
         if not t.name:
             if method == "DELETE":
@@ -225,26 +312,44 @@ class Handlers:
             raise method_not_allowed(f"the server does not allow this method on the requested "
                                      f"resource ({method} {t.rt.plural})")
         if method == "PUT":
-            body = await _json_body(request)
-            return json_response(api.update(
-                t.rt, t.namespace, t.name, body, subresource=t.subresource,
-                manager=query.get("fieldManager") or _manager(request), dry_run=dry_run))
+            check_write_options("Update", dry_run=dry_run_values,
+                                field_manager=query.get("fieldManager", ""))
+            field_validation = directive(query.get("fieldValidation"), "Update")
+            body, duplicates = await _object_body(request)
+            with self._warnings(request):
+                updated = api.update(
+                    t.rt, t.namespace, t.name, body, subresource=t.subresource,
+                    manager=query.get("fieldManager") or _manager(request), dry_run=dry_run,
+                    field_validation=field_validation, duplicates=duplicates)
+            return json_response(updated)
         if method == "PATCH":
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
-            obj, created = api.patch(
-                t.rt, t.namespace, t.name, content_type, await request.read(),
-                subresource=t.subresource, manager=_manager(request),
-                field_manager=query.get("fieldManager", ""),
-                force=_flag(query.get("force")), dry_run=dry_run)
+            check_write_options("Patch", dry_run=dry_run_values,
+                                field_manager=query.get("fieldManager", ""),
+                                force_given="force" in query,
+                                apply=content_type == APPLY_PATCH)
+            field_validation = directive(query.get("fieldValidation"), "Patch")
+            raw = await request.read()
+            with self._warnings(request):
+                obj, created = api.patch(
+                    t.rt, t.namespace, t.name, content_type, raw,
+                    subresource=t.subresource, manager=_manager(request),
+                    field_manager=query.get("fieldManager", ""),
+                    force=_flag(query.get("force")), dry_run=dry_run,
+                    field_validation=field_validation)
             return json_response(obj, 201 if created else 200)
         if method == "DELETE":
             if t.subresource:
                 raise method_not_allowed("the server does not allow this method on the "
                                          "requested resource")
-            options = await _json_body(request)
-            if options is not None and not isinstance(options, dict):
-                raise bad_request("DeleteOptions must be a JSON object")
-            gone, deleted = api.delete(t.rt, t.namespace, t.name, options, dry_run=dry_run)
+            options, delete_dry_run = delete_options(await _json_body(request),
+                                                     _query_lists(request))
+            with self._warnings(request):
+                gone, deleted = api.delete(t.rt, t.namespace, t.name, options,
+                                           dry_run=delete_dry_run)
+            # k8s.io/apiserver handlers/delete.go and registry store.go finalizeDelete: a kind
+            # without ReturnDeletedObject answers a removal with a Success Status; an object
+            # that stays (finalizers, graceful deletion) is answered with itself.
             if deleted and not t.rt.returns_deleted_object:
                 details: dict[str, Any] = {"name": t.name, "kind": t.rt.plural,
                                            "uid": gone["metadata"]["uid"]}
@@ -252,20 +357,43 @@ class Handlers:
                     details["group"] = t.rt.group
                 return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
                                       "status": "Success", "details": details})
-            return json_response(gone, 200 if deleted else 202)
+            return json_response(gone, accepted_status(deleted, options))
         raise method_not_allowed(f"the server does not allow this method on the requested "
                                  f"resource ({method})")
 
+    @contextlib.contextmanager
+    def _warnings(self, request: web.Request) -> Iterator[None]:
+        # The verbs are synchronous: what Api.warnings holds between these two points (no
+        # await in the block) belongs to this request. The middleware sends it as headers,
+        # on errors too, as the real recorder writes them with any response.
+        warnings = self.state.api.warnings
+        warnings.clear()
+        try:
+            yield
+        finally:
+            request[WARNINGS_KEY] = [*request.get(WARNINGS_KEY, ()), *warnings]
+            warnings.clear()
+
     def _selectors(self, request: web.Request, t: Target) -> WatchFilter:
         labels = parse_label_selector(request.query.get("labelSelector", ""))
-        fields = parse_field_selector(request.query.get("fieldSelector", ""), t.rt.selectable)
+        fields = parse_field_selector_for(request.query.get("fieldSelector", ""), t.rt.group,
+                                          t.rt.version, t.rt.kind)
         return WatchFilter(t.rt, t.namespace, labels, fields)
 
-    def _list(self, request: web.Request, t: Target) -> web.StreamResponse:
+    async def _list(self, request: web.Request, t: Target) -> web.StreamResponse:
+        # k8s.io/apiserver pkg/endpoints/handlers/get.go ListResource: options parsed and
+        # validated (400/422), then the storage checks (400), then the watch cache waits
+        # for a resourceVersion it has not reached (504 after the wait).
         flt = self._selectors(request, t)
-        result = self.state.api.list_objects(
-            t.rt, t.namespace, flt.labels, flt.fields, _int_param(request, "limit"),
-            request.query.get("continue", ""))
+        api = self.state.api
+        opts = parse_list_options(request.query, watch_list=watch_list_enabled(api.cluster))
+        requested = parse_list_resource_version(opts)
+        if requested > api.store.rv and not await self._wait_fresh(requested):
+            raise too_large_resource_version(requested, api.store.rv)
+        result = api.list_objects(
+            t.rt, t.namespace, flt.labels, flt.fields, opts.limit, opts.continue_token,
+            resource_version=opts.resource_version,
+            resource_version_match=opts.resource_version_match)
         meta: dict[str, Any] = {"resourceVersion": result.resource_version}
         if result.continue_token:
             meta["continue"] = result.continue_token
@@ -274,15 +402,29 @@ class Handlers:
         return json_response({"kind": f"{t.rt.kind}List", "apiVersion": t.rt.api_version,
                               "metadata": meta, "items": result.items})
 
+    async def _wait_fresh(self, rv: int) -> bool:
+        """Wait up to the configured time for the store to reach ``rv``; True when it did
+        (k8s.io/apiserver pkg/storage/cacher/watch_cache.go waitUntilFreshLocked)."""
+        store = self.state.api.store
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.state.faults.fresh_wait_s
+        while store.rv < rv:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(0.01, left))
+        return True
+
     async def _delete_collection(self, request: web.Request, t: Target) -> web.StreamResponse:
         flt = self._selectors(request, t)
         api = self.state.api
+        options, dry_run = delete_options(await _json_body(request), _query_lists(request))
         result = api.list_objects(t.rt, t.namespace, flt.labels, flt.fields)
         for obj in result.items:
             meta = obj["metadata"]
-            with contextlib.suppress(StatusError):
-                api.delete(t.rt, meta.get("namespace", ""), meta["name"],
-                           dry_run=request.query.get("dryRun") == "All")
+            with contextlib.suppress(StatusError), self._warnings(request):
+                api.delete(t.rt, meta.get("namespace", ""), meta["name"], options,
+                           dry_run=dry_run)
         return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
                               "status": "Success"})
 
@@ -304,53 +446,69 @@ class Handlers:
                               "status": "Success", "code": 201}, 201)
 
     async def _watch(self, request: web.Request, t: Target) -> web.StreamResponse:
+        # k8s.io/apiserver pkg/endpoints/handlers/get.go (options, 400/422) and
+        # pkg/storage/cacher/cacher.go Watch: once the options are valid, every failure
+        # (410 too old, 504 too large) is an ERROR event in a 200 stream.
         flt = self._selectors(request, t)
-        store = self.state.api.store
-        rv_param = request.query.get("resourceVersion", "")
+        api = self.state.api
+        store = api.store
+        opts = parse_list_options(request.query, watch_list=watch_list_enabled(api.cluster))
+        rv = parse_watch_resource_version(opts, t.rt.plural, t.rt.group)
         timeout = float(_int_param(request, "timeoutSeconds") or DEFAULT_WATCH_TIMEOUT_S)
         bookmarks = _flag(request.query.get("allowWatchBookmarks"))
-        send_initial = _flag(request.query.get("sendInitialEvents"))
+        send_initial = opts.send_initial_events
+        error: StatusError | None = None
+        if send_initial and rv > store.rv and not await self._wait_fresh(rv):
+            # waitUntilWatchCacheFreshAndForceAllEvents: only a watch asking for initial
+            # events waits; any other watch from a future version just starts there.
+            error = too_large_resource_version(rv, store.rv)
         # Snapshot and registration happen without an await in between, so no event is lost
         # or doubled between the initial state and the live stream.
         lines: list[dict[str, Any]] = []
-        gone = False
-        if rv_param in ("", "0") or send_initial:
-            for _, obj in store.items(t.rt.group_resource):
-                shown = flt.matches(obj)
-                if shown is not None:
-                    lines.append({"type": "ADDED", "object": shown})
-            if send_initial and bookmarks:
-                lines.append(self._bookmark(t.rt, initial_end=True))
-        else:
-            try:
-                since = int(rv_param)
-            except ValueError as err:
-                raise bad_request(f"invalid resource version: {rv_param!r}") from err
-            events = store.events_since(t.rt.group_resource, since)
-            if events is None:
-                gone = True
+        since = rv
+        if error is None:
+            if send_initial or (send_initial is None and rv == 0):
+                # k8s.io/apiserver pkg/storage/cacher/watch_cache.go getAllEventsSinceLocked:
+                # the current state as ADDED (sendInitialEvents, or the legacy "0").
+                for _, obj in store.items(t.rt.group_resource):
+                    shown = flt.matches(obj)
+                    if shown is not None:
+                        lines.append({"type": "ADDED", "object": shown})
+                if send_initial and bookmarks:
+                    lines.append(self._bookmark(t.rt, initial_end=True))
+                since = store.rv
+            elif rv == 0:
+                since = store.rv  # sendInitialEvents=false from "0": from now on
             else:
-                for event in events:
-                    line = flt.render(event)
-                    if line is not None:
-                        lines.append(line)
-        watcher = Watcher(t.rt.group_resource, accepts=lambda _event: True)
-        if not gone:
+                events = store.watch_events_since(t.rt.group_resource, rv)
+                if events is None:
+                    error = watch_too_old(rv, store.history(t.rt.group_resource)
+                                          .oldest_watch_rv)
+                else:
+                    for event in events:
+                        line = flt.render(event)
+                        if line is not None:
+                            lines.append(line)
+        floor = max(since, rv)
+        # The cache watcher skips events up to the version it started from (a watch from a
+        # future version sees nothing before it).
+        watcher = Watcher(t.rt.group_resource, accepts=lambda event: event.rv > floor)
+        if error is None:
             store.watchers.add(watcher)
             self.state.watchers.add(watcher)
         response = web.StreamResponse(status=200, headers={
             "Content-Type": "application/json", "Cache-Control": "no-cache, private"})
         try:
             await response.prepare(request)
-            if gone:
-                await self._send(response, {"type": "ERROR", "object": StatusError(
-                    410, "Expired", f"too old resource version: {rv_param} "
-                                    f"({store.compacted_rv})").body()})
-                await response.write_eof()
+            if error is not None:
+                await self._send(response, {"type": "ERROR", "object": error.body()})
+                await _end(response)
                 return response
             for line in lines:
                 await self._send(response, line)
             await self._stream(request, response, t, flt, watcher, timeout, bookmarks)
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            pass  # the client went away mid-stream: nothing is left to tell it
         finally:
             store.watchers.discard(watcher)
             self.state.watchers.discard(watcher)
@@ -368,7 +526,7 @@ class Handlers:
             # handler does not linger until the watch timeout.
             wake = min(deadline, next_bookmark if bookmarks else deadline, now + 1.0)
             try:
-                event = await asyncio.wait_for(watcher.queue.get(), max(0.0, wake - now))
+                item = await asyncio.wait_for(watcher.queue.get(), max(0.0, wake - now))
             except TimeoutError:
                 if request.transport is None or request.transport.is_closing():
                     return
@@ -381,14 +539,19 @@ class Handlers:
                     await self._send(response, self._bookmark(t.rt))
                     next_bookmark = loop.time() + self.state.bookmark_interval_s
                 continue
-            if event is None:
+            if item is None:
                 if watcher.abort and request.transport is not None:
                     # Cut the connection mid-stream, as a dying API server or proxy does.
                     request.transport.abort()
                     return
                 await _end(response)
                 return
-            line = flt.render(event)
+            if isinstance(item, WatchExpired):
+                await self._send(response, {"type": "ERROR", "object": StatusError(
+                    410, "Expired", item.message).body()})
+                await _end(response)
+                return
+            line = flt.render(item)
             if line is not None:
                 await self._send(response, line)
 
@@ -410,16 +573,20 @@ def make_middleware(state: ServerState) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.rel_url.path
+        query = request.rel_url.raw_query_string
         content_type = request.headers.get("Content-Type", "")
         status = 500
         try:
             response = await _handle(request, handler, path)
+            if not response.prepared:
+                for header in warning_headers(request.get(WARNINGS_KEY, ())):
+                    response.headers.add("Warning", header)
             status = response.status
             return response
         finally:
             if not path.startswith("/_emulator/"):
                 state.faults.requests.append(RequestRecord(request.method, path, status,
-                                                           content_type))
+                                                           content_type, query))
 
     async def _handle(request: web.Request, handler: Handler, path: str) -> web.StreamResponse:
         try:
@@ -430,7 +597,13 @@ def make_middleware(state: ServerState) -> Any:
             injected = state.faults.take(request.method, path)
             if injected is not None:
                 raise injected
-            return await handler(request)
+            response = await handler(request)
+            delay = state.faults.take_delay(request.method, path)
+            if delay > 0 and not response.prepared:
+                # The request took effect (its watch event is already out); only its
+                # answer is late, as behind a slow proxy or a client-side stall.
+                await asyncio.sleep(delay)
+            return response
         except StatusError as err:
             return status_response(err)
         except web.HTTPException as err:
@@ -444,13 +617,22 @@ def make_middleware(state: ServerState) -> Any:
 
     def _authorize(request: web.Request, path: str) -> None:
         # A token from ``tokens`` names a restricted user checked against the RBAC policy;
-        # the admin token (or, without one, any request) is unrestricted, like a test
-        # harness holding cluster-admin.
+        # the admin token (or, without one, a request carrying no token) is unrestricted,
+        # like a test harness holding cluster-admin. Once any bearer token is configured, a
+        # token nobody issued is refused with 401, as kube-apiserver's bearer token
+        # authenticator refuses it (k8s.io/apiserver pkg/authentication/request/bearertoken:
+        # an unrecognised token is an error, never anonymous access).
         header = request.headers.get("Authorization", "")
         bearer = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
-        user = state.tokens.get(bearer) if bearer is not None else None
+        if bearer is None:
+            if state.token is not None:
+                raise unauthorized()
+            return
+        if state.token is not None and bearer == state.token:
+            return
+        user = state.tokens.get(bearer)
         if user is None:
-            if state.token is not None and bearer != state.token:
+            if state.token is not None or state.tokens:
                 raise unauthorized()
             return
         if state.rbac is None:

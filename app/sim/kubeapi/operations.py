@@ -8,6 +8,7 @@ on create) and the validation of :mod:`.validation` and :mod:`.dra`.
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import uuid
 from collections.abc import Sequence
@@ -15,9 +16,12 @@ from typing import Any
 
 import yaml
 
-from . import dra, dra_claims
+from . import defaults, dra, dra_claims, leases
 from .apply import managed_fields_json, record_update, server_side_apply
+from .cluster import profile
 from .context import Cluster, RuleContext
+from .conversion import convert
+from .deletion import check_preconditions, plan_delete, should_delete_during_update
 from .errors import (
     STALE_OBJECT,
     Cause,
@@ -30,14 +34,36 @@ from .errors import (
     not_found,
     unsupported_media_type,
 )
-from .listing import ListResult, WatchFilter, decode_continue, encode_continue
+from .field_gates import drop_disabled_fields
+from .fieldvalidation import (
+    STRICT,
+    go_value,
+    json_patch_errors,
+    load_yaml,
+    parse_json,
+    settle,
+    settle_apply,
+    settle_patch,
+    typed_patch_error,
+)
+from .listing import (
+    EXACT,
+    LIST_TOO_OLD,
+    ListOptions,
+    ListResult,
+    WatchFilter,
+    decode_continue,
+    encode_continue,
+    expired_continue,
+    parse_list_resource_version,
+    too_large_resource_version,
+)
 from .objects import (
     drop_path,
     now_rfc3339,
     random_suffix,
     spec_part,
     uses_generation,
-    visible_as,
 )
 from .patch import json_patch, merge_patch, strategic_merge
 from .resources import RESOURCE_GROUP, ResourceType
@@ -54,6 +80,23 @@ _SYSTEM_META = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGraceP
                 "generation", "selfLink")
 
 
+def _check_name(rt: ResourceType, namespace: str, name: str, body: Any) -> None:
+    # k8s.io/apiserver pkg/endpoints/handlers/rest.go checkName (run by the update handler).
+    if not isinstance(body, dict):
+        return  # refused by _normalise_body
+    meta = body.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    if not meta.get("name"):
+        raise bad_request(f"the name of the object ({name} based on URL) was undeterminable: "
+                          "name must be provided")
+    if meta["name"] != name:
+        raise bad_request(f"the name of the object ({meta['name']}) does not match the name "
+                          f"on the URL ({name})")
+    if rt.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
+        raise bad_request(f"the namespace of the object ({meta['namespace']}) does not match "
+                          f"the namespace on the request ({namespace})")
+
+
 class Api:
     """The verbs over a :class:`Store`, for the HTTP handlers and the Python API alike.
 
@@ -67,7 +110,11 @@ class Api:
         self.types = list(types)
         self.validate = validate
         self.cluster = cluster
-        self.schemas = SchemaValidator()
+        cluster_profile = profile(cluster.version)
+        self.schemas = SchemaValidator(cluster_profile.schema_version)
+        # resource.k8s.io objects are stored once, in this version, and converted on every
+        # read and write (see conversion.py).
+        self.storage_version = cluster_profile.storage_version
         self.dropped: dict[str, list[str]] = {}
         # Warnings of the call in progress: the verbs are synchronous, so the HTTP layer
         # empties this before a call and sends what it holds as Warning headers after it.
@@ -90,38 +137,75 @@ class Api:
                           f'the server could not find the requested resource ({kind} '
                           f'{api_version} is not served)')
 
+    def shown(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        """Stored ``obj`` as ``rt``'s version shows it (the stored object itself when no
+        conversion is needed: callers must not mutate it)."""
+        return convert(obj, rt.version) if rt.group == RESOURCE_GROUP else obj
+
+    def stored(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        """``obj`` (written through ``rt``) in the storage version."""
+        return convert(obj, self.storage_version) if rt.group == RESOURCE_GROUP else obj
+
     def _get_visible(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
-        obj = visible_as(rt, self.store.get(rt.group_resource, (namespace, name)))
+        obj = self.store.get(rt.group_resource, (namespace, name))
         if obj is None:
             raise not_found(rt.group, rt.plural, name)
-        return obj
+        return self.shown(rt, obj)
 
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
-        """A copy of one object; StatusError 404 when absent or not visible in rt's version."""
+        """A copy of one object shown in rt's version; StatusError 404 when absent."""
         return copy.deepcopy(self._get_visible(rt, namespace, name))
 
     # -- list -----------------------------------------------------------------------------
     def list_objects(
         self, rt: ResourceType, namespace: str, labels: Sequence[Requirement],
-        fields: Sequence[FieldRequirement], limit: int = 0, continue_token: str = "",
+        fields: Sequence[FieldRequirement], limit: int = 0, continue_token: str = "", *,
+        resource_version: str = "", resource_version_match: str = "",
     ) -> ListResult:
         """Objects sorted by (namespace, name), filtered, paged by ``limit``/``continue``.
 
-        A continue token older than the history window is 410 Expired, as with etcd
-        compaction. Pages after the first show the objects as they are now (the real server
-        serves a snapshot at the token's version); the list version stays the token's.
+        Which state is listed follows k8s.io/apiserver pkg/storage/interfaces.go
+        ValidateListOptions and pkg/storage/etcd3/store.go GetList: a continue token reads at
+        its version (-1: the latest), and so does ``resource_version`` with
+        ``resource_version_match`` Exact, or with no match and a ``limit`` (the legacy
+        paging case); otherwise the latest state is listed (NotOlderThan: the caller has
+        waited until the store reached ``resource_version``). A state at an older version is
+        rebuilt from the resource's event history, so every page of a paged list shows the
+        same snapshot. ``remaining`` is only counted without selectors
+        (k8s.io/apiserver pkg/storage/continue.go PrepareContinueToken).
+
+        Raises StatusError 400 (bad token or version, a version with a continue token), 410
+        Expired (the version left the history: for a continue token with a token that
+        continues at the latest version), 504 (an exact version not reached yet).
         """
-        list_rv = self.store.rv
+        opts = ListOptions(False, resource_version, resource_version_match, None,
+                           continue_token, limit)
+        requested = parse_list_resource_version(opts)
+        store = self.store
+        gr = rt.group_resource
         start: tuple[str, str] | None = None
+        exact: int | None = None
         if continue_token:
-            list_rv, start = decode_continue(continue_token)
-            if list_rv < self.store.compacted_rv:
-                raise expired("The provided continue parameter is too old to display a "
-                              "consistent list result. You can start a new list without the "
-                              "continue parameter.")
+            token_rv, start = decode_continue(continue_token)
+            if token_rv > 0:
+                exact = token_rv
+        elif requested > 0 and (resource_version_match == EXACT
+                                or (not resource_version_match and limit > 0)):
+            exact = requested
+        list_rv = store.rv
+        source = store.items(gr)
+        if exact is not None:
+            if exact > store.rv:
+                raise too_large_resource_version(exact, store.rv)
+            snapshot = store.snapshot(gr, exact)
+            if snapshot is None:
+                if start is not None:
+                    raise expired_continue(start)
+                raise expired(LIST_TOO_OLD)
+            source, list_rv = snapshot, exact
         flt = WatchFilter(rt, namespace, labels, fields)
         matched: list[tuple[tuple[str, str], dict[str, Any]]] = []
-        for key, obj in self.store.items(rt.group_resource):
+        for key, obj in source:
             if start is not None and key <= start:
                 continue
             shown = flt.matches(obj)
@@ -133,7 +217,8 @@ class Api:
         if limit > 0 and len(matched) > limit:
             last_key = page[-1][0]
             token = encode_continue(list_rv, last_key[0], last_key[1])
-            remaining = len(matched) - limit
+            if not labels and not fields:
+                remaining = len(matched) - limit
         return ListResult([copy.deepcopy(o) for _, o in page], str(list_rv), token, remaining)
 
     # -- helpers --------------------------------------------------------------------------
@@ -162,7 +247,11 @@ class Api:
             meta.pop("namespace", None)
         return obj
 
-    def _drop(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+    def _drop(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        # PrepareForCreate/PrepareForUpdate of the resource.k8s.io strategies: fields of
+        # disabled gates go silently (field_gates.py); then the explicit drop_fields fault.
+        if rt.group == RESOURCE_GROUP:
+            drop_disabled_fields(self.cluster, rt.plural, rt.version, obj, old)
         for path in self.dropped.get(rt.plural, []):
             drop_path(obj, path)
 
@@ -181,19 +270,20 @@ class Api:
 
     def _kind_causes(self, rt: ResourceType, obj: dict[str, Any],
                      ctx: RuleContext) -> list[Cause]:
+        if (rt.group, rt.plural) == ("coordination.k8s.io", "leases"):
+            return leases.lease_causes(obj, ctx)
         if rt.group != RESOURCE_GROUP:
             return []
-        old, status_write = ctx.old, ctx.status_write
         if rt.plural == "resourceslices":
-            return dra.resource_slice_causes(obj, old, rt.version)
+            return dra.resource_slice_causes(obj, ctx)
         if rt.plural == "resourceclaims":
-            return dra_claims.resource_claim_causes(obj, old, rt.version, status_write)
+            return dra_claims.resource_claim_causes(obj, ctx)
         if rt.plural == "deviceclasses":
-            return dra_claims.device_class_causes(obj)
+            return dra_claims.device_class_causes(obj, ctx)
         if rt.plural == "resourceclaimtemplates":
-            return dra_claims.resource_claim_template_causes(obj, old, rt.version)
+            return dra_claims.resource_claim_template_causes(obj, ctx)
         if rt.plural == "podschedulingcontexts":
-            return dra_claims.pod_scheduling_context_causes(obj)
+            return dra_claims.pod_scheduling_context_causes(obj, ctx)
         return []
 
     def _validate(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
@@ -204,17 +294,36 @@ class Api:
         self.schemas.check(rt, obj)
         raise_if(rt, obj, metadata_causes(rt, obj) + self._kind_causes(rt, obj, ctx))
 
+    def _decode(self, rt: ResourceType, obj: dict[str, Any], field_validation: str | None,
+                duplicates: Sequence[str]) -> None:
+        # k8s.io/apiserver pkg/endpoints/handlers create.go / update.go: the body is decoded
+        # into the Go type, which has no room for unknown fields; fieldValidation says whether
+        # that fails the request, warns or passes silently. None: already decoded (the last
+        # step of a patch or apply).
+        if field_validation is None or not self.validate:
+            return
+        settle(self.schemas.drop_unknown(rt, obj, duplicates), field_validation, self.warnings)
+
     def _namespace_exists(self, rt: ResourceType, namespace: str) -> None:
         if rt.namespaced and self.store.get(("", "namespaces"), ("", namespace)) is None:
             raise not_found("", "namespaces", namespace)
 
     # -- create ---------------------------------------------------------------------------
     def create(self, rt: ResourceType, namespace: str, body: Any, *, manager: str,
-               dry_run: bool = False, managers: list[Any] | None = None) -> dict[str, Any]:
+               dry_run: bool = False, managers: list[Any] | None = None,
+               field_validation: str | None = STRICT,
+               duplicates: Sequence[str] = ()) -> dict[str, Any]:
         """POST: name or generateName, server fields, status reset where the strategy does it,
         validation, store, ADDED event. Raises StatusError 400/404/409/422.
+
+        ``field_validation``: Ignore, Warn or Strict for unknown fields and the
+        ``duplicates`` (paths of repeated JSON keys) of the body; in-process callers default
+        to Strict, the HTTP layer passes the request's (Warn when absent).
         """
         obj = self._normalise_body(rt, namespace, body)
+        self._decode(rt, obj, field_validation, duplicates)
+        # The decoder's work, done even without validation: canonical values and defaults.
+        defaults.prepare(rt, obj)
         meta = obj["metadata"]
         if not meta.get("name") and meta.get("generateName"):
             # Retry on the (unlikely) clash instead of returning 409 for a generated name.
@@ -236,8 +345,14 @@ class Api:
                 "FieldValueRequired", "Required value: name or generateName is required",
                 "metadata.name")])
         key = (namespace if rt.namespaced else "", meta["name"])
-        if self.store.get(rt.group_resource, key) is not None:
-            raise already_exists(rt.group, rt.plural, meta["name"])
+        clash = self.store.get(rt.group_resource, key)
+        if clash is not None:
+            err = already_exists(rt.group, rt.plural, meta["name"])
+            if (clash.get("metadata") or {}).get("deletionTimestamp"):
+                # k8s.io/apiserver pkg/registry/generic/registry/store.go create: the name is
+                # held by an object that finalizers keep while it is being deleted.
+                err.message = f"object is being deleted: {err.message}"
+            raise err
         self._namespace_exists(rt, namespace)
         if rt.reset_status_on_create:
             obj.pop("status", None)
@@ -247,7 +362,7 @@ class Api:
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
-        self._drop(rt, obj)
+        self._drop(rt, obj, None)
         self._validate(rt, obj, None)
         now = now_rfc3339()
         meta["uid"] = str(uuid.uuid4())
@@ -261,22 +376,24 @@ class Api:
             meta["resourceVersion"] = str(self.store.rv)
             return obj
         meta["resourceVersion"] = str(self.store.next_rv())
-        self.store.put(rt.group_resource, key, obj, "ADDED", None)
+        self.store.put(rt.group_resource, key, self.stored(rt, obj), "ADDED", None)
         return copy.deepcopy(obj)
 
     # -- update ---------------------------------------------------------------------------
     def update(self, rt: ResourceType, namespace: str, name: str, body: Any, *,
                subresource: str = "", manager: str, dry_run: bool = False,
-               managers: list[Any] | None = None) -> dict[str, Any]:
+               managers: list[Any] | None = None, field_validation: str | None = STRICT,
+               duplicates: Sequence[str] = ()) -> dict[str, Any]:
         """PUT (also the last step of PATCH): preconditions, status split, finalizer rule,
         generation, validation; a no-op writes nothing. Raises StatusError 400/404/409/422.
+        ``field_validation``, ``duplicates``: as for :meth:`create`.
         """
         old = self._get_visible(rt, namespace, name)
+        _check_name(rt, namespace, name, body)
         obj = self._normalise_body(rt, namespace, body)
+        self._decode(rt, obj, field_validation, duplicates)
+        defaults.prepare(rt, obj)
         meta = obj["metadata"]
-        if meta.get("name", name) != name:
-            raise bad_request(f"the name of the object ({meta.get('name')}) does not match the "
-                              f"name on the URL ({name})")
         old_meta = old["metadata"]
         if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta["resourceVersion"]:
             raise conflict(rt.group, rt.plural, name, STALE_OBJECT)
@@ -291,9 +408,8 @@ class Api:
                 new.pop("status", None)
             else:
                 new["status"] = obj["status"]
-            if rt.plural == "resourceclaims" and not (new.get("status") or {}).get("allocation"):
-                # dropDeallocatedStatusDevices: device status goes with the allocation.
-                (new.get("status") or {}).pop("devices", None)
+            if rt.plural == "resourceclaims":
+                dra_claims.drop_deallocated_status_devices(new, old)
         else:
             new = obj
             if rt.has_status:
@@ -318,7 +434,7 @@ class Api:
                     "object is being deleted, found new finalizers []string{"
                     + ", ".join(json.dumps(f) for f in sorted(added)) + "}",
                     "metadata.finalizers")])
-        self._drop(rt, new)
+        self._drop(rt, new, old)
         if uses_generation(rt) and spec_part(new) != spec_part(old):
             new_meta["generation"] = int(old_meta.get("generation", 1)) + 1
         new_meta["resourceVersion"] = old_meta["resourceVersion"]
@@ -334,27 +450,35 @@ class Api:
             return new
         key = (namespace if rt.namespaced else "", name)
         new_meta["resourceVersion"] = str(self.store.next_rv())
-        if new_meta.get("deletionTimestamp") and not new_meta.get("finalizers"):
-            self.store.remove(rt.group_resource, key, new)
+        stored_old = self.store.get(rt.group_resource, key)
+        if should_delete_during_update(old_meta, new_meta):
+            self.store.remove(rt.group_resource, key, self.stored(rt, new))
         else:
-            self.store.put(rt.group_resource, key, new, "MODIFIED", old)
+            self.store.put(rt.group_resource, key, self.stored(rt, new), "MODIFIED",
+                           stored_old)
         return copy.deepcopy(new)
 
     # -- patch ----------------------------------------------------------------------------
     def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str,
               raw: bytes, *, subresource: str = "", manager: str, field_manager: str = "",
-              force: bool = False, dry_run: bool = False) -> tuple[dict[str, Any], bool]:
+              force: bool = False, dry_run: bool = False,
+              field_validation: str = STRICT) -> tuple[dict[str, Any], bool]:
         """PATCH of any kind; returns (object, created). Apply creates a missing object.
 
-        Raises StatusError 400 (undecodable patch), 404, 409, 415 (unknown type), 422.
+        ``field_validation`` (Ignore, Warn, Strict) rules duplicate keys of the patch and
+        unknown fields of the patched object (a 422 on field ``patch`` under Strict); an
+        apply configuration's unknown fields are a 500 in every mode, as structured-merge-diff
+        refuses them. Raises StatusError 400 (undecodable patch), 404, 409, 415 (unknown
+        type), 422, 500.
         """
         if content_type == APPLY_PATCH:
             return self._apply(rt, namespace, name, raw, subresource=subresource,
-                               field_manager=field_manager, force=force, dry_run=dry_run)
+                               field_manager=field_manager, force=force, dry_run=dry_run,
+                               field_validation=field_validation)
         if content_type not in (JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH):
             raise unsupported_media_type(content_type)
         try:
-            document = json.loads(raw or b"null")
+            document, duplicates = parse_json(raw or b"null")
         except ValueError as err:
             raise bad_request(f"error decoding patch: {err}") from err
         old = self._get_visible(rt, namespace, name)
@@ -367,38 +491,54 @@ class Api:
                        else strategic_merge(old, document))
         if not isinstance(patched, dict):
             raise bad_request("the patched object is not a JSON object")
+        if self.validate:
+            # patch.go: strict errors of the patch document itself (duplicate keys; for a JSON
+            # patch also unknown operation fields), then those of the patched object.
+            errors = (json_patch_errors(document, duplicates) if content_type == JSON_PATCH
+                      else [f'duplicate field "{d}"' for d in duplicates])
+            shown = ""
+            if field_validation == STRICT:
+                shown = (go_value(document) if content_type == STRATEGIC_PATCH
+                         else json.dumps(patched, separators=(",", ":")))
+            errors += self.schemas.drop_unknown(rt, patched)
+            settle_patch(errors, field_validation, self.warnings, shown)
         return self.update(rt, namespace, name, patched, subresource=subresource,
-                           manager=field_manager or manager, dry_run=dry_run), False
+                           manager=field_manager or manager, dry_run=dry_run,
+                           field_validation=None), False
 
     def _apply(self, rt: ResourceType, namespace: str, name: str, raw: bytes, *,
                subresource: str, field_manager: str, force: bool,
-               dry_run: bool) -> tuple[dict[str, Any], bool]:
+               dry_run: bool, field_validation: str) -> tuple[dict[str, Any], bool]:
         if not field_manager:
             raise invalid("PatchOptions", "meta.k8s.io", "", [Cause(
                 "FieldValueRequired", "Required value: is required for apply patch",
                 "fieldManager")])
         try:
-            config = yaml.safe_load(raw or b"")
+            config, duplicates = load_yaml(raw or b"")
         except yaml.YAMLError as err:
             raise bad_request(f"error decoding YAML: {err}") from err
         if not isinstance(config, dict):
             raise bad_request("error decoding YAML: the apply configuration must be an object")
+        if self.validate:
+            # patch.go applyPatcher: the typed conversion of the configuration refuses unknown
+            # fields whatever fieldValidation says; duplicate keys follow the directive.
+            undeclared = self.schemas.apply_unknown(rt, config)
+            if undeclared:
+                raise typed_patch_error(rt.kind, rt.api_version, config, undeclared)
+            settle_apply(duplicates, field_validation, self.warnings)
         config_meta = config.get("metadata") or {}
         if config_meta.get("name", name) != name:
             raise bad_request(f"the name of the object ({config_meta.get('name')}) does not "
                               f"match the name on the URL ({name})")
-        existing = visible_as(rt, self.store.get(
-            rt.group_resource, (namespace if rt.namespaced else "", name)))
+        found = self.store.get(rt.group_resource, (namespace if rt.namespaced else "", name))
+        existing = None if found is None else self.shown(rt, found)
         if existing is None:
             if subresource:
                 raise not_found(rt.group, rt.plural, name)
-            if self.store.get(rt.group_resource,
-                              (namespace if rt.namespaced else "", name)) is not None:
-                raise already_exists(rt.group, rt.plural, name)
             merged, managers = server_side_apply({}, config, field_manager, force=force)
             merged.setdefault("metadata", {})["name"] = name
             return self.create(rt, namespace, merged, manager=field_manager, dry_run=dry_run,
-                               managers=managers), True
+                               managers=managers, field_validation=None), True
         merged, managers = server_side_apply(existing, config, field_manager, force=force,
                                              subresource=subresource)
         merged_meta = merged.setdefault("metadata", {})
@@ -408,56 +548,68 @@ class Api:
         else:
             merged_meta["resourceVersion"] = existing["metadata"]["resourceVersion"]
         return self.update(rt, namespace, name, merged, subresource=subresource,
-                           manager=field_manager, dry_run=dry_run, managers=managers), False
+                           manager=field_manager, dry_run=dry_run, managers=managers,
+                           field_validation=None), False
 
     # -- delete ---------------------------------------------------------------------------
     def delete(self, rt: ResourceType, namespace: str, name: str,
                options: dict[str, Any] | None = None,
                dry_run: bool = False) -> tuple[dict[str, Any], bool]:
-        """DELETE: preconditions, then either mark for deletion (finalizers present: returns
-        (object, False)) or remove (returns (last state, True)). Deleting a Namespace removes
-        the objects in it. Raises StatusError 404, 409.
+        """DELETE, following k8s.io/apiserver pkg/registry/generic/registry/store.go Delete.
+
+        Returns (object, deleted): the removed object and True, or the object kept and
+        marked for deletion (``deletionTimestamp``) and False: while finalizers remain, for a
+        pod's graceful deletion, or when a deletion is already pending. ``options``:
+        DeleteOptions (preconditions, gracePeriodSeconds). A dry run plans and stores
+        nothing. Deleting a Namespace removes the objects in it; a pod's graceful deletion
+        is finished at once, as by a kubelet with no containers to stop. Raises StatusError
+        404, 409 (preconditions).
         """
+        opts = options or {}
         old = self._get_visible(rt, namespace, name)
-        old_meta = old["metadata"]
-        preconditions = (options or {}).get("preconditions") or {}
-        if preconditions.get("uid") and preconditions["uid"] != old_meta["uid"]:
-            raise conflict(rt.group, rt.plural, name,
-                           f"Precondition failed: UID in precondition: {preconditions['uid']}, "
-                           f"UID in object meta: {old_meta['uid']}")
-        if preconditions.get("resourceVersion") and \
-                preconditions["resourceVersion"] != old_meta["resourceVersion"]:
-            raise conflict(rt.group, rt.plural, name,
-                           "Precondition failed: ResourceVersion in precondition: "
-                           f"{preconditions['resourceVersion']}, ResourceVersion in object "
-                           f"meta: {old_meta['resourceVersion']}")
+        check_preconditions(rt.group, rt.kind, old, opts)
+        plan = plan_delete(old, opts, graceful=rt.group_resource == ("", "pods"),
+                           now=datetime.datetime.now(datetime.UTC))
         key = (namespace if rt.namespaced else "", name)
+        shown = plan.obj
+        if rt.plural == "namespaces" and plan.remove:
+            # The namespace store answers the first DELETE with the namespace terminating
+            # (pkg/registry/core/namespace/storage Delete); its controller's work is done at
+            # once below.
+            shown = copy.deepcopy(shown)
+            shown["metadata"]["deletionTimestamp"] = now_rfc3339()
+            shown.setdefault("status", {})["phase"] = "Terminating"
         if dry_run:
-            return copy.deepcopy(old), not old_meta.get("finalizers")
-        if old_meta.get("finalizers"):
-            if old_meta.get("deletionTimestamp"):
-                return copy.deepcopy(old), False
-            new = copy.deepcopy(old)
-            new["metadata"]["deletionTimestamp"] = now_rfc3339()
-            new["metadata"]["deletionGracePeriodSeconds"] = 0
-            new["metadata"]["resourceVersion"] = str(self.store.next_rv())
-            self.store.put(rt.group_resource, key, new, "MODIFIED", old)
-            return copy.deepcopy(new), False
-        last = copy.deepcopy(old)
-        last["metadata"]["resourceVersion"] = str(self.store.next_rv())
-        self.store.remove(rt.group_resource, key, last)
-        if rt.plural == "namespaces":
-            self._delete_namespace_contents(name)
-        return last, True
+            return copy.deepcopy(shown), plan.remove
+        if plan.write:
+            plan.obj["metadata"]["resourceVersion"] = str(self.store.next_rv())
+            self.store.put(rt.group_resource, key, self.stored(rt, plan.obj), "MODIFIED",
+                           self.store.get(rt.group_resource, key))
+        if plan.remove:
+            last = copy.deepcopy(plan.obj)
+            last["metadata"]["resourceVersion"] = str(self.store.next_rv())
+            self.store.remove(rt.group_resource, key, self.stored(rt, last))
+            if rt.plural == "namespaces":
+                self._delete_namespace_contents(name)
+                shown["metadata"]["resourceVersion"] = last["metadata"]["resourceVersion"]
+                return shown, False
+            return last, True
+        if plan.kubelet:
+            self.delete(rt, namespace, name, {"gracePeriodSeconds": 0, "preconditions": {
+                "uid": old["metadata"]["uid"]}})
+        return copy.deepcopy(shown), False
 
     def _delete_namespace_contents(self, namespace: str) -> None:
         # The namespace controller's job, done at once: objects with finalizers are only
         # marked for deletion, as the controller would leave them.
+        done: set[tuple[str, str]] = set()
         for rt in self.types:
-            if not rt.namespaced:
+            # One storage per group-resource: delete through its first served version only.
+            if not rt.namespaced or rt.group_resource in done:
                 continue
-            for key, obj in list(self.store.items(rt.group_resource)):
-                if key[0] == namespace and visible_as(rt, obj) is obj:
+            done.add(rt.group_resource)
+            for key, _obj in list(self.store.items(rt.group_resource)):
+                if key[0] == namespace:
                     self.delete(rt, namespace, key[1])
 
     def ensure_default_namespaces(self) -> None:
