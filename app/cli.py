@@ -93,7 +93,9 @@ def main() -> None:
         "redfish": "app.sim.redfish:cli",
         "kube": "app.sim.kubeapi:cli",
         "scheduler": "app.sim.scheduler:cli",
+        "claim-controller": "app.sim.scheduler:claim_controller_cli",
     },
 )
 def sim() -> None:
-    """Simulators for demos and tests: a Redfish fabric manager and a Kubernetes API."""
+    """Simulators for demos and tests: a Redfish fabric manager, a Kubernetes API, and stand-ins
+    for kube-scheduler and the claim controller."""

@@ -49,6 +49,7 @@ FAST_INFORMER = InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s
                                  backoff_max_s=0.2)
 FAST_QUEUE = WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2)
 eventually = partial(eventually, interval_s=0.02)
+BINDING_GATES = {"DRADeviceBindingConditions": True}
 
 @dataclass
 class Env:
@@ -148,7 +149,8 @@ async def env(db: Database, request: pytest.FixtureRequest) -> AsyncIterator[Env
     present = await pool_devices(db)
     blocks = {d.name: (await journal.fabric_device_by_name(d.name)).attach_unit
               for d in present}
-    emu = KubeEmulator(served_resource_versions=("v1",))
+    # Binding conditions are alpha in 1.34: the gate is turned on, as a cluster using them does.
+    emu = KubeEmulator(kubernetes_version="1.34", feature_gates=BINDING_GATES)
     emu_url = await emu.start()
     environment = Env(db, sim, backend, emu, None, blocks, journal)  # type: ignore[arg-type]
     for node in NODES:
@@ -343,7 +345,8 @@ async def test_a_deleted_pod_frees_its_claim_and_the_device_is_detached(env: Env
         await assert_quiet(env)
     claim = env.claim("c1")
     assert claim.get("status") in (None, {})
-    assert scheduler.counters.deallocations == 1
+    assert scheduler.claim_controller is not None
+    assert scheduler.claim_controller.counters.deallocations == 1
     assert await env.held() == {}
     assert env.history() == [("attach", first, NODES[0]), ("detach", first, NODES[0])]
 
@@ -386,7 +389,11 @@ async def test_template_claims_are_made_for_the_pod_and_deleted_with_it(env: Env
         await eventually(lambda: env.events("Detached") == 2, what="detached")
         await assert_quiet(env)
     assert env.attached() == {}
-    assert scheduler.counters.allocations == 2 and scheduler.counters.deallocations == 2
+    assert scheduler.claim_controller is not None
+    assert scheduler.counters.allocations == 2
+    assert scheduler.claim_controller.counters.deallocations == 2
+    assert scheduler.claim_controller.counters.created == 2
+    assert scheduler.claim_controller.counters.deleted == 2
     assert {first, second} == {d for _, d, _ in env.history()}
     assert sorted(env.history()) == sorted([("attach", first, NODES[0]),
                                             ("attach", second, NODES[0]),

@@ -9,17 +9,15 @@ from typing import Any
 
 import pytest
 
+from app.sim.scheduler.claim_controller import owned_claim, template_claim, template_claim_prefix
 from app.sim.scheduler.common import (
     POD_CLAIM_NAME_ANNOTATION,
     PodClaim,
     candidate_nodes,
     is_pending,
-    owned_claim,
     owner_pod_uid,
     pod_claims,
     reserved_for_pod,
-    template_claim,
-    template_claim_prefix,
 )
 from app.sim.scheduler.structured import (
     FailedDevices,

@@ -1,9 +1,10 @@
 """The Kubernetes 1.31 scheduler's side of classic DRA (control-plane controller), for tests
-and the demo, plus the 1.31 claim controller's part in it.
+and the demo; the 1.31 claim controller's part runs beside it
+(:class:`app.sim.scheduler.claim_controller.ClaimController` on v1alpha3).
 
 For each pending pod whose claims all have ``spec.controller`` set (resource.k8s.io/v1alpha3):
 
-1. template claims are created first (as the resourceclaim controller does);
+1. a claim made from a template is waited for until the claim controller has recorded it;
 2. a PodSchedulingContext named like the pod, owned by it, gets ``spec.potentialNodes``: the
    schedulable nodes (sorted, at most 128) that every already allocated claim's
    ``nodeSelector`` accepts;
@@ -19,9 +20,9 @@ For each pending pod whose claims all have ``spec.controller`` set (resource.k8s
    claims allocated for it are given back (the pod leaves ``reservedFor``,
    ``deallocationRequested`` is set).
 
-When a pod is deleted, it leaves the ``reservedFor`` of its claims, and a claim with a
-controller and no consumer left gets ``deallocationRequested`` (the 1.31 resourceclaim
-controller's ``syncClaim``); its scheduling context is deleted.
+When a pod is deleted, the claim controller removes it from the ``reservedFor`` of its claims
+and requests deallocation of a claim left without consumers (the 1.31 ``syncClaim``); its
+scheduling context goes with it (the garbage collector's part, played there too).
 
 Sources: Kubernetes v1.31 pkg/scheduler/framework/plugins/dynamicresources
 (PreFilter/Filter/PostFilter/Reserve/Unreserve/PreBind with PodSchedulingContext),
@@ -48,11 +49,11 @@ from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
 from app.kube.versions import GROUP, ResourceApiVersion, claim_from_wire, claim_to_wire
+from app.sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
 from app.sim.scheduler.common import (
     bind_pod,
     candidate_nodes,
     consumer_entry,
-    ensure_template_claims,
     is_pending,
     pod_claims,
     pod_key,
@@ -81,6 +82,8 @@ class ClassicSchedulerSettings:
         allocation_timeout_s: how long after ``selectedNode`` the claims must be allocated.
         retry_interval_s: pause before trying a pod again that fits nowhere.
         informer: base informer settings (the name is replaced).
+        claim_controller: also run the claim controller stand-in (v1alpha3, same namespace);
+            off where one runs already.
     """
 
     scheduler_name: str = "default-scheduler"
@@ -91,23 +94,7 @@ class ClassicSchedulerSettings:
     retry_interval_s: float = 0.2
     informer: InformerSettings = field(
         default_factory=lambda: InformerSettings(name="classic-scheduler"))
-
-
-class _ClaimApi:
-    """The two v1alpha3 calls :func:`ensure_template_claims` needs, over CustomObjectsApi
-    (kubernetes-asyncio 36's ResourceV1alpha3Api has no claim calls)."""
-
-    def __init__(self, custom: Any) -> None:
-        self.custom = custom
-
-    def read_namespaced_resource_claim_template(self, name: str, namespace: str,
-                                                **kwargs: Any) -> Any:
-        return self.custom.get_namespaced_custom_object(
-            GROUP, VERSION.value, namespace, "resourceclaimtemplates", name, **kwargs)
-
-    def create_namespaced_resource_claim(self, namespace: str, body: Any, **kwargs: Any) -> Any:
-        return self.custom.create_namespaced_custom_object(
-            GROUP, VERSION.value, namespace, "resourceclaims", body, **kwargs)
+    claim_controller: bool = True
 
 
 class ClassicScheduler:
@@ -121,6 +108,8 @@ class ClassicScheduler:
         bound: ``namespace/name`` -> node of every pod bound so far.
         unschedulable: ``namespace/name`` -> why the pod is waiting now.
         abandoned: how many selected nodes were given up.
+        claim_controller: the claim controller stand-in, or None when the settings turn it
+            off.
     """
 
     def __init__(self, client: KubeClient, settings: ClassicSchedulerSettings) -> None:
@@ -128,7 +117,6 @@ class ClassicScheduler:
         self.settings = settings
         self._core = CoreV1Api(client.api)
         self._custom: Any = CustomObjectsApi(client.api)
-        self._claim_api = _ClaimApi(self._custom)
         base = settings.informer
         namespace = settings.namespace
         self.pods = Informer(
@@ -139,7 +127,8 @@ class ClassicScheduler:
         self.contexts = self._informer("podschedulingcontexts", namespace)
         self.pods.add_handler(self._on_pod)
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._cleanups: set[asyncio.Task[None]] = set()
+        self.claim_controller = ClaimController(client, VERSION, ClaimControllerSettings(
+            namespace=namespace, informer=base)) if settings.claim_controller else None
         self.bound: dict[str, str] = {}
         self.unschedulable: dict[str, str] = {}
         self.abandoned = 0
@@ -163,20 +152,23 @@ class ClassicScheduler:
             informer.start()
         for informer in (self.nodes, self.claims, self.contexts, self.pods):
             await informer.has_synced.wait()
+        if self.claim_controller is not None:
+            await self.claim_controller.start()
         for pod in self.pods.objects():
             self._consider(pod)
 
     async def stop(self) -> None:
         """Stop every pod task and the informers."""
         self._running = False
-        tasks = [*self._tasks.values(), *self._cleanups]
+        tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        self._cleanups.clear()
+        if self.claim_controller is not None:
+            await self.claim_controller.stop()
         for informer in (self.pods, self.contexts, self.claims, self.nodes):
             await informer.stop()
 
@@ -190,11 +182,7 @@ class ClassicScheduler:
             task = self._tasks.pop(pod_key(obj), None)
             if task is not None:
                 task.cancel()
-            if self._running:
-                cleanup = asyncio.create_task(self._pod_gone(obj),
-                                              name=f"classic-release-{pod_key(obj)[1]}")
-                self._cleanups.add(cleanup)
-                cleanup.add_done_callback(self._cleanups.discard)
+            self.unschedulable.pop("/".join(pod_key(obj)), None)
             return
         self._consider(obj)
 
@@ -240,8 +228,7 @@ class ClassicScheduler:
         namespace, name = pod_key(pod)
         key = f"{namespace}/{name}"
         if any(c.claim_name is None for c in pod_claims(pod)):
-            await ensure_template_claims(self._claim_api, self._core, VERSION, pod,
-                                         self.claims.objects())
+            self.unschedulable[key] = "waiting for the claims made from templates"
             await asyncio.sleep(self.settings.poll_interval_s)
             return False
         claims = self._claims_of(pod)
@@ -385,7 +372,7 @@ class ClassicScheduler:
         await self._patch_context(namespace, name, {"spec": {"selectedNode": None}})
         for _, claim in self._claims_of(pod) or []:
             if (claim.get("status") or {}).get("allocation"):
-                await self._give_back(claim, pod_uid(pod), always=True)
+                await self._give_back(claim, pod_uid(pod))
 
     # ------------------------------------------------------------------ claims
     async def _reserve_for(self, claim: JsonDict, pod: JsonDict) -> None:
@@ -399,15 +386,12 @@ class ClassicScheduler:
 
         await self._update_claim_status(claim, change)
 
-    async def _give_back(self, claim: JsonDict, uid: str, *, always: bool = False) -> None:
-        """Remove pod ``uid`` from ``reservedFor``; request deallocation when no consumer is
-        left (always, when ``always``; else only for a claim the pod was reserved in)."""
+    async def _give_back(self, claim: JsonDict, uid: str) -> None:
+        """The 1.31 PostFilter/Unreserve: remove pod ``uid`` from ``reservedFor`` and request
+        deallocation when no consumer is left."""
         async def change(current: JsonDict) -> JsonDict | None:
             status = dict(current.get("status") or {})
             consumers = [r for r in status.get("reservedFor") or [] if r.get("uid") != uid]
-            was_reserved = len(consumers) != len(status.get("reservedFor") or [])
-            if not was_reserved and not always:
-                return None
             status["reservedFor"] = consumers
             if not consumers:
                 status.pop("reservedFor")
@@ -449,19 +433,6 @@ class ClassicScheduler:
                         f"read ResourceClaim {namespace}/{name}"), VERSION)
                 except KubeNotFound:
                     return
-
-    async def _pod_gone(self, pod: JsonDict) -> None:
-        namespace, name = pod_key(pod)
-        try:
-            for ref in pod_claims(pod):
-                claim = self.claims.get(ref.claim_name, namespace) if ref.claim_name else None
-                if claim is not None and (claim.get("spec") or {}).get("controller"):
-                    await self._give_back(claim, pod_uid(pod))
-            await self._delete_context(namespace, name)
-        except KubeError as err:
-            log.warning("pod %s/%s gone: could not release its claims: %s", namespace, name,
-                        err)
-        self.unschedulable.pop(f"{namespace}/{name}", None)
 
     # ------------------------------------------------------------------ contexts
     async def _read_context(self, namespace: str, name: str) -> JsonDict | None:

@@ -1,11 +1,11 @@
-"""The scheduler stand-in for structured parameters: what kube-scheduler's DRA plugin and the
-claim controller of kube-controller-manager do with ResourceClaims, for tests and the demo.
+"""The scheduler stand-in for structured parameters: what kube-scheduler's DRA plugin does with
+ResourceClaims, for tests and the demo (with the claim controller stand-in beside it).
 
 Scheduling one pod (k8s.io/kubernetes pkg/scheduler/framework/plugins/dynamicresources, with
 KEP-5007 binding conditions; DRA-REFERENCE.md "Who writes what", "Binding conditions"):
 
-1. Template claims are created first, as the resourceclaim controller does
-   (:func:`app.sim.scheduler.common.ensure_template_claims`).
+1. A claim made from a template is waited for until the claim controller
+   (:mod:`app.sim.scheduler.claim_controller`) has recorded it in the pod status.
 2. Filter: candidate nodes (not unschedulable, by name) are tried in order; a node must
    satisfy the node selector of every claim that is already allocated, and
    :class:`app.allocator.Allocator` must find devices for the others from complete pools,
@@ -21,12 +21,9 @@ KEP-5007 binding conditions; DRA-REFERENCE.md "Who writes what", "Binding condit
    its allocation (one status update each); the pod is tried again after
    ``retry_interval_s`` and the failed devices are avoided for ``failed_device_memory_s``.
 
-The claim controller's part (k8s.io/kubernetes pkg/controller/resourceclaim ``syncClaim``):
-consumers in ``reservedFor`` whose pod is gone (or has another uid) or finished are removed,
-and the allocation with them when none is left (one status update); an unallocated claim
-loses the delete-protection finalizer (a JSON patch guarded by a ``test`` of the
-resourceVersion); a claim made from a template is deleted once its pod is gone or finished
-and nothing uses it.
+Unless ``claim_controller`` is off in the settings, the stand-in starts a
+:class:`app.sim.scheduler.claim_controller.ClaimController` with it: template claims, releasing
+consumers that are gone, deallocation and deleting unused template claims are its work.
 
 Like kube-scheduler's assume cache, claims this stand-in wrote are used in their written
 form until the informer has caught up (resourceVersions compared as integers, as the assume
@@ -64,7 +61,7 @@ from app.allocator.model import DeviceId
 from app.allocator.pools import gather_pools, selector_matches
 from app.clock import utcnow
 from app.kube.client import KubeClient, call_json
-from app.kube.errors import KubeBadRequest, KubeConflict, KubeError, KubeNotFound
+from app.kube.errors import KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
 from app.kube.versions import (
     ResourceApiVersion,
@@ -75,13 +72,13 @@ from app.kube.versions import (
     slice_from_wire,
 )
 from app.kube.workqueue import ShutDown, WorkQueue, WorkQueueSettings
+from app.sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
 from app.sim.scheduler.common import (
     DEFAULT_SCHEDULER,
+    DELETE_PROTECTION,
     bind_pod,
     candidate_nodes,
     consumer_entry,
-    ensure_template_claims,
-    is_finished,
     is_pending,
     owner_pod_uid,
     pod_claims,
@@ -93,9 +90,8 @@ from app.sim.scheduler.common import (
 log = logging.getLogger(__name__)
 JsonDict = dict[str, Any]
 Key = tuple[str, str]
-QueueKey = tuple[str, str, str]  # ("pod" | "claim", namespace, name)
+QueueKey = tuple[str, str, str]  # ("pod", namespace, name)
 
-DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
 STATUS_WRITE_ATTEMPTS = 4
 MAX_DELETED_REMEMBERED = 1000
 
@@ -138,6 +134,8 @@ class StructuredSettings:
             the driver has tainted or withdrawn it.
         informer: base settings of the informers (name and namespace are replaced).
         queue: rate limits of the work queue (backoff after errors).
+        claim_controller: also run the claim controller stand-in (for the same namespace);
+            off where one runs already.
     """
 
     namespace: str | None = None
@@ -150,6 +148,7 @@ class StructuredSettings:
         default_factory=lambda: InformerSettings(name="scheduler"))
     queue: WorkQueueSettings = field(
         default_factory=lambda: WorkQueueSettings(name="scheduler", max_delay_s=30.0))
+    claim_controller: bool = True
 
     def __post_init__(self) -> None:
         for name in ("poll_interval_s", "binding_timeout_s", "retry_interval_s"):
@@ -167,14 +166,12 @@ class SchedulerCounters:
         allocations: claims it allocated.
         binds: pods it bound.
         failures: binds that failed (a failure condition or the binding timeout).
-        deallocations: claims it deallocated because no consumer was left.
         unschedulable: scheduling attempts that found no node.
     """
 
     allocations: int = 0
     binds: int = 0
     failures: int = 0
-    deallocations: int = 0
     unschedulable: int = 0
 
 
@@ -362,7 +359,7 @@ class _Retry(Exception):
 
 # --------------------------------------------------------------------------- the stand-in
 class StructuredScheduler:
-    """Schedules pods with structured ResourceClaims and plays the claim controller.
+    """Schedules pods with structured ResourceClaims.
 
     Args:
         client: the Kubernetes client.
@@ -372,7 +369,8 @@ class StructuredScheduler:
         monotonic: seconds, for the failed-device memory.
 
     Use ``await start()`` (returns once the informers are synced and the worker runs) and
-    ``await stop()``. Read :meth:`scheduled`, :attr:`counters` and :attr:`unschedulable`.
+    ``await stop()``. Read :meth:`scheduled`, :attr:`counters`, :attr:`unschedulable` and
+    :attr:`claim_controller` (None when the settings turn it off).
     """
 
     def __init__(
@@ -421,8 +419,10 @@ class StructuredScheduler:
         self._pre_binding: set[Key] = set()
         self._written: dict[Key, JsonDict] = {}
         self._deleted_rv: dict[Key, int] = {}
-        self._pod_min_rv: dict[Key, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self.claim_controller = ClaimController(client, version, ClaimControllerSettings(
+            namespace=namespace, informer=self.settings.informer,
+            queue=self.settings.queue)) if self.settings.claim_controller else None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -432,6 +432,8 @@ class StructuredScheduler:
             informer.start()
         for informer in informers:
             await informer.has_synced.wait()
+        if self.claim_controller is not None:
+            await self.claim_controller.start()
         self._task = asyncio.create_task(self._worker(), name="scheduler-structured")
 
     async def stop(self) -> None:
@@ -442,6 +444,8 @@ class StructuredScheduler:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.claim_controller is not None:
+            await self.claim_controller.stop()
         for informer in (self.pods, self.claims, self.slices, self.classes, self.nodes):
             await informer.stop()
 
@@ -453,13 +457,6 @@ class StructuredScheduler:
     # ------------------------------------------------------------------ events
     async def _on_pod(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
         key = pod_key(obj)
-        if event == "DELETED" or is_finished(obj) or (obj.get("metadata") or {}).get(
-                "deletionTimestamp"):
-            # The claim controller's part: claims this pod used or owned may be released.
-            uid = pod_uid(obj)
-            for claim in self._claims_in(key[0]):
-                if reserved_for_pod(claim, uid) or owner_pod_uid(claim) == uid:
-                    self.queue.add(("claim", *pod_key(claim)))
         if event != "DELETED" and key not in self._pre_binding:
             self.queue.add(("pod", *key))
 
@@ -476,7 +473,6 @@ class StructuredScheduler:
                 del self._deleted_rv[next(iter(self._deleted_rv))]
         else:
             self._deleted_rv.pop(key, None)
-            self.queue.add(("claim", *key))
         # Pods waiting for this claim (to exist, or to be released by another pod) try again;
         # pods in PreBind only poll, as kube-scheduler's do.
         for pod in self.pods.objects():
@@ -532,11 +528,7 @@ class StructuredScheduler:
             except ShutDown:
                 return
             try:
-                kind, namespace, name = key
-                if kind == "pod":
-                    delay = await self._sync_pod(namespace, name)
-                else:
-                    delay = await self._sync_claim(namespace, name)
+                delay = await self._sync_pod(key[1], key[2])
             except _Retry as retry:
                 log.debug("%s %s/%s: %s", key[0], key[1], key[2], retry)
                 self.queue.add_after(key, retry.delay_s)
@@ -560,21 +552,6 @@ class StructuredScheduler:
         if pod is None or not is_pending(pod, self.settings.scheduler_name):
             self._forget_pod(key)
             return None
-        if _rv(pod) < self._pod_min_rv.get(key, -1):
-            return None  # our own pod status write is not in the cache yet; its event comes
-        self._pod_min_rv.pop(key, None)
-        try:
-            updated = await ensure_template_claims(
-                self.resources, self.core, self.version, pod, self._claims_in(namespace),
-                on_created=self._remember)
-        except KubeNotFound as err:
-            raise self._unschedulable(pod, str(err)) from err
-        except KubeConflict as err:
-            raise _Retry(f"pod changed while its template claims were made: {err}",
-                         self.settings.poll_interval_s) from err
-        if updated is not None:
-            self._pod_min_rv[key] = _rv(updated)
-            return None
         claims = self._pod_claims(pod)
         uid = pod_uid(pod)
         if all(_allocation(c) and reserved_for_pod(c, uid) for c in claims):
@@ -586,7 +563,6 @@ class StructuredScheduler:
         self._pre_binding.discard(key)
         self._chosen.pop(key, None)
         self.unschedulable.pop(key, None)
-        self._pod_min_rv.pop(key, None)
 
     def _pod_claims(self, pod: JsonDict) -> list[JsonDict]:
         namespace, _ = pod_key(pod)
@@ -780,89 +756,6 @@ class StructuredScheduler:
             return written
         raise _Retry(f"{what}: the claim keeps changing", self.settings.poll_interval_s)
 
-    # ------------------------------------------------------------------ claim controller
-    async def _sync_claim(self, namespace: str, name: str) -> float | None:
-        """Release consumers that are gone, deallocate, drop the finalizer, delete template
-        claims of pods that are gone. Returns None (events drive it)."""
-        claim = self._claim(namespace, name)
-        if claim is None:
-            return None
-        stale = [str(r.get("uid")) for r in (claim.get("status") or {}).get("reservedFor") or ()
-                 if isinstance(r, Mapping) and r.get("resource") == "pods"
-                 and not await self._pod_in_use(namespace, str(r.get("name")),
-                                                str(r.get("uid")))]
-        if stale:
-            was_allocated = bool(_allocation(claim))
-            claim = await self._update_status(
-                claim, lambda c: without_consumers(c.get("status") or {}, stale),
-                "release ResourceClaim")
-            if claim is None:
-                return None
-            if was_allocated and not _allocation(claim):
-                self.counters.deallocations += 1
-                log.info("claim %s/%s: no consumer left; deallocated", namespace, name)
-        if not _allocation(claim) and DELETE_PROTECTION in (
-                (claim.get("metadata") or {}).get("finalizers") or ()):
-            await self._remove_finalizer(claim)
-            claim = self._claim(namespace, name)
-            if claim is None:
-                return None
-        owner = owner_pod_uid(claim)
-        meta = claim.get("metadata") or {}
-        if (owner and _owner_name(claim) and not meta.get("deletionTimestamp")
-                and not (claim.get("status") or {}).get("reservedFor")
-                and not await self._pod_in_use(namespace, _owner_name(claim), owner)):
-            await self._delete_claim(claim)
-        return None
-
-    async def _pod_in_use(self, namespace: str, name: str, uid: str) -> bool:
-        """The pod ``namespace/name`` with ``uid`` exists and is not finished. A pod missing
-        from the cache is looked up on the server before it is declared gone."""
-        pod = self.pods.get(name, namespace)
-        if pod is None or pod_uid(pod) != uid:
-            try:
-                pod = await call_json(
-                    self.core.read_namespaced_pod(name, namespace, _preload_content=False),
-                    f"read Pod {namespace}/{name}")
-            except KubeNotFound:
-                return False
-        return pod_uid(pod) == uid and not is_finished(pod)
-
-    async def _remove_finalizer(self, claim: JsonDict) -> None:
-        namespace, name = pod_key(claim)
-        meta = claim.get("metadata") or {}
-        finalizers = list(meta.get("finalizers") or ())
-        patch = [{"op": "test", "path": "/metadata/resourceVersion",
-                  "value": meta.get("resourceVersion")},
-                 {"op": "remove",
-                  "path": f"/metadata/finalizers/{finalizers.index(DELETE_PROTECTION)}"}]
-        try:
-            updated = claim_from_wire(await call_json(
-                self.resources.patch_namespaced_resource_claim(
-                    name, namespace, patch, _content_type="application/json-patch+json",
-                    _preload_content=False),
-                f"remove finalizer of ResourceClaim {namespace}/{name}"), self.version)
-        except KubeNotFound:
-            return
-        except (KubeConflict, KubeBadRequest) as err:
-            # A failed ``test`` (422) means the claim moved on: look again at the new one.
-            raise _Retry(f"finalizer not removed: {err}", self.settings.poll_interval_s) from err
-        if not (updated.get("metadata") or {}).get("deletionTimestamp"):
-            self._remember(updated)
-
-    async def _delete_claim(self, claim: JsonDict) -> None:
-        namespace, name = pod_key(claim)
-        try:
-            await call_json(self.resources.delete_namespaced_resource_claim(
-                name, namespace, body={"preconditions": {"uid": _uid(claim)}},
-                _preload_content=False), f"delete ResourceClaim {namespace}/{name}")
-        except KubeNotFound:
-            return
-        except KubeConflict as err:
-            raise _Retry(f"not deleted: {err}", self.settings.poll_interval_s) from err
-        log.info("claim %s/%s: deleted (made from a template for a pod that is gone)",
-                 namespace, name)
-
 
 def _rv(obj: Mapping[str, Any]) -> int:
     try:
@@ -878,10 +771,3 @@ def _uid(obj: Mapping[str, Any]) -> str:
 def _allocation(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:
     allocation = (claim.get("status") or {}).get("allocation")
     return allocation if isinstance(allocation, Mapping) and allocation else None
-
-
-def _owner_name(claim: Mapping[str, Any]) -> str:
-    for owner in (claim.get("metadata") or {}).get("ownerReferences") or ():
-        if isinstance(owner, Mapping) and owner.get("kind") == "Pod" and owner.get("controller"):
-            return str(owner.get("name") or "")
-    return ""
