@@ -395,13 +395,16 @@ async def test_restart_in_the_middle_of_an_allocation_converges_without_double_a
     assert [(r.claim.name, r.device_name, r.state) for r in active] == [("c1", device, ATTACHED)]
 
 
-@pytest.mark.parametrize(("served", "expected"), [
-    (("v1alpha3",), Modes(None, True)),
-    (("v1", "v1alpha3"), Modes(ResourceApiVersion.V1, True)),
-    (("v1beta1",), Modes(ResourceApiVersion.V1BETA1, False)),
+# Clusters that exist: 1.31 serves v1alpha3 (with PodSchedulingContexts), 1.34 serves v1 (and
+# the betas, each of which can be the only one served) and never PodSchedulingContexts.
+@pytest.mark.parametrize(("kubernetes", "served", "expected"), [
+    ("1.31", ("v1alpha3",), Modes(None, True)),
+    ("1.34", ("v1", "v1beta2", "v1beta1"), Modes(ResourceApiVersion.V1, False)),
+    ("1.34", ("v1beta1",), Modes(ResourceApiVersion.V1BETA1, False)),
 ])
-async def test_auto_mode_comes_from_discovery(served: tuple[str, ...], expected: Modes) -> None:
-    emu = KubeEmulator(served_resource_versions=served)
+async def test_auto_mode_comes_from_discovery(kubernetes: str, served: tuple[str, ...],
+                                              expected: Modes) -> None:
+    emu = KubeEmulator(kubernetes_version=kubernetes, served_resource_versions=served)
     url = await emu.start()
     try:
         async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
@@ -531,3 +534,15 @@ async def test_reservations_of_an_allocation_whose_write_failed_are_released_at_
 
 async def _none_held(harness: Harness, uid: str) -> bool:
     return not await Journal(harness.db).for_claim(uid)
+
+
+async def test_the_allocation_is_written_with_strict_field_validation(harness: Harness) -> None:
+    # A field of our allocation the server does not know must fail the write, not vanish
+    # with only a Warning header (controller.py _write_allocation).
+    scheduler = harness.scheduler()
+    async with running(harness.controller(), scheduler):
+        await _bound_cycle(harness, scheduler)
+    status_writes = [r for r in harness.emu.writes("/resourceclaims/c1/status")
+                     if r.method == "PUT"]
+    assert status_writes
+    assert all("fieldValidation=Strict" in r.query for r in status_writes)

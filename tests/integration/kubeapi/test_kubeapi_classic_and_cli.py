@@ -45,10 +45,13 @@ async def test_v1alpha3_claims_with_controller_and_scheduling_contexts() -> None
                 {"status": {"resourceClaims": [{"name": "gpu", "unsuitableNodes": ["n2"]}]}},
                 _content_type=merge)
             assert answered["status"]["resourceClaims"][0]["unsuitableNodes"] == ["n2"]
-            assert answered["metadata"]["generation"] == 1
+            assert "generation" not in answered["metadata"]
             status = await api.patch_namespaced_custom_object_status(
                 group, version, "default", "resourceclaims", "c",
-                {"status": {"deallocationRequested": True}}, _content_type=merge)
+                {"status": {"allocation": {"controller": "fabric.example.com", "devices": {
+                    "results": [{"request": "gpu", "driver": "fabric.example.com",
+                                 "pool": "p", "device": "d0"}]}},
+                    "deallocationRequested": True}}, _content_type=merge)
             assert status["status"]["deallocationRequested"] is True
             with pytest.raises(ApiException) as caught:
                 await api.create_namespaced_custom_object(
@@ -56,7 +59,8 @@ async def test_v1alpha3_claims_with_controller_and_scheduling_contexts() -> None
                         "apiVersion": "resource.k8s.io/v1alpha3", "kind": "ResourceClaim",
                         "metadata": {"name": "bad"},
                         "spec": {"devices": {"requests": [
-                            {"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}})
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}},
+                    field_validation="Strict")
             assert caught.value.status == 400
     finally:
         await emu.stop()
