@@ -410,8 +410,8 @@ class ControllerSettings(_Section):
 
     mode: Literal["structured", "control-plane", "both", "auto"] = Field(
         default="structured",
-        description="structured (the scheduler allocates), control-plane (classic DRA), both, "
-        "or auto (from discovery)",
+        description="structured (the scheduler allocates), control-plane (classic DRA), or auto "
+        "(from discovery); both is refused at start, since no Kubernetes release serves both",
     )
     workers: int = Field(default=8, ge=1, le=256, description="claims processed at once, 1-256")
     orphan_grace_seconds: Seconds = Field(

@@ -1,17 +1,17 @@
-"""Which allocation modes run: structured parameters, the control-plane controller, or both.
+"""Which allocation mode runs: structured parameters or the control-plane controller.
 
 Rules (DESIGN.md "Two allocation modes"; DRA-REFERENCE.md "Versions" and "Classic DRA"):
 
 * structured mode needs resource.k8s.io v1, v1beta2 or v1beta1 (preferred in that order, see
-  :func:`app.kube.versions.choose_version`);
+  :func:`app.kube.versions.choose_version`): Kubernetes 1.32 and later;
 * the control-plane (classic DRA) mode needs v1alpha3 with the ``podschedulingcontexts``
-  resource, which Kubernetes 1.31 serves only with the DRAControlPlaneController gate on;
-* ``auto`` runs every mode the server supports and fails when it supports neither;
-* ``structured``, ``control-plane`` and ``both`` fail with a message that names what the server
-  serves when a chosen mode is not served.
-
-Both modes share the inventory, the publisher and the reservation journal; the journal's
-unique index keeps a device from being handed out by both.
+  resource, which only Kubernetes 1.31 serves, with the DRAControlPlaneController gate on
+  (classic DRA was removed in 1.32; k8s.io/kubernetes CHANGELOG-1.32);
+* so no cluster serves both: ``both`` always fails, with a message saying why, and ``auto``
+  runs the one mode the server supports (structured first, should a server ever offer both)
+  and fails when it supports neither;
+* ``structured`` and ``control-plane`` fail with a message that names what the server serves
+  when the chosen mode is not served.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def choose_modes(
     served_versions: Sequence[str],
     v1alpha3_resources: Collection[str] | None = None,
 ) -> Modes:
-    """Decide the modes from the setting and discovery.
+    """Decide the mode from the setting and discovery.
 
     Args:
         setting: ``structured``, ``control-plane``, ``both`` or ``auto``.
@@ -70,11 +70,12 @@ def choose_modes(
             PodSchedulingContexts. When given, ``podschedulingcontexts`` must be in it.
 
     Returns:
-        :class:`Modes`.
+        :class:`Modes`, with at most one mode set.
 
     Raises:
-        ModeError: an unknown setting, or a chosen mode the server does not serve; the message
-            names the served versions and what the mode needs.
+        ModeError: an unknown setting, ``both`` (no Kubernetes release serves both), or a
+            chosen mode the server does not serve; the message names the served versions and
+            what the mode needs.
     """
     if setting not in MODE_SETTINGS:
         raise ModeError(f"controller.mode {setting!r} is not one of {', '.join(MODE_SETTINGS)}")
@@ -89,25 +90,27 @@ def choose_modes(
     needs_classic = ("the control-plane (classic DRA) mode needs resource.k8s.io/v1alpha3 with "
                      "podschedulingcontexts (Kubernetes 1.31 with the DRAControlPlaneController "
                      "feature gate)")
+    if setting == "both":
+        raise ModeError(f"controller.mode both: no Kubernetes release serves both modes "
+                        f"({needs_structured}, Kubernetes 1.32 and later; {needs_classic}, "
+                        f"which 1.32 removed); this API server serves {shown}: use auto, "
+                        f"structured or control-plane")
     if setting == "auto":
         if structured is None and not classic:
             raise ModeError(f"controller.mode auto: the API server serves {shown}; "
                             f"{needs_structured}, {needs_classic}")
-        return Modes(structured, classic)
+        return Modes(structured, classic and structured is None)
     missing = []
-    if setting in ("structured", "both") and structured is None:
+    if setting == "structured" and structured is None:
         missing.append(needs_structured)
-    if setting in ("control-plane", "both") and not classic:
+    if setting == "control-plane" and not classic:
         extra = (" (v1alpha3 is served without podschedulingcontexts: the feature gate is off)"
                  if ResourceApiVersion.V1ALPHA3.value in served else "")
         missing.append(needs_classic + extra)
     if missing:
         raise ModeError(f"controller.mode {setting}: the API server serves {shown}; "
                         + "; ".join(missing))
-    return Modes(
-        structured if setting in ("structured", "both") else None,
-        setting in ("control-plane", "both"),
-    )
+    return Modes(structured if setting == "structured" else None, setting == "control-plane")
 
 
 async def discover_modes(api_client: object, setting: str) -> Modes:

@@ -63,6 +63,26 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+def publisher_versions(structured: ResourceApiVersion | None,
+                       control_plane: bool) -> list[ResourceApiVersion]:
+    """The resource.k8s.io versions to publish ResourceSlices in: ``[structured]`` for the
+    structured mode, ``[v1alpha3]`` for the control-plane mode (Kubernetes 1.31).
+
+    Raises:
+        ValueError: both modes, or neither (:func:`app.modes.choose_modes` never returns
+            those: no Kubernetes release serves a structured version and v1alpha3 with
+            PodSchedulingContexts together).
+    """
+    if structured is not None and control_plane:
+        raise ValueError(f"structured ({structured.value}) and control-plane (v1alpha3) "
+                         f"together: no Kubernetes release serves both")
+    if structured is not None:
+        return [structured]
+    if control_plane:
+        return [ResourceApiVersion.V1ALPHA3]
+    raise ValueError("no mode to publish for")
+
+
 def default_identity() -> str:
     """This replica's name: the pod's hostname plus a short random suffix."""
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
@@ -238,10 +258,10 @@ class Service:
         ))
         self.leading = leading
         self.supervisor.spawn("inventory", lambda: self._inventory_loop(leading))
-        # One publisher per served version: the structured one, and v1alpha3 for the
-        # control-plane mode (Kubernetes 1.31 keeps those slices apart).
-        versions = [v for v in (self.version, ResourceApiVersion.V1ALPHA3
-                                if self.control_plane_served else None) if v is not None]
+        # One publisher, in the one version the mode speaks: the structured version
+        # (Kubernetes 1.32+), or v1alpha3 for the control-plane mode (1.31). No release serves
+        # both (app.modes.choose_modes refuses "both" and auto picks one).
+        versions = publisher_versions(self.version, self.control_plane_served)
         for version in versions:
             publisher = Publisher(self.kube, version, settings.driver_name,
                                   PublisherSettings(), self.publisher_metrics)

@@ -15,14 +15,15 @@ CLASSIC = ["resourceslices", "resourceclaims", "deviceclasses", "resourceclaimte
            "podschedulingcontexts"]
 
 
+# What real clusters serve: 1.31 v1alpha3 only; 1.32/1.33 v1beta1 (and v1beta2 from 1.33);
+# 1.34 and later v1, v1beta2, v1beta1.
 @pytest.mark.parametrize(("setting", "served", "expected"), [
-    ("auto", ["v1"], Modes(V1, False)),
+    ("auto", ["v1", "v1beta2", "v1beta1"], Modes(V1, False)),
     ("auto", ["v1beta1"], Modes(V1BETA1, False)),
+    ("auto", ["v1beta2", "v1beta1"], Modes(V1BETA2, False)),
     ("auto", ["v1alpha3"], Modes(None, True)),
-    ("auto", ["v1beta2", "v1beta1", "v1alpha3"], Modes(V1BETA2, True)),
-    ("structured", ["v1", "v1beta2", "v1alpha3"], Modes(V1, False)),
-    ("control-plane", ["v1", "v1alpha3"], Modes(None, True)),
-    ("both", ["v1beta1", "v1alpha3"], Modes(V1BETA1, True)),
+    ("structured", ["v1", "v1beta2", "v1beta1"], Modes(V1, False)),
+    ("control-plane", ["v1alpha3"], Modes(None, True)),
 ])
 def test_modes_follow_the_setting_and_the_served_versions(
     setting: str, served: list[str], expected: Modes
@@ -30,18 +31,37 @@ def test_modes_follow_the_setting_and_the_served_versions(
     assert choose_modes(setting, served) == expected
 
 
-def test_auto_without_podschedulingcontexts_is_structured_only() -> None:
+def test_auto_on_1_31_needs_podschedulingcontexts() -> None:
     resources = [r for r in CLASSIC if r != "podschedulingcontexts"]
-    assert choose_modes("auto", ["v1beta1", "v1alpha3"], resources) == Modes(V1BETA1, False)
+    with pytest.raises(ModeError, match="podschedulingcontexts"):
+        choose_modes("auto", ["v1alpha3"], resources)
     assert choose_modes("auto", ["v1alpha3"], CLASSIC) == Modes(None, True)
+
+
+@pytest.mark.parametrize("served", [["v1", "v1beta2", "v1beta1"], ["v1alpha3"],
+                                    ["v1beta1", "v1alpha3"]])
+def test_both_modes_is_refused_because_no_release_serves_them_together(
+    served: list[str],
+) -> None:
+    with pytest.raises(ModeError) as caught:
+        choose_modes("both", served, CLASSIC)
+    message = str(caught.value)
+    for words in ("controller.mode both", "no Kubernetes release serves both",
+                  "Kubernetes 1.32 and later", "which 1.32 removed", "use auto"):
+        assert words in message
+    assert "\n" not in message
+
+
+def test_auto_runs_one_mode_even_if_a_server_offered_both() -> None:
+    assert choose_modes("auto", ["v1beta1", "v1alpha3"], CLASSIC) == Modes(V1BETA1, False)
 
 
 @pytest.mark.parametrize(("setting", "served", "resources", "words"), [
     ("control-plane", ["v1"], None, ["serves v1", "v1alpha3", "podschedulingcontexts"]),
     ("control-plane", ["v1alpha3"], ["resourceclaims"], ["feature gate is off"]),
     ("structured", ["v1alpha3"], None, ["serves v1alpha3", "v1 or v1beta2 or v1beta1"]),
-    ("both", ["v1"], None, ["control-plane (classic DRA) mode needs"]),
-    ("both", ["v1alpha3"], None, ["structured parameters need"]),
+    ("both", ["v1"], None, ["no Kubernetes release serves both", "serves v1"]),
+    ("both", ["v1alpha3"], None, ["no Kubernetes release serves both", "serves v1alpha3"]),
     ("auto", [], None, ["serves no version"]),
     ("sideways", ["v1"], None, ["not one of structured, control-plane, both, auto"]),
 ])
@@ -64,6 +84,7 @@ def test_a_chosen_mode_is_always_served(setting: str, served: list[str]) -> None
     assert modes.structured is None or modes.structured.value in served
     assert not modes.control_plane or "v1alpha3" in served
     assert modes.structured is not None or modes.control_plane
+    assert modes.structured is None or not modes.control_plane  # one mode at a time
     if setting == "auto":
         assert (modes.structured is not None) == bool({"v1", "v1beta2", "v1beta1"} & set(served))
 
