@@ -1,11 +1,19 @@
-"""``fabric-dra demo``: the whole controller on a simulated fabric and cluster, on one machine.
+"""``fabric-dra demo``: the whole controller on simulated fabrics and clusters, on one machine.
 
-It starts the Redfish fabric simulator, the Kubernetes API emulator (serving resource.k8s.io
-v1 and the classic v1alpha3) with one Node per simulated server, labelled with its region and
-rack, the scheduler stand-ins (structured parameters and classic DRA), and the real service
-(``fabric-dra run``'s) on a SQLite file, all in this process. Then it tells what happens to a
-pod with a structured claim and a pod with a classic claim, from pending to attached and back,
-and serves the dashboard until Ctrl-C (``--once``: tell the story and exit).
+Two clusters, because no Kubernetes release serves both allocation modes:
+
+* a Kubernetes 1.34 cluster (resource.k8s.io v1; DRADeviceBindingConditions on) for the
+  structured-parameters story, with its own Redfish fabric simulator;
+* a Kubernetes 1.31 cluster (resource.k8s.io v1alpha3 with PodSchedulingContexts) for the
+  classic-DRA story, with its own fabric simulator.
+
+Each cluster is the Kubernetes API emulator with one Node per simulated server (labelled with
+its region and rack), a scheduler stand-in and the claim-controller stand-in, and its own
+fabric-dra service (``fabric-dra run``'s) with its own SQLite database, all in this process.
+The demo tells what happens to a pod with a claim made from a ResourceClaimTemplate on the
+first cluster and a pod with a classic claim on the second, from pending to attached and
+back, and serves the first service's dashboard until Ctrl-C (``--once``: tell the story and
+exit).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +35,14 @@ import click
 from app.commands.common import Settings, settings_options_with
 from app.config import load_settings
 
+DEFAULT_DATABASE = "sqlite+aiosqlite:///fabric-dra.db"
 DEMO_DATABASE = "sqlite+aiosqlite:///fabric-dra-demo.db"
 STRUCTURED_NS = "demo-structured"
 CLASSIC_NS = "demo-classic"
 V1 = "resource.k8s.io/v1"
 V1ALPHA3 = "resource.k8s.io/v1alpha3"
+# Binding conditions are alpha in 1.34; the structured story uses them.
+STRUCTURED_GATES = {"DRADeviceBindingConditions": True}
 
 
 def _say(text: str) -> None:
@@ -56,8 +68,36 @@ async def _until(check: Callable[[], Awaitable[Any] | Any], what: str,
         await asyncio.sleep(0.1)
 
 
+def classic_database(url: str) -> str:
+    """The second cluster's database: ``<name>-classic.db`` beside a SQLite file, else a
+    SQLite file ``fabric-dra-demo-classic.db`` here (each service needs its own inventory)."""
+    prefix = "sqlite+aiosqlite:///"
+    if url.startswith(prefix) and url.endswith(".db"):
+        return url[: -len(".db")] + "-classic.db"
+    return prefix + "fabric-dra-demo-classic.db"
+
+
+@dataclass
+class DemoCluster:
+    """One emulated cluster with its fabric simulator, its service and its stand-ins.
+
+    Attributes:
+        label: ``Kubernetes 1.34`` or ``Kubernetes 1.31``, for the story.
+        version: the resource.k8s.io version its objects are written in.
+        mode: the service's ``controller.mode``.
+    """
+
+    label: str
+    version: str
+    mode: str
+    sim: Any = None
+    emu: Any = None
+    service: Any = None
+    stand_in: Any = None
+
+
 class Demo:
-    """The simulated world and the controller, started and stopped together."""
+    """The simulated worlds and the controllers, started and stopped together."""
 
     def __init__(self, settings: Settings, workdir: Path, regions: int, racks: int,
                  per_rack: int) -> None:
@@ -66,61 +106,77 @@ class Demo:
         self.spec = (regions, racks, per_rack)
         self.password = secrets.token_urlsafe(16)
         self.stack = contextlib.AsyncExitStack()
-        self.sim: Any = None
-        self.emu: Any = None
-        self.service: Any = None
+        self.structured = DemoCluster("Kubernetes 1.34", V1, "structured")
+        self.classic = DemoCluster("Kubernetes 1.31", V1ALPHA3, "control-plane")
+
+    @property
+    def service(self) -> Any:
+        """The first cluster's service (the dashboard's)."""
+        return self.structured.service
 
     async def start(self, admin_port: int) -> None:
-        """Start the simulator, the emulator, the stand-ins and the service."""
+        """Start both clusters: simulators, emulators, services, stand-ins."""
+        from app.sim.kubeapi import KubeEmulator
+
+        base = self.base_settings.database.url
+        database = DEMO_DATABASE if base == DEFAULT_DATABASE else base
+        await self._start_cluster(
+            self.structured, KubeEmulator(kubernetes_version="1.34",
+                                          feature_gates=STRUCTURED_GATES),
+            seed=1, database=database, admin_port=admin_port,
+            what="resource.k8s.io v1, binding conditions on")
+        await self._start_cluster(
+            self.classic, KubeEmulator(kubernetes_version="1.31"), seed=2,
+            database=classic_database(database), admin_port=0,
+            what="resource.k8s.io v1alpha3 with PodSchedulingContexts")
+
+    async def _start_cluster(self, cluster: DemoCluster, emu: Any, *, seed: int,
+                             database: str, admin_port: int, what: str) -> None:
         from app.fabric.redfish import RedfishBackend
         from app.service import Service
-        from app.sim.kubeapi import KubeEmulator
         from app.sim.redfish import InventorySpec, RedfishSimulator
 
         regions, racks, per_rack = self.spec
-        self.sim = RedfishSimulator(
+        cluster.sim = RedfishSimulator(
             spec=InventorySpec(regions=regions, racks_per_region=racks,
                                devices_per_rack=per_rack, hosts_per_rack=2, device_mix="mixed",
-                               seed=1),
+                               seed=seed),
             username="demo", password=self.password, auth="session")
-        fabric_url = await self.sim.start()
-        self.stack.push_async_callback(self.sim.stop)
-        _say(f"Redfish fabric simulator at {fabric_url}: {len(self.sim.block_uris())} resource "
-             f"blocks in {regions * racks} racks, {len(self.sim.system_ids())} servers")
-
-        self.emu = KubeEmulator(served_resource_versions=("v1", "v1alpha3"),
-                                git_version="v1.34.0")
-        kube_url = await self.emu.start()
-        self.stack.push_async_callback(self.emu.stop)
+        fabric_url = await cluster.sim.start()
+        self.stack.push_async_callback(cluster.sim.stop)
+        cluster.emu = emu
+        kube_url = await emu.start()
+        self.stack.push_async_callback(emu.stop)
         backend = RedfishBackend(fabric_url, username="demo", password=self.password)
         try:
             hosts = (await backend.list_hosts()).items
         finally:
             await backend.close()
         for host in hosts:
-            self.emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {
+            emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {
                 "name": host.hostname, "labels": {
                     "kubernetes.io/hostname": host.hostname,
                     "topology.kubernetes.io/region": host.location.region,
                     "fabric-dra.io/rack": host.location.rack}}})
-        for namespace in (STRUCTURED_NS, CLASSIC_NS):
-            self.emu.create({"apiVersion": "v1", "kind": "Namespace",
-                             "metadata": {"name": namespace}})
-        self._device_classes()
-        _say(f"Kubernetes API emulator at {kube_url} (resource.k8s.io v1 and v1alpha3): "
-             f"{len(hosts)} nodes labelled with their region and rack")
+        namespace = STRUCTURED_NS if cluster is self.structured else CLASSIC_NS
+        emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        self._device_classes(cluster)
+        _say(f"{cluster.label} (emulated, {what}) at {kube_url}: {len(hosts)} nodes, one per "
+             f"server of its Redfish fabric simulator at {fabric_url} "
+             f"({len(cluster.sim.block_uris())} resource blocks in {regions * racks} racks)")
+        cluster.service = Service(self._settings(cluster, fabric_url, kube_url, database,
+                                                 admin_port))
+        await cluster.service.start()
+        self.stack.push_async_callback(cluster.service.stop, 10.0)
+        _say(f"fabric-dra on {cluster.label}: controller.mode {cluster.mode}, database "
+             f"{database.removeprefix('sqlite+aiosqlite:///')}")
+        await self._stand_ins(cluster, kube_url)
 
-        self.service = Service(self._settings(fabric_url, kube_url, admin_port))
-        await self.service.start()
-        self.stack.push_async_callback(self.service.stop, 10.0)
-        await self._stand_ins(kube_url)
-
-    def _settings(self, fabric_url: str, kube_url: str, admin_port: int) -> Settings:
+    def _settings(self, cluster: DemoCluster, fabric_url: str, kube_url: str, database: str,
+                  admin_port: int) -> Settings:
         (self.workdir / "username").write_text("demo\n")
         (self.workdir / "password").write_text(self.password + "\n")
         base = self.base_settings
-        database = DEMO_DATABASE if base.database.url == "sqlite+aiosqlite:///fabric-dra.db" \
-            else base.database.url
         return load_settings(environ={}, flags={
             "driver_name": base.driver_name,
             "database": {"url": database},
@@ -128,27 +184,24 @@ class Demo:
                        "password_file": str(self.workdir / "password")},
             "kube": {"mode": "url", "url": kube_url},
             "admin": {"host": "127.0.0.1", "port": admin_port},
-            "controller": {"mode": "both", "orphan_grace_seconds": 5},
+            "controller": {"mode": cluster.mode, "orphan_grace_seconds": 5},
             "inventory": {"poll_interval_seconds": 2},
             "leader": {"namespace": "kube-system", "lease_duration_seconds": 6,
                        "renew_deadline_seconds": 4, "retry_period_seconds": 1},
             "log": {"level": base.log.level, "json_format": base.log.json_format},
         })
 
-    def _device_classes(self) -> None:
+    def _device_classes(self, cluster: DemoCluster) -> None:
         driver = self.base_settings.driver_name
-        for kind in ("gpu", "fpga", "nvme", "cxl-memory"):
+        kinds = ("gpu", "fpga", "nvme", "cxl-memory") if cluster is self.structured else ("gpu",)
+        for kind in kinds:
             selector = (f'device.driver == "{driver}" && '
                         f'device.attributes["{driver}"].deviceType == "{kind}"')
-            self.emu.create({"apiVersion": V1, "kind": "DeviceClass",
-                             "metadata": {"name": f"fabric-{kind}"},
-                             "spec": {"selectors": [{"cel": {"expression": selector}}]}})
-        gpu = f'device.driver == "{driver}" && device.attributes["{driver}"].deviceType == "gpu"'
-        self.emu.create({"apiVersion": V1ALPHA3, "kind": "DeviceClass",
-                         "metadata": {"name": "fabric-classic-gpu"},
-                         "spec": {"selectors": [{"cel": {"expression": gpu}}]}})
+            cluster.emu.create({"apiVersion": cluster.version, "kind": "DeviceClass",
+                                "metadata": {"name": f"fabric-{kind}"},
+                                "spec": {"selectors": [{"cel": {"expression": selector}}]}})
 
-    async def _stand_ins(self, kube_url: str) -> None:
+    async def _stand_ins(self, cluster: DemoCluster, kube_url: str) -> None:
         from app.kube.client import KubeAuthMode, KubeClientSettings, connect
         from app.kube.versions import ResourceApiVersion
         from app.sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
@@ -156,14 +209,19 @@ class Demo:
 
         client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url))
         self.stack.push_async_callback(client.close)
-        structured = StructuredScheduler(client, ResourceApiVersion.V1, StructuredSettings(
-            namespace=STRUCTURED_NS, poll_interval_s=0.5, retry_interval_s=0.5))
-        classic = ClassicScheduler(client, ClassicSchedulerSettings(namespace=CLASSIC_NS))
-        await structured.start()
-        self.stack.push_async_callback(structured.stop)
-        await classic.start()
-        self.stack.push_async_callback(classic.stop)
-        _say("scheduler stand-ins running: structured parameters and classic DRA")
+        stand_in: Any
+        if cluster is self.structured:
+            stand_in = StructuredScheduler(client, ResourceApiVersion.V1, StructuredSettings(
+                namespace=STRUCTURED_NS, poll_interval_s=0.5, retry_interval_s=0.5))
+            what = "kube-scheduler with structured parameters"
+        else:
+            stand_in = ClassicScheduler(client, ClassicSchedulerSettings(namespace=CLASSIC_NS))
+            what = "the 1.31 kube-scheduler's PodSchedulingContexts"
+        await stand_in.start()
+        self.stack.push_async_callback(stand_in.stop)
+        cluster.stand_in = stand_in
+        _say(f"stand-ins on {cluster.label}: {what}, and the resourceclaim controller "
+             f"(resource.k8s.io/{cluster.version.rsplit('/', 1)[1]})")
 
     async def stop(self) -> None:
         """Stop everything, newest first."""
@@ -172,91 +230,127 @@ class Demo:
     # ------------------------------------------------------------------ the story
     async def story(self) -> None:
         """Inventory, publish, then one structured and one classic claim, there and back."""
-        from app.inventory.queries import list_status, pool_devices
-        from app.pools import PoolConfig, desired_pools
-
-        status = await _until(lambda: _synced(list_status(self.service.db)), "the inventory")
-        expected = set(desired_pools(await pool_devices(self.service.db),
-                                     PoolConfig.from_settings(self.service.settings)))
-        _say(f"inventory synced: {status.device_count} devices, {status.host_count} servers "
-             f"in {len(expected)} pools")
-        await _until(lambda: all(
-            {s["spec"]["pool"]["name"] for s in self._slices(version)} == expected
-            for version in (V1, V1ALPHA3)), "the slices")
-        _say(f"slices published: {len(self._slices(V1))} ResourceSlices (v1) and "
-             f"{len(self._slices(V1ALPHA3))} (v1alpha3) for {len(expected)} pools")
+        for cluster in (self.structured, self.classic):
+            await self._published(cluster)
         await self._structured_claim()
         await self._classic_claim()
 
-    def _slices(self, api_version: str) -> list[dict[str, Any]]:
-        return [s for s in self.emu.list(api_version, "ResourceSlice")
+    async def _published(self, cluster: DemoCluster) -> None:
+        from app.inventory.queries import list_status, pool_devices
+        from app.pools import PoolConfig, desired_pools
+
+        service = cluster.service
+        status = await _until(lambda: _synced(list_status(service.db)),
+                              f"the inventory of {cluster.label}")
+        expected = set(desired_pools(await pool_devices(service.db),
+                                     PoolConfig.from_settings(service.settings)))
+        await _until(lambda: {s["spec"]["pool"]["name"] for s in self._slices(cluster)}
+                     == expected, f"the slices of {cluster.label}")
+        _say(f"{cluster.label}: inventory synced ({status.device_count} devices, "
+             f"{status.host_count} servers in {len(expected)} pools); "
+             f"{len(self._slices(cluster))} ResourceSlices published "
+             f"({cluster.version.rsplit('/', 1)[1]})")
+
+    def _slices(self, cluster: DemoCluster) -> list[dict[str, Any]]:
+        return [s for s in cluster.emu.list(cluster.version, "ResourceSlice")
                 if s["spec"]["driver"] == self.base_settings.driver_name]
 
     async def _structured_claim(self) -> None:
-        emu = self.emu
-        emu.create({"apiVersion": V1, "kind": "ResourceClaim",
-                    "metadata": {"name": "gpu", "namespace": STRUCTURED_NS},
-                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                        "deviceClassName": "fabric-gpu"}}]}}})
+        emu = self.structured.emu
+        emu.create({"apiVersion": V1, "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": "one-gpu", "namespace": STRUCTURED_NS},
+                    "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                        "deviceClassName": "fabric-gpu"}}]}}}})
         emu.create({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": "trainer", "namespace": STRUCTURED_NS},
                     "spec": {"containers": [{"name": "main", "image": "trainer"}],
-                             "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}]}})
-        _say(f"pod {STRUCTURED_NS}/trainer created with claim gpu (structured parameters)")
-        claim = await _until(lambda: _allocated(emu, V1, STRUCTURED_NS, "gpu"), "allocation")
+                             "resourceClaims": [{"name": "gpu",
+                                                 "resourceClaimTemplateName": "one-gpu"}]}})
+        _say(f"[1.34] pod {STRUCTURED_NS}/trainer created with ResourceClaimTemplate one-gpu "
+             f"(structured parameters)")
+        name = await _until(lambda: _template_claim(emu, STRUCTURED_NS, "trainer"),
+                            "the claim made from the template")
+        _say(f"[1.34] the claim controller made ResourceClaim {name} for the pod")
+        claim = await _until(lambda: _allocated(emu, V1, STRUCTURED_NS, name), "allocation")
         result = claim["status"]["allocation"]["devices"]["results"][0]
-        _say(f"claim allocated by the scheduler: device {result['device']} in pool "
+        _say(f"[1.34] claim allocated by the scheduler: device {result['device']} in pool "
              f"{result['pool']}; the scheduler waits for the binding condition")
-        await _until(lambda: _ready(emu, STRUCTURED_NS, "gpu"), "the binding condition")
-        _say("device attached through Redfish; binding condition FabricDeviceReady is True")
+        await _until(lambda: _ready(emu, STRUCTURED_NS, name), "the binding condition")
+        _say("[1.34] device attached through Redfish; binding condition FabricDeviceReady is "
+             "True")
         node = await _until(lambda: _bound(emu, STRUCTURED_NS, "trainer"), "the pod's binding")
-        _say(f"pod bound to node {node}")
+        _say(f"[1.34] pod bound to node {node}")
         emu.delete("v1", "Pod", "trainer", STRUCTURED_NS)
-        await _until(lambda: not _allocated(emu, V1, STRUCTURED_NS, "gpu"), "deallocation")
-        await _until(lambda: self._no_reservations(), "the detach")
-        _say("pod deleted: claim deallocated, device detached and released")
+        await _until(lambda: emu.get(V1, "ResourceClaim", name, STRUCTURED_NS) is None,
+                     "the claim's deletion")
+        await _until(lambda: _no_reservations(self.structured.service), "the detach")
+        _say("[1.34] pod deleted: claim deallocated and deleted, device detached and released")
 
     async def _classic_claim(self) -> None:
-        emu = self.emu
+        emu = self.classic.emu
         driver = self.base_settings.driver_name
         emu.create({"apiVersion": V1ALPHA3, "kind": "ResourceClaim",
                     "metadata": {"name": "classic-gpu", "namespace": CLASSIC_NS},
                     "spec": {"controller": driver, "devices": {"requests": [
-                        {"name": "gpu", "deviceClassName": "fabric-classic-gpu"}]}}})
+                        {"name": "gpu", "deviceClassName": "fabric-gpu"}]}}})
         emu.create({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": "inference", "namespace": CLASSIC_NS},
                     "spec": {"containers": [{"name": "main", "image": "inference"}],
                              "resourceClaims": [{"name": "gpu",
                                                  "resourceClaimName": "classic-gpu"}]}})
-        _say(f"pod {CLASSIC_NS}/inference created with claim classic-gpu (classic DRA: "
+        _say(f"[1.31] pod {CLASSIC_NS}/inference created with claim classic-gpu (classic DRA: "
              f"spec.controller {driver})")
         claim = await _until(lambda: _allocated(emu, V1ALPHA3, CLASSIC_NS, "classic-gpu"),
                              "the control-plane allocation")
         result = claim["status"]["allocation"]["devices"]["results"][0]
-        _say(f"fabric-dra answered the PodSchedulingContext and allocated device "
+        _say(f"[1.31] fabric-dra answered the PodSchedulingContext and allocated device "
              f"{result['device']} for the selected node")
         node = await _until(lambda: _bound(emu, CLASSIC_NS, "inference"), "the pod's binding")
-        await _until(lambda: self._attached_count(), "the attach")
-        _say(f"device attached; pod bound to node {node}")
+        await _until(lambda: _attached_count(self.classic.service), "the attach")
+        _say(f"[1.31] device attached; pod bound to node {node}")
+        counters = self.classic.stand_in.claim_controller.counters
         emu.delete("v1", "Pod", "inference", CLASSIC_NS)
+        await _until(lambda: counters.deallocation_requests, "the deallocation request")
+        await _until(lambda: not _claim_status(emu, "classic-gpu").get("allocation"),
+                     "the deallocation", timeout_s=90)
+        await _until(lambda: _no_reservations(self.classic.service), "the detach",
+                     timeout_s=90)
+        _say("[1.31] pod deleted: the claim controller requested deallocation, fabric-dra "
+             "detached the device and deallocated the claim")
         emu.delete(V1ALPHA3, "ResourceClaim", "classic-gpu", CLASSIC_NS)
-        await _until(lambda: self._no_reservations(), "the detach", timeout_s=90)
-        _say("pod and claim deleted: device detached, claim finalizer removed")
+        await _until(lambda: emu.get(V1ALPHA3, "ResourceClaim", "classic-gpu", CLASSIC_NS)
+                     is None, "the claim's removal")
+        _say("[1.31] claim deleted")
 
-    async def _no_reservations(self) -> bool:
-        from app.journal import Journal
 
-        return not await Journal(self.service.db).active()
+async def _no_reservations(service: Any) -> bool:
+    from app.journal import Journal
 
-    async def _attached_count(self) -> int:
-        from app.journal import ATTACHED, Journal
+    return not await Journal(service.db).active()
 
-        return len(await Journal(self.service.db).active([ATTACHED]))
+
+async def _attached_count(service: Any) -> int:
+    from app.journal import ATTACHED, Journal
+
+    return len(await Journal(service.db).active([ATTACHED]))
 
 
 async def _synced(statuses: Awaitable[list[Any]]) -> Any:
     found = [s for s in await statuses if s.last_success_at is not None]
     return found[0] if found else None
+
+
+def _template_claim(emu: Any, namespace: str, pod: str) -> str | None:
+    found = emu.get("v1", "Pod", pod, namespace) or {}
+    for entry in (found.get("status") or {}).get("resourceClaimStatuses") or []:
+        if entry.get("resourceClaimName"):
+            return str(entry["resourceClaimName"])
+    return None
+
+
+def _claim_status(emu: Any, name: str) -> dict[str, Any]:
+    claim = emu.get(V1ALPHA3, "ResourceClaim", name, CLASSIC_NS) or {}
+    return dict(claim.get("status") or {})
 
 
 def _allocated(emu: Any, api_version: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -285,8 +379,9 @@ async def _run(settings: Settings, once: bool, admin_port: int, regions: int, ra
         try:
             await demo.start(admin_port)
             await demo.story()
-            port = demo.service.admin_port
-            _say(f"dashboard: http://127.0.0.1:{port}/   (API: /api/v1/status, /metrics)")
+            _say(f"dashboards: http://127.0.0.1:{demo.structured.service.admin_port}/ "
+                 f"(Kubernetes 1.34), http://127.0.0.1:{demo.classic.service.admin_port}/ "
+                 f"(Kubernetes 1.31)   (API: /api/v1/status, /metrics)")
             if not once:
                 _say("serving until Ctrl-C")
                 await _wait_for_signal()
@@ -311,17 +406,21 @@ def _no_flags(**_: Any) -> dict[str, Any]:
 @click.command()
 @click.option("--once", is_flag=True, help="Tell the story, then stop everything and exit.")
 @click.option("--admin-port", default=8080, show_default=True, type=click.IntRange(0, 65535),
-              help="Port of the dashboard and admin API (0: any free port).")
+              help="Port of the first cluster's dashboard and admin API (0: any free port; "
+                   "the second cluster's always takes a free one).")
 @click.option("--regions", default=2, show_default=True, type=click.IntRange(1, 20))
 @click.option("--racks-per-region", default=2, show_default=True, type=click.IntRange(1, 50))
 @click.option("--devices-per-rack", default=8, show_default=True, type=click.IntRange(4, 512))
 @settings_options_with(_no_flags)
 def demo(once: bool, admin_port: int, regions: int, racks_per_region: int,
          devices_per_rack: int, settings: Settings) -> None:
-    """Run fabric-dra against a simulated Redfish fabric and Kubernetes cluster.
+    """Run fabric-dra against simulated Redfish fabrics and Kubernetes clusters.
 
-    No cluster or hardware needed: everything runs in this process. The inventory goes to
-    ./fabric-dra-demo.db unless --database-url is given. The dashboard is served at
+    No cluster or hardware needed: everything runs in this process. Two emulated clusters, as
+    no Kubernetes release serves both allocation modes: 1.34 (structured parameters) and 1.31
+    (classic DRA), each with its own fabric and fabric-dra. The inventories go to
+    ./fabric-dra-demo.db and ./fabric-dra-demo-classic.db unless --database-url is given (a
+    SQLite file; the second cluster's gets "-classic" added). The first dashboard is served at
     http://127.0.0.1:8080 until Ctrl-C.
     """
     if settings.log.level == "INFO":

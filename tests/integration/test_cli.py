@@ -76,17 +76,27 @@ async def test_demo_once_tells_the_story_from_a_clean_directory(tmp_path: Path) 
     code, out, err = await cli("demo", "--once", "--admin-port", "0", cwd=tmp_path)
     assert code == 0, err
     for line in (
-        "inventory synced: 32 devices, 8 servers in 4 pools",
-        "slices published: 4 ResourceSlices (v1) and 4 (v1alpha3) for 4 pools",
+        "Kubernetes 1.34 (emulated, resource.k8s.io v1, binding conditions on)",
+        "Kubernetes 1.31 (emulated, resource.k8s.io v1alpha3 with PodSchedulingContexts)",
+        "fabric-dra on Kubernetes 1.34: controller.mode structured",
+        "fabric-dra on Kubernetes 1.31: controller.mode control-plane",
+        "Kubernetes 1.34: inventory synced (32 devices, 8 servers in 4 pools); "
+        "4 ResourceSlices published (v1)",
+        "Kubernetes 1.31: inventory synced (32 devices, 8 servers in 4 pools); "
+        "4 ResourceSlices published (v1alpha3)",
+        "[1.34] the claim controller made ResourceClaim trainer-gpu-",
         "binding condition FabricDeviceReady is True",
-        "pod deleted: claim deallocated, device detached and released",
+        "[1.34] pod deleted: claim deallocated and deleted, device detached and released",
         "fabric-dra answered the PodSchedulingContext",
-        "pod and claim deleted: device detached, claim finalizer removed",
-        "dashboard: http://127.0.0.1:",
+        "[1.31] pod deleted: the claim controller requested deallocation, fabric-dra detached "
+        "the device and deallocated the claim",
+        "[1.31] claim deleted",
+        "dashboards: http://127.0.0.1:",
     ):
         assert line in out, out
     assert "Traceback" not in err
     assert (tmp_path / "fabric-dra-demo.db").exists()
+    assert (tmp_path / "fabric-dra-demo-classic.db").exists()
 
 
 async def test_inventory_sync_prints_a_table_and_json(tmp_path: Path, simulator: str) -> None:
