@@ -96,6 +96,9 @@ def redfish_simulator_process(args: Sequence[str]) -> contextlib.AbstractAsyncCo
     return _server_process("Redfish simulator", ["sim", "redfish", *args])
 
 
+DRIVER_GATES = "DRADeviceBindingConditions=true,DRADeviceTaints=true"
+
+
 def kube_emulator_process(args: Sequence[str] = (), *, validate: bool = False
                           ) -> contextlib.AbstractAsyncContextManager[str]:
     """Run ``fabric-dra sim kube ARGS`` (the Kubernetes API emulator) in its own process; yield
@@ -108,6 +111,10 @@ def kube_emulator_process(args: Sequence[str] = (), *, validate: bool = False
     with every check on, so what the controller writes is still checked.
     """
     extra = [] if validate else ["--no-validation"]
+    if "--kubernetes-version" not in args and "--feature-gates" not in args:
+        # A 1.34 cluster set up for this driver: the alpha gates for binding conditions and
+        # device taints on, as the deployment guide asks.
+        extra += ["--feature-gates", DRIVER_GATES]
     return _server_process("Kubernetes API emulator", ["sim", "kube", *args, *extra])
 
 
