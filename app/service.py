@@ -109,6 +109,8 @@ class Leadership:
     claims: ClaimReconciler | None = None
     control_plane: Any = None
     publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
+    # A sync succeeded in this term: until then an empty database is no inventory at all.
+    inventory_synced: bool = False
 
 
 class Service:
@@ -328,6 +330,8 @@ class Service:
             listed_from = utcnow()
             result = await leading.inventory.sync_once()
             self.last_inventory = result
+            if result.ok:
+                leading.inventory_synced = True
             if result.ok and (first or result.row_writes):
                 leading.publish_wanted.set()
                 if leading.control_plane is not None:
@@ -358,6 +362,7 @@ class Service:
 
     async def _publish_loop(self, leading: Leadership) -> None:
         published_with: dict[ResourceApiVersion, bool] = {}  # taints_supported last used
+        waiting_logged = False
         while True:
             with contextlib.suppress(TimeoutError):
                 # The timeout re-checks what the API server drops even when nothing changed.
@@ -366,13 +371,22 @@ class Service:
             if not leading.publish_wanted.is_set() and supported == published_with:
                 continue
             leading.publish_wanted.clear()
+            devices = await pool_devices(self.db)
+            if not devices and not leading.inventory_synced:
+                # An empty database before any successful sync is not an empty fabric:
+                # publishing it would delete every slice the driver has in the cluster.
+                if not waiting_logged:
+                    log.warning("no inventory yet (the fabric manager has not been listed "
+                                "successfully): ResourceSlices are left as they are until "
+                                "the first sync succeeds")
+                    waiting_logged = True
+                continue
             for version, ok in supported.items():
                 if not ok and published_with.get(version) is not False:
                     log.warning("the API server drops device taints on %s (DRADeviceTaints "
                                 "is off): unhealthy, cordoned and failed devices are withheld "
                                 "instead", version.value)
             published_with = supported
-            devices = await pool_devices(self.db)
             for version, publisher in leading.publishers.items():
                 config = PoolConfig.from_settings(self.settings,
                                                   taints_supported=supported[version])

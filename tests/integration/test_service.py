@@ -230,6 +230,33 @@ async def test_a_fabric_manager_that_is_down_shows_in_readiness_and_status(
         await service.stop(deadline_s=5)
 
 
+async def test_slices_are_left_alone_until_the_first_inventory_sync_succeeds(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A new database and an unreachable fabric manager: no inventory is not an empty fabric,
+    # so the driver's slices already in the cluster must stay (the publisher used to get an
+    # empty desired state on its first tick and delete them all).
+    emu, sim = cluster
+    kept = {"apiVersion": CLAIMS, "kind": "ResourceSlice", "metadata": {"name": "kept"},
+            "spec": {"driver": DRIVER, "allNodes": True, "devices": [{"name": "gpu-0"}],
+                     "pool": {"name": "us-east/rack-01", "generation": 1,
+                              "resourceSliceCount": 1}}}
+    emu.create(kept)
+    await sim.stop()
+    service = Service(settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/n.db",
+                                   FABRIC_DRA_LEADER__ENABLED="false"))
+    await service.start()
+    try:
+        await eventually(lambda: "no inventory yet" in caplog.text,
+                         what="the publisher waiting for the first sync")
+        await asyncio.sleep(6)  # past the publish loop's 5 s re-check
+        assert [s["metadata"]["name"] for s in slices(emu)] == ["kept"]
+        assert not emu.writes("/resourceslices")
+    finally:
+        await service.stop(deadline_s=5)
+
+
 async def _text(port: int, path: str) -> tuple[int, str]:
     async with aiohttp.ClientSession() as session, session.get(
         f"http://127.0.0.1:{port}{path}") as response:
