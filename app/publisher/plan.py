@@ -280,8 +280,10 @@ def taint_times(spec: Mapping[str, Any]) -> dict[str, str]:
     SetDefaults_DeviceTaint), so a writer that omits it resets the taint's age on every write.
     """
     found: dict[str, str] = {}
-    for device in spec.get("devices") or ():
-        if type(device) is not dict or not device.get("taints"):
+    devices = spec.get("devices")
+    # A malformed slice (from an API server that stored it unchecked) reads as no taints.
+    for device in devices if type(devices) is list else ():
+        if type(device) is not dict or type(device.get("taints")) is not list:
             continue
         name = str(device.get("name") or "")
         for taint in device["taints"]:
@@ -315,6 +317,14 @@ def keep_taint_times(spec: dict[str, Any], times: Mapping[str, str]) -> None:
             devices[index] = {**device, "taints": kept}
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _whole(value: Any) -> int:
+    return value if type(value) is int else 0
+
+
 def existing_slice(
     obj: Mapping[str, Any], driver_name: str, key: str | None = None
 ) -> ExistingSlice:
@@ -324,17 +334,17 @@ def existing_slice(
     spec reduced to its header may carry the taint times under :data:`TAINT_TIMES`.
     Missing fields read as empty / 0, so a malformed slice is still classified (and deleted).
     """
-    metadata = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    pool = spec.get("pool") or {}
+    metadata = _mapping(obj.get("metadata"))
+    spec = _mapping(obj.get("spec"))
+    pool = _mapping(spec.get("pool"))
     name = str(metadata.get("name") or "")
     return ExistingSlice(
         name=name,
         uid=str(metadata.get("uid") or ""),
         resource_version=str(metadata.get("resourceVersion") or ""),
         pool_name=str(pool.get("name") or ""),
-        generation=int(pool.get("generation") or 0),
-        resource_slice_count=int(pool.get("resourceSliceCount") or 0),
+        generation=_whole(pool.get("generation")),
+        resource_slice_count=_whole(pool.get("resourceSliceCount")),
         index=slice_index(name, driver_name),
         content_key=key if key is not None else content_key(content_of(spec)),
         kept_metadata={k: copy.deepcopy(metadata[k]) for k in _KEPT_METADATA if metadata.get(k)},

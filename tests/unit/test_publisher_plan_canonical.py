@@ -8,6 +8,9 @@ import copy
 from dataclasses import replace
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from app.fabric.types import Location
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, resource_slice_spec
 from app.publisher.plan import (
@@ -118,3 +121,23 @@ def test_counter_values_compare_by_quantity_like_capacities() -> None:
                     {"counterSet": "set", "counters": {"mem": {"value": value}}}]}]}
     assert content_key(content("1024Mi")) == content_key(content("1Gi"))
     assert content_key(content("1024Mi")) != content_key(content("2Gi"))
+
+
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=3),
+    max_leaves=10,
+)
+
+
+@given(spec=st.dictionaries(st.sampled_from(["devices", "pool", "nodeSelector", "driver"]),
+                            _ANY_JSON, max_size=4),
+       metadata=_ANY_JSON)
+def test_a_malformed_slice_is_read_as_empty_never_raises(spec: dict[str, Any],
+                                                         metadata: Any) -> None:
+    # An API server that stores writes unchecked (or a bug elsewhere) can hand the informer
+    # anything: one such slice must not stop the publisher's informer.
+    existing = existing_slice({"metadata": metadata, "spec": spec}, "fabric.example.com")
+    assert isinstance(existing.generation, int)
+    assert all(isinstance(v, str) for v in taint_times(spec).values())
