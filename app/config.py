@@ -46,11 +46,68 @@ _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 _USERINFO = re.compile(r"://[^/@\s]*@")
 
+_NOT_HTTP = "does not start with http:// or https://"
+
+# Why controller.mode both is refused (app/modes.py has the long form, with discovery).
+MODE_BOTH_REFUSED = (
+    "is refused: no Kubernetes release serves both modes (structured parameters need "
+    "resource.k8s.io v1, v1beta2 or v1beta1, Kubernetes 1.32 and later; the control-plane mode "
+    "needs v1alpha3 with podschedulingcontexts, Kubernetes 1.31 only); use auto, structured or "
+    "control-plane"
+)
+
 LocationKey = Literal["region", "zone", "site", "row", "rack", "fabric", "fabric_zone", "chassis"]
 
 
 class ConfigError(Exception):
     """A setting is missing or invalid. The message is one line meant for a person."""
+
+
+def http_origin_problem(value: str) -> str | None:
+    """What is wrong with ``value`` as an HTTP(S) server origin, or None when nothing is.
+
+    An origin is ``http://`` or ``https://``, a host (a name, an IPv4 address or a bracketed
+    IPv6 address), an optional port from 1 to 65535, and nothing more: no user information,
+    path (a single trailing ``/`` is allowed), query or fragment, and no surrounding spaces.
+
+    Returns:
+        A phrase that follows the value in a message (``"has a port out of range (1 to
+        65535)"``), or None.
+    """
+    from urllib.parse import urlsplit
+
+    if value != value.strip():
+        return "has leading or trailing whitespace"
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as err:
+        # urlsplit: "Invalid IPv6 URL"; .port: "Port out of range 0-65535" or not a number.
+        if "Port" in str(err) or "port" in str(err):
+            return "has an invalid port (an integer from 1 to 65535)"
+        return f"is not a valid URL ({err})"
+    if parts.scheme not in ("http", "https"):
+        return _NOT_HTTP
+    if not parts.hostname:
+        return "has no host"
+    if any(c.isspace() for c in value):
+        return "contains whitespace"
+    if "@" in parts.netloc:
+        return "carries user information; give credentials in their own settings"
+    if port is not None and not 1 <= port <= 65535:
+        return "has an invalid port (an integer from 1 to 65535)"
+    if parts.path not in ("", "/"):
+        return f"has a path ({parts.path!r}); give the server's origin only"
+    if parts.query or value.rstrip("/").endswith("?"):
+        return "has a query; give the server's origin only"
+    if parts.fragment or "#" in value:
+        return "has a fragment; give the server's origin only"
+    return None
+
+
+def _detail(problem: str) -> str:
+    # The scheme problem is what "is not an http:// or https:// ..." already says.
+    return "" if problem == _NOT_HTTP else f": it {problem}"
 
 
 def _driver_name(value: str) -> str:
@@ -196,8 +253,9 @@ class FabricSettings(_Section):
     def _http_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if not re.match(r"^https?://[^/\s:@]+(:\d{1,5})?/?$", value):
-            raise ValueError("is not an http:// or https:// origin")
+        problem = http_origin_problem(value)
+        if problem is not None:
+            raise ValueError(f"is not an http:// or https:// origin{_detail(problem)}")
         return value.rstrip("/")
 
     @field_validator("server_owned_blocks", mode="before")
@@ -329,9 +387,13 @@ class KubeSettings(_Section):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s@]+/?$", value):
-            raise ValueError("is not an http:// or https:// URL without a path")
-        return value.rstrip("/") if value else value
+        if value is None:
+            return None
+        problem = http_origin_problem(value)
+        if problem is not None:
+            raise ValueError(f"is not an http:// or https:// URL without a path"
+                             f"{_detail(problem)}")
+        return value.rstrip("/")
 
     @model_validator(mode="after")
     def _mode_complete(self) -> KubeSettings:
@@ -408,10 +470,10 @@ class LeaderSettings(_Section):
 class ControllerSettings(_Section):
     """What the controller does with claims."""
 
-    mode: Literal["structured", "control-plane", "both", "auto"] = Field(
+    mode: Literal["structured", "control-plane", "auto"] = Field(
         default="structured",
         description="structured (the scheduler allocates), control-plane (classic DRA), or auto "
-        "(from discovery); both is refused at start, since no Kubernetes release serves both",
+        "(from discovery)",
     )
     workers: int = Field(default=8, ge=1, le=256, description="claims processed at once, 1-256")
     orphan_grace_seconds: Seconds = Field(
@@ -429,6 +491,15 @@ class ControllerSettings(_Section):
         description="transient detach failures in a row before a reservation ends "
                     "detach-failed, 1-100",
     )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _not_both(cls, value: Any) -> Any:
+        # Refused here, before any connection, with the reason (app/modes.py refuses it too,
+        # for callers that bypass the settings).
+        if value == "both":
+            raise ValueError(MODE_BOTH_REFUSED)
+        return value
 
 
 class LogSettings(_Section):

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import os
 import secrets
 import signal
 import tempfile
@@ -77,6 +79,34 @@ def classic_database(url: str) -> str:
     return prefix + "fabric-dra-demo-classic.db"
 
 
+async def check_database(url: str) -> None:
+    """Open ``url`` and run ``SELECT 1``, as ``fabric-dra inventory`` reports a database.
+
+    Raises:
+        click.ClickException: one line, ``database <url without credentials>: <error type>:
+            <first line of the driver's reason>``.
+    """
+    from sqlalchemy import text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.config import redact_url
+    from app.db.engine import Database
+
+    try:
+        database = Database.connect(url)
+    except ValueError as err:
+        raise click.ClickException(f"database {redact_url(url)}: {err}") from None
+    try:
+        async with database.engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+    except (SQLAlchemyError, OSError) as err:
+        raise click.ClickException(
+            f"database {redact_url(url)}: {type(err).__name__}: "
+            f"{redact_url(str(err).splitlines()[0])}") from None
+    finally:
+        await database.dispose()
+
+
 @dataclass
 class DemoCluster:
     """One emulated cluster with its fabric simulator, its service and its stand-ins.
@@ -120,6 +150,10 @@ class Demo:
 
         base = self.base_settings.database.url
         database = DEMO_DATABASE if base == DEFAULT_DATABASE else base
+        # Before anything starts: a database that cannot be opened is the user's first error,
+        # not a traceback from the middle of the first service's start.
+        for url in (database, classic_database(database)):
+            await check_database(url)
         await self._start_cluster(
             self.structured, KubeEmulator(kubernetes_version="1.34",
                                           feature_gates=STRUCTURED_GATES),
@@ -166,8 +200,9 @@ class Demo:
              f"({len(cluster.sim.block_uris())} resource blocks in {regions * racks} racks)")
         cluster.service = Service(self._settings(cluster, fabric_url, kube_url, database,
                                                  admin_port))
-        await cluster.service.start()
+        # Stopped even when its start fails half-way (its HTTP sessions are open by then).
         self.stack.push_async_callback(cluster.service.stop, 10.0)
+        await cluster.service.start()
         _say(f"fabric-dra on {cluster.label}: controller.mode {cluster.mode}, database "
              f"{database.removeprefix('sqlite+aiosqlite:///')}")
         await self._stand_ins(cluster, kube_url)
@@ -430,5 +465,8 @@ def demo(once: bool, admin_port: int, regions: int, racks_per_region: int,
         asyncio.run(_run(settings, once, admin_port, regions, racks_per_region,
                          devices_per_rack))
     except OSError as err:
+        if err.errno not in (errno.EADDRINUSE, errno.EACCES):
+            raise click.ClickException(f"the demo could not start: {err}") from None
         raise click.ClickException(
-            f"{err}; is port {admin_port} in use? Try --admin-port 0") from None
+            f"--admin-port {admin_port}: {os.strerror(err.errno)}; try --admin-port 0 "
+            f"(any free port)") from None

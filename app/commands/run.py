@@ -60,8 +60,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None,
 @click.command()
 @click.option("--admin-port", type=click.IntRange(0, 65535), default=None,
               help="Admin HTTP port (admin.port) [8080].")
-@click.option("--mode", type=click.Choice(["structured", "control-plane", "both", "auto"]),
-              default=None, help="Claim handling mode (controller.mode) [structured].")
+@click.option("--mode", type=click.Choice(["structured", "control-plane", "auto"]),
+              default=None, help="Claim handling mode (controller.mode) [structured]; auto: "
+                                 "the one the API server serves.")
 @click.option("--migrate/--no-migrate", default=None,
               help="Upgrade the database schema on start (database.migrate_on_start) [on].")
 @click.option("--leader-election/--no-leader-election", default=None,

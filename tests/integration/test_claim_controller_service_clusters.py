@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from builders import eventually
 
-from app.config import load_settings
+from app.config import ConfigError, load_settings
 from app.kube.versions import ResourceApiVersion
 from app.modes import ModeError
 from app.service import Service
@@ -78,17 +78,34 @@ async def test_auto_publishes_in_the_one_version_of_the_cluster(
 
 
 @pytest.mark.parametrize("kubernetes", ["1.31", "1.34"])
-async def test_mode_both_is_refused_on_every_cluster_with_a_clear_message(
+async def test_mode_both_is_refused_by_the_settings_before_anything_connects(
     tmp_path: Path, fabric: str, kubernetes: str,
 ) -> None:
     emu = KubeEmulator(kubernetes_version=kubernetes)
     url = await emu.start()
-    service = Service(settings(tmp_path, fabric, url, "both"))
+    try:
+        with pytest.raises(ConfigError) as caught:
+            settings(tmp_path, fabric, url, "both")
+        assert "no Kubernetes release serves both modes" in str(caught.value)
+        assert "use auto, structured or control-plane" in str(caught.value)
+        assert emu.requests == []
+    finally:
+        await emu.stop()
+
+
+@pytest.mark.parametrize("kubernetes", ["1.31", "1.34"])
+async def test_mode_both_given_past_the_settings_is_refused_at_start(
+    tmp_path: Path, fabric: str, kubernetes: str,
+) -> None:
+    emu = KubeEmulator(kubernetes_version=kubernetes)
+    url = await emu.start()
+    good = settings(tmp_path, fabric, url, "auto")
+    service = Service(good.model_copy(update={
+        "controller": good.controller.model_copy(update={"mode": "both"})}))
     try:
         with pytest.raises(ModeError) as caught:
             await service.start()
         assert "no Kubernetes release serves both modes" in str(caught.value)
-        assert "use auto, structured or control-plane" in str(caught.value)
         assert [w for w in emu.writes() if "resourceslices" in w.path] == []
     finally:
         await service.stop()

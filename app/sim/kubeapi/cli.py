@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import signal
 from pathlib import Path
 
@@ -20,16 +22,56 @@ from .cluster import (
     resolve_served,
 )
 from .emulator import KubeEmulator
+from .errors import StatusError
 from .rbac import RbacPolicy
 
 DEFAULT_RBAC_USER = "system:serviceaccount:fabric-dra:fabric-dra"
 
 
+def _url(host: str, port: int) -> str:
+    """``http://host:port``, an IPv6 address in brackets (RFC 3986 section 3.2.2)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _create_nodes(emulator: KubeEmulator, nodes: list[dict[str, object]]) -> None:
+    """Create ``nodes``; an invalid one is a ``--nodes-file`` error naming it.
+
+    Raises:
+        click.BadParameter: the emulator refused a Node (its Status message).
+    """
+    for index, node in enumerate(nodes):
+        try:
+            emulator.create(dict(node))
+        except StatusError as err:
+            raise click.BadParameter(f"Node {index + 1}: {err.message}",
+                                     param_hint="--nodes-file") from None
+
+
+async def _start(emulator: KubeEmulator, host: str, port: int) -> str:
+    """Start serving; a port or address that cannot be bound is a one-line flag error.
+
+    Raises:
+        click.BadParameter: the port is taken or not allowed (``--port``), or the address is
+            unknown or not this machine's (``--host``).
+    """
+    try:
+        await emulator.start(host, port)
+    except OSError as err:
+        # asyncio's bind error repeats the address in strerror; the errno's own text is enough.
+        reason = (os.strerror(err.errno) if err.errno and err.errno > 0
+                  else err.strerror or str(err))
+        if err.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise click.BadParameter(f"cannot listen on {host} port {port}: {reason}",
+                                     param_hint="--port") from None
+        raise click.BadParameter(f"cannot listen on {host!r}: {reason}",
+                                 param_hint="--host") from None
+    return _url(host, int(emulator.url.rsplit(":", 1)[1]))
+
+
 async def _serve(emulator: KubeEmulator, host: str, port: int,
                  nodes: list[dict[str, object]]) -> None:
-    for node in nodes:
-        emulator.create(dict(node))
-    url = await emulator.start(host, port)
+    _create_nodes(emulator, nodes)
+    url = await _start(emulator, host, port)
     versions = ",".join(emulator.served_resource_versions)
     click.echo(f"Kubernetes API emulator (Kubernetes {emulator.cluster.version}) serving "
                f"resource.k8s.io {versions} at {url}")
@@ -44,8 +86,31 @@ async def _serve(emulator: KubeEmulator, host: str, port: int,
         await emulator.stop()
 
 
+def _load_nodes(path: Path) -> object:
+    """The YAML document of ``--nodes-file`` (None for an empty file).
+
+    Raises:
+        click.BadParameter: the file is unreadable, not UTF-8 or not valid YAML.
+    """
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise click.BadParameter(f"cannot read it: {err.strerror}",
+                                 param_hint="--nodes-file") from None
+    except UnicodeDecodeError:
+        raise click.BadParameter("is not UTF-8 text", param_hint="--nodes-file") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise click.BadParameter(f"is not valid YAML{where}",
+                                 param_hint="--nodes-file") from None
+
+
 def _read_token(path: Path, flag: str) -> str:
-    token = path.read_text(encoding="utf-8").strip()
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise click.BadParameter("is not UTF-8 text", param_hint=flag) from None
     if not token:
         raise click.BadParameter("the file is empty", param_hint=flag)
     return token
@@ -53,7 +118,8 @@ def _read_token(path: Path, flag: str) -> str:
 
 @click.command("kube")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", default=6443, show_default=True, type=int, help="Port (plain HTTP).")
+@click.option("--port", default=6443, show_default=True, type=click.IntRange(0, 65535),
+              help="Port (plain HTTP; 0: any free port).")
 @click.option("--kubernetes-version", default=DEFAULT_KUBERNETES_VERSION, show_default=True,
               help=f"Emulated Kubernetes release ({', '.join(PROFILES)}; also v1.34 or "
                    "v1.34.2): its served versions, feature-gate defaults and schemas.")
@@ -63,7 +129,7 @@ def _read_token(path: Path, flag: str) -> str:
 @click.option("--resource-versions", default=None,
               help="Comma list of resource.k8s.io versions to serve (first = preferred); "
                    "default: the release's (v1 for 1.34+, v1alpha3 for 1.31).")
-@click.option("--history-size", default=1000, show_default=True, type=int,
+@click.option("--history-size", default=1000, show_default=True, type=click.IntRange(min=1),
               help="Watch events retained before 410 Expired.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Require this bearer token (an unrestricted admin).")
@@ -109,7 +175,7 @@ def cli(host: str, port: int, kubernetes_version: str, feature_gates: str,
     token = _read_token(token_file, "--token-file") if token_file else None
     nodes: list[dict[str, object]] = []
     if nodes_file:
-        loaded = yaml.safe_load(nodes_file.read_text()) or []
+        loaded = _load_nodes(nodes_file) or []
         if not isinstance(loaded, list) or not all(isinstance(n, dict) for n in loaded):
             raise click.BadParameter("must be a YAML list of Node objects",
                                      param_hint="--nodes-file")

@@ -16,8 +16,9 @@ One :class:`Profile` per supported minor (1.31, 1.34 to 1.37). A profile knows
 1.31 is the classic-DRA release: upstream serves resource.k8s.io/v1alpha3 only with
 ``--runtime-config=resource.k8s.io/v1alpha3=true`` and keeps DRAControlPlaneController off.
 The emulator's 1.31 profile is always used for classic DRA, so it serves v1alpha3 and turns
-DRAControlPlaneController on by default (an explicit ``DRAControlPlaneController=false`` still
-turns it off). PodSchedulingContexts are served whenever v1alpha3 is: upstream registers them
+DRAControlPlaneController and DynamicResourceAllocation (alpha in 1.31, upstream default off)
+on by default (an explicit ``DRAControlPlaneController=false`` still turns it off).
+PodSchedulingContexts are served whenever v1alpha3 is: upstream registers them
 without a gate check so that leftovers can be cleaned up (storage_resource.go, release-1.31).
 """
 
@@ -42,6 +43,9 @@ from .context import (
 
 # DeviceClass.spec.extendedResourceName (pkg/registry/resource/deviceclass/strategy.go).
 DRA_EXTENDED_RESOURCE = "DRAExtendedResource"
+# The DRA gate itself (pkg/features/kube_features.go): the emulator serves resource.k8s.io
+# whatever its value; it is known so that the flags real clusters run with are accepted.
+DYNAMIC_RESOURCE_ALLOCATION = "DynamicResourceAllocation"
 DEFAULT_KUBERNETES_VERSION = "1.34"
 
 # (first minor, default, locked) per gate, oldest first: kube_features.go VersionedSpecs.
@@ -58,10 +62,18 @@ _GATE_SPECS: dict[str, tuple[tuple[int, bool, bool], ...]] = {
                            (37, True, True)),
     DRA_RESOURCE_CLAIM_DEVICE_STATUS: ((32, False, False), (33, True, False),
                                        (37, True, True)),
+    # Alpha (off) to 1.31, beta (still off) from 1.32, GA (on) in 1.34, locked from 1.35.
+    DYNAMIC_RESOURCE_ALLOCATION: ((26, False, False), (32, False, False), (34, True, False),
+                                  (35, True, True)),
 }
 _GATE_LAST_MINOR = {DRA_CONTROL_PLANE_CONTROLLER: 31}
 # The emulator's own defaults that differ from upstream (see the module docstring).
-_PROFILE_GATE_DEFAULTS: dict[int, dict[str, bool]] = {31: {DRA_CONTROL_PLANE_CONTROLLER: True}}
+_PROFILE_GATE_DEFAULTS: dict[int, dict[str, bool]] = {
+    31: {DRA_CONTROL_PLANE_CONTROLLER: True, DYNAMIC_RESOURCE_ALLOCATION: True},
+}
+# k8s.io/component-base featuregate/feature_gate.go: allAlphaGate and allBetaGate switch every
+# gate of that stage; the emulator's table keeps no stage per release, so it refuses them.
+_ALL_STAGE_GATES = ("AllAlpha", "AllBeta")
 
 
 @dataclass(frozen=True)
@@ -160,6 +172,10 @@ def resolve_gates(prof: Profile, overrides: Mapping[str, bool] | None) -> frozen
     """
     gates = dict(prof.gate_defaults)
     for name, value in (overrides or {}).items():
+        if name in _ALL_STAGE_GATES:
+            raise ValueError(f"feature gate {name} is not supported by the emulator; name "
+                             f"each gate instead (Kubernetes {prof.version} knows "
+                             f"{', '.join(sorted(prof.gate_defaults))})")
         if name not in prof.gate_defaults:
             raise ValueError(f"unrecognized feature gate: {name} (Kubernetes {prof.version} "
                              f"knows {', '.join(sorted(prof.gate_defaults))})")

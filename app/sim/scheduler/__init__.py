@@ -91,6 +91,10 @@ async def _stand_in(client: KubeClient, mode: str, poll_interval_s: float,
         wanted = (["structured"] if modes.structured else []) + (
             ["classic"] if modes.control_plane else [])
     else:
+        if mode == "classic":
+            # Refused up front like structured on 1.31: without v1alpha3 and its
+            # podschedulingcontexts the classic stand-in would only log 404s.
+            await discover_modes(client.api, "control-plane")
         wanted = [mode]
     parts: list[StandIn] = []
     for part in wanted:
@@ -107,10 +111,33 @@ async def _stand_in(client: KubeClient, mode: str, poll_interval_s: float,
 async def _serve(client_settings: KubeClientSettings, mode: str, poll_interval_s: float,
                  binding_timeout_s: float, namespace: str | None,
                  claim_controller: bool = True) -> None:
+    from app.modes import ModeError
+
     async with await connect(client_settings) as client:
-        stand_in = await _stand_in(client, mode, poll_interval_s, binding_timeout_s, namespace,
-                                   claim_controller)
+        try:
+            stand_in = await _stand_in(client, mode, poll_interval_s, binding_timeout_s,
+                                       namespace, claim_controller)
+        except ModeError as err:
+            # app.modes words it for the controller's setting; here it is this flag.
+            setting = "control-plane" if mode == "classic" else mode
+            text = str(err).replace(f"controller.mode {setting}:", f"--mode {mode}:", 1)
+            raise click.ClickException(text) from None
         await _run_until_signal(stand_in)
+
+
+def kube_url_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Check ``--kube-url`` before anything connects: an http(s) origin with a valid port.
+
+    Raises:
+        click.BadParameter: what is wrong (:func:`app.config.http_origin_problem`).
+    """
+    from app.config import http_origin_problem, redact_url
+
+    problem = http_origin_problem(value)
+    if problem is not None:
+        raise click.BadParameter(f"{redact_url(value)!r} {problem} (the API server's origin, e.g. "
+                                 f"https://10.0.0.1:6443)", ctx=ctx, param=param)
+    return value.rstrip("/")
 
 
 async def _run_until_signal(stand_in: StandIn) -> None:
@@ -138,7 +165,8 @@ async def _run_until_signal(stand_in: StandIn) -> None:
 
 
 @click.command("scheduler")
-@click.option("--kube-url", required=True, help="API server URL (http:// or https://).")
+@click.option("--kube-url", required=True, callback=kube_url_option,
+              help="API server origin (http:// or https://, host, optional port; no path).")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Bearer token file.")
 @click.option("--poll-interval", default=5.0, show_default=True, type=click.FloatRange(min=0.01),
@@ -217,7 +245,8 @@ async def _serve_claim_controller(client_settings: KubeClientSettings, wanted: s
 
 
 @click.command("claim-controller")
-@click.option("--kube-url", required=True, help="API server URL (http:// or https://).")
+@click.option("--kube-url", required=True, callback=kube_url_option,
+              help="API server origin (http:// or https://, host, optional port; no path).")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Bearer token file.")
 @click.option("--namespace", default=None, help="Only pods and claims of this namespace.")

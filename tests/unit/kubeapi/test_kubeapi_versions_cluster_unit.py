@@ -9,6 +9,7 @@ import pytest
 from app.sim.kubeapi import cluster
 from app.sim.kubeapi.cluster import (
     DRA_EXTENDED_RESOURCE,
+    DYNAMIC_RESOURCE_ALLOCATION,
     PROFILES,
     all_gates_on,
     build_cluster,
@@ -30,13 +31,15 @@ from app.sim.kubeapi.context import (
     DRA_RESOURCE_CLAIM_DEVICE_STATUS,
 )
 
-ON_1_34 = {DRA_ADMIN_ACCESS, DRA_PRIORITIZED_LIST, DRA_RESOURCE_CLAIM_DEVICE_STATUS}
+ON_1_34 = {DRA_ADMIN_ACCESS, DRA_PRIORITIZED_LIST, DRA_RESOURCE_CLAIM_DEVICE_STATUS,
+           DYNAMIC_RESOURCE_ALLOCATION}
 ON_1_36 = ON_1_34 | {DRA_CONSUMABLE_CAPACITY, DRA_DEVICE_BINDING_CONDITIONS, DRA_DEVICE_TAINTS,
                      DRA_PARTITIONABLE_DEVICES, DRA_EXTENDED_RESOURCE}
 
 
 @pytest.mark.parametrize(("version", "servable", "default", "storage", "gates_on"), [
-    ("1.31", ("v1alpha3",), ("v1alpha3",), "v1alpha3", {DRA_CONTROL_PLANE_CONTROLLER}),
+    ("1.31", ("v1alpha3",), ("v1alpha3",), "v1alpha3",
+     {DRA_CONTROL_PLANE_CONTROLLER, DYNAMIC_RESOURCE_ALLOCATION}),
     ("1.34", ("v1", "v1beta2", "v1beta1"), ("v1",), "v1", ON_1_34),
     ("1.35", ("v1", "v1beta2", "v1beta1"), ("v1",), "v1", ON_1_34),
     ("1.36", ("v1", "v1beta2", "v1beta1"), ("v1",), "v1", ON_1_36),
