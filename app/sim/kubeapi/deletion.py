@@ -58,7 +58,9 @@ def check_preconditions(group: str, kind: str, obj: dict[str, Any],
     """Raise StatusError 409 when ``options.preconditions`` (uid, resourceVersion) do not match
     ``obj`` (rest.BeforeDelete; the conflict names the kind, not the resource).
     """
-    preconditions = options.get("preconditions") or {}
+    found = options.get("preconditions")
+    # The HTTP layer refuses a non-object (options.delete_options); direct callers' are ignored.
+    preconditions: dict[str, Any] = found if isinstance(found, dict) else {}
     meta = obj["metadata"]
     uid = preconditions.get("uid")
     if uid is not None and uid != meta.get("uid"):

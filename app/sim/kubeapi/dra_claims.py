@@ -269,6 +269,16 @@ def _exact_causes(exact: dict[str, Any], field: str, classic: bool,
     return out
 
 
+def _has_main_request_fields(request: dict[str, Any]) -> bool:
+    # k8s.io/kubernetes pkg/apis/resource/v1beta1/conversion.go hasAnyMainRequestFieldsSet
+    # (the same in v1alpha3): a set class name, allocation mode or count, or present
+    # selectors, adminAccess, tolerations or capacity.
+    return bool(request.get("deviceClassName") or request.get("allocationMode")
+                or request.get("count")) or any(
+        request.get(key) is not None
+        for key in ("selectors", "adminAccess", "tolerations", "capacity"))
+
+
 def _request_causes(request: Any, field: str, wrapped: bool, classic: bool,
                     stored: bool) -> list[Cause]:
     request = _dict(request)
@@ -277,7 +287,12 @@ def _request_causes(request: Any, field: str, wrapped: bool, classic: bool,
     if classic:
         return out + _exact_causes(request, field, classic, stored)
     subs = _list(request.get("firstAvailable"))
-    exact = (request if not subs else None) if wrapped else request.get("exactly")
+    if wrapped:
+        # The real server validates the internal form: conversion makes an `exactly` of the
+        # top-level fields whenever any of them is set, next to firstAvailable.
+        exact = request if not subs or _has_main_request_fields(request) else None
+    else:
+        exact = request.get("exactly")
     if exact is not None and subs:
         return [*out, cause_invalid(field, None, "exactly one of `exactly` or `firstAvailable` "
                                     "is required, but multiple fields are set")]

@@ -156,13 +156,15 @@ class Shape:
     lists). A node with neither fields nor values (RawExtension, FieldsV1) is free-form.
     """
 
-    __slots__ = ("fields", "items", "list_keys", "values")
+    __slots__ = ("fields", "items", "list_keys", "types", "values")
 
     def __init__(self) -> None:
         self.fields: dict[str, Shape] | None = None
         self.values: Shape | None = None
         self.items: Shape | None = None
         self.list_keys: tuple[str, ...] = ()
+        # The JSON types the schema allows besides null (empty: any, e.g. int-or-string).
+        self.types: frozenset[str] = frozenset()
 
 
 def compile_shape(validator: Any) -> Shape:
@@ -195,9 +197,14 @@ def _fill(shape: Shape, schema: dict[str, Any], resolver: Any, memo: dict[str, S
         other = _compile(schema, resolver, memo)
         shape.fields, shape.values = other.fields, other.values
         shape.items, shape.list_keys = other.items, other.list_keys
+        shape.types = other.types
         return
     for part in schema.get("allOf") or ():
         _fill(shape, part, resolver, memo)
+    declared = schema.get("type")
+    if isinstance(declared, str | list):
+        named = {declared} if isinstance(declared, str) else set(declared)
+        shape.types = frozenset(t for t in named if isinstance(t, str) and t != "null")
     extra = schema.get("additionalProperties")
     if extra is False:
         fields = shape.fields if shape.fields is not None else {}
@@ -217,25 +224,84 @@ def _fill(shape: Shape, schema: dict[str, Any], resolver: Any, memo: dict[str, S
 
 # -- strict decoding --------------------------------------------------------------------------
 
-def drop_unknown(shape: Shape, obj: Any, duplicates: Iterable[str] = ()) -> list[str]:
-    """Remove the fields of ``obj`` its shape does not know, in place; return the strict
-    decoding errors in document order (``duplicate field "p"`` for ``duplicates`` paths the
-    typed decoder visits, ``unknown field "p"``), at most 100 as the Go decoder keeps.
+class DecodeTypeError(Exception):
+    """A value of the wrong JSON type for its Go field, as encoding/json refuses it.
 
-    Duplicates inside unknown or free-form fields are not reported: the decoder skips those
-    values without looking into them.
+    ``path``: the field path as keys and indexes; ``value``: the value; ``expected``: the
+    schema's JSON types.
+    """
+
+    def __init__(self, path: list[str | int], value: Any, expected: frozenset[str]) -> None:
+        super().__init__(path, value, expected)
+        self.path = path
+        self.value = value
+        self.expected = expected
+
+
+def _json_types_of(value: Any) -> tuple[str, ...]:
+    if isinstance(value, bool):
+        return ("boolean",)
+    if isinstance(value, int):
+        return ("integer", "number")
+    if isinstance(value, float):
+        # As the JSON schema check counts it; the Go rules refuse 2.0 for ints later.
+        return ("integer", "number") if value.is_integer() else ("number",)
+    if isinstance(value, str):
+        return ("string",)
+    if isinstance(value, list):
+        return ("array",)
+    return ("object",)
+
+
+def _check_type(shape: Shape, value: Any, path: list[str | int]) -> None:
+    if shape.types and not any(t in shape.types for t in _json_types_of(value)):
+        raise DecodeTypeError(path, value, shape.types)
+
+
+def _zero(shape: Shape) -> Any:
+    # encoding/json decodes null into a zero value: a struct's is {} (its fields then
+    # validated as absent), a string's "", a number's 0, a bool's false. A nil slice or map
+    # is encoded as null again, so those (and values of unknown type) stay null.
+    if shape.fields is not None:
+        return {}
+    if shape.types == {"string"}:
+        return ""
+    if shape.types and shape.types <= {"integer", "number"}:
+        return 0
+    if shape.types == {"boolean"}:
+        return False
+    return None
+
+
+def drop_unknown(shape: Shape, obj: Any, duplicates: Iterable[str] = ()) -> list[str]:
+    """Decode ``obj`` in place as the Go decoder would: remove the fields its shape does not
+    know, turn nulls into what Go decodes them to, and check the JSON types; return the
+    strict decoding errors in document order (``duplicate field "p"`` for ``duplicates``
+    paths the typed decoder visits, ``unknown field "p"``), at most 100 as the Go decoder
+    keeps.
+
+    Nulls (encoding/json: null leaves a pointer nil and a value at its zero): a null struct
+    field is removed (a nil pointer or omitempty field is not written back); a null map
+    value or list item of a struct becomes ``{}``, of a string ``""``, of a number ``0``, of
+    a bool ``false``. Type checks come first, so fields that later rules drop (disabled
+    gates, managedFields) still fail to decode.
+
+    Raises :class:`DecodeTypeError` for the first value of a wrong JSON type. Duplicates
+    inside unknown or free-form fields are not reported: the decoder skips those values
+    without looking into them.
     """
     errors: list[str] = []
-    _walk(shape, obj, "", set(duplicates), errors)
+    _walk(shape, obj, "", [], set(duplicates), errors)
     return errors[:MAX_STRICT_ERRORS]
 
 
-def _walk(shape: Shape, node: Any, path: str, duplicates: set[str],
+def _walk(shape: Shape, node: Any, path: str, keys: list[str | int], duplicates: set[str],
           errors: list[str]) -> None:
     if isinstance(node, dict):
         if shape.fields is None and shape.values is None:
             return
         unknown: list[str] = []
+        nulls: list[str] = []
         for key, child in node.items():
             child_path = _join(path, key)
             if duplicates and child_path in duplicates:
@@ -246,17 +312,35 @@ def _walk(shape: Shape, node: Any, path: str, duplicates: set[str],
                     unknown.append(key)
                     errors.append(f'unknown field "{child_path}"')
                     continue
+                if child is None:
+                    nulls.append(key)
+                    continue
             else:
                 assert shape.values is not None
                 sub = shape.values
+                if child is None:
+                    node[key] = child = _zero(sub)
+                    if child is None:
+                        continue
+            child_keys = [*keys, key]
+            _check_type(sub, child, child_keys)
             if isinstance(child, dict | list):
-                _walk(sub, child, child_path, duplicates, errors)
+                _walk(sub, child, child_path, child_keys, duplicates, errors)
         for key in unknown:
             del node[key]
+        for key in nulls:
+            del node[key]
     elif isinstance(node, list) and shape.items is not None:
+        item = shape.items
         for index, child in enumerate(node):
+            if child is None:
+                node[index] = child = _zero(item)
+                if child is None:
+                    continue
+            child_keys = [*keys, index]
+            _check_type(item, child, child_keys)
             if isinstance(child, dict | list):
-                _walk(shape.items, child, f"{path}[{index}]", duplicates, errors)
+                _walk(item, child, f"{path}[{index}]", child_keys, duplicates, errors)
 
 
 def apply_unknown(shape: Shape, config: Any) -> list[str]:
@@ -379,6 +463,7 @@ def go_value(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["DIRECTIVES", "IGNORE", "STRICT", "WARN", "Shape", "apply_unknown", "compile_shape",
-           "directive", "drop_unknown", "go_value", "json_patch_errors", "load_yaml",
-           "parse_json", "settle", "settle_apply", "settle_patch", "typed_patch_error"]
+__all__ = ["DIRECTIVES", "IGNORE", "STRICT", "WARN", "DecodeTypeError", "Shape",
+           "apply_unknown", "compile_shape", "directive", "drop_unknown", "go_value",
+           "json_patch_errors", "load_yaml", "parse_json", "settle", "settle_apply",
+           "settle_patch", "typed_patch_error"]

@@ -19,14 +19,17 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from .bodies import ClientGone, decode_object, decode_value, media_type, read_body
 from .errors import StatusError, bad_request, method_not_allowed, unauthorized
 from .faults import Faults, RequestRecord
-from .fieldvalidation import directive, parse_json
+from .fieldvalidation import directive
 from .listing import (
     WatchFilter,
     parse_list_options,
     parse_list_resource_version,
     parse_watch_resource_version,
+    query_bool,
+    query_int,
     too_large_resource_version,
     watch_list_enabled,
     watch_too_old,
@@ -43,6 +46,7 @@ from .resources import (
 )
 from .selectors import parse_field_selector_for, parse_label_selector
 from .store import Watcher, WatchExpired
+from .values import json_kind
 
 DEFAULT_WATCH_TIMEOUT_S = 1800.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -117,25 +121,19 @@ def _manager(request: web.Request) -> str:
 
 
 async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
+    # A DELETE or binding body: size limit, media type, then JSON or YAML (bodies.py).
+    raw = await read_body(request)
     if not raw:
         return None
-    try:
-        return json.loads(raw)
-    except ValueError as err:
-        raise bad_request(f"couldn't get version/kind; json parse error: {err}") from err
+    return decode_value(raw, media_type(request))
 
 
 async def _object_body(request: web.Request) -> tuple[Any, list[str]]:
     # A create or update body and the paths of its repeated keys, which the strict decoder
-    # reports (fieldvalidation.py).
-    raw = await request.read()
-    if not raw:
-        return None, []
-    try:
-        return parse_json(raw)
-    except ValueError as err:
-        raise bad_request(f"couldn't get version/kind; json parse error: {err}") from err
+    # reports (fieldvalidation.py). The media type is checked before the body is read, as
+    # k8s.io/apiserver handlers/create.go negotiates the serializer first.
+    kind = media_type(request)
+    return decode_object(await read_body(request), kind)
 
 
 # k8s.io/apiserver pkg/endpoints/filters/warning.go: past 4096 characters of warning text in
@@ -192,8 +190,8 @@ def warning_headers(messages: Iterable[str]) -> list[str]:
 
 
 def _flag(value: str | None) -> bool:
-    # The Python client sends booleans as "True"/"False"; Go clients send "true".
-    return (value or "").lower() in ("true", "1")
+    # The parameter codec's boolean: only "0" and "false" (any case) are false (listing.py).
+    return query_bool(value)
 
 
 def _query_lists(request: web.Request) -> dict[str, list[str]]:
@@ -201,13 +199,31 @@ def _query_lists(request: web.Request) -> dict[str, list[str]]:
 
 
 def _int_param(request: web.Request, name: str) -> int:
-    value = request.query.get(name, "")
-    if not value:
-        return 0
-    try:
-        return int(value)
-    except ValueError as err:
-        raise bad_request(f"invalid value for {name}: {value!r}") from err
+    return query_int(name, request.query.get(name, ""))
+
+
+def _binding_node(body: Any) -> str:
+    # The Binding body decoded as its Go type (k8s.io/api core/v1 Binding, ObjectReference):
+    # a wrong JSON type is a 400 decode error (handlers/create.go transformDecodeError), a
+    # null a zero value.
+    if body is None:
+        return ""
+    if not isinstance(body, dict):
+        raise bad_request(f"json: cannot unmarshal {json_kind(body)} into Go value of type "
+                          "v1.Binding")
+    target = body.get("target")
+    if target is None:
+        return ""
+    if not isinstance(target, dict):
+        raise bad_request(f"json: cannot unmarshal {json_kind(target)} into Go struct field "
+                          "Binding.target of type v1.ObjectReference")
+    name = target.get("name")
+    if name is None:
+        return ""
+    if not isinstance(name, str):
+        raise bad_request(f"json: cannot unmarshal {json_kind(name)} into Go struct field "
+                          "Binding.target.name of type string")
+    return name
 
 
 class Handlers:
@@ -288,6 +304,7 @@ class Handlers:
             return await self._bind(request, t)
         if method == "GET":
             if t.name:
+                await self._wait_get_resource_version(query.get("resourceVersion", ""))
                 return json_response(api.get(t.rt, t.namespace, t.name))
             if _flag(query.get("watch")):
                 return await self._watch(request, t)
@@ -329,7 +346,7 @@ class Handlers:
                                 force_given="force" in query,
                                 apply=content_type == APPLY_PATCH)
             field_validation = directive(query.get("fieldValidation"), "Patch")
-            raw = await request.read()
+            raw = await read_body(request)
             with self._warnings(request):
                 obj, created = api.patch(
                     t.rt, t.namespace, t.name, content_type, raw,
@@ -402,6 +419,26 @@ class Handlers:
         return json_response({"kind": f"{t.rt.kind}List", "apiVersion": t.rt.api_version,
                               "metadata": meta, "items": result.items})
 
+    async def _wait_get_resource_version(self, value: str) -> None:
+        # k8s.io/apiserver pkg/storage/cacher/delegator.go CacheDelegator.Get: a GET with a
+        # resourceVersion is served by the watch cache, which first parses it
+        # (api_object_versioner.go ParseResourceVersion: a storage InvalidError, which
+        # registry/generic/registry/store.go Get passes on unchanged and
+        # handlers/responsewriters/status.go ErrorToAPIStatus answers as a 500 without a
+        # reason), then waits until it is fresh enough (watch_cache.go WaitUntilFreshAndGet,
+        # 504 ResourceVersionTooLarge after the wait, as a list).
+        if value in ("", "0"):
+            return
+        if not (value.isascii() and value.isdigit()) or int(value) >= 2**64:
+            shown = json.dumps(value)
+            problem = "value out of range" if value.isascii() and value.isdigit() \
+                else "invalid syntax"
+            raise StatusError(500, "", f"resourceVersion: Invalid value: {shown}: "
+                                       f"strconv.ParseUint: parsing {shown}: {problem}")
+        requested = int(value)
+        if requested > self.state.api.store.rv and not await self._wait_fresh(requested):
+            raise too_large_resource_version(requested, self.state.api.store.rv)
+
     async def _wait_fresh(self, rv: int) -> bool:
         """Wait up to the configured time for the store to reach ``rv``; True when it did
         (k8s.io/apiserver pkg/storage/cacher/watch_cache.go waitUntilFreshLocked)."""
@@ -429,8 +466,7 @@ class Handlers:
                               "status": "Success"})
 
     async def _bind(self, request: web.Request, t: Target) -> web.StreamResponse:
-        body = await _json_body(request)
-        node = ((body or {}).get("target") or {}).get("name") if isinstance(body, dict) else ""
+        node = _binding_node(await _json_body(request))
         if not node:
             raise StatusError(422, "Invalid", "Binding target.name: Required value")
         api = self.state.api
@@ -567,6 +603,19 @@ class Handlers:
         await response.write(json.dumps(line).encode() + b"\n")
 
 
+PUBLIC_INFO_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/version", "/version/"})
+
+
+def _bearer_token(header: str) -> str | None:
+    # k8s.io/apiserver pkg/authentication/request/bearertoken/bearertoken.go
+    # AuthenticateRequest: the scheme is compared case-insensitively, the token is the second
+    # space-separated part; anything else carries no bearer token.
+    parts = header.strip().split(" ", 2)
+    if len(parts) < 2 or parts[0].lower() != "bearer" or not parts[1]:
+        return None
+    return parts[1]
+
+
 def make_middleware(state: ServerState) -> Any:
     """Authentication, latency, injected faults, error mapping and the request log."""
 
@@ -606,6 +655,9 @@ def make_middleware(state: ServerState) -> Any:
             return response
         except StatusError as err:
             return status_response(err)
+        except ClientGone:
+            # The client went away mid-body: no answer reaches it, and nothing is logged.
+            return web.Response(status=400)
         except web.HTTPException as err:
             if err.status == 404:
                 return status_response(StatusError(
@@ -622,10 +674,12 @@ def make_middleware(state: ServerState) -> Any:
         # token nobody issued is refused with 401, as kube-apiserver's bearer token
         # authenticator refuses it (k8s.io/apiserver pkg/authentication/request/bearertoken:
         # an unrecognised token is an error, never anonymous access).
-        header = request.headers.get("Authorization", "")
-        bearer = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+        bearer = _bearer_token(request.headers.get("Authorization", ""))
         if bearer is None:
-            if state.token is not None:
+            # Anonymous requests may read the public info paths (the
+            # system:public-info-viewer ClusterRole bound to system:unauthenticated,
+            # k8s.io/kubernetes plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go).
+            if state.token is not None and path not in PUBLIC_INFO_PATHS:
                 raise unauthorized()
             return
         if state.token is not None and bearer == state.token:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -132,9 +133,6 @@ INCONSISTENT_CONTINUE = (
     "results in an inconsistent list - objects that were created, modified, or deleted "
     "between the time the first chunk was returned and now may show up in the list.")
 
-_TRUE = ("1", "t", "T", "TRUE", "true", "True")
-_FALSE = ("0", "f", "F", "FALSE", "false", "False")
-
 
 @dataclass(frozen=True)
 class ListOptions:
@@ -157,13 +155,35 @@ def watch_list_enabled(cluster: Cluster) -> bool:
     return cluster.enabled("WatchList") or cluster.minor == 32 or cluster.minor >= 34
 
 
-def _parse_bool(name: str, value: str) -> bool:
-    # strconv.ParseBool, which the query parameter conversion uses.
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
+def query_bool(value: str | None) -> bool:
+    """A boolean query parameter as the parameter codec converts it: absent is false, "0"
+    and any casing of "false" are false, every other value (even "" and "x") is true
+    (k8s.io/apimachinery pkg/runtime/conversion.go Convert_Slice_string_To_bool)."""
+    if value is None:
         return False
-    raise bad_request(f'strconv.ParseBool: parsing "{value}": invalid syntax for {name}')
+    return not (value == "0" or value.lower() == "false")
+
+
+_GO_INT_RE = re.compile(r"[+-]?[0-9]+")
+_INT64_MAX = 2**63 - 1
+
+
+def query_int(name: str, value: str) -> int:
+    """An int64 query parameter (strconv.ParseInt base 10, k8s.io/apimachinery
+    pkg/runtime/conversion.go Convert_Slice_string_To_int64); "" is 0.
+
+    Raises StatusError 400 for text that is no decimal integer or is out of the int64 range
+    (k8s.io/apiserver handlers/get.go: a DecodeParameters error is a BadRequest).
+    """
+    if not value:
+        return 0
+    if not value.isascii() or not _GO_INT_RE.fullmatch(value):
+        raise bad_request(f'strconv.ParseInt: parsing "{value}": invalid syntax for {name}')
+    number = int(value)
+    if not -_INT64_MAX - 1 <= number <= _INT64_MAX:
+        raise bad_request(f'strconv.ParseInt: parsing "{value}": value out of range for '
+                          f'{name}')
+    return number
 
 
 def parse_list_options(query: Mapping[str, str], *, watch_list: bool) -> ListOptions:
@@ -175,17 +195,11 @@ def parse_list_options(query: Mapping[str, str], *, watch_list: bool) -> ListOpt
     Raises StatusError 400 for an unparsable value, 422 Invalid (ListOptions.meta.k8s.io) for
     a forbidden combination (:func:`list_option_causes`).
     """
-    watch_value = query.get("watch", "")
-    watch = _parse_bool("watch", watch_value) if watch_value else False
+    watch = query_bool(query.get("watch"))
     initial_value = query.get("sendInitialEvents")
-    send_initial = (_parse_bool("sendInitialEvents", initial_value)
-                    if initial_value is not None else None)
-    limit_value = query.get("limit", "")
-    try:
-        limit = int(limit_value) if limit_value else 0
-    except ValueError as err:
-        raise bad_request(f'strconv.ParseInt: parsing "{limit_value}": invalid syntax for '
-                          f'limit') from err
+    send_initial = query_bool(initial_value) if initial_value is not None else None
+    limit = query_int("limit", query.get("limit", ""))
+    query_int("timeoutSeconds", query.get("timeoutSeconds", ""))
     opts = ListOptions(watch, query.get("resourceVersion", ""),
                        query.get("resourceVersionMatch", ""), send_initial,
                        query.get("continue", ""), limit)

@@ -14,7 +14,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import Cause, bad_request, invalid
+from .errors import Cause, StatusError, bad_request, invalid
+from .values import ValueDecodeError, check_int, json_kind
 
 META_GROUP = "meta.k8s.io"
 DRY_RUN_ALL = "All"
@@ -89,13 +90,96 @@ def _query_options(query: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     return options
 
 
+# The scheme that decodes DeleteOptions bodies (k8s.io/apimachinery
+# pkg/apis/meta/internalversion/scheme/register.go), named in its not-registered errors.
+META_SCHEME = "k8s.io/apimachinery/pkg/apis/meta/internalversion/scheme/register.go:27"
+DEFAULT_DELETE_GROUP_VERSION = "meta.k8s.io/v1"
+
+# The DeleteOptions fields and their Go types (k8s.io/apimachinery pkg/apis/meta/v1/types.go
+# DeleteOptions, Preconditions).
+_DELETE_FIELDS: dict[str, str] = {
+    "gracePeriodSeconds": "int64",
+    "preconditions": "v1.Preconditions",
+    "orphanDependents": "bool",
+    "propagationPolicy": "v1.DeletionPropagation",
+    "dryRun": "[]string",
+    "ignoreStoreReadErrorWithClusterBreakingPotential": "bool",
+    "kind": "string",
+    "apiVersion": "string",
+}
+_PRECONDITION_FIELDS = {"uid": "types.UID", "resourceVersion": "string"}
+
+
+def _type_error(value: Any, path: str, go_type: str) -> StatusError:
+    return bad_request(f"json: cannot unmarshal {json_kind(value)} into Go struct field "
+                       f"DeleteOptions.{path} of type {go_type}")
+
+
+def _decode_delete_body(body: dict[str, Any]) -> dict[str, Any]:
+    # k8s.io/apiserver pkg/endpoints/handlers/delete.go DeleteResource: the body is decoded
+    # with the meta internal scheme, every error a 400 BadRequest. DeleteOptions is an
+    # unversioned type there (k8s.io/apimachinery pkg/apis/meta/internalversion/register.go
+    # AddUnversionedTypes), so any apiVersion decodes it; another kind is not registered
+    # (k8s.io/apimachinery pkg/runtime/error.go notRegisteredErr), a missing apiVersion and
+    # kind default to meta.k8s.io/v1 DeleteOptions (pkg/runtime/serializer/json/json.go
+    # gvkWithDefaults). Field types follow encoding/json (sigs.k8s.io/json); a null leaves a
+    # field at its zero value, so it is dropped here.
+    for key in ("apiVersion", "kind"):
+        value = body.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _type_error(value, key, "string")
+    api_version = body.get("apiVersion") or ""
+    kind = body.get("kind") or "DeleteOptions"
+    if kind != "DeleteOptions":
+        shown = api_version or DEFAULT_DELETE_GROUP_VERSION
+        raise bad_request(f'no kind "{kind}" is registered for version "{shown}" in scheme '
+                          f'"{META_SCHEME}"')
+    options: dict[str, Any] = {}
+    for key, value in body.items():
+        go_type = _DELETE_FIELDS.get(key)
+        if go_type is None or value is None:
+            continue  # unknown fields are dropped by the non-strict decoder
+        if go_type == "int64":
+            try:
+                check_int(value, 64, "DeleteOptions", key)
+            except ValueDecodeError as err:
+                raise bad_request(str(err)) from err
+        elif go_type == "bool":
+            if not isinstance(value, bool):
+                raise _type_error(value, key, "bool")
+        elif go_type == "[]string":
+            if not isinstance(value, list):
+                raise _type_error(value, key, "[]string")
+            for item in value:
+                if item is not None and not isinstance(item, str):
+                    raise _type_error(item, key, "string")
+            value = ["" if item is None else item for item in value]
+        elif go_type == "v1.Preconditions":
+            if not isinstance(value, dict):
+                raise _type_error(value, key, go_type)
+            kept: dict[str, Any] = {}
+            for name, item in value.items():
+                item_type = _PRECONDITION_FIELDS.get(name)
+                if item_type is None or item is None:
+                    continue
+                if not isinstance(item, str):
+                    raise _type_error(item, f"preconditions.{name}", item_type)
+                kept[name] = item
+            value = kept
+        elif not isinstance(value, str):
+            raise _type_error(value, key, go_type)
+        options[key] = value
+    return options
+
+
 def delete_options(body: Any, query: Mapping[str, Sequence[str]]) -> tuple[dict[str, Any], bool]:
     """The DeleteOptions of a DELETE and whether it is a dry run. ``query``: the request's
     query parameters, each a list of values.
 
     A body wins over the query, as in k8s.io/apiserver handlers/delete.go (query parameters
-    are decoded only without a body). Raises StatusError 400 for a body that is not an
-    object or a bad gracePeriodSeconds, 422 Invalid on ``DeleteOptions.meta.k8s.io ""`` for
+    are decoded only without a body). Raises StatusError 400 for a body that does not decode
+    as DeleteOptions (not an object, another kind, a field of the wrong JSON type) or a bad
+    gracePeriodSeconds, 422 Invalid on ``DeleteOptions.meta.k8s.io ""`` for
     both orphanDependents and propagationPolicy, an unknown propagationPolicy or dryRun value
     (ValidateDeleteOptions).
     """
@@ -103,11 +187,14 @@ def delete_options(body: Any, query: Mapping[str, Sequence[str]]) -> tuple[dict[
         options = _query_options(query)
         dry_run = list(query.get("dryRun") or [])
     elif isinstance(body, dict):
-        options = body
-        raw = body.get("dryRun") or []
-        dry_run = [str(v) for v in raw] if isinstance(raw, list) else [str(raw)]
+        options = _decode_delete_body(body)
+        dry_run = list(options.get("dryRun") or [])
     else:
-        raise bad_request("DeleteOptions must be a JSON object")
+        # encoding/json into a struct: anything but an object is a type error.
+        raise bad_request(f"couldn't get version/kind; json parse error: json: cannot "
+                          f"unmarshal {json_kind(body)} into Go value of type "
+                          "struct { APIVersion string \"json:\\\"apiVersion,omitempty\\\"\"; "
+                          "Kind string \"json:\\\"kind,omitempty\\\"\" }")
     causes: list[Cause] = []
     policy = options.get("propagationPolicy")
     if options.get("orphanDependents") is not None and policy is not None:

@@ -7,12 +7,14 @@ for labels; ``path=v``, ``path==v``, ``path!=v`` for fields.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import bad_request
+from .names import label_value, qualified_name
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,46 @@ class Requirement:
             return not present
         if self.op in ("=", "in"):
             return present and labels[self.key] in self.values
+        if self.op in (">", "<"):
+            # Gt/Lt: the label must hold an integer (labels.Requirement.Matches).
+            if not present:
+                return False
+            try:
+                have = int(labels[self.key])
+            except ValueError:
+                return False
+            want = int(next(iter(self.values)))
+            return have > want if self.op == ">" else have < want
         # != and notin match objects without the label, as in labels.Requirement.Matches.
         return not present or labels[self.key] not in self.values
 
 
-_SET_RE = re.compile(r"^\s*([^\s!=(),]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
-_EQ_RE = re.compile(r"^\s*([^\s!=(),]+)\s*(==|=|!=)\s*([^\s!=(),]*)\s*$")
-_EXISTS_RE = re.compile(r"^\s*(!?)\s*([^\s!=(),]+)\s*$")
+_SET_RE = re.compile(r"^\s*([^\s!=(),<>]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+_EQ_RE = re.compile(r"^\s*([^\s!=(),<>]+)\s*(==|=|!=|>|<)\s*([^\s!=(),<>]*)\s*$")
+_EXISTS_RE = re.compile(r"^\s*(!?)\s*([^\s!=(),<>]+)\s*$")
+_GO_INT_RE = re.compile(r"[+-]?[0-9]+")
+
+
+def _requirement_errors(key: str, op: str, values: list[str]) -> list[str]:
+    # k8s.io/apimachinery pkg/labels/selector.go NewRequirement: the key is a qualified name
+    # (validateLabelKey), Gt/Lt take one integer, every value is a label value
+    # (validateLabelValue); the errors are aggregated ([a, b] for more than one).
+    errors: list[str] = []
+    key_errors = qualified_name(key)
+    if key_errors:
+        errors.append(f"key: Invalid value: {json.dumps(key)}: {'; '.join(key_errors)}")
+    if op in (">", "<"):
+        for index, value in enumerate(values):
+            if not (value.isascii() and _GO_INT_RE.fullmatch(value)
+                    and -2**63 <= int(value) < 2**63):
+                errors.append(f"values[{index}]: Invalid value: {json.dumps(value)}: for "
+                              "'Gt', 'Lt' operators, the value must be an integer")
+    for index, value in enumerate(values):
+        value_errors = label_value(value)
+        if value_errors:
+            errors.append(f"values[{index}][{key}]: Invalid value: {json.dumps(value)}: "
+                          f"{'; '.join(value_errors)}")
+    return errors
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -71,15 +106,22 @@ def parse_label_selector(text: str) -> list[Requirement]:
     out: list[Requirement] = []
     for part in _split_top_level(text):
         if m := _SET_RE.match(part):
-            values = frozenset(v.strip() for v in m.group(3).split(",") if v.strip())
-            out.append(Requirement(m.group(1), m.group(2), values))
+            listed = [v.strip() for v in m.group(3).split(",") if v.strip()]
+            requirement = Requirement(m.group(1), m.group(2), frozenset(listed))
         elif m := _EQ_RE.match(part):
-            op = "=" if m.group(2) in ("=", "==") else "!="
-            out.append(Requirement(m.group(1), op, frozenset({m.group(3)})))
+            op = "=" if m.group(2) in ("=", "==") else m.group(2)
+            listed = [m.group(3)]
+            requirement = Requirement(m.group(1), op, frozenset(listed))
         elif m := _EXISTS_RE.match(part):
-            out.append(Requirement(m.group(2), "!exists" if m.group(1) else "exists"))
+            listed = []
+            requirement = Requirement(m.group(2), "!exists" if m.group(1) else "exists")
         else:
             raise bad_request(f"unable to parse requirement: invalid label selector: {part!r}")
+        errors = _requirement_errors(requirement.key, requirement.op, listed)
+        if errors:
+            joined = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+            raise bad_request(f"unable to parse requirement: {joined}")
+        out.append(requirement)
     return out
 
 

@@ -24,7 +24,7 @@ import referencing.jsonschema
 
 from . import names
 from .errors import Cause, StatusError, bad_request, invalid
-from .fieldvalidation import Shape, apply_unknown, compile_shape, drop_unknown
+from .fieldvalidation import DecodeTypeError, Shape, apply_unknown, compile_shape, drop_unknown
 from .resources import ResourceType
 
 _ALPHA_SCHEMA_VERSION = "1.31"
@@ -109,8 +109,18 @@ class SchemaValidator:
                      duplicates: Sequence[str] = ()) -> list[str]:
         """Remove the fields of ``obj`` the Go type of ``rt`` does not have, in place, and
         return the strict decoding errors (``unknown field "spec.foo"``, ``duplicate field
-        "..."`` for ``duplicates`` paths), as fieldvalidation.drop_unknown does."""
-        return drop_unknown(self.shape(rt), obj, duplicates)
+        "..."`` for ``duplicates`` paths), as fieldvalidation.drop_unknown does; nulls become
+        Go's zero values there. Raises StatusError 400 for a value of the wrong JSON type, in
+        the words of :meth:`check` (k8s.io/apiserver handlers/rest.go transformDecodeError).
+        """
+        try:
+            return drop_unknown(self.shape(rt), obj, duplicates)
+        except DecodeTypeError as err:
+            raise bad_request(
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                f"json: cannot unmarshal {_json_type(err.value)} into Go struct field "
+                f"{rt.kind}.{_dotted(err.path)} of type {_schema_type(sorted(err.expected))}"
+            ) from err
 
     def apply_unknown(self, rt: ResourceType, config: dict[str, Any]) -> list[str]:
         """Undeclared fields of an apply configuration, in structured-merge-diff's words

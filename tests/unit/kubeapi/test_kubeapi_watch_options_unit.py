@@ -146,11 +146,16 @@ def test_watch_list_gate_follows_the_release(minor: int, enabled: bool) -> None:
     assert watch_list_enabled(Cluster(minor, frozenset())) is enabled
 
 
-def test_unparsable_booleans_and_limits_are_400() -> None:
-    for query in ({"sendInitialEvents": "yes"}, {"limit": "ten"}, {"watch": "maybe"}):
-        with pytest.raises(StatusError) as caught:
-            parse_list_options(query, watch_list=True)
-        assert caught.value.code == 400
+def test_unparsable_limits_are_400_and_booleans_other_than_false_are_true() -> None:
+    # k8s.io/apimachinery pkg/runtime/conversion.go: ParseInt for limit; for booleans only
+    # "0" and "false" are false.
+    with pytest.raises(StatusError) as caught:
+        parse_list_options({"limit": "ten"}, watch_list=True)
+    assert caught.value.code == 400
+    assert parse_list_options({"watch": "maybe"}, watch_list=True).watch is True
+    assert parse_list_options({"watch": "maybe", "sendInitialEvents": "yes",
+                               "resourceVersionMatch": "NotOlderThan"},
+                              watch_list=True).send_initial_events is True
 
 
 def test_resource_version_with_continue_is_400_but_zero_is_allowed() -> None:
