@@ -97,7 +97,9 @@ class KubeEmulator:
         self._port = int(runner.addresses[0][1])
         self._host = host
         self._runner = runner
-        self.url = f"http://{host}:{self._port}"
+        # An IPv6 literal is bracketed in a URL (RFC 3986 section 3.2.2).
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self._port}"
         return self.url
 
     async def stop(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -390,3 +391,19 @@ async def test_a_client_leaving_mid_body_logs_no_error(
     assert [r.method for r in emulator.requests] == ["POST"]
     assert not [r for r in caplog.records if r.levelno >= 40]
     del reader
+
+
+async def test_an_ipv6_host_is_bracketed_in_the_url() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    emulator = KubeEmulator()
+    try:
+        url = await emulator.start("::1")
+    except OSError:
+        pytest.skip("::1 is not configured here")
+    try:
+        assert url.startswith("http://[::1]:")
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/version") as response:
+            assert response.status == 200
+    finally:
+        await emulator.stop()
