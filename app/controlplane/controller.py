@@ -510,6 +510,11 @@ class ControlPlaneController:
 
     # ------------------------------------------------------------------ gather
     async def _snapshot(self, exclude_uids: set[str]) -> _Snapshot:
+        # The awaits come first: an event handled while one waits may reset any cache
+        # (a slice event sets _pools to None), so from here on nothing awaits and the caches
+        # are built and read as one consistent snapshot.
+        hosts = await self._host_map()
+        await self._refresh_held()
         driver = self.settings.driver_name
         if self._pools is None:
             self._reachable = None
@@ -527,8 +532,6 @@ class ControlPlaneController:
                     selectors[parsed.name] = suitable
             self._class_cache = (classes, selectors)
             self.answers.clear()
-        hosts = await self._host_map()
-        await self._refresh_held()
         in_use = self.in_use.view(exclude_uids)
         if self._nodes is None:
             self._nodes = {n.name: n for n in map(node_from_json, self.nodes.objects())}

@@ -546,3 +546,22 @@ async def test_the_allocation_is_written_with_strict_field_validation(harness: H
                      if r.method == "PUT"]
     assert status_writes
     assert all("fieldValidation=Strict" in r.query for r in status_writes)
+
+
+async def test_a_slice_event_while_the_snapshot_waits_does_not_break_it(
+    harness: Harness,
+) -> None:
+    # A slice event resets the cached pools; one that lands while the snapshot awaits the
+    # journal used to leave it iterating None ("'NoneType' object is not iterable").
+    controller = harness.controller()
+    async with running(controller):
+        refresh = controller._refresh_held
+
+        async def refresh_with_a_slice_event() -> None:
+            await refresh()
+            await controller._on_slice("MODIFIED", {}, None)
+
+        controller._refresh_held = refresh_with_a_slice_event  # type: ignore[method-assign]
+        snapshot = await controller._snapshot(set())
+        assert snapshot.pools, "the snapshot holds the published pools"
+        assert all(isinstance(p, tuple) for p in snapshot.reachable.values())
