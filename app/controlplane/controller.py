@@ -610,7 +610,8 @@ class ControlPlaneController:
             return False
         spec = context.get("spec") or {}
         selected = str(spec.get("selectedNode") or "")
-        potential = [str(n) for n in spec.get("potentialNodes") or []]
+        potential = cp.answer_nodes([str(n) for n in spec.get("potentialNodes") or []],
+                                    selected)
         uids = {str(c["metadata"]["uid"]) for _, c in pending}
         async with contextlib.AsyncExitStack() as stack:
             if selected:

@@ -424,6 +424,20 @@ def in_use_by_pool(in_use: Iterable[DeviceId]) -> dict[str, frozenset[DeviceId]]
     return {pool: frozenset(ids) for pool, ids in grouped.items()}
 
 
+def answer_nodes(potential: Sequence[str], selected: str) -> list[str]:
+    """The nodes a PodSchedulingContext's answer covers: ``potentialNodes``, and the
+    ``selectedNode`` first when it is not among them, at most :data:`MAX_NODES`.
+
+    The scheduler may select a node it did not list (it lists at most 128 of many). If that
+    node cannot serve the claims and the answer never names it, the scheduler waits for an
+    answer about it forever; naming it as unsuitable lets it choose again.
+    """
+    nodes = list(potential)
+    if selected and selected not in nodes:
+        nodes.insert(0, selected)
+    return nodes[:MAX_NODES]
+
+
 def unsuitable_nodes(
     allocator: Allocator,
     pending: Sequence[Pending],
@@ -548,6 +562,7 @@ __all__ = [
     "add_finalizer_patch",
     "allocated_status",
     "allocation_of",
+    "answer_nodes",
     "being_deleted",
     "chosen_devices",
     "claim_devices",

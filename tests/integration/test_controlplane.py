@@ -565,3 +565,17 @@ async def test_a_slice_event_while_the_snapshot_waits_does_not_break_it(
         snapshot = await controller._snapshot(set())
         assert snapshot.pools, "the snapshot holds the published pools"
         assert all(isinstance(p, tuple) for p in snapshot.reachable.values())
+
+
+async def test_a_selected_node_outside_the_potential_nodes_is_answered(harness: Harness) -> None:
+    # The scheduler selected a node it did not list. It cannot serve the claim (no fabric
+    # host), so the answer must name it as unsuitable, or the scheduler waits forever.
+    harness.create_claim("c1")
+    pod = harness.create_pod("p1", "c1")
+    context = harness.create_context(pod, NODES[:1])
+    context["spec"]["selectedNode"] = NO_HOST
+    harness.emu.update(context)
+    async with running(harness.controller()):
+        await eventually(lambda: harness.answers("p1") == {"gpu": [NO_HOST]},
+                         what="the selected node answered as unsuitable")
+        assert harness.allocated_device("c1") is None

@@ -338,3 +338,17 @@ def _allocated(uid: str, devices: frozenset[tuple[str, str]]) -> dict[str, Any]:
     return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": [
         {"request": "r", "driver": DRIVER, "pool": p, "device": d} for p, d in sorted(devices)
     ]}}}}
+
+
+@given(st.lists(st.sampled_from([f"n{i}" for i in range(200)]), unique=True, max_size=140),
+       st.sampled_from(["", "n0", "n150", "other"]))
+def test_the_answer_covers_the_selected_node_even_when_it_is_not_a_potential_node(
+        potential: list[str], selected: str) -> None:
+    nodes = cp.answer_nodes(potential, selected)
+    assert len(nodes) <= cp.MAX_NODES and len(set(nodes)) == len(nodes)
+    if selected:
+        assert selected in nodes
+    if not selected or selected in potential:
+        assert nodes == potential[: cp.MAX_NODES]
+    else:
+        assert nodes == [selected, *potential][: cp.MAX_NODES]
