@@ -361,6 +361,29 @@ class ClaimReconciler:
         self.recent_errors.append(ClaimError(self.clock(), self._name(uid), message))
         self._retry_reason[uid] = message
 
+    async def _still_there(self, uid: str, reservation: ReservationView) -> JsonDict | None:
+        """The claim of ``reservation`` read from the API server when it still exists with
+        ``uid`` (v1 shape), else None (404, or a new claim under the same name).
+
+        Raises:
+            KubeError: the read failed (retried with backoff: nothing is released meanwhile).
+        """
+        ref = reservation.claim
+        try:
+            raw = await call_json(
+                self._resources.read_namespaced_resource_claim(
+                    ref.name, ref.namespace, _preload_content=False),
+                f"read ResourceClaim {ref}")
+        except KubeNotFound:
+            return None
+        claim = claim_from_wire(raw, self.version, owned=True)
+        if (claim.get("metadata") or {}).get("uid") != uid:
+            return None
+        log.info("claim %s: the watch reported it deleted, but it exists: nothing released",
+                 ref)
+        self._by_uid[uid] = (ref.namespace, ref.name)
+        return claim
+
     # ------------------------------------------------------------------ reconcile
     async def reconcile(self, uid: str) -> bool:
         """Reconcile one claim. Returns True when it must be looked at again later.
@@ -373,6 +396,11 @@ class ClaimReconciler:
         if claim is None and not reservations:
             self._waiting.pop(uid, None)
             return False
+        if claim is None:
+            # The cache says gone and devices are held: confirm with the API server before
+            # releasing anything, since a replayed or out-of-order DELETED must not detach
+            # the devices of a claim that still exists.
+            claim = await self._still_there(uid, reservations[0])
         wants, configs = await self._wants(claim)
         plan = plan_claim(wants, reservations)
         requeue = plan.requeue

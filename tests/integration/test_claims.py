@@ -607,3 +607,30 @@ async def test_claim_status_is_written_with_strict_field_validation(harness: Har
                      if r.method == "PUT"]
     assert status_writes
     assert all("fieldValidation=Strict" in r.query for r in status_writes)
+
+
+async def test_a_deleted_event_for_a_claim_that_exists_detaches_nothing(
+        harness: Harness) -> None:
+    # A replayed or out-of-order DELETED: the cache says the claim is gone, the API server
+    # still has it. The devices stay attached until the server confirms the deletion.
+    device = harness.device_names()[0]
+    harness.create_claim("c1")
+    async with running(harness.reconciler()) as reconciler:
+        harness.allocate("c1", [("gpu", device)], NODES[0])
+        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
+                         what="binding condition True")
+        claim = harness.claim("c1")
+        uid = claim["metadata"]["uid"]
+        cached = reconciler.claim_by_uid
+        reconciler.claim_by_uid = lambda u: None if u == uid else cached(u)  # type: ignore
+        await reconciler._on_claim("DELETED", claim, None)
+        await asyncio.sleep(0.5)
+        assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
+        (held,) = await reconciler.journal.for_claim(uid)
+        assert held.state == ATTACHED
+        assert ("detach", harness.block_of(device), NODES[0]) not in harness.sim.history
+
+        # Once the server confirms it (404), the devices are released.
+        harness.emu.delete(CLAIMS, "ResourceClaim", "c1", "default")
+        await eventually(lambda: _no_reservations(reconciler, uid), what="released")
+        assert harness.sim.attachments()[harness.block_of(device)] is None
