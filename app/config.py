@@ -273,6 +273,16 @@ class InventorySettings(_Section):
     )
 
 
+class PublishingSettings(_Section):
+    """How the ResourceSlice publisher keeps the API server's slices right."""
+
+    resync_period_seconds: Seconds = Field(
+        default=600.0,
+        description="seconds between full resyncs (every slice listed again, every pool "
+        "checked; no write when nothing changed), > 0; upstream's 10 minutes by default",
+    )
+
+
 class PoolSettings(_Section):
     """How devices are grouped into DRA pools."""
 
@@ -534,6 +544,7 @@ class Settings(BaseSettings):
     fabric: FabricSettings = Field(default_factory=FabricSettings)
     inventory: InventorySettings = Field(default_factory=InventorySettings)
     pools: PoolSettings = Field(default_factory=PoolSettings)
+    publisher: PublishingSettings = Field(default_factory=PublishingSettings)
     node_labels: NodeLabelSettings = Field(default_factory=NodeLabelSettings)
     hosts: HostMappingSettings = Field(default_factory=HostMappingSettings)
     kube: KubeSettings = Field(default_factory=KubeSettings)

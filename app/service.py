@@ -266,7 +266,9 @@ class Service:
         versions = publisher_versions(self.version, self.control_plane_served)
         for version in versions:
             publisher = Publisher(self.kube, version, settings.driver_name,
-                                  PublisherSettings(), self.publisher_metrics)
+                                  PublisherSettings(
+                                      resync_period_s=settings.publisher.resync_period_seconds),
+                                  self.publisher_metrics)
             await publisher.start()
             leading.publishers[version] = publisher
         if leading.publishers:

@@ -296,6 +296,19 @@ class Informer:
         """
         await asyncio.wait_for(self.has_synced.wait(), timeout_s)
 
+    async def list_fresh(self) -> tuple[list[JsonDict], str]:
+        """List every object from the server now, with this informer's selectors, paging and
+        converter, without touching the cache or emitting events (for a consumer's periodic
+        check of its own view).
+
+        Returns:
+            (converted objects, the list's resourceVersion).
+
+        Raises:
+            KubeError: the list failed.
+        """
+        return await self._list_all()
+
     # ----------------------------------------------------------------- loop
     async def _supervise(self) -> None:
         while self._running:

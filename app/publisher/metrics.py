@@ -21,6 +21,10 @@ class PublisherMetrics:
     * ``dropped_fields{path}``: 1 for every field path the API server dropped from our writes.
     * ``queue_depth``: pools waiting for a sync (ready, delayed or in progress).
     * ``pools``: pools in the desired state.
+    * ``resyncs{result}``: full resyncs (a LIST of our slices, every pool synced) by result
+      (``ok``, ``failed``).
+    * ``resync_corrections``: slices a resync found wrong in the publisher's view (missing,
+      outdated, or gone from the API server: a lost watch event).
     """
 
     api_writes: Counter
@@ -29,6 +33,8 @@ class PublisherMetrics:
     dropped_fields: Gauge
     queue_depth: Gauge
     pools: Gauge
+    resyncs: Counter
+    resync_corrections: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PublisherMetrics:
@@ -59,6 +65,15 @@ class PublisherMetrics:
             ),
             pools=Gauge(
                 "publisher_pools", "Pools in the desired state.",
+                namespace=NAMESPACE, registry=registry,
+            ),
+            resyncs=Counter(
+                "publisher_resyncs", "Full resyncs of the ResourceSlices by result.",
+                ["result"], namespace=NAMESPACE, registry=registry,
+            ),
+            resync_corrections=Counter(
+                "publisher_resync_corrections",
+                "ResourceSlices a full resync found wrong in the publisher's view.",
                 namespace=NAMESPACE, registry=registry,
             ),
         )

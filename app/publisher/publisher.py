@@ -23,6 +23,13 @@ cache), so the watch echo of a write is recognised by its resourceVersion and ne
 the pool nor makes a later sync work from a stale copy. resourceVersions are compared as
 integers, as client-go's ``IntegerResourceVersionMutationCache`` does.
 
+A DELETED seen by the watch cannot be hidden by a write's answer handled after it (the watch
+may deliver ADDED and DELETED before the create's answer arrives): the resourceVersion each name
+was seen deleted at is remembered, and an answer not newer than it is not stored; the pool is
+synced again, so the slice is recreated. Every ``resync_period_s`` the slices are listed from
+the API server again (not from the cache), the view is corrected where it differs (an event the
+watch lost), and every pool is synced; a pool already in sync costs no write.
+
 Fields the API server drops (a feature gate off) are detected by comparing each write with the
 object that came back; see :meth:`Publisher.status` and the ``*_dropped`` properties.
 """
@@ -96,6 +103,10 @@ class PublisherSettings:
         conflict_retries: re-reads and re-plans within one sync after a 409, before the pool
             is requeued with backoff (>= 0).
         request_timeout_s: client timeout of each write or read, seconds (> 0).
+        resync_period_s: seconds between full resyncs (> 0): the slices are listed from the API
+            server, the local view is corrected, and every pool is synced (see
+            :meth:`Publisher.resync`). The default is upstream's 10 minutes (``resyncPeriod``
+            in k8s.io/dynamic-resource-allocation/resourceslice/resourceslicecontroller.go).
         informer: settings of the ResourceSlice informer; its ``field_selector`` is replaced by
             ``spec.driver=<driver>``. The default lists 50 slices a page: a slice holds up to
             128 devices, so a page of 500 would be some 60 MB of JSON at once.
@@ -108,6 +119,7 @@ class PublisherSettings:
     retry_max_s: float = 300.0
     conflict_retries: int = 3
     request_timeout_s: float = 30.0
+    resync_period_s: float = 600.0
     informer: InformerSettings = field(
         default_factory=lambda: InformerSettings(name="resourceslices", page_size=50)
     )
@@ -123,6 +135,8 @@ class PublisherSettings:
             raise ValueError("publisher: conflict_retries must be >= 0")
         if self.request_timeout_s <= 0:
             raise ValueError("publisher: request_timeout_s must be > 0")
+        if self.resync_period_s <= 0:
+            raise ValueError("publisher: resync_period_s must be > 0")
 
 
 @dataclass(frozen=True)
@@ -167,6 +181,9 @@ class PublisherStatus:
         dropped_paths: every field path the API server dropped from our writes.
         taints_dropped / binding_conditions_dropped: see :class:`Publisher`.
         pools: pool name -> :class:`PoolStatus`, desired pools and pools with slices.
+        resyncs: full resyncs (:meth:`Publisher.resync`) completed since start.
+        resync_corrections: slices those resyncs found wrong in the local view (missing,
+            outdated, or gone from the API server).
     """
 
     synced: bool
@@ -176,6 +193,8 @@ class PublisherStatus:
     taints_dropped: bool
     binding_conditions_dropped: bool
     pools: Mapping[str, PoolStatus]
+    resyncs: int = 0
+    resync_corrections: int = 0
 
     def to_json(self) -> JsonDict:
         """A JSON-ready dict."""
@@ -184,6 +203,7 @@ class PublisherStatus:
             "dropped_paths": list(self.dropped_paths), "taints_dropped": self.taints_dropped,
             "binding_conditions_dropped": self.binding_conditions_dropped,
             "pools": {name: pool.to_json() for name, pool in self.pools.items()},
+            "resyncs": self.resyncs, "resync_corrections": self.resync_corrections,
         }
 
 
@@ -293,6 +313,12 @@ class Publisher:
         self._view: dict[str, ExistingSlice] = {}
         self._by_pool: dict[str, set[str]] = {}
         self._tombstones: dict[str, int | None] = {}
+        # The resourceVersion each name was last seen deleted at (watch or resync), oldest
+        # first, at most _MAX_TOMBSTONES names: no answer or event at or below it is stored.
+        self._deleted_at: dict[str, int] = {}
+        self._resyncs = 0
+        self._resync_corrections = 0
+        self._resync_lock = asyncio.Lock()
         self._desired: dict[str, DesiredPool] | None = None
         self._keys_cache: dict[str, tuple[DesiredPool, frozenset[str], list[str]]] = {}
         self._accepted: dict[str, str] = {}
@@ -313,6 +339,7 @@ class Publisher:
             return
         self._informer.start()
         self._tasks.append(asyncio.create_task(self._kickoff(), name="publisher-kickoff"))
+        self._tasks.append(asyncio.create_task(self._resync_loop(), name="publisher-resync"))
         for number in range(self.settings.workers):
             self._tasks.append(
                 asyncio.create_task(self._worker(), name=f"publisher-worker-{number}")
@@ -363,9 +390,51 @@ class Publisher:
                 self._enqueue(name)
 
     def resync_all(self) -> None:
-        """Queue every pool (desired or with slices) for a full comparison."""
+        """Queue every pool (desired or with slices) for a full comparison with the local
+        view (no API read; :meth:`resync` also re-reads the slices)."""
         if self._synced and self._desired is not None:
             self._queue_all()
+
+    async def resync(self) -> int:
+        """Full resync: list our driver's slices from the API server (a LIST with the
+        informer's selector and paging, not its cache), correct the local view where it
+        differs, and queue every pool. A pool whose slices are right plans no write.
+
+        Upstream's slice controller gets its informer to replay the cache every 10 minutes
+        (``resyncPeriod``, k8s.io/dynamic-resource-allocation/resourceslice/
+        resourceslicecontroller.go), which queues every pool but cannot notice an event the
+        watch lost; it also re-checks a pool once its own writes expire from its mutation
+        cache (``defaultMutationCacheTTL``), since a slice may be deleted without the informer
+        hearing of it. Listing covers both here. Entries written or seen after the list was
+        served (a newer resourceVersion) are kept as they are.
+
+        Returns:
+            how many slices the view had wrong: missing or outdated (stored from the list) or
+            gone from the server (dropped, their pool's slices recreated by the sync). A write
+            whose answer had not come back when the list was served counts too.
+
+        Raises:
+            RuntimeError: the informer has not synced yet.
+            KubeError: the list failed; the view is unchanged (counted as a failed resync).
+        """
+        if not self._synced:
+            raise RuntimeError("publisher: resync before the informer has synced")
+        async with self._resync_lock:
+            try:
+                listed, list_version = await self._informer.list_fresh()
+            except KubeError:
+                self._count_resync("failed")
+                raise
+            wrong = self._correct_view(listed, _int(list_version))
+            self._resyncs += 1
+            self._resync_corrections += wrong
+            self._count_resync("ok", wrong)
+            if wrong:
+                logger.warning("publisher resync: %d ResourceSlices differed from the local "
+                               "view (an event was lost?); every pool is synced", wrong)
+            if self._desired is not None:
+                self._queue_all()
+            return wrong
 
     # ----------------------------------------------------------------- output
     @property
@@ -413,6 +482,8 @@ class Publisher:
             taints_dropped=self.taints_dropped,
             binding_conditions_dropped=self.binding_conditions_dropped,
             pools=pools,
+            resyncs=self._resyncs,
+            resync_corrections=self._resync_corrections,
         )
 
     def idle(self) -> bool:
@@ -477,6 +548,72 @@ class Publisher:
                 "metadata": metadata, "spec": slim_spec}
 
     # ----------------------------------------------------------------- view and events
+    def _correct_view(self, listed: list[JsonDict], list_rv: int | None) -> int:
+        """Make the view agree with a fresh list served at ``list_rv``; returns the number of
+        slices corrected. resourceVersions that cannot be compared leave an entry alone."""
+        wrong = 0
+        fresh: dict[str, JsonDict] = {_name(obj): obj for obj in listed}
+        for name, obj in fresh.items():
+            theirs = _rv(obj)
+            if name in self._tombstones:
+                ours = self._tombstones[name]
+                if ours is None or theirs is None or theirs <= ours:
+                    continue  # our own delete, served after the list
+            deleted = self._deleted_at.get(name)
+            if deleted is not None and (theirs is None or theirs <= deleted):
+                continue  # seen deleted after the list was served
+            current = self._view.get(name)
+            if current is not None:
+                mine = _int(current.resource_version)
+                if mine is None or theirs is None or mine >= theirs:
+                    continue  # the view is as new (or newer)
+            self._store(obj)
+            wrong += 1
+        for name in [n for n in self._view if n not in fresh]:
+            mine = _int(self._view[name].resource_version)
+            if mine is None or list_rv is None or mine > list_rv:
+                continue  # written or seen after the list was served
+            self._forget(name, None, tombstone=False)
+            self._note_deleted(name, list_rv)
+            wrong += 1
+        return wrong
+
+    async def _resync_loop(self) -> None:
+        await self._informer.has_synced.wait()
+        while True:
+            await self._clock.sleep(self.settings.resync_period_s)
+            try:
+                await self.resync()
+            except KubeError as err:
+                logger.warning("publisher resync: %s; next in %.0f s", err,
+                               self.settings.resync_period_s)
+            except Exception:
+                logger.exception("publisher resync crashed; next in %.0f s",
+                                 self.settings.resync_period_s)
+
+    def _count_resync(self, result: str, corrections: int = 0) -> None:
+        if self._metrics is not None:
+            self._metrics.resyncs.labels(result).inc()
+            if corrections:
+                self._metrics.resync_corrections.inc(corrections)
+
+    def _note_deleted(self, name: str, resource_version: int | None) -> None:
+        """Remember that ``name`` was gone at ``resource_version`` (the highest one seen)."""
+        if resource_version is None:
+            return
+        known = self._deleted_at.pop(name, None)
+        if known is not None:
+            resource_version = max(known, resource_version)
+        elif len(self._deleted_at) >= _MAX_TOMBSTONES:
+            del self._deleted_at[next(iter(self._deleted_at))]
+        self._deleted_at[name] = resource_version
+
+    def _deleted_since(self, name: str, resource_version: int | None) -> bool:
+        """True when ``name`` was seen deleted at or after ``resource_version``."""
+        deleted = self._deleted_at.get(name)
+        return deleted is not None and resource_version is not None and \
+            resource_version <= deleted
+
     async def _kickoff(self) -> None:
         await self._informer.has_synced.wait()
         self._synced = True
@@ -523,6 +660,7 @@ class Publisher:
         del old
         name = _name(obj)
         if event_type == "DELETED":
+            self._note_deleted(name, _rv(obj))
             ours = name in self._tombstones
             self._tombstones.pop(name, None)
             current = self._view.get(name)
@@ -533,6 +671,8 @@ class Publisher:
             return
         if name in self._tombstones:
             return  # an event from before our delete
+        if self._deleted_since(name, _rv(obj)):
+            return  # an event from before a deletion already seen (a replay)
         current = self._view.get(name)
         if current is not None:
             mine, theirs = _int(current.resource_version), _rv(obj)
@@ -714,7 +854,16 @@ class Publisher:
             self._metrics.api_writes.labels(verb, result).inc()
 
     def _remember(self, obj: JsonDict, key: str) -> None:
-        current = self._view.get(_name(obj))
+        name = _name(obj)
+        if self._deleted_since(name, _rv(obj)):
+            # The watch delivered this write and then a DELETED before its answer was handled:
+            # storing the answer would hide the deletion and the slice would never be
+            # recreated. Sync the pool again instead.
+            logger.info("ResourceSlice %s was deleted after our write (resourceVersion %s); "
+                        "pool %r is synced again", name, _rv(obj), _pool_of(obj))
+            self._enqueue(_pool_of(obj))
+            return
+        current = self._view.get(name)
         if current is not None:
             mine, theirs = _int(current.resource_version), _rv(obj)
             if mine is not None and theirs is not None and theirs < mine:
@@ -758,5 +907,7 @@ class Publisher:
             self._forget(name, None, tombstone=True)
             return
         obj = self._from_wire(fresh)
+        if self._deleted_since(name, _rv(obj)):
+            return  # deleted after this read was served: the plan recreates it
         self._tombstones.pop(name, None)
         self._store(obj)

@@ -37,6 +37,12 @@ def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> 
     assert settings.inventory.poll_interval_seconds == 30
 
 
+def test_the_publisher_resync_period_defaults_to_upstreams_ten_minutes() -> None:
+    assert load_settings(environ={}).publisher.resync_period_seconds == 600.0
+    settings = load_settings(environ={"FABRIC_DRA_PUBLISHER__RESYNC_PERIOD_SECONDS": "120"})
+    assert settings.publisher.resync_period_seconds == 120.0
+
+
 def test_config_file_named_by_environment(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("driver_name: env-file.example.com\n")
@@ -83,6 +89,10 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
          "environment variable FABRIC_DRA_FABRICURL: no such setting"),
         ({"FABRIC_DRA_FABRIC__NOPE": "x"}, "FABRIC_DRA_FABRIC__NOPE: no such setting"),
         ({"FABRIC_DRA_LOG__LEVEL": "loud"}, "setting log.level"),
+        ({"FABRIC_DRA_PUBLISHER__RESYNC_PERIOD_SECONDS": "0"},
+         "setting publisher.resync_period_seconds (from environment "
+         "FABRIC_DRA_PUBLISHER__RESYNC_PERIOD_SECONDS): value '0': input should be greater "
+         "than 0"),
         ({"FABRIC_DRA_FABRIC__PASSWORD_FILE": "/p"}, "fabric.username_file is not"),
     ],
 )

@@ -19,12 +19,12 @@ from .cluster import (
 )
 from .cluster import git_version as full_git_version
 from .errors import StatusError, bad_request
-from .faults import Faults, RequestRecord
+from .faults import Faults, RequestRecord, ResponseHold
 from .http import ServerState, build_app, json_response
 from .operations import Api
 from .rbac import RbacPolicy
 from .resources import served_types
-from .store import Store
+from .store import EventDrop, Store
 
 
 class KubeEmulator:
@@ -193,6 +193,29 @@ class KubeEmulator:
         Raises ValueError for negative seconds or n < 1.
         """
         self._faults.delay_responses(seconds, method=method, path_regex=path_regex, n=n)
+
+    def hold_response(self, *, method: str = "*", path_regex: str = ".*") -> ResponseHold:
+        """Hold the answer of the next request whose method and path match (``re.search``),
+        after it took effect (its watch events are out), until ``release()`` is called on the
+        returned :class:`ResponseHold`; its ``reached`` event is set once the answer is held.
+        Orders a race without timing. Raises re.error for a bad pattern.
+        """
+        return self._faults.hold_response(method=method, path_regex=path_regex)
+
+    def drop_events(self, resource: str, event_type: str = "DELETED", *,
+                    name: str | None = None, n: int = 1) -> None:
+        """Keep the next ``n`` watch events of ``resource`` (a plural) of ``event_type``
+        (ADDED, MODIFIED or DELETED; of the object ``name`` when given) from every live watch,
+        as when an event is lost between the server and a client. The history keeps them, so
+        a watch started later from an older resourceVersion still gets them. Raises
+        ValueError for an unknown resource or type, or n < 1.
+        """
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        if event_type not in ("ADDED", "MODIFIED", "DELETED"):
+            raise ValueError(f"unknown event type {event_type!r}")
+        self._api.store.event_drops.append(
+            EventDrop(n, self._group_resource(resource), event_type, name))
 
     def replay_event(self, resource: str, name: str, namespace: str | None = None, *,
                      resource_version: str | None = None) -> str:

@@ -9,8 +9,9 @@ watchers; see :class:`.emulator.KubeEmulator`.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import StatusError
 
@@ -70,6 +71,23 @@ class DelayRule:
     seconds: float
 
 
+@dataclass
+class ResponseHold:
+    """The answer of one matching request, held after the request took effect until
+    :meth:`release`. ``reached`` is set once a request is being held (its watch events are
+    out), so a test can order things without timing: wait for ``reached``, act, release.
+    """
+
+    method: str
+    pattern: re.Pattern[str]
+    reached: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        """Let the held answer go (also before it was reached: it is then not held)."""
+        self.released.set()
+
+
 def injected_error(status: int, retry_after: int | None) -> StatusError:
     """The Status error for an injected failure; 429 and 5xx carry Retry-After when given
     (as kube-apiserver's max-in-flight filter does for 429).
@@ -89,6 +107,7 @@ class Faults:
     def __init__(self) -> None:
         self.rules: list[FailRule] = []
         self.delays: list[DelayRule] = []
+        self.holds: list[ResponseHold] = []
         self.latency_s = 0.0
         # How long a list or watch for a resourceVersion the store has not reached waits
         # before 504 (k8s.io/apiserver pkg/storage/cacher/watch_cache.go blockTimeout).
@@ -121,6 +140,23 @@ class Faults:
                         self.delays.remove(rule)
                 return rule.seconds
         return 0.0
+
+    def hold_response(self, *, method: str = "*", path_regex: str = ".*") -> ResponseHold:
+        """Hold the answer of the next request whose method and path (``re.search``) match,
+        after it took effect, until the returned hold is released. Raises re.error for a
+        bad pattern.
+        """
+        hold = ResponseHold(method.upper(), re.compile(path_regex))
+        self.holds.append(hold)
+        return hold
+
+    def take_hold(self, method: str, path: str) -> ResponseHold | None:
+        """The first pending hold matching this request (consumed), or None."""
+        for hold in self.holds:
+            if hold.method in ("*", method) and hold.pattern.search(path):
+                self.holds.remove(hold)
+                return hold
+        return None
 
     def fail_next(self, n: int, *, method: str = "*", path_regex: str = ".*",
                   status: int = 500, retry_after: int | None = None) -> None:

@@ -652,6 +652,10 @@ def make_middleware(state: ServerState) -> Any:
                 # The request took effect (its watch event is already out); only its
                 # answer is late, as behind a slow proxy or a client-side stall.
                 await asyncio.sleep(delay)
+            hold = state.faults.take_hold(request.method, path)
+            if hold is not None and not response.prepared:
+                hold.reached.set()
+                await hold.released.wait()
             return response
         except StatusError as err:
             return status_response(err)

@@ -53,6 +53,24 @@ class WatchExpired:
 WatchItem = StoreEvent | WatchExpired | None
 
 
+@dataclass
+class EventDrop:
+    """Keep the next ``remaining`` events of ``group_resource`` of ``event_type`` (of the
+    object ``name``, or any when None) from the live watches: they are still recorded in the
+    history, so only a watch open when they happen loses them (a lost event)."""
+
+    remaining: int
+    group_resource: GroupResource
+    event_type: str
+    name: str | None
+
+    def matches(self, event: StoreEvent) -> bool:
+        """True when ``event`` is one this rule drops."""
+        meta = event.obj.get("metadata") or {}
+        return (event.group_resource == self.group_resource and event.type == self.event_type
+                and (self.name is None or meta.get("name") == self.name))
+
+
 @dataclass(eq=False)
 class Watcher:
     """An open watch: the events routed to it and how it should end.
@@ -147,6 +165,7 @@ class Store:
         self._histories: dict[GroupResource, History] = {}
         self._sizes: dict[GroupResource, int] = {}
         self.watchers: set[Watcher] = set()
+        self.event_drops: list[EventDrop] = []
 
     def next_rv(self) -> int:
         """Allocate and return the next resourceVersion."""
@@ -247,6 +266,8 @@ class Store:
     def _publish(self, event: StoreEvent) -> None:
         ring = self.history(event.group_resource)
         ring.append(event)
+        if self._take_drop(event):
+            return
         for watcher in list(self.watchers):
             if watcher.group_resource != event.group_resource or watcher.expired:
                 continue
@@ -258,6 +279,15 @@ class Store:
                 watcher.expire()
                 continue
             watcher.queue.put_nowait(event)
+
+    def _take_drop(self, event: StoreEvent) -> bool:
+        for rule in self.event_drops:
+            if rule.matches(event):
+                rule.remaining -= 1
+                if rule.remaining <= 0:
+                    self.event_drops.remove(rule)
+                return True
+        return False
 
     def deliver(self, event: StoreEvent) -> int:
         """Queue ``event`` (usually an old one) to every live watcher of its resource, past

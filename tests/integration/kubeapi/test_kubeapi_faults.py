@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -208,3 +209,38 @@ async def test_method_not_allowed_and_bad_json_get_status_bodies(
         async with session.get(f"{emulator.url}/apis/resource.k8s.io/v1/widgets") as resp:
             assert resp.status == 404
             assert (await resp.json())["reason"] == "NotFound"
+
+
+async def test_a_held_answer_follows_its_watch_event_and_a_dropped_event_is_never_sent(
+    emulator: KubeEmulator, api_client: client.ApiClient, builders: Builders,
+) -> None:
+    api: Any = client.ResourceV1Api(api_client)
+    start = (await api.list_resource_slice()).metadata.resource_version
+    events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+
+    async def consume() -> None:
+        async with watch.Watch() as w:
+            async for event in w.stream(api.list_resource_slice, resource_version=start,
+                                        timeout_seconds=30):
+                await events.put((event["type"], event["object"].metadata.name))
+
+    watching = asyncio.create_task(consume())
+    try:
+        hold = emulator.hold_response(method="POST", path_regex="/resourceslices$")
+        creating = asyncio.create_task(api.create_resource_slice(builders["slice"]("s1")))
+        await asyncio.wait_for(hold.reached.wait(), 10)
+        assert await asyncio.wait_for(events.get(), 10) == ("ADDED", "s1")
+        assert not creating.done()
+        emulator.drop_events("resourceslices", "DELETED", name="s1")
+        emulator.delete("resource.k8s.io/v1", "ResourceSlice", "s1")
+        hold.release()
+        assert (await asyncio.wait_for(creating, 10)).metadata.name == "s1"
+        emulator.create(builders["slice"]("s2"))
+        # The DELETED of s1 was kept from the watch: the next event is s2's.
+        assert await asyncio.wait_for(events.get(), 10) == ("ADDED", "s2")
+        with pytest.raises(ValueError, match="unknown event type"):
+            emulator.drop_events("resourceslices", "GONE")
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
