@@ -10,9 +10,14 @@ Backed by cel-expr-python (the CEL C++ runtime). What a selector sees
   ``newStringInterfaceMapWithDefault``), so ``has(device.attributes["x.io"].a)`` is false and
   ``device.attributes["x.io"].a`` is a "no such key" error. The runtime's maps have no
   default, so the domains an expression indexes with a string literal
-  (``attributes["x.io"]``) are added as empty maps before it runs; a domain computed at run time
-  (``cel.bind(d, "x.io", device.attributes[d])``) that the device lacks is a "no such key" error,
-  and iterating over ``device.attributes`` shows the added empty domains.
+  (``attributes["x.io"]``) are added as empty maps before it runs, and iterating over
+  ``device.attributes`` shows those added empty domains. A domain computed at run time
+  (``device.attributes["x" + ".io"]``, ``cel.bind(d, ..., device.attributes[d])``) gets the
+  empty map too: before compiling, ``device.attributes[<expr>]`` and ``device.capacity[<expr>]``
+  with any index but a string literal are rewritten into a lookup function with that default
+  (k8s.io/dynamic-resource-allocation cel/compile.go ``mapper.Find``). Only that spelling is
+  rewritten: a computed lookup through an alias (``cel.bind(a, device.attributes, a[d])``) of a
+  missing domain is still a "no such key" error.
 * The Kubernetes quantity library (``quantity``, ``isQuantity``, ``compareTo``,
   ``isGreaterThan``, ``isLessThan``, ``asInteger``, ``asApproximateFloat``, ``isInteger``,
   ``sign``, ``add``, ``sub``) and semver library (``semver(s[, normalize])``,
@@ -60,6 +65,11 @@ _DOMAIN_LOOKUP = re.compile(
     r'(?:attributes|capacity)\s*\[\s*[rR]?(?:"(?P<a>[^"\\\n]*)"|\'(?P<b>[^\'\\\n]*)\')\s*\]'
 )
 _DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The member function that computed domain lookups become (see _rewrite_lookups).
+_LOOKUP_FUNCTION = "draDomainOrEmpty"
+# ``device.attributes[`` / ``device.capacity[`` where ``device`` is the variable itself.
+_COMPUTED_LOOKUP = re.compile(r"(?<![\w.])device\s*\.\s*(?:attributes|capacity)\s*\[")
+_QUOTES = ('"""', "'''", '"', "'")
 
 
 class CelError(Exception):
@@ -175,6 +185,9 @@ def _functions() -> list[cel.FunctionDecl]:
             _overload("quantity_is_integer", [_MAP], boolean,
                       lambda v: values.quantity_of(v).denominator == 1, member=True)]),
         cel.FunctionDecl("sign", [_overload("quantity_sign", [_MAP], integer, q_sign, True)]),
+        cel.FunctionDecl(_LOOKUP_FUNCTION, [
+            _overload("dra_domain_or_empty", [_MAP, string], _MAP,
+                      lambda domains, domain: domains.get(domain, {}), member=True)]),
         cel.FunctionDecl("add", [
             _overload("quantity_add", [_MAP, _MAP], _MAP, _quantity_op(lambda a, b: a + b), True),
             _overload("quantity_add_int", [_MAP, integer], _MAP,
@@ -186,6 +199,100 @@ def _functions() -> list[cel.FunctionDecl]:
                       _quantity_op(lambda a, b: a - b), True),
         ]),
     ]
+
+
+def _is_string_start(text: str, i: int) -> bool:
+    if text[i] in "\"'":
+        return True
+    if text[i] not in "rRbB" or (i and (text[i - 1].isalnum() or text[i - 1] == "_")):
+        return False
+    rest = text[i + 1:i + 3]
+    return bool(rest) and (rest[0] in "\"'" or (rest[0] in "rRbB" and rest[1:] in ("\"", "'")))
+
+
+def _skip_string(text: str, i: int) -> int:
+    # Just past the string (or bytes) literal that starts at ``i``, prefix included.
+    raw = False
+    while text[i] in "rRbB":
+        raw = raw or text[i] in "rR"
+        i += 1
+    quote = next(q for q in _QUOTES if text.startswith(q, i))
+    i += len(quote)
+    while i < len(text):
+        if text[i] == "\\" and not raw:
+            i += 2
+        elif text.startswith(quote, i):
+            return i + len(quote)
+        elif text[i] == "\n" and len(quote) == 1:
+            return i  # unterminated: the parser reports it
+        else:
+            i += 1
+    return len(text)
+
+
+def _skip_comment(text: str, i: int) -> int:
+    end = text.find("\n", i)
+    return len(text) if end < 0 else end
+
+
+def _closing_bracket(text: str, i: int) -> int | None:
+    # The index of the ``]`` closing the bracket opened just before ``i``, or None.
+    depth = 0
+    while i < len(text):
+        if text.startswith("//", i):
+            i = _skip_comment(text, i)
+            continue
+        if _is_string_start(text, i):
+            i = _skip_string(text, i)
+            continue
+        char = text[i]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                return i if char == "]" else None
+            depth -= 1
+        i += 1
+    return None
+
+
+def _literal_domain(index: str) -> bool:
+    # The index is a string literal that _domains picks up (its empty map is added).
+    match = _DOMAIN_LOOKUP.fullmatch(f"attributes[{index.strip()}]")
+    return match is not None and bool(_domains(match.group(0)))
+
+
+def _rewrite_lookups(expression: str) -> str:
+    """``expression`` with every ``device.attributes[<index>]`` and ``device.capacity[<index>]``
+    whose index is not a literal domain turned into ``device.attributes.draDomainOrEmpty(
+    <index>)`` (a missing domain is an empty map, as in Kubernetes). Text inside string
+    literals and comments is left alone; an optional index (``[?...]``) too. Unchanged when
+    there is nothing to rewrite or the brackets do not balance (the parser then says why)."""
+    out: list[str] = []
+    i = start = 0
+    while i < len(expression):
+        if expression.startswith("//", i):
+            i = _skip_comment(expression, i)
+            continue
+        if _is_string_start(expression, i):
+            i = _skip_string(expression, i)
+            continue
+        match = _COMPUTED_LOOKUP.match(expression, i)
+        if match is None:
+            i += 1
+            continue
+        close = _closing_bracket(expression, match.end())
+        index = expression[match.end():close] if close is not None else ""
+        if close is None or index.lstrip().startswith("?") or _literal_domain(index):
+            i = match.end()
+            continue
+        out.append(expression[start:match.end() - 1])
+        out.append(f".{_LOOKUP_FUNCTION}({_rewrite_lookups(index)})")
+        i = start = close + 1
+    if not out:
+        return expression
+    out.append(expression[start:])
+    return "".join(out)
 
 
 def _domains(expression: str) -> frozenset[str]:
@@ -239,7 +346,7 @@ class CelEnvironment:
             return CompileError(expression, f"expression is {len(expression)} bytes long, more "
                                 f"than the limit of {MAX_EXPRESSION_LENGTH}")
         try:
-            program = self._env.compile(expression)
+            program = self._env.compile(_rewrite_lookups(expression))
         except RuntimeError as err:
             return CompileError(expression, f"compilation failed: {err}")
         kind = program.return_type()

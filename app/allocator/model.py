@@ -57,12 +57,14 @@ class Taint:
 @dataclass(frozen=True, slots=True)
 class Toleration:
     """A request's toleration of device taints (core Toleration semantics: ``Exists`` with an
-    empty key tolerates everything; an empty effect matches every effect)."""
+    empty key tolerates everything; an empty effect matches every effect).
+    ``toleration_seconds`` only matters to eviction (``NoExecute``), not to allocation."""
 
     key: str = ""
     operator: str = "Equal"
     value: str = ""
     effect: str = ""
+    toleration_seconds: int | None = None
 
     def tolerates(self, taint: Taint) -> bool:
         """True when this toleration covers ``taint`` (k8s.io/api core/v1 ToleratesTaint)."""
@@ -71,6 +73,21 @@ class Toleration:
         if self.operator == "Exists":
             return not self.key or self.key == taint.key
         return self.key == taint.key and self.value == taint.value
+
+    def to_json(self) -> dict[str, Any]:
+        """The v1 DeviceToleration JSON, as the API server stores it (empty fields left out,
+        ``operator`` always given)."""
+        out: dict[str, Any] = {}
+        if self.key:
+            out["key"] = self.key
+        out["operator"] = self.operator
+        if self.value:
+            out["value"] = self.value
+        if self.effect:
+            out["effect"] = self.effect
+        if self.toleration_seconds is not None:
+            out["tolerationSeconds"] = self.toleration_seconds
+        return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -281,6 +298,15 @@ def device_class_from_json(obj: Mapping[str, Any]) -> DeviceClass:
     )
 
 
+def _toleration_seconds(request: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"request {request!r}: tolerationSeconds must be an integer, "
+                        f"not {value!r}")
+    return value
+
+
 def _device_request(name: str, parent: str, body: Mapping[str, Any]) -> DeviceRequest:
     mode = str(body.get("allocationMode") or ALLOCATION_MODE_EXACT_COUNT)
     if mode not in (ALLOCATION_MODE_EXACT_COUNT, ALLOCATION_MODE_ALL):
@@ -301,7 +327,8 @@ def _device_request(name: str, parent: str, body: Mapping[str, Any]) -> DeviceRe
         allocation_mode=mode, count=count, admin_access=body.get("adminAccess") is True,
         tolerations=tuple(
             Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"),
-                       str(t.get("value") or ""), str(t.get("effect") or ""))
+                       str(t.get("value") or ""), str(t.get("effect") or ""),
+                       _toleration_seconds(name, t.get("tolerationSeconds")))
             for t in body.get("tolerations") or ()
         ),
     )
@@ -316,8 +343,9 @@ def claim_from_json(
     results).
 
     Raises:
-        SpecError: a request with neither or both forms, no class, a bad count or mode, a
-            constraint with neither or both attributes, or naming an unknown request.
+        SpecError: a request with neither or both forms, no class, a bad count, mode or
+            ``tolerationSeconds``, a constraint with neither or both attributes, or naming an
+            unknown request.
     """
     devices = spec.get("devices") or {}
     requests: list[Request] = []

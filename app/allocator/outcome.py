@@ -19,6 +19,7 @@ SELECTOR_FAILED = "SelectorFailed"
 NOT_ENOUGH_DEVICES = "NotEnoughDevices"
 POOLS_NOT_READY = "PoolsNotReady"
 DEVICES_NOT_FREE = "DevicesNotFree"
+DEVICES_TAINTED = "DevicesTainted"
 CONSTRAINT_FAILED = "ConstraintFailed"
 DEVICES_CONTENDED = "DevicesContended"
 SEARCH_LIMIT = "SearchLimit"
@@ -38,7 +39,8 @@ class RequestReport:
         considered: devices in complete, valid pools that reach the node.
         matched: of those, devices that pass the class and request selectors.
         in_use: of the matched, devices already allocated (0 with admin access).
-        tainted: of the matched and free, devices with a taint the request does not tolerate.
+        tainted: of the matched and free, devices with a taint the request does not tolerate
+            (for ``All`` one of them blocks the request).
         available: matched devices that are free and untainted.
         pools: ``driver/pool`` of the pools holding available devices.
         blocked: for ``All``, why it cannot be satisfied whatever else happens, or None.
@@ -77,7 +79,8 @@ class Failure:
             distinctAttribute constraint).
         requests: the reports of the requests looked at.
         incomplete_pools, invalid_pools: ``driver/pool`` of pools reaching the node that were
-            skipped.
+            skipped (invalid ones followed by the reason in parentheses); a shortage's
+            ``message`` names them too.
     """
 
     reason: str

@@ -6,6 +6,11 @@ DRA-REFERENCE.md "How consumers read a pool"):
 * A pool is keyed by (driver, pool name). Only slices at its highest ``pool.generation`` count.
 * It is complete when the number of those slices equals their ``resourceSliceCount``;
   incomplete pools are not allocated from, and ``All`` requests fail while one reaches the node.
+* Slices of the newest generation that disagree on ``resourceSliceCount`` make the pool invalid
+  (the reason names each count and its slices). Upstream takes the count of whichever slice it
+  sees first and leaves this check as a TODO (``checkSlicesInPool`` in
+  structured/internal/experimental/pools_experimental.go); with two counts neither can be
+  trusted, so the pool is neither complete nor incomplete, only invalid.
 * A device name seen twice in the pool, or a device the API server would have refused (an
   attribute without a value, a version that is not semver, a capacity that is not a quantity),
   makes the pool invalid: it is skipped like an incomplete one.
@@ -35,7 +40,8 @@ class Pool:
     Attributes:
         driver, name: the pool's key.
         generation: the newest ``pool.generation`` seen.
-        resource_slice_count: ``pool.resourceSliceCount`` of the newest slices.
+        resource_slice_count: ``pool.resourceSliceCount`` of the newest slices (the largest
+            when they disagree).
         slices_seen: how many slices exist at that generation.
         devices: devices of those slices, by name (empty when invalid).
         reaches: the distinct node reaches of those slices and, with per-device node
@@ -44,6 +50,8 @@ class Pool:
             selection): the pool reaches a node entirely or not at all.
         invalid_reason: why the pool is invalid, or None.
         fingerprint: SHA-256 over its devices' names and fingerprints.
+        consistent: every slice of the newest generation gives the same
+            ``resourceSliceCount`` (when not, ``invalid_reason`` says so).
     """
 
     driver: str
@@ -56,6 +64,7 @@ class Pool:
     invalid_reason: str | None = None
     uniform_reach: bool = False
     fingerprint: str = ""
+    consistent: bool = True
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -65,8 +74,9 @@ class Pool:
 
     @property
     def complete(self) -> bool:
-        """All slices of the newest generation are published."""
-        return self.slices_seen == self.resource_slice_count
+        """All slices of the newest generation are published (never, when the slices
+        disagree on how many there are)."""
+        return self.consistent and self.slices_seen == self.resource_slice_count
 
     @property
     def usable(self) -> bool:
@@ -118,19 +128,44 @@ def gather_pools(resource_slices: Iterable[Mapping[str, Any]]) -> tuple[Pool, ..
             generations[key] = generation
             newest[key] = []
         if generation == generations[key]:
-            newest[key].append(spec)
-    pools = [_pool(driver, name, generations[(driver, name)], specs)
-             for (driver, name), specs in newest.items()]
+            newest[key].append(obj)
+    pools = [_pool(driver, name, generations[(driver, name)], objs)
+             for (driver, name), objs in newest.items()]
     pools.sort(key=lambda p: (p.has_binding_conditions, p.name, p.driver))
     return tuple(pools)
 
 
-def _pool(driver: str, name: str, generation: int, specs: list[Mapping[str, Any]]) -> Pool:
-    count = max(int((s.get("pool") or {}).get("resourceSliceCount") or 1) for s in specs)
+def _slice_counts(objs: list[Mapping[str, Any]]) -> dict[int, list[str]]:
+    # resourceSliceCount -> the slices giving it: by name, else by position (bare specs).
+    counts: dict[int, list[str]] = {}
+    for index, obj in enumerate(objs):
+        spec = obj.get("spec", obj)
+        count = int((spec.get("pool") or {}).get("resourceSliceCount") or 1)
+        label = str((obj.get("metadata") or {}).get("name") or f"#{index}")
+        counts.setdefault(count, []).append(label)
+    return counts
+
+
+def _count_disagreement(generation: int, counts: Mapping[int, list[str]]) -> str:
+    parts = []
+    for count in sorted(counts):
+        labels = counts[count]
+        shown = ", ".join(repr(n) for n in labels[:3]) + (
+            f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+        parts.append(f"{count} (slice{'s' if len(labels) > 1 else ''} {shown})")
+    return (f"the slices of generation {generation} disagree on resourceSliceCount: "
+            + "; ".join(parts))
+
+
+def _pool(driver: str, name: str, generation: int, objs: list[Mapping[str, Any]]) -> Pool:
+    specs = [obj.get("spec", obj) for obj in objs]
+    counts = _slice_counts(objs)
+    count = max(counts)
+    consistent = len(counts) == 1
     devices: list[Device] = []
     reaches: dict[str, Reach] = {}
     seen: set[str] = set()
-    invalid: str | None = None
+    invalid: str | None = None if consistent else _count_disagreement(generation, counts)
     per_device_seen = False
 
     def distinct(reach: Reach) -> Reach:
@@ -164,7 +199,7 @@ def _pool(driver: str, name: str, generation: int, specs: list[Mapping[str, Any]
                 slices_seen=len(specs), devices=() if invalid else tuple(devices),
                 reaches=tuple(reaches.values()), invalid_reason=invalid,
                 uniform_reach=len(reaches) == 1 and not per_device_seen,
-                fingerprint=digest.hexdigest())
+                fingerprint=digest.hexdigest(), consistent=consistent)
 
 
 def _requirement_matches(requirement: Mapping[str, Any], value: str | None) -> bool:

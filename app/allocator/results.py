@@ -5,12 +5,19 @@ that fills ``AllocationResult``; DRA-REFERENCE.md "Classic DRA"):
 
 * ``devices.results``: one entry per chosen device, in claim request order and, within a
   request, in allocation order: ``request`` (``req`` or ``req/sub``), ``driver``, ``pool``,
-  ``device``; ``adminAccess: true`` only for admin-access requests; the device's
+  ``device``; ``adminAccess: true`` only for admin-access requests; the request's (or chosen
+  subrequest's) ``tolerations`` when it has any, so that the eviction of pods using devices
+  with a ``NoExecute`` taint spares those that tolerate it (Kubernetes 1.35 and later,
+  structured/internal/*/allocator_*.go ``Allocate``; the field exists from 1.33 behind the
+  DRADeviceTaints gate, and an API server with the gate off drops it); the device's
   ``bindingConditions`` and ``bindingFailureConditions`` when it has them (KEP-5007).
 * ``devices.config``: first the class config, each class once, in the order the requests first
   used it, as ``FromClass`` entries whose ``requests`` list every request (or chosen subrequest)
   that used the class; then the claim's own config entries as ``FromClaim``, with their own
-  ``requests`` (omitted when empty: they apply to every request).
+  ``requests`` (omitted when empty: they apply to every request). A claim entry naming
+  requests is kept when it names a request of the claim or the chosen subrequest of one, so an
+  entry for ``firstAvailable`` subrequests that were not chosen is left out (Kubernetes 1.33 and
+  later, same function); a kept entry appears once and keeps its ``requests`` as written.
 * ``nodeSelector``: a selector naming the node (``matchFields`` ``metadata.name`` In) when any
   chosen device binds to the node (``bindsToNode``) or comes from a node-local slice
   (``nodeName``); otherwise the chosen devices' slice selectors merged into one term (the union
@@ -36,6 +43,8 @@ def result_entry(request: DeviceRequest, device: Device) -> dict[str, Any]:
                              "pool": device.pool, "device": device.name}
     if request.admin_access:
         entry["adminAccess"] = True
+    if request.tolerations:
+        entry["tolerations"] = [t.to_json() for t in request.tolerations]
     if device.binding_conditions:
         entry["bindingConditions"] = list(device.binding_conditions)
         entry["bindingFailureConditions"] = list(device.binding_failure_conditions)
@@ -48,6 +57,7 @@ def config_entries(
     """``devices.config``: class config (``FromClass``) then claim config (``FromClaim``).
 
     ``used`` holds the alternative chosen for each request of the claim, in request order.
+    Claim entries that name only subrequests not in ``used`` are left out.
     """
     by_class: dict[str, list[str]] = {}
     for request in used:
@@ -60,9 +70,12 @@ def config_entries(
         for entry in device_class.config if device_class else ():
             out.append({"source": "FromClass", "requests": list(request_names),
                         "opaque": entry["opaque"]})
+    chosen = {r.name for r in used} | {r.parent for r in used}
     for entry in claim.config:
         item: dict[str, Any] = {"source": "FromClaim"}
         if entry.get("requests"):
+            if not chosen.intersection(str(r) for r in entry["requests"]):
+                continue
             item["requests"] = list(entry["requests"])
         item["opaque"] = entry["opaque"]
         out.append(item)

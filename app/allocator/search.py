@@ -10,11 +10,15 @@ Rules (k8s.io/dynamic-resource-allocation structured/internal allocator, and DRA
   the request and the expression.
 * ``ExactCount`` takes ``count`` devices; ``All`` takes every matching device, needs at least
   one, and fails while a pool reaching the node is incomplete or invalid, or while one of its
-  devices is in use (unless the request has admin access) -- the v1 ``DeviceRequest`` doc.
+  devices is in use (unless the request has admin access) -- the v1 ``DeviceRequest`` doc -- or
+  has a taint the request does not tolerate: ``All`` never takes a subset (upstream
+  structured/internal/experimental/allocator_experimental.go lists every selectable device
+  for ``All`` and gives up when ``allocateDevice`` refuses one, tainted ones included).
 * A device already in use, or chosen earlier in this search, is skipped unless the request has
-  admin access; admin-access choices do not make a device unavailable to others. A device is
-  never chosen twice for one request. A device with a ``NoSchedule`` or ``NoExecute`` taint
-  is skipped unless the request tolerates it (KEP-5055).
+  admin access; admin-access choices do not make a device unavailable to other claims. Within
+  one claim no device is chosen twice, admin access or not (allocator_experimental.go
+  ``allocatingDeviceForClaim``). A device with a ``NoSchedule`` or ``NoExecute`` taint is
+  skipped unless the request tolerates it (KEP-5055), admin access or not.
 * Constraints are per claim: ``matchAttribute`` needs every device of the listed requests (all
   when the list is empty; a request name covers its subrequests) to have the same value of the
   attribute, ``distinctAttribute`` pairwise different values; a device lacking the attribute is
@@ -51,6 +55,9 @@ from app.allocator.results import allocation
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 # resourceapi.AllocationResultsMaxSize: results one claim's allocation may hold.
 MAX_RESULTS = 32
+# Failures a skipped pool may explain: their messages name the skipped pools.
+_SHORTAGES = frozenset({oc.NOT_ENOUGH_DEVICES, oc.DEVICES_CONTENDED, oc.CONSTRAINT_FAILED,
+                        oc.DEVICES_NOT_FREE, oc.DEVICES_TAINTED})
 
 
 class _Abort(Exception):
@@ -142,7 +149,9 @@ class _Run:
         self.slots = [(ci, r) for ci, claim in enumerate(claims) for r in claim.requests]
         reaching = [p for p in pools if p.reaches_node(node)]
         self.pools = [p for p in reaching if p.usable]
-        self.incomplete = tuple(p.describe() for p in reaching if not p.complete)
+        # A pool whose slices disagree on their count is reported as invalid only.
+        self.incomplete = tuple(p.describe() for p in reaching
+                                if not p.complete and p.consistent)
         self.invalid = tuple(f"{p.describe()} ({p.invalid_reason})" for p in reaching
                              if p.invalid_reason is not None)
         self.candidates: dict[tuple[int, str], _Candidates] = {}
@@ -151,6 +160,11 @@ class _Run:
         return [c.report for c in self.candidates.values()]
 
     def _fail(self, reason: str, message: str, **details: Any) -> _Abort:
+        if reason in _SHORTAGES and (self.incomplete or self.invalid):
+            # Whoever reads only the message (claim events, the scheduler's log) learns
+            # why devices it may expect were not offered.
+            skipped = [f"{p} (incomplete)" for p in self.incomplete] + list(self.invalid)
+            message += "; pools reaching the node that were skipped: " + ", ".join(skipped)
         return _Abort(oc.Failure(reason, message, incomplete_pools=self.incomplete,
                                  invalid_pools=self.invalid, **details))
 
@@ -240,11 +254,13 @@ class _Run:
         blocked = None
         needed = request.count
         if request.allocation_mode == ALLOCATION_MODE_ALL:
-            needed = max(1, matched - tainted)
+            needed = max(1, matched)
             if self.incomplete or self.invalid:
                 blocked = oc.POOLS_NOT_READY
             elif in_use:
                 blocked = oc.DEVICES_NOT_FREE
+            elif tainted:
+                blocked = oc.DEVICES_TAINTED
             elif not devices:
                 blocked = oc.NOT_ENOUGH_DEVICES
         if needed > MAX_RESULTS:
@@ -292,6 +308,9 @@ class _Run:
                     ", ".join(self.incomplete + self.invalid))
             elif reason == oc.DEVICES_NOT_FREE:
                 why = "it asks for all devices, but some of them are in use"
+            elif reason == oc.DEVICES_TAINTED:
+                why = ("it asks for all devices, but some of them have taints it does not "
+                       "tolerate")
             elif reason == oc.TOO_MANY_DEVICES:
                 why = f"an allocation holds at most {MAX_RESULTS} devices"
             else:
@@ -343,6 +362,8 @@ class _Search:
         self.run_ = run
         self.steps_left = max_steps
         self.taken: set[DeviceId] = set()
+        # Per claim, every device chosen for it, admin access included.
+        self.claim_taken: list[set[DeviceId]] = [set() for _ in run.claims]
         self.picks: list[tuple[int, DeviceRequest, Device]] = []
         self.values: dict[int, list[tuple[str, Any]]] = {}
         self.per_claim = [0] * len(run.claims)
@@ -402,6 +423,8 @@ class _Search:
         self.steps_left -= 1
         if self.steps_left < 0:
             raise _Limit
+        if device.device_id in self.claim_taken[ci]:
+            return False
         if not request.admin_access and device.device_id in self.taken:
             return False
         if self.per_claim[ci] >= MAX_RESULTS:
@@ -423,6 +446,7 @@ class _Search:
             self.values.setdefault(id(constraint), []).append(value)
         if not request.admin_access:
             self.taken.add(device.device_id)
+        self.claim_taken[ci].add(device.device_id)
         self.picks.append((ci, request, device))
         self.per_claim[ci] += 1
         return True
@@ -435,3 +459,4 @@ class _Search:
                 self.values[id(constraint)].pop()
         if not request.admin_access:
             self.taken.discard(device.device_id)
+        self.claim_taken[ci].discard(device.device_id)

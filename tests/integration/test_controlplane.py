@@ -579,3 +579,38 @@ async def test_a_selected_node_outside_the_potential_nodes_is_answered(harness: 
         await eventually(lambda: harness.answers("p1") == {"gpu": [NO_HOST]},
                          what="the selected node answered as unsuitable")
         assert harness.allocated_device("c1") is None
+
+
+async def test_slices_that_disagree_on_their_count_leave_the_pool_unused_and_say_why(
+    harness: Harness,
+) -> None:
+    # One more slice of the published pool and generation, claiming the pool has 2 slices
+    # while the first says 1: neither count can be trusted.
+    (published,) = [harness.emu.get(RESOURCE, "ResourceSlice", n)
+                    for n in harness.slice_names]
+    assert published is not None
+    extra = {"apiVersion": RESOURCE, "kind": "ResourceSlice",
+             "metadata": {"name": "extra-slice"},
+             "spec": {**published["spec"], "devices": [
+                 {"name": "extra-gpu", "basic": {"attributes": {}}}],
+                      "pool": {**published["spec"]["pool"], "resourceSliceCount": 2}}}
+    harness.emu.create(extra)
+    pool = published["spec"]["pool"]["name"]
+    reason = (f"the slices of generation {published['spec']['pool']['generation']} disagree "
+              f"on resourceSliceCount: 1 (slice '{published['metadata']['name']}'); "
+              "2 (slice 'extra-slice')")
+    harness.create_claim("c1")
+    pod = harness.create_pod("p1", "c1")
+    context = harness.create_context(pod, NODES)
+    async with running(harness.controller()):
+        await eventually(lambda: harness.answers("p1") == {"gpu": NODES},
+                         what="every node unsuitable")
+        context = harness.context("p1") or {}
+        context["spec"]["selectedNode"] = NODES[0]
+        harness.emu.update(context)
+        await eventually(lambda: bool(harness.events("AllocationFailed")),
+                         what="the allocation failure reported on the claim")
+        message = harness.events("AllocationFailed")[0]["message"]
+        assert f"{DRIVER}/{pool} ({reason})" in message
+        assert harness.allocated_device("c1") is None
+    assert await Journal(harness.db).active() == []

@@ -503,3 +503,55 @@ async def test_the_command_schedules_until_interrupted() -> None:
             "d0"]
     finally:
         await emu.stop()
+
+
+@pytest.mark.parametrize("version", ["1.36", "1.34"])
+async def test_a_tolerating_claim_gets_a_tainted_device_and_its_tolerations_in_the_results(
+    version: str,
+) -> None:
+    # 1.36: DRADeviceTaints is on by default, the results keep the request's tolerations (what
+    # device taint eviction reads). 1.34 with the gate off drops taints, tolerations and the
+    # results' copy alike.
+    toleration = {"key": f"{DRIVER}/unhealthy", "operator": "Exists", "effect": "NoExecute",
+                  "tolerationSeconds": 60}
+    emu = KubeEmulator(kubernetes_version=version)
+    url = await emu.start()
+    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url))
+    try:
+        emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+        emu.create({"apiVersion": V1, "kind": "DeviceClass", "metadata": {"name": "fabric-gpu"},
+                    "spec": {}})
+        emu.create({"apiVersion": V1, "kind": "ResourceSlice", "metadata": {"name": "s0"},
+                    "spec": {"driver": DRIVER, "allNodes": True,
+                             "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
+                             "devices": [{"name": "d0", "taints": [
+                                 {"key": f"{DRIVER}/unhealthy", "effect": "NoExecute"}]}]}})
+        emu.create({"apiVersion": V1, "kind": "ResourceClaim",
+                    "metadata": {"name": "c1", "namespace": "default"},
+                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                        "deviceClassName": "fabric-gpu", "tolerations": [toleration]}}]}}})
+        emu.create({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "p1", "namespace": "default"},
+                    "spec": {"containers": [{"name": "c", "image": "busybox"}],
+                             "resourceClaims": [{"name": "gpu", "resourceClaimName": "c1"}]}})
+        scheduler = StructuredScheduler(client, ResourceApiVersion.V1, StructuredSettings(
+            poll_interval_s=0.05, retry_interval_s=0.1, informer=FAST_INFORMER,
+            queue=FAST_QUEUE))
+        await scheduler.start()
+        try:
+            await eventually(lambda: scheduler.scheduled("p1") is not None, timeout_s=30,
+                             what="bound")
+        finally:
+            await scheduler.stop()
+        claim = emu.get(V1, "ResourceClaim", "c1", "default")
+        assert claim is not None
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "d0"
+        if version == "1.36":
+            assert result["tolerations"] == [toleration]
+        else:
+            assert "tolerations" not in result
+            assert "tolerations" not in claim["spec"]["devices"]["requests"][0]["exactly"]
+    finally:
+        await client.close()
+        await emu.stop()

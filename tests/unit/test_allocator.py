@@ -142,9 +142,11 @@ def test_all_fails_while_a_pool_reaching_the_node_is_incomplete() -> None:
 def test_admin_access_may_take_a_device_in_use_and_does_not_hold_it() -> None:
     slices = [resource_slice("p", gpus("p", "g0"))]
     busy = {(DRIVER, "p", "g0")}
-    result = allocate([claim(request("watch", GPU.name, admin=True),
-                             request("use", GPU.name, admin=True))], slices, in_use=busy)
-    assert picked(result) == [("watch", "p", "g0"), ("use", "p", "g0")]
+    result = allocate([claim(request("watch", GPU.name, admin=True), name="one"),
+                       claim(request("use", GPU.name, admin=True), name="two")], slices,
+                      in_use=busy)
+    assert picked(result, "uid-one") == [("watch", "p", "g0")]
+    assert picked(result, "uid-two") == [("use", "p", "g0")]
     normal = allocate([claim(request("gpu", GPU.name))], slices, in_use=busy)
     assert normal.failure is not None
     assert normal.failure.requests[0].in_use == 1
@@ -419,3 +421,125 @@ def test_per_device_node_selection_lets_each_device_name_its_node() -> None:
     assert result.allocations["uid-claim-0"]["nodeSelector"]["nodeSelectorTerms"][0][
         "matchFields"][0]["values"] == ["node-1"]
     assert allocate([claim(request("gpu", GPU.name, count=3))], [spec]).failure is not None
+
+
+def named(resource_slice_json: dict[str, Any], name: str) -> dict[str, Any]:
+    resource_slice_json["metadata"]["name"] = name
+    return resource_slice_json
+
+
+def test_slices_that_disagree_on_resource_slice_count_make_the_pool_invalid_and_say_so() -> None:
+    slices = [named(resource_slice("torn", gpus("torn", "g0"), count=2), "torn-a"),
+              named(resource_slice("torn", gpus("torn", "g1"), count=3), "torn-b"),
+              resource_slice("good", gpus("good", "g5"))]
+    (torn, good) = sorted(gather_pools(slices), key=lambda p: p.name, reverse=True)
+    reason = ("the slices of generation 0 disagree on resourceSliceCount: "
+              "2 (slice 'torn-a'); 3 (slice 'torn-b')")
+    assert (torn.invalid_reason, torn.devices, torn.usable) == (reason, (), False)
+    assert good.usable
+    # Nothing comes from the torn pool, and the reason reaches the failure and its message.
+    assert picked(allocate([claim(request("gpu", GPU.name))], slices)) == [("gpu", "good", "g5")]
+    failed = allocate([claim(request("gpu", GPU.name, count=2))], slices)
+    assert failed.failure is not None
+    assert failed.failure.reason == outcome.NOT_ENOUGH_DEVICES
+    assert failed.failure.invalid_pools == (f"{DRIVER}/torn ({reason})",)
+    assert failed.failure.incomplete_pools == ()
+    assert reason in failed.failure.message
+    every = allocate([claim(request("gpu", GPU.name, mode="All"))], slices)
+    assert every.failure is not None and every.failure.reason == outcome.POOLS_NOT_READY
+    assert reason in every.failure.message
+    # Two slices that agree on a count of 2 are a complete, valid pool.
+    agreed = [named(resource_slice("torn", gpus("torn", "g0"), count=2), "torn-a"),
+              named(resource_slice("torn", gpus("torn", "g1"), count=2), "torn-b")]
+    assert picked(allocate([claim(request("gpu", GPU.name, count=2))], agreed)) == [
+        ("gpu", "torn", "g0"), ("gpu", "torn", "g1")]
+
+
+def test_all_fails_when_a_matching_device_has_a_taint_it_does_not_tolerate() -> None:
+    # Upstream allocator_test.go "tainted-all-devices-single": All takes no subset.
+    taint = {"key": f"{DRIVER}/unhealthy", "value": "Critical", "effect": "NoExecute"}
+    slices = [resource_slice("p", [device("g0", deviceType="gpu"),
+                                   device("g1", deviceType="gpu", taints=[taint])])]
+    result = allocate([claim(request("gpu", GPU.name, mode="All"))], slices)
+    assert result.failure is not None
+    assert result.failure.reason == outcome.DEVICES_TAINTED
+    assert result.failure.requests[0].tainted == 1
+    assert "taints it does not tolerate" in result.failure.message
+    tolerant = request("gpu", GPU.name, mode="All",
+                       tolerations=[{"key": f"{DRIVER}/unhealthy", "operator": "Exists"}])
+    assert picked(allocate([claim(tolerant)], slices)) == [("gpu", "p", "g0"), ("gpu", "p", "g1")]
+    # A taint without effect does not count.
+    harmless = [resource_slice("p", [device("g0", deviceType="gpu",
+                                            taints=[{**taint, "effect": "None"}])])]
+    assert picked(allocate([claim(request("gpu", GPU.name, mode="All"))], harmless)) == [
+        ("gpu", "p", "g0")]
+
+
+def test_the_admin_requests_of_one_claim_never_pick_the_same_device() -> None:
+    slices = [resource_slice("p", gpus("p", "g0", "g1"))]
+    busy = {(DRIVER, "p", "g0")}
+    both = allocate([claim(request("watch", GPU.name, admin=True),
+                           request("use", GPU.name, admin=True))], slices, in_use=busy)
+    assert picked(both) == [("watch", "p", "g0"), ("use", "p", "g1")]
+    mixed = allocate([claim(request("use", GPU.name), request("watch", GPU.name, admin=True))],
+                     slices)
+    assert picked(mixed) == [("use", "p", "g0"), ("watch", "p", "g1")]
+    one = [resource_slice("p", gpus("p", "g0"))]
+    short = allocate([claim(request("watch", GPU.name, admin=True),
+                            request("use", GPU.name, admin=True))], one)
+    assert short.failure is not None and short.failure.reason == outcome.DEVICES_CONTENDED
+    # Upstream "all-devices-some-allocating-admin-access": the first request holds a device.
+    every = allocate([claim(request("one", GPU.name, admin=True),
+                            request("all", GPU.name, admin=True, mode="All"))], slices)
+    assert every.failure is not None
+
+
+def test_request_tolerations_are_copied_into_the_allocation_results() -> None:
+    # Upstream "tainted-two-devices-prioritized-list-tolerated": the chosen subrequest's own.
+    taint = {"key": f"{DRIVER}/unhealthy", "value": "Critical", "effect": "NoExecute"}
+    toleration = {"key": f"{DRIVER}/unhealthy", "operator": "Equal", "value": "Critical",
+                  "effect": "NoExecute", "tolerationSeconds": 300}
+    slices = [resource_slice("p", [device("g0", deviceType="gpu", taints=[taint]),
+                                   device("g1", deviceType="gpu")])]
+    spec = {"name": "gpu", "firstAvailable": [
+        {"name": "strict", "deviceClassName": GPU.name, "count": 2},
+        {"name": "tolerant", "deviceClassName": GPU.name, "count": 2,
+         "tolerations": [toleration, {"operator": "Exists", "effect": "NoSchedule"}]},
+    ]}
+    result = allocate([claim(spec, request("plain", GPU.name))],
+                      [*slices, resource_slice("q", gpus("q", "g9"))])
+    results = result.allocations["uid-claim-0"]["devices"]["results"]
+    assert [(r["request"], r["device"]) for r in results] == [
+        ("gpu/tolerant", "g0"), ("gpu/tolerant", "g1"), ("plain", "g9")]
+    assert results[0]["tolerations"] == results[1]["tolerations"] == [
+        toleration, {"operator": "Exists", "effect": "NoSchedule"}]
+    assert "tolerations" not in results[2]
+
+
+def test_claim_config_for_subrequests_that_were_not_chosen_is_left_out() -> None:
+    slices = [resource_slice("p", [device("g0", deviceType="gpu", model="A100")])]
+    spec = {"name": "gpu", "firstAvailable": [
+        {"name": "big", "deviceClassName": GPU.name,
+         "selectors": [{"cel": {"expression": f'{attr(DRIVER + "/model")} == "H100"'}}]},
+        {"name": "small", "deviceClassName": GPU.name},
+    ]}
+
+    def opaque(tag: str) -> dict[str, Any]:
+        return {"driver": DRIVER, "parameters": {"tag": tag}}
+
+    config = [{"requests": ["gpu/big"], "opaque": opaque("big")},
+              {"requests": ["gpu/small"], "opaque": opaque("small")},
+              {"requests": ["gpu"], "opaque": opaque("parent")},
+              {"requests": ["gpu/big", "gpu/small"], "opaque": opaque("either")},
+              {"opaque": opaque("all")}]
+    result = allocate([claim(spec, config=config)], slices)
+    assert picked(result) == [("gpu/small", "p", "g0")]
+    claim_config = [c for c in result.allocations["uid-claim-0"]["devices"]["config"]
+                    if c["source"] == "FromClaim"]
+    assert claim_config == [
+        {"source": "FromClaim", "requests": ["gpu/small"], "opaque": opaque("small")},
+        {"source": "FromClaim", "requests": ["gpu"], "opaque": opaque("parent")},
+        {"source": "FromClaim", "requests": ["gpu/big", "gpu/small"],
+         "opaque": opaque("either")},
+        {"source": "FromClaim", "opaque": opaque("all")},
+    ]

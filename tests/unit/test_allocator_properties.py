@@ -3,8 +3,10 @@
 Up to 8 devices in up to 3 pools, up to 3 requests with simple attribute-equality selectors, and
 at most one matchAttribute or distinctAttribute constraint. The allocator must find an allocation
 exactly when the brute force finds one, and every allocation it returns must hold: selectors
-(re-evaluated in a fresh CEL environment), counts, constraints, reach, and no device used twice
-or taken from another claim unless the request has admin access.
+(re-evaluated in a fresh CEL environment), counts, constraints, reach, taints (an untolerated
+one makes ``All`` fail), no device used twice within the claim (admin access or not), and none
+taken from another claim unless the request has admin access. Pools whose slices disagree on
+``resourceSliceCount`` are never allocated from.
 """
 
 from __future__ import annotations
@@ -61,15 +63,18 @@ devices_strategy = st.lists(
         "kind": st.sampled_from(("gpu", "nic")),
         "color": st.one_of(st.none(), st.sampled_from(COLORS)),
         "size": st.one_of(st.none(), st.integers(0, 2)),
+        "tainted": st.sampled_from((False, False, False, True)),
     }),
     min_size=1, max_size=8,
 )
+TAINT = {"key": f"{DRIVER}/unhealthy", "value": "Critical", "effect": "NoSchedule"}
 request_strategy = st.fixed_dictionaries({
     "class": st.sampled_from(sorted(CLASSES)),
     "selector": st.one_of(st.none(), st.sampled_from(("blue", "size1", "size2", "gpu"))),
     "mode": st.sampled_from(("ExactCount", "ExactCount", "ExactCount", "All")),
     "count": st.integers(1, 2),
     "admin": st.sampled_from((False, False, False, True)),
+    "tolerates": st.sampled_from((False, False, True)),
 })
 constraint_strategy = st.one_of(st.none(), st.fixed_dictionaries({
     "kind": st.sampled_from(("matchAttribute", "distinctAttribute")),
@@ -84,9 +89,11 @@ def build(raw_devices: list[dict[str, Any]], raw_requests: list[dict[str, Any]],
     by_pool: dict[str, list[dict[str, Any]]] = {}
     attributes: dict[str, dict[str, Any]] = {}
     for index, raw in enumerate(raw_devices):
-        attrs = {k: v for k, v in raw.items() if k != "pool" and v is not None}
+        attrs = {k: v for k, v in raw.items()
+                 if k not in ("pool", "tainted") and v is not None}
         attributes[f"{raw['pool']}/d{index}"] = attrs
-        by_pool.setdefault(raw["pool"], []).append(device(f"d{index}", **attrs))
+        by_pool.setdefault(raw["pool"], []).append(
+            device(f"d{index}", taints=[TAINT] if raw["tainted"] else None, **attrs))
     slices = [resource_slice(pool, devs, selector=in_selector(RACK, "rack-99")
                              if pool in unreachable else None)
               for pool, devs in by_pool.items()]
@@ -98,6 +105,8 @@ def build(raw_devices: list[dict[str, Any]], raw_requests: list[dict[str, Any]],
             exactly["count"] = raw["count"]
         if raw["selector"]:
             exactly["selectors"] = [{"cel": {"expression": SELECTORS[raw["selector"]].cel}}]
+        if raw["tolerates"]:
+            exactly["tolerations"] = [{"key": TAINT["key"], "operator": "Exists"}]
         requests.append({"name": f"r{index}", "exactly": exactly})
     constraints = []
     if raw_constraint is not None:
@@ -129,21 +138,23 @@ def constraint_holds(raw_constraint: dict[str, Any] | None, raw_requests: list[d
 
 
 def options(raw: dict[str, Any], attributes: dict[str, dict[str, Any]], reachable: set[str],
-            in_use: set[str]) -> list[list[str]]:
+            in_use: set[str], tainted: set[str]) -> list[list[str]]:
     matched = [d for d in sorted(attributes, key=lambda k: (k.split("/")[0], k))
                if d.split("/")[0] in reachable and matches(raw, attributes[d])]
-    free = [d for d in matched if raw["admin"] or d not in in_use]
+    free = [d for d in matched if (raw["admin"] or d not in in_use)
+            and (raw["tolerates"] or d not in tainted)]
     if raw["mode"] == "All":
         return [matched] if matched and len(free) == len(matched) else []
     return [list(c) for c in itertools.combinations(free, raw["count"])]
 
 
 def brute_force(raw_requests: list[dict[str, Any]], raw_constraint: dict[str, Any] | None,
-                attributes: dict[str, dict[str, Any]], reachable: set[str], in_use: set[str]
-                ) -> bool:
-    choices = [options(r, attributes, reachable, in_use) for r in raw_requests]
+                attributes: dict[str, dict[str, Any]], reachable: set[str], in_use: set[str],
+                tainted: set[str]) -> bool:
+    choices = [options(r, attributes, reachable, in_use, tainted) for r in raw_requests]
     for picks in itertools.product(*choices):
-        held = [d for r, p in zip(raw_requests, picks, strict=True) if not r["admin"] for d in p]
+        # One claim: no device twice in it, whatever the requests' admin access.
+        held = [d for p in picks for d in p]
         if len(held) == len(set(held)) and constraint_holds(raw_constraint, raw_requests,
                                                             list(picks), attributes):
             return True
@@ -159,11 +170,12 @@ def test_the_allocator_finds_an_allocation_exactly_when_brute_force_does_and_it_
 ) -> None:
     claim, slices, attributes = build(raw_devices, raw_requests, raw_constraint, unreachable)
     in_use = {f"{raw_devices[i]['pool']}/d{i}" for i in busy if i < len(raw_devices)}
+    tainted = {f"{raw['pool']}/d{i}" for i, raw in enumerate(raw_devices) if raw["tainted"]}
     pools = gather_pools(slices)
     result = ENGINE.allocate([claim], CLASSES, pools, {(DRIVER, *d.split("/")) for d in in_use},
                              NODE)
     reachable = {p for p in POOL_NAMES if p not in unreachable}
-    expected = brute_force(raw_requests, raw_constraint, attributes, reachable, in_use)
+    expected = brute_force(raw_requests, raw_constraint, attributes, reachable, in_use, tainted)
     assert result.ok is expected, result.failure
     if not result.ok:
         return
@@ -178,14 +190,50 @@ def test_the_allocator_finds_an_allocation_exactly_when_brute_force_does_and_it_
         if raw["mode"] == "ExactCount":
             assert len(chosen) == raw["count"]
         else:
-            assert chosen and chosen == options(raw, attributes, reachable, in_use)[0]
+            assert chosen and chosen == options(raw, attributes, reachable, in_use,
+                                                tainted)[0]
         for device_id in chosen:
             assert device_id.split("/")[0] in reachable
             assert raw["admin"] or device_id not in in_use
+            assert raw["tolerates"] or device_id not in tainted
             expressions = [fresh.compile(SELECTORS[raw["class"]].cel)]
             if raw["selector"]:
                 expressions.append(fresh.compile(SELECTORS[raw["selector"]].cel))
             assert fresh.evaluate(expressions, by_id[device_id])
-    held = [d for raw, p in zip(raw_requests, picks, strict=True) if not raw["admin"] for d in p]
+    held = [d for p in picks for d in p]
     assert len(held) == len(set(held))
     assert constraint_holds(raw_constraint, raw_requests, picks, attributes)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=4))
+def test_a_pool_is_used_only_when_all_its_newest_slices_agree_on_their_count(
+    counts: list[int],
+) -> None:
+    # An older generation with another count never matters.
+    slices = [resource_slice("p0", [device("old", kind="gpu")], generation=1, count=9)]
+    for index, count in enumerate(counts):
+        one = resource_slice("p0", [device(f"d{index}", kind="gpu")], generation=2,
+                             count=count)
+        one["metadata"]["name"] = f"p0-slice-{index}"
+        slices.append(one)
+    (pool,) = gather_pools(slices)
+    agree = len(set(counts)) == 1
+    assert pool.consistent is agree
+    assert pool.usable is (agree and counts[0] == len(counts))
+    if not agree:
+        assert pool.invalid_reason is not None and not pool.devices
+        for count in set(counts):
+            assert f"{count} (slice" in pool.invalid_reason
+        for index in range(len(counts)):
+            assert f"'p0-slice-{index}'" in pool.invalid_reason
+    claim = claim_from_json({"devices": {"requests": [
+        {"name": "r0", "exactly": {"deviceClassName": "gpu"}}]}}, uid="u", namespace="ns",
+        name="c")
+    result = ENGINE.allocate([claim], CLASSES, (pool,), set(), NODE)
+    assert result.ok is pool.usable
+    if not agree:
+        assert result.failure is not None
+        assert result.failure.incomplete_pools == ()
+        assert result.failure.invalid_pools == (f"{DRIVER}/p0 ({pool.invalid_reason})",)
+        assert pool.invalid_reason in result.failure.message

@@ -58,3 +58,16 @@ def test_what_if_refuses_an_unreadable_claim_spec_for_every_node() -> None:
     assert all(a.failure is not None and a.failure.reason == outcome.INVALID_CLAIM
                for a in answers)
     assert "exactly one of" in (answers[0].failure.message if answers[0].failure else "")
+
+
+def test_what_if_names_a_pool_whose_slices_disagree_on_their_count() -> None:
+    torn = [resource_slice("us-east/rack-1", [device("g0", deviceType="gpu")], count=1),
+            resource_slice("us-east/rack-1", [device("g1", deviceType="gpu")], count=2)]
+    torn[1]["metadata"]["name"] = "rack-1-b"
+    (answer,) = what_if(SPEC, {"gpu": GPU}, gather_pools(torn), set(), NODES[:1])
+    failure = answer.failure
+    assert failure is not None and not answer.satisfiable
+    reason = ("the slices of generation 0 disagree on resourceSliceCount: "
+              "1 (slice 'us-east-rack-1-0'); 2 (slice 'rack-1-b')")
+    assert failure.invalid_pools == (f"{DRIVER}/us-east/rack-1 ({reason})",)
+    assert reason in failure.message

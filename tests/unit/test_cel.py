@@ -175,3 +175,43 @@ def test_quantity_comparisons_in_cel_agree_with_exact_arithmetic(amount: int, su
     expression = environment.compile(
         f'quantity("{text}").compareTo(quantity("1Mi")) == {(exact > 2**20) - (exact < 2**20)}')
     assert environment.evaluate([expression], GPU) is True
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'device.attributes["dra.example.com" + ""].size() == 0',
+        'device.capacity["dra.example.com" + ""].size() == 0',
+        'cel.bind(d, "other" + ".example.com", device.attributes[d].size() == 0)',
+        'cel.bind(d, "other" + ".example.com", !has(device.attributes[d].model))',
+        'device.attributes["fabric.example" + ".com"].model == "H100"',
+        'device.attributes[device.attributes["fabric.example.com"].model + ".io"] == {}',
+        'device.capacity[device.driver].memory == quantity("80Gi")',
+        'device.attributes["EXT.IO"].size() == 0',
+        '"device.attributes[x]" != "" && device.attributes["ext.io"].family == "hopper"',
+    ],
+)
+def test_a_computed_domain_the_device_lacks_is_an_empty_map(expression: str) -> None:
+    # k8s.io/dynamic-resource-allocation cel/compile.go: mapper.Find gives the empty map for
+    # any domain it does not find, whatever the index expression.
+    assert run(expression) is True
+
+
+def test_a_computed_domain_lookup_keeps_the_runtime_errors_of_a_missing_id() -> None:
+    with pytest.raises(EvaluationError) as caught:
+        run('device.attributes["other" + ".io"].model == "x"')
+    assert "model" in caught.value.detail
+    assert caught.value.expression == 'device.attributes["other" + ".io"].model == "x"'
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["fabric.example.com", "ext.io", "other.example.com", "x"]),
+       st.integers(0, 3))
+def test_a_domain_reads_alike_from_a_literal_and_from_a_computed_index(
+    domain: str, split: int,
+) -> None:
+    computed = " + ".join(f'"{part}"' for part in (domain[:split], domain[split:]))
+    literal = run(f'device.attributes["{domain}"].size() == 0')
+    assert run(f"device.attributes[{computed}].size() == 0") is literal
+    assert run(f"cel.bind(d, {computed}, device.capacity[d].size() == 0)") is run(
+        f'device.capacity["{domain}"].size() == 0')
