@@ -14,6 +14,7 @@ Rules it keeps (DESIGN.md invariants 1 and 2):
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ FORGET_FROM = (DETACHING, FAILED, DETACH_FAILED)
 detach that failed for good or keeps failing, and a failed attach. Never ``attaching`` or
 ``attached``: a live claim's pod may be using the device (release those instead)."""
 MAX_ERROR_LENGTH = 2000
+log = logging.getLogger(__name__)
 
 
 
@@ -65,14 +67,17 @@ class DeviceHeld(Exception):
     Attributes:
         device: the device name.
         holder: ``namespace/name`` of the claim holding it, if known.
+        reservation: the holder's active reservation (its claim, mode, state, host), if known.
     """
 
-    def __init__(self, device: str, holder: str | None) -> None:
+    def __init__(self, device: str, holder: str | None,
+                 reservation: ReservationView | None = None) -> None:
         super().__init__(
             f"device {device} is held by claim {holder}" if holder else f"device {device} is held"
         )
         self.device = device
         self.holder = holder
+        self.reservation = reservation
 
 
 class UnknownDevice(Exception):
@@ -237,11 +242,16 @@ class HeldFeed:
     ended in an error that leaves the outcome unknown (:meth:`reset`): then the reader reads
     :meth:`Journal.held` again. Other processes' writes are not in the feed: readers also read
     again after a while.
+
+    Release listeners (:meth:`add_release_listener`) are called at once, after the commit,
+    with the device of each release, or with None when a write's outcome is unknown (anything
+    may have been released); whatever mode's journal wrote it.
     """
 
     def __init__(self, max_entries: int = 10_000) -> None:
         self.version = 0
         self._entries: deque[tuple[int, bool, HeldDevice | None]] = deque(maxlen=max_entries)
+        self._release_listeners: list[Callable[[HeldDevice | None], None]] = []
 
     def hold(self, reservation: ReservationView) -> None:
         """A new active exclusive reservation was committed."""
@@ -249,11 +259,30 @@ class HeldFeed:
 
     def release(self, reservation: ReservationView) -> None:
         """An exclusive reservation was committed as released."""
-        self._add(False, _held(reservation))
+        device = _held(reservation)
+        self._add(False, device)
+        self._released(device)
 
     def reset(self) -> None:
         """A write's outcome is unknown: readers must read everything again."""
         self._add(False, None)
+        self._released(None)
+
+    def add_release_listener(self, listener: Callable[[HeldDevice | None], None]) -> None:
+        """Call ``listener`` after each committed release (see the class); it must not block."""
+        self._release_listeners.append(listener)
+
+    def remove_release_listener(self, listener: Callable[[HeldDevice | None], None]) -> None:
+        """Stop calling ``listener``; a no-op when it is not registered."""
+        if listener in self._release_listeners:
+            self._release_listeners.remove(listener)
+
+    def _released(self, device: HeldDevice | None) -> None:
+        for listener in list(self._release_listeners):
+            try:
+                listener(device)
+            except Exception:  # a listener must never undo a committed write
+                log.exception("held-device release listener %r failed", listener)
 
     def _add(self, held: bool, device: HeldDevice | None) -> None:
         self.version += 1
@@ -381,7 +410,7 @@ class Journal:
                 fabric = _fabric_device_from(device[1:_FABRIC_WIDTH])
                 exclusive = not fabric.shareable
                 if exclusive and existing:
-                    raise DeviceHeld(device_name, str(existing[0].claim))
+                    raise DeviceHeld(device_name, str(existing[0].claim), existing[0])
                 inserted = (await conn.execute(_INSERT, {
                     "claim_uid": claim.uid, "claim_namespace": claim.namespace,
                     "claim_name": claim.name, "request": request, "mode": mode,
@@ -395,16 +424,17 @@ class Journal:
             # A concurrent reserve (another process, or PostgreSQL's weaker isolation) won
             # the race for the device; the index said no.
             holder = await self._holder_of(device_name)
-            raise DeviceHeld(device_name, holder) from err
+            raise DeviceHeld(device_name, str(holder.claim) if holder else None,
+                             holder) from err
 
-    async def _holder_of(self, device_name: str) -> str | None:
+    async def _holder_of(self, device_name: str) -> ReservationView | None:
         async with self.db.read_statement() as conn:
             row = (await conn.execute(
-                select(_TABLE.c.claim_namespace, _TABLE.c.claim_name).where(
+                select(*_COLUMNS).where(
                     _TABLE.c.device_name == device_name, _TABLE.c.state.in_(_ACTIVE),
-                )
+                ).order_by(_TABLE.c.id)
             )).first()
-        return f"{row[0]}/{row[1]}" if row else None
+        return _view(row) if row else None
 
     async def transition(
         self,

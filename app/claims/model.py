@@ -24,6 +24,9 @@ REASON_NO_HOST = "NoFabricHost"
 REASON_DEVICE_LOST = "DeviceLost"
 REASON_DEVICE_MOVED = "DeviceMoved"
 REASON_DETACH_FAILED = "DetachFailed"
+# The device is still held by another reservation (being detached, or not released yet): the
+# claim waits (binding condition False, no failure condition) instead of failing.
+REASON_WAITING_FOR_DETACH = "WaitingForDetach"
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -157,3 +157,74 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
         ready=tuple(ready), failed=tuple(failed), refuse=tuple(refuse),
         waiting=tuple(waiting), stuck=tuple(stuck), requeue=requeue,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class HeldWait:
+    """What to do about a device allocated to a claim while another reservation holds it.
+
+    Attributes:
+        wait: True: report the device not ready yet (binding condition False, no failure
+            condition) and try again when the holder is released; False: report it failed
+            (nothing releases the holder on its own).
+        live: the holder is a live claim that keeps the device in its allocation (the device
+            is allocated twice), not a release in progress.
+        message: for the condition and the Event: the device, the holder claim (and its mode
+            when it is not ours), the holder reservation's id and state.
+    """
+
+    wait: bool
+    live: bool
+    message: str
+
+
+def wait_for_holder(device: str, holder: ReservationView | None, *, holder_keeps: bool,
+                    mode: str) -> HeldWait:
+    """Decide whether a claim waits for ``device``, held by the ``holder`` reservation.
+
+    The scheduler may allocate a device whose previous claim let go of it before that claim's
+    release has run (the detach takes time, or has not started). Such a claim waits: its
+    binding conditions stay False and no failure condition is set, so the scheduler keeps the
+    pod waiting up to its binding timeout (kube-scheduler's dynamicresources plugin,
+    k8s.io/kubernetes pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go
+    PreBind; DRA-REFERENCE.md "Binding conditions": ``allocationTimestamp + bindingTimeout``,
+    600 s by default), and it is attached once the release completes.
+
+    Args:
+        device: the device name.
+        holder: the reservation holding it, or None when it is not known (released since).
+        holder_keeps: the holder's claim exists, is not being deleted, and its allocation
+            still has the device: a live claim keeps it (a real double allocation), not a
+            release in progress. Judged by the caller from the claim cache.
+        mode: the waiting claim's mode (the holder's mode is named when it differs).
+
+    Returns:
+        A :class:`HeldWait`. A ``detach-failed`` holder is the one case that does not wait:
+        only an operator's forget ends it, so the device is reported failed and the scheduler
+        picks another.
+    """
+    if holder is None:
+        return HeldWait(True, False, f"waiting for device {device}: another reservation held "
+                                     "it a moment ago; trying again")
+    who = f"claim {holder.claim}"
+    if holder.mode != mode:
+        who += f" ({holder.mode} mode)"
+    what = f"reservation {holder.id}, state {holder.state}"
+    if holder.host_id:
+        what += f", host {holder.host_id}"
+    if holder.state == DETACH_FAILED:
+        return HeldWait(False, False, (
+            f"device {device} cannot be reserved: {who} still holds it ({what}): its detach "
+            "failed for good and only an operator's forget releases it"))
+    if holder.state == DETACHING:
+        return HeldWait(True, False, (
+            f"waiting for device {device}: {who} holds it ({what}) and is detaching it; it is "
+            "attached here once that detach completes"))
+    if holder_keeps:
+        return HeldWait(True, True, (
+            f"waiting for device {device}: {who} holds it ({what}) and still has it in its "
+            "allocation, so the device is allocated twice; waiting until that claim lets go "
+            "of it or the scheduler's binding timeout gives this allocation back"))
+    return HeldWait(True, False, (
+        f"waiting for device {device}: {who} holds it ({what}) but no longer has it in its "
+        "allocation; it is attached here once that release completes"))

@@ -10,7 +10,13 @@ One reconcile per claim (keyed by uid, one at a time per claim):
 3. apply: releases first (``detaching`` is journalled before each detach), then reservations
    and attaches (``attaching`` is journalled before each attach);
 4. record: the claim's ``status.devices`` (binding or failure conditions, ``data``), Events
-   (Attached, AttachFailed, Detached), metrics.
+   (Attached, AttachFailed, WaitingForDetach, Detached), metrics.
+
+A device the scheduler allocated while another reservation still holds it (its detach is in
+progress, or the previous claim's release has not run yet) is waited for rather than failed:
+the binding condition is False with reason ``WaitingForDetach`` and no failure condition, and
+the claim is queued again as soon as the journal commits that device's release
+(:func:`app.claims.plan.wait_for_holder`).
 
 A periodic sweep releases reservations whose claim has been missing for the grace period (the
 controller may have been down when it went away), reports devices the fabric shows attached
@@ -26,7 +32,7 @@ import datetime as dt
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +51,7 @@ from app.claims.model import (
     REASON_DETACH_FAILED,
     REASON_DEVICE_LOST,
     REASON_DEVICE_MOVED,
+    REASON_WAITING_FOR_DETACH,
     DeviceReport,
     EffectiveConfig,
     InvalidClaimConfig,
@@ -57,7 +64,14 @@ from app.claims.model import (
     same_device_status,
     wanted_devices,
 )
-from app.claims.plan import ClaimPlan, ClaimWants, plan_claim, reservation_key
+from app.claims.plan import (
+    ClaimPlan,
+    ClaimWants,
+    HeldWait,
+    plan_claim,
+    reservation_key,
+    wait_for_holder,
+)
 from app.clock import utcnow
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
@@ -72,6 +86,7 @@ from app.journal import (
     STATES,
     ClaimRef,
     DeviceHeld,
+    HeldDevice,
     Journal,
     ReservationView,
     UnknownDevice,
@@ -196,6 +211,10 @@ class ClaimReconciler:
         self.nodes.add_handler(self._on_node)
         self._by_uid: dict[str, tuple[str, str]] = {}
         self._waiting: dict[str, str] = {}
+        # Device name -> uids of claims waiting for another reservation of it to be released
+        # (any mode's: the journal's release listener covers this process's writes of both
+        # modes and of the admin actions; the sweep covers releases by other processes).
+        self._release_waiters: dict[str, set[str]] = {}
         self._missing_since: dict[str, float] = {}
         self._unmanaged_since: dict[str, float] = {}
         self._host_index: HostIndex | None = None
@@ -217,6 +236,7 @@ class ClaimReconciler:
         await self.claims.has_synced.wait()
         await self.nodes.has_synced.wait()
         await self.recover()
+        self.journal.feed.add_release_listener(self._on_release)
         for reservation in await self.journal.active():
             if reservation.mode == MODE:
                 self.queue.add(reservation.claim.uid)
@@ -234,6 +254,7 @@ class ClaimReconciler:
         they are cancelled: the journal makes that safe), send the queued Events, stop the
         informers."""
         self.queue.shutdown()
+        self.journal.feed.remove_release_listener(self._on_release)
         workers = [t for t in self._tasks if t.get_name().startswith("claims-worker")]
         if workers and drain_s > 0:
             await asyncio.wait(workers, timeout=drain_s)
@@ -286,6 +307,16 @@ class ClaimReconciler:
         # A node that appears or changes labels may be what a waiting claim needs.
         self._host_index_at = -1e9
         for uid in list(self._waiting):
+            self.queue.add(uid)
+
+    def _on_release(self, device: HeldDevice | None) -> None:
+        # A release was committed (None: a write's outcome is unknown): the claims waiting for
+        # that device are queued now rather than after their backoff.
+        if device is None:
+            waiters = {uid for uids in self._release_waiters.values() for uid in uids}
+        else:
+            waiters = set(self._release_waiters.get(device.device_name, ()))
+        for uid in waiters:
             self.queue.add(uid)
 
     def _concerns_us(self, claim: Mapping[str, Any]) -> bool:
@@ -395,6 +426,7 @@ class ClaimReconciler:
         reservations = [r for r in await self.journal.for_claim(uid) if r.mode == MODE]
         if claim is None and not reservations:
             self._waiting.pop(uid, None)
+            self._end_release_waits(uid)
             return False
         if claim is None:
             # The cache says gone and devices are held: confirm with the API server before
@@ -414,12 +446,17 @@ class ClaimReconciler:
         # one is held first (pending), then each attach is journalled as it is sent, so that
         # no attempt is counted for an attach that a failure before it never sent.
         attach_now = len(plan.reserve) == 1
+        held_waits: dict[str, str] = {}
         for wanted in plan.reserve:
             reserved_or_report = await self._reserve(claim, wanted, wants, attach_now)
             if isinstance(reserved_or_report, DeviceReport):
                 reports[wanted] = reserved_or_report
+                if reserved_or_report.reason == REASON_WAITING_FOR_DETACH:
+                    held_waits[wanted.device] = reserved_or_report.message
             else:
                 attach.append(reserved_or_report)
+        self._end_release_waits(uid, keep=held_waits.keys())
+        requeue |= bool(held_waits)
         for reservation in plan.ready:
             key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
             reports[key] = await self._ready_report(key, reservation)
@@ -448,6 +485,8 @@ class ClaimReconciler:
 
         if plan.waiting:
             self._waiting[uid] = plan.waiting[0][1]
+        elif held_waits:
+            self._waiting[uid] = next(iter(held_waits.values()))
         else:
             self._waiting.pop(uid, None)
         if claim is not None and (reports or self._has_our_status(claim)):
@@ -530,13 +569,22 @@ class ClaimReconciler:
         self, claim: JsonDict | None, wanted: WantedDevice, wants: ClaimWants, attach_now: bool
     ) -> tuple[ReservationView, FabricDevice | None] | DeviceReport:
         """Reserve ``wanted`` (the plan reserves only once the node and host are known); with
-        ``attach_now``, journal its attach in the same transaction."""
+        ``attach_now``, journal its attach in the same transaction.
+
+        Returns:
+            (the reservation, the device when its attach was journalled), or the report of a
+            device that cannot be reserved: ``WaitingForDetach`` (not ready, not failed; the
+            claim is queued again when the holder's release is committed) while another
+            reservation holds it (see :func:`app.claims.plan.wait_for_holder`), else
+            ``AttachFailed`` (a ``detach-failed`` holder, or a device gone from the inventory).
+        """
         assert claim is not None
         assert wants.node is not None
         assert wants.host_id is not None
         metadata = claim.get("metadata") or {}
         ref = ClaimRef(str(metadata.get("uid")), str(metadata.get("namespace")),
                        str(metadata.get("name")))
+        seen = self.journal.feed.version
         try:
             if not attach_now:
                 return await self.journal.reserve(
@@ -546,11 +594,57 @@ class ClaimReconciler:
                 ref, wanted.request, wanted.device, wanted.pool, MODE, wants.node,
                 wants.host_id,
             )
-        except (DeviceHeld, UnknownDevice) as err:
+        except DeviceHeld as err:
+            verdict = wait_for_holder(wanted.device, err.reservation, mode=MODE,
+                                      holder_keeps=self._holder_keeps(err.reservation))
+            if verdict.wait:
+                await self._wait_for_release(claim, ref.uid, wanted.device, verdict, seen)
+                return DeviceReport(wanted, False, REASON_WAITING_FOR_DETACH, verdict.message,
+                                    failed=False)
+            message = verdict.message
+        except UnknownDevice as err:
             message = f"device {wanted.device} cannot be reserved: {err}"
-            self._error(ref.uid, message)
-            await self._event(claim, "Warning", REASON_ATTACH_FAILED, message)
-            return DeviceReport(wanted, False, REASON_ATTACH_FAILED, message)
+        self._error(ref.uid, message)
+        await self._event(claim, "Warning", REASON_ATTACH_FAILED, message)
+        return DeviceReport(wanted, False, REASON_ATTACH_FAILED, message)
+
+    def _holder_keeps(self, holder: ReservationView | None) -> bool:
+        """True when ``holder``'s claim is cached, not being deleted, and its allocation still
+        has the held device: a live claim keeps it (not a release that has yet to run)."""
+        if holder is None:
+            return False
+        claim = self.claim_by_uid(holder.claim.uid)
+        if claim is None or (claim.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        return any(w.device == holder.device_name and w.pool == holder.pool
+                   for w in wanted_devices(claim, self.settings.driver_name))
+
+    async def _wait_for_release(self, claim: JsonDict, uid: str, device: str, verdict: HeldWait,
+                                seen: int) -> None:
+        """Register claim ``uid`` as waiting for ``device`` (one Event when the wait starts,
+        Warning for a double allocation); ``seen`` is the journal feed's version before the
+        reserve, so that a release committed meanwhile queues the claim again at once."""
+        waiters = self._release_waiters.setdefault(device, set())
+        self._retry_reason[uid] = verdict.message
+        if uid not in waiters:
+            waiters.add(uid)
+            log.info("claim %s: %s", self._name(uid), verdict.message)
+            if verdict.live:
+                self._error(uid, verdict.message)
+            await self._event(claim, "Warning" if verdict.live else "Normal",
+                              REASON_WAITING_FOR_DETACH, verdict.message)
+        changes = self.journal.feed.since(seen)
+        if changes is None or any(not held and d.device_name == device for held, d in changes):
+            self.queue.add(uid)
+
+    def _end_release_waits(self, uid: str, keep: Collection[str] = ()) -> None:
+        """Claim ``uid`` no longer waits for any device but those in ``keep``."""
+        for device in [d for d, uids in self._release_waiters.items()
+                       if uid in uids and d not in keep]:
+            waiters = self._release_waiters[device]
+            waiters.discard(uid)
+            if not waiters:
+                del self._release_waiters[device]
 
     async def _ready_report(self, key: WantedDevice,
                             reservation: ReservationView) -> DeviceReport:
@@ -647,7 +741,15 @@ class ClaimReconciler:
         """Release reservations of claims missing for the grace period; report (and maybe
         detach) unmanaged attachments; update gauges."""
         now = time.monotonic()
-        active = [r for r in await self.journal.active() if r.mode == MODE]
+        everything = await self.journal.active()
+        active = [r for r in everything if r.mode == MODE]
+        # Releases written by another process are not in this process's journal feed: claims
+        # waiting for a device no longer held are queued here.
+        held = {r.device_name for r in everything if r.exclusive}
+        for device, uids in list(self._release_waiters.items()):
+            if device not in held:
+                for uid in uids:
+                    self.queue.add(uid)
         if self.claims.has_synced.is_set():
             missing = {r.claim.uid for r in active if self.claim_by_uid(r.claim.uid) is None}
             for uid in list(self._missing_since):

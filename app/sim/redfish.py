@@ -541,6 +541,10 @@ class RedfishSimulator:
         if n > 0:
             self._fail_rules.append(_FailRule(n, method.upper(), path_prefix, status, body))
 
+    def clear_failures(self) -> None:
+        """Drop what is left of every :meth:`fail_next` rule: later requests are served."""
+        self._fail_rules.clear()
+
     # ----- server lifecycle ------------------------------------------------------------------
 
     def make_app(self) -> web.Application:

@@ -211,18 +211,143 @@ async def test_many_concurrent_claims_attach_each_device_once(harness: Harness) 
     assert len(attaches) == len(names) == len({h[1] for h in attaches})
 
 
-async def test_two_claims_given_one_device_only_the_first_gets_it(harness: Harness) -> None:
+async def test_two_claims_given_one_device_only_the_first_gets_it_the_second_waits(
+    harness: Harness,
+) -> None:
     device = harness.device_names()[0]
     harness.create_claim("a")
     harness.create_claim("b")
-    async with running(harness.reconciler()):
+    async with running(harness.reconciler()) as reconciler:
         harness.allocate("a", [("gpu", device)], NODES[0])
         await eventually(lambda: harness.condition("a", device, "FabricDeviceReady") == "True")
         harness.allocate("b", [("gpu", device)], NODES[1])
-        await eventually(lambda: harness.condition("b", device, "FabricDeviceFailed") == "True",
-                         what="failure condition on the second claim")
-    assert "held by claim default/a" in harness.our_status("b")[0]["conditions"][0]["message"]
+        # A double allocation: b waits (no failure condition), and says why.
+        await eventually(lambda: _reason(harness, "b", device) == "WaitingForDetach",
+                         what="the second claim waiting")
+        assert harness.condition("b", device, "FabricDeviceReady") == "False"
+        assert harness.condition("b", device, "FabricDeviceFailed") == "False"
+        message = harness.our_status("b")[0]["conditions"][0]["message"]
+        assert "claim default/a holds it" in message and "allocated twice" in message
+        uid = harness.claim("b")["metadata"]["uid"]
+        await eventually(lambda: reconciler.queue.num_requeues(uid) >= 3, what="retries")
+        await reconciler.events.flush()
+        (event,) = harness.events("WaitingForDetach")
+        assert event["type"] == "Warning" and event["involvedObject"]["name"] == "b"
+        # The scheduler's binding timeout gives b's allocation back: the wait ends.
+        harness.deallocate("b")
+        await eventually(lambda: harness.our_status("b") == [] and not reconciler.status()[
+            "waiting"], what="the wait ended")
+        assert reconciler._release_waiters == {}
     assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
+    assert harness.events("AttachFailed") == []
+
+
+def _reason(harness: Harness, name: str, device: str) -> str | None:
+    for entry in harness.our_status(name):
+        if entry["device"] == device:
+            return str(entry["conditions"][0]["reason"])
+    return None
+
+
+async def test_a_device_still_detaching_is_waited_for_then_attached_to_the_new_claim(
+    harness: Harness,
+) -> None:
+    device = harness.device_names()[0]
+    block = harness.block_of(device)
+    harness.create_claim("old")
+    harness.create_claim("new")
+    async with running(harness.reconciler(max_detach_attempts=100_000)) as reconciler:
+        harness.allocate("old", [("gpu", device)], NODES[0])
+        await eventually(lambda: harness.condition("old", device, "FabricDeviceReady") == "True")
+        old_uid = harness.claim("old")["metadata"]["uid"]
+        # Every write to the old claim's server fails (503, transient) until the test lets the
+        # detach through.
+        for method in ("POST", "PATCH"):
+            harness.sim.fail_next(10**9, method=method, path_prefix=f"/redfish/v1/Systems/"
+                                  f"{NODES[0]}", status=503)
+        harness.deallocate("old")
+        await eventually(lambda: _state_is(reconciler, old_uid, DETACHING), what="detaching")
+        # The scheduler gives the device to a new claim on the other node meanwhile.
+        harness.allocate("new", [("gpu", device)], NODES[1])
+        await eventually(lambda: _reason(harness, "new", device) == "WaitingForDetach",
+                         what="the new claim waiting for the detach")
+        assert harness.condition("new", device, "FabricDeviceReady") == "False"
+        assert harness.condition("new", device, "FabricDeviceFailed") == "False"
+        message = harness.our_status("new")[0]["conditions"][0]["message"]
+        assert f"waiting for device {device}: claim default/old holds it" in message
+        assert "state detaching" in message and f"host {NODES[0]}" in message
+        new_uid = harness.claim("new")["metadata"]["uid"]
+        await eventually(lambda: reconciler.queue.num_requeues(new_uid) >= 3, what="retries")
+        assert reconciler.status()["waiting"] == [
+            {"claim": "default/new", "reason": message}]
+        await reconciler.events.flush()
+        (event,) = harness.events("WaitingForDetach")
+        assert event["type"] == "Normal" and event["involvedObject"]["name"] == "new"
+        assert harness.sim.attachments()[block] == NODES[0]
+
+        harness.sim.clear_failures()
+        await eventually(lambda: harness.condition("new", device, "FabricDeviceReady")
+                         == "True", what="the new claim ready after the detach")
+        assert harness.condition("new", device, "FabricDeviceFailed") == "False"
+        assert harness.sim.attachments()[block] == NODES[1]
+        assert await reconciler.journal.for_claim(old_uid) == []
+        (held,) = await reconciler.journal.for_claim(new_uid)
+        assert held.state == ATTACHED and held.host_id == NODES[1]
+        assert reconciler.status()["waiting"] == [] and reconciler._release_waiters == {}
+    assert [h for h in harness.sim.history if h[1] == block] == [
+        ("attach", block, NODES[0]), ("detach", block, NODES[0]), ("attach", block, NODES[1])]
+    assert harness.events("AttachFailed") == []
+    assert len(harness.events("WaitingForDetach")) == 1
+
+
+async def test_a_waiting_claim_is_queued_when_the_release_completes_not_after_its_backoff(
+    harness: Harness,
+) -> None:
+    # Retries wait two minutes and the sweep runs once: only the journal's release listener
+    # can bring the waiting claim back within the test's timeout.
+    device = harness.device_names()[1]
+    harness.create_claim("a")
+    harness.create_claim("b")
+    slow = WorkQueueSettings(base_delay_s=120, max_delay_s=120)
+    async with running(harness.reconciler(queue=slow, sweep_interval_s=3600)):
+        harness.allocate("a", [("gpu", device)], NODES[0])
+        await eventually(lambda: harness.condition("a", device, "FabricDeviceReady") == "True")
+        harness.allocate("b", [("gpu", device)], NODES[1])
+        await eventually(lambda: _reason(harness, "b", device) == "WaitingForDetach",
+                         what="b waiting")
+        # a's release had not run yet when b was allocated; now it does.
+        harness.deallocate("a")
+        await eventually(lambda: harness.condition("b", device, "FabricDeviceReady") == "True",
+                         what="b ready as soon as a's detach completed")
+    assert harness.sim.attachments()[harness.block_of(device)] == NODES[1]
+
+
+async def test_a_release_written_by_another_process_is_found_by_the_sweep(
+    harness: Harness, database_url: str,
+) -> None:
+    # Another process (its own Database, so its own journal feed) holds the device for a
+    # control-plane claim, then releases it: this process hears of it from the sweep.
+    device = harness.device_names()[2]
+    other = Database.connect(database_url)
+    try:
+        journal = Journal(other)
+        held = await journal.reserve(ClaimRef("classic-uid", "default", "classic"), "gpu",
+                                     device, "us-east/rack-01", "control-plane", NODES[0],
+                                     NODES[0])
+        harness.create_claim("b")
+        slow = WorkQueueSettings(base_delay_s=120, max_delay_s=120)
+        async with running(harness.reconciler(queue=slow, sweep_interval_s=0.1)):
+            harness.allocate("b", [("gpu", device)], NODES[1])
+            await eventually(lambda: _reason(harness, "b", device) == "WaitingForDetach",
+                             what="b waiting")
+            message = harness.our_status("b")[0]["conditions"][0]["message"]
+            assert "claim default/classic (control-plane mode) holds it" in message
+            assert await journal.transition(held.id, ["pending"], "released") is not None
+            await eventually(lambda: harness.condition("b", device, "FabricDeviceReady")
+                             == "True", what="b ready after the other process's release")
+        assert harness.sim.attachments()[harness.block_of(device)] == NODES[1]
+    finally:
+        await other.dispose()
 
 
 async def test_fabric_conflict_fails_the_device_and_stops_offering_it(harness: Harness) -> None:

@@ -20,7 +20,7 @@ from app.claims.model import (
     same_device_status,
     wanted_devices,
 )
-from app.claims.plan import ClaimWants, plan_claim
+from app.claims.plan import ClaimWants, plan_claim, wait_for_holder
 from app.journal import (
     ATTACHED,
     ATTACHING,
@@ -288,3 +288,54 @@ def test_device_status_entries_keep_other_drivers_and_transition_times() -> None
     assert failed[1]["conditions"][1] == {
         "type": "Failed", "status": "True", "reason": "AttachFailed", "message": "409",
         "lastTransitionTime": "2026-01-02T04:04:05Z"}
+
+
+def test_a_device_held_by_a_release_in_progress_is_waited_for() -> None:
+    detaching = reservation(7, DETACHING, "d1")
+    verdict = wait_for_holder("d1", detaching, holder_keeps=False, mode="structured")
+    assert verdict.wait and not verdict.live
+    assert verdict.message.startswith("waiting for device d1: claim ns/c holds it")
+    assert "reservation 7, state detaching, host h1" in verdict.message
+    # The holder's claim let go of it, but its release has not run yet.
+    for state in (PENDING, ATTACHING, ATTACHED, FAILED):
+        verdict = wait_for_holder("d1", reservation(7, state, "d1"), holder_keeps=False,
+                                  mode="structured")
+        assert verdict.wait and not verdict.live, state
+        assert f"state {state}" in verdict.message and "no longer has it" in verdict.message
+    # Released since the reserve was refused: try again.
+    assert wait_for_holder("d1", None, holder_keeps=False, mode="structured").wait
+
+
+def test_a_device_a_live_claim_keeps_is_waited_for_and_called_a_double_allocation() -> None:
+    verdict = wait_for_holder("d1", reservation(7, ATTACHED, "d1"), holder_keeps=True,
+                              mode="structured")
+    assert verdict.wait and verdict.live
+    assert "allocated twice" in verdict.message and "binding timeout" in verdict.message
+    # A detach in progress is a release, whatever the claim cache says.
+    assert not wait_for_holder("d1", reservation(7, DETACHING, "d1"), holder_keeps=True,
+                               mode="structured").live
+
+
+def test_a_device_whose_holder_failed_to_detach_is_not_waited_for() -> None:
+    verdict = wait_for_holder("d1", reservation(7, DETACH_FAILED, "d1"), holder_keeps=False,
+                              mode="structured")
+    assert not verdict.wait
+    assert "cannot be reserved" in verdict.message and "forget" in verdict.message
+
+
+def test_a_holder_of_the_other_mode_is_named_with_its_mode() -> None:
+    from dataclasses import replace
+
+    classic = replace(reservation(7, DETACHING, "d1"), mode="control-plane")
+    verdict = wait_for_holder("d1", classic, holder_keeps=False, mode="structured")
+    assert verdict.wait and "claim ns/c (control-plane mode) holds it" in verdict.message
+
+
+def test_a_waiting_device_is_not_ready_and_not_failed() -> None:
+    claim = claim_with([result("a")])
+    wanted_a = WantedDevice("gpu", "us-east/rack-01", "a")
+    waiting = DeviceReport(wanted_a, False, "WaitingForDetach", "waiting for device a",
+                           failed=False)
+    (entry,) = device_status_entries(claim, DRIVER, [waiting], ["Ready"], ["Failed"], NOW)
+    assert [(c["type"], c["status"], c["reason"]) for c in entry["conditions"]] == [
+        ("Ready", "False", "WaitingForDetach"), ("Failed", "False", "WaitingForDetach")]
