@@ -140,3 +140,26 @@ def test_argument_types() -> None:
     for bad in ("0", "-1", "nan", "inf", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             positive_float(bad)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("target", "status"), [
+    ("tests/unit/test_units.py", 0),
+    ("tests/unit/no_such_test_file.py", 1),
+])
+def test_the_suite_under_load_reports_each_run_and_fails_when_a_run_fails(
+    tmp_path: Path, target: str, status: int,
+) -> None:
+    figures_path = tmp_path / "runs.json"
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.suite_under_load", "--runs", "2", "--hogs", "1",
+         "--logs", str(tmp_path / "logs"), "--json", str(figures_path), "--", target],
+        cwd=ROOT, capture_output=True, text=True, timeout=110, check=False,
+    )
+    assert finished.returncode == status, finished.stdout + finished.stderr
+    runs = json.loads(figures_path.read_text())
+    assert [r["run"] for r in runs] == [1, 2]
+    assert all(r["hogs"] == 1 and (r["status"] == 0) == (status == 0) for r in runs)
+    assert all((tmp_path / "logs" / f"run-{n}.log").is_file() for n in (1, 2))
+    if status == 0:
+        assert all("passed" in r["summary"] for r in runs)
