@@ -33,6 +33,7 @@ from app.kube.workqueue import WorkQueueSettings
 from app.metrics import ClaimMetrics
 from app.pools import PoolConfig, desired_pools, resource_slice_spec
 from app.sim.kubeapi import KubeEmulator
+from app.sim.kubeapi.cluster import all_gates_on
 from app.sim.redfish import InventorySpec, RedfishSimulator
 from app.sim.scheduler.common import POD_CLAIM_NAME_ANNOTATION
 from app.sim.scheduler.structured import (
@@ -505,16 +506,22 @@ async def test_the_command_schedules_until_interrupted() -> None:
         await emu.stop()
 
 
-@pytest.mark.parametrize("version", ["1.36", "1.34"])
+@pytest.mark.parametrize(("version", "gates", "copied"), [
+    ("1.36", None, True),
+    ("1.35", "all", True),
+    ("1.34", "all", False),
+    ("1.34", None, False),
+])
 async def test_a_tolerating_claim_gets_a_tainted_device_and_its_tolerations_in_the_results(
-    version: str,
+    version: str, gates: str | None, copied: bool,
 ) -> None:
     # 1.36: DRADeviceTaints is on by default, the results keep the request's tolerations (what
-    # device taint eviction reads). 1.34 with the gate off drops taints, tolerations and the
-    # results' copy alike.
+    # device taint eviction reads); so does 1.35 with the gate on. The 1.34 scheduler never
+    # copied them, gate on or off; with the gate off the server drops taints and tolerations.
     toleration = {"key": f"{DRIVER}/unhealthy", "operator": "Exists", "effect": "NoExecute",
                   "tolerationSeconds": 60}
-    emu = KubeEmulator(kubernetes_version=version)
+    emu = KubeEmulator(kubernetes_version=version,
+                       feature_gates=all_gates_on(version) if gates else None)
     url = await emu.start()
     client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url))
     try:
@@ -547,10 +554,12 @@ async def test_a_tolerating_claim_gets_a_tainted_device_and_its_tolerations_in_t
         assert claim is not None
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert result["device"] == "d0"
-        if version == "1.36":
+        assert scheduler.kubernetes_minor == int(version.split(".")[1])
+        if copied:
             assert result["tolerations"] == [toleration]
         else:
             assert "tolerations" not in result
+        if version == "1.34" and gates is None:
             assert "tolerations" not in claim["spec"]["devices"]["requests"][0]["exactly"]
     finally:
         await client.close()

@@ -25,10 +25,12 @@ from app.sim.scheduler.structured import (
     allocated_status,
     binding_verdict,
     devices_in_use,
+    for_release,
     newer,
     node_fits,
     parse_time,
     rfc3339,
+    server_minor,
     without_consumers,
 )
 
@@ -291,3 +293,26 @@ def test_times_are_whole_seconds_in_utc_and_read_back() -> None:
 def test_settings_refuse_impossible_times(changes: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="scheduler: "):
         StructuredSettings(**changes)
+
+
+@pytest.mark.parametrize(("git_version", "minor"), [
+    ("v1.34.2", 34), ("v1.35.0-alpha.1+abc", 35), ("1.31", 31), (" v1.36.0 ", 36),
+    ("", None), ("v2.0.0", None), ("unknown", None),
+])
+def test_server_minor_reads_the_git_version(git_version: str, minor: int | None) -> None:
+    assert server_minor(git_version) == minor
+
+
+@pytest.mark.parametrize(("minor", "kept"), [(33, False), (34, False), (35, True), (36, True),
+                                             (None, True)])
+def test_result_tolerations_are_written_from_1_35_on(minor: int | None, kept: bool) -> None:
+    toleration = {"key": "k", "operator": "Exists", "effect": "NoExecute"}
+    allocation = {"devices": {"results": [
+        {"request": "r", "driver": "d", "pool": "p", "device": "x",
+         "tolerations": [toleration]},
+        {"request": "s", "driver": "d", "pool": "p", "device": "y"}]}}
+    written = for_release(allocation, minor)
+    first, second = written["devices"]["results"]
+    assert ("tolerations" in first) is kept
+    assert "tolerations" not in second
+    assert allocation["devices"]["results"][0]["tolerations"] == [toleration]  # not changed

@@ -21,6 +21,11 @@ KEP-5007 binding conditions; DRA-REFERENCE.md "Who writes what", "Binding condit
    its allocation (one status update each); the pod is tried again after
    ``retry_interval_s`` and the failed devices are avoided for ``failed_device_memory_s``.
 
+The allocation is what the release of the API server's ``/version`` writes: before 1.35 the
+allocator did not copy a request's tolerations into its results (k8s.io/dynamic-resource-
+allocation structured/internal/*/allocator_*.go ``Allocate``, 1.35), so the stand-in of an
+older release leaves them out (:func:`for_release`).
+
 Unless ``claim_controller`` is off in the settings, the stand-in starts a
 :class:`app.sim.scheduler.claim_controller.ClaimController` with it: template claims, releasing
 consumers that are gone, deallocation and deleting unused template claims are its work.
@@ -43,12 +48,13 @@ import copy
 import dataclasses
 import datetime as dt
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kubernetes_asyncio.client import CoreV1Api
+from kubernetes_asyncio.client import CoreV1Api, VersionApi
 
 from app.allocator import (
     Allocator,
@@ -267,6 +273,28 @@ def allocated_status(
     return new
 
 
+TOLERATIONS_IN_RESULTS_SINCE = 35
+"""The first 1.x minor whose allocator copies a request's tolerations into its results."""
+
+
+def server_minor(git_version: str) -> int | None:
+    """The minor of a ``/version`` gitVersion (``"v1.34.2"`` -> 34), None when it has none."""
+    match = re.match(r"v?1\.(\d+)", git_version.strip())
+    return int(match.group(1)) if match else None
+
+
+def for_release(allocation: Mapping[str, Any], minor: int | None) -> JsonDict:
+    """``allocation`` as the scheduler of Kubernetes 1.``minor`` writes it: without the
+    results' ``tolerations`` before 1.35 (an unknown minor is taken as current)."""
+    out = copy.deepcopy(dict(allocation))
+    if minor is None or minor >= TOLERATIONS_IN_RESULTS_SINCE:
+        return out
+    for result in (out.get("devices") or {}).get("results") or ():
+        if isinstance(result, dict):
+            result.pop("tolerations", None)
+    return out
+
+
 def without_consumers(status: Mapping[str, Any], uids: Iterable[str]) -> JsonDict | None:
     """The claim status with the consumers of ``uids`` removed from ``reservedFor``, and the
     allocation (with the drivers' ``devices``) cleared when no consumer is left; None when
@@ -384,6 +412,8 @@ class StructuredScheduler:
         self.clock = clock
         self.resources = resource_api(client.api, version)
         self.core = CoreV1Api(client.api)
+        self._version_api = VersionApi(client.api)
+        self.kubernetes_minor: int | None = None
         namespace = self.settings.namespace
 
         def informer_settings(name: str, namespaced: bool) -> InformerSettings:
@@ -426,7 +456,15 @@ class StructuredScheduler:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start the informers, wait until each has listed, then start the worker."""
+        """Read the server's release (``/version``), start the informers, wait until each has
+        listed, then start the worker.
+
+        Raises:
+            KubeError: ``/version`` cannot be read.
+        """
+        info = await call_json(self._version_api.get_code(_preload_content=False),
+                               "read the API server's /version")
+        self.kubernetes_minor = server_minor(str(info.get("gitVersion") or ""))
         informers = (self.pods, self.claims, self.slices, self.classes, self.nodes)
         for informer in informers:
             informer.start()
@@ -634,6 +672,8 @@ class StructuredScheduler:
                     continue
                 allocation = None if _allocation(claim) else allocations.get(
                     _uid(claim) or "/".join(pod_key(claim)))
+                if allocation is not None:
+                    allocation = for_release(allocation, self.kubernetes_minor)
                 if allocation is None and not _allocation(claim):
                     raise _Retry(f"the allocator gave no allocation for claim "
                                  f"{'/'.join(pod_key(claim))}", self.settings.retry_interval_s)
