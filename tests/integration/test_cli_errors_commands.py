@@ -74,7 +74,8 @@ async def kube_1_31() -> AsyncIterator[str]:
 
 
 async def serving_line(*args: str, cwd: Path) -> str:
-    """Start ``fabric-dra sim kube args``, return its first stdout line, stop it (SIGINT)."""
+    """Start ``fabric-dra sim kube args``, return its first stdout line, stop it (SIGINT at
+    once: the line means it is serving and stops cleanly on a signal, exit status 0)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
     process = await asyncio.create_subprocess_exec(
         *FABRIC_DRA, "sim", "kube", *args, cwd=cwd, env=clean,
@@ -90,7 +91,10 @@ async def serving_line(*args: str, cwd: Path) -> str:
     finally:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGINT)
-        await asyncio.wait_for(process.wait(), 30)
+        assert process.stderr is not None
+        err = await asyncio.wait_for(process.stderr.read(), 60)
+        await asyncio.wait_for(process.wait(), 60)
+        assert process.returncode == 0, err.decode()
 
 
 # -- fabric-dra sim kube ---------------------------------------------------------------------

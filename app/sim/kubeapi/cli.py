@@ -70,16 +70,18 @@ async def _start(emulator: KubeEmulator, host: str, port: int) -> str:
 
 async def _serve(emulator: KubeEmulator, host: str, port: int,
                  nodes: list[dict[str, object]]) -> None:
-    _create_nodes(emulator, nodes)
-    url = await _start(emulator, host, port)
-    versions = ",".join(emulator.served_resource_versions)
-    click.echo(f"Kubernetes API emulator (Kubernetes {emulator.cluster.version}) serving "
-               f"resource.k8s.io {versions} at {url}")
+    # The signal handlers come first: the "serving" line tells a supervisor it may stop us
+    # from then on, and a SIGINT before them would abort instead of stopping cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    _create_nodes(emulator, nodes)
+    url = await _start(emulator, host, port)
+    versions = ",".join(emulator.served_resource_versions)
+    click.echo(f"Kubernetes API emulator (Kubernetes {emulator.cluster.version}) serving "
+               f"resource.k8s.io {versions} at {url}")
     try:
         await stop.wait()
     finally:
