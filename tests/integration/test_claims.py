@@ -177,6 +177,9 @@ async def test_full_cycle_attach_ready_then_detach_on_deallocation(harness: Harn
         entry = harness.our_status("c1")[0]
         assert entry["data"]["node"] == NODES[0] and entry["data"]["host"] == NODES[0]
         assert entry["data"]["uuid"] == harness.devices[device].uuid
+        # Events go out through the background recorder: wait for them, then count.
+        await eventually(lambda: len(harness.events("Attached")) >= 1,
+                         what="Attached event")
         assert len(harness.events("Attached")) == 1
         (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])
         assert held.state == ATTACHED and held.node == NODES[0]
@@ -362,6 +365,9 @@ async def test_fabric_conflict_fails_the_device_and_stops_offering_it(harness: H
         harness.allocate("c1", [("gpu", device)], NODES[0])
         await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True")
         assert harness.condition("c1", device, "FabricDeviceReady") == "False"
+        # Events go out through the background recorder: wait for them, then count.
+        await eventually(lambda: len(harness.events("AttachFailed")) >= 1,
+                         what="AttachFailed event")
         assert len(harness.events("AttachFailed")) == 1
         assert harness.events("AttachFailed")[0]["type"] == "Warning"
         (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])

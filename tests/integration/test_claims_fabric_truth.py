@@ -106,6 +106,9 @@ async def test_a_device_the_fabric_keeps_losing_is_given_up_after_its_attach_tri
         (held,) = await reconciler.journal.for_claim(uid)
         assert held.state == FAILED and "given up" in (held.last_error or "")
         assert harness.sim.holders(block) == []
+        # Events go out through the background recorder: wait for them, then count.
+        await eventually(lambda: len(harness.events("DeviceLost")) >= 2,
+                         what="DeviceLost event")
         assert len(harness.events("DeviceLost")) == 2
 
 
