@@ -37,7 +37,7 @@ from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.db.engine import Database
 from app.db.migrate import upgrade
 from app.db.models import Device
-from app.fabric.redfish import RedfishBackend
+from app.fabric.redfish.backend import RedfishBackend
 from app.inventory import InventorySync
 from app.journal import Journal
 from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect

@@ -36,7 +36,7 @@ from app.clock import utcnow
 from app.db.engine import Database
 from app.db.migrate import upgrade
 from app.db.models import Device
-from app.fabric.redfish import RedfishBackend
+from app.fabric.redfish.backend import RedfishBackend
 from app.fabric.types import DeviceType, FabricDevice
 from app.inventory import InventorySync
 from app.journal import Journal

@@ -26,7 +26,7 @@ from typing import Any
 
 from app.db.engine import Database
 from app.db.migrate import upgrade
-from app.fabric.redfish import RedfishBackend
+from app.fabric.redfish.backend import RedfishBackend
 from app.inventory import InventorySync
 from bench.common import (
     at_least,

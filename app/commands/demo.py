@@ -166,7 +166,7 @@ class Demo:
 
     async def _start_cluster(self, cluster: DemoCluster, emu: Any, *, seed: int,
                              database: str, admin_port: int, what: str) -> None:
-        from app.fabric.redfish import RedfishBackend
+        from app.fabric.redfish.backend import RedfishBackend
         from app.service import Service
         from app.sim.redfish import InventorySpec, RedfishSimulator
 

@@ -27,7 +27,8 @@ def backend_from_settings(fabric: FabricSettings) -> FabricBackend:
             )
         username = read_secret(fabric.username_file, "fabric.username_file").get_secret_value()
         password = read_secret(fabric.password_file, "fabric.password_file").get_secret_value()
-    from app.fabric.redfish import RedfishBackend, RetrySettings
+    from app.fabric.redfish.backend import RedfishBackend
+    from app.fabric.redfish.transport import RetrySettings
 
     try:
         return RedfishBackend(

@@ -51,7 +51,7 @@ class Location:
     """Where a device or host physically sits.
 
     Every part is optional: a fabric manager may report none of it. Mapping from Redfish
-    (``Chassis.Location``) is documented in :mod:`app.fabric.redfish`.
+    (``Chassis.Location``) is documented in :mod:`app.fabric.redfish.parse.chassis`.
 
     Attributes:
         region: a geographic or administrative region (e.g. ``us-east``).

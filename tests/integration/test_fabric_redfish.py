@@ -28,7 +28,10 @@ from app.fabric.errors import (
     FabricTimeout,
     FabricUnavailable,
 )
-from app.fabric.redfish import FabricTaskTimeout, RedfishBackend, RetrySettings
+from app.fabric.redfish.backend import RedfishBackend
+from app.fabric.redfish.parse.chassis import MAX_CHASSIS_DEPTH
+from app.fabric.redfish.task_monitor import FabricTaskTimeout
+from app.fabric.redfish.transport import RetrySettings
 from app.fabric.types import DeviceType, FabricDevice, OperationState
 from app.sim.redfish import InventorySpec, RedfishSimulator
 
@@ -326,6 +329,36 @@ async def test_listing_reads_each_chassis_once(serve: Serve, make_backend: Make)
     await backend.list_devices()
     chassis_reads = {k: n for k, n in script.calls.items() if "/Chassis/" in k}
     assert chassis_reads and set(chassis_reads.values()) == {1}
+
+
+async def test_a_chassis_chain_is_followed_at_most_max_chassis_depth_deep(
+    serve: Serve, make_backend: Make
+) -> None:
+    """The walk reads a block's chassis and its ContainedBy parents, MAX_CHASSIS_DEPTH
+    chassis in all: a Row on the last of them locates the block's devices, and a Rack on the
+    next one is never read."""
+    sim = simulator()
+    script = Script()
+    backend = make_backend(await serve(sim, script=script))
+    block = (await backend.list_devices()).items[0].attach_unit
+    chain = [f"/redfish/v1/Chassis/deep-{level}" for level in range(MAX_CHASSIS_DEPTH + 2)]
+    for level, uri in enumerate(chain):
+        sim.tree[uri] = {"@odata.id": uri, "Id": f"deep-{level}", "ChassisType": "Enclosure"}
+        if level + 1 < len(chain):
+            sim.tree[uri]["Links"] = {"ContainedBy": {"@odata.id": chain[level + 1]}}
+    last, beyond = chain[MAX_CHASSIS_DEPTH - 1], chain[MAX_CHASSIS_DEPTH]
+    sim.tree[last]["Location"] = {"Placement": {"Row": "last-row"}}
+    sim.tree[beyond]["Location"] = {"Placement": {"Rack": "beyond-reach"}}
+    sim.tree[block]["Links"]["Chassis"] = [{"@odata.id": chain[0]}]
+
+    listing = await backend.list_devices()
+
+    located = [d.location for d in listing.items if d.attach_unit == block]
+    assert located
+    assert {(place.chassis, place.row, place.rack) for place in located} == {
+        ("deep-0", "last-row", None)
+    }
+    assert [script.calls[f"GET {uri}"] for uri in chain] == [1] * MAX_CHASSIS_DEPTH + [0, 0]
 
 
 async def test_concurrency_limit_bounds_requests_in_flight(

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from app.fabric.redfish import RedfishBackend
+from app.fabric.redfish.backend import RedfishBackend
 from app.fabric.types import FabricDevice, FabricHost
 from app.sim.redfish import InventorySpec, RedfishSimulator
 

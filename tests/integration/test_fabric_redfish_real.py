@@ -25,7 +25,8 @@ from app.fabric.errors import (
     FabricServerOwned,
     FabricUnavailable,
 )
-from app.fabric.redfish import RedfishBackend, RetrySettings
+from app.fabric.redfish.backend import RedfishBackend
+from app.fabric.redfish.transport import RetrySettings
 from app.fabric.types import DeviceType, FabricDevice, OperationState
 from app.sim.redfish import InventorySpec, RedfishSimulator
 

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
+from builders import REDFISH_DATA
 from sqlalchemy import select
 
 from app.db.engine import Database
 from app.db.models import Device, Host
-from app.fabric.redfish import RedfishBackend, RetrySettings
+from app.fabric.redfish.backend import RedfishBackend
+from app.fabric.redfish.transport import RetrySettings
 from app.inventory import InventorySync
 from app.sim.redfish import InventorySpec, RedfishSimulator
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "redfish"
+DATA = REDFISH_DATA
 FAST_RETRY = RetrySettings(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02)
 
 

@@ -37,15 +37,11 @@ from reliability_service import Running
 from app.claims.model import InvalidClaimConfig, effective_config
 from app.db.engine import Database
 from app.fabric.errors import FabricError
-from app.fabric.redfish import RedfishBackend, RetrySettings
-from app.fabric.redfish_parse import (
-    BadItem,
-    BlockInfo,
-    DeviceContext,
-    DeviceSource,
-    parse_block,
-    parse_device,
-)
+from app.fabric.redfish.backend import RedfishBackend
+from app.fabric.redfish.parse.blocks import BlockInfo, DeviceSource, parse_block
+from app.fabric.redfish.parse.common import BadItem
+from app.fabric.redfish.parse.devices import DeviceContext, parse_device
+from app.fabric.redfish.transport import RetrySettings
 from app.fabric.types import FabricDevice
 from app.inventory import InventorySync
 from app.inventory.queries import pool_devices

@@ -24,28 +24,21 @@ from app.fabric.errors import (
     FabricTimeout,
     FabricUnavailable,
 )
-from app.fabric.redfish_parse import (
-    MAX_STRING_BYTES,
-    BadItem,
-    BlockInfo,
-    ChassisPlace,
+from app.fabric.redfish.parse.blocks import BlockInfo, DeviceSource, block_hosts, parse_block
+from app.fabric.redfish.parse.chassis import ChassisPlace, location_from_chain, parse_chassis
+from app.fabric.redfish.parse.collection import parse_collection_page
+from app.fabric.redfish.parse.common import MAX_STRING_BYTES, BadItem, text
+from app.fabric.redfish.parse.devices import (
+    KIND_PARSERS,
     DeviceContext,
-    DeviceSource,
-    block_hosts,
-    error_from_response,
-    host_from_system,
-    location_from_chain,
-    parse_block,
-    parse_chassis,
-    parse_collection_page,
     parse_device,
-    parse_retry_after,
     parse_simple_storage,
-    parse_system,
-    parse_task,
     storage_drive_links,
-    text,
 )
+from app.fabric.redfish.parse.errors import error_from_response
+from app.fabric.redfish.parse.headers import parse_retry_after
+from app.fabric.redfish.parse.systems import host_from_system, parse_system
+from app.fabric.redfish.parse.tasks import parse_task
 from app.fabric.types import DeviceType, Health, Location, OperationState
 
 DATA = REDFISH_DATA
@@ -447,6 +440,27 @@ def test_network_interfaces_are_nics() -> None:
     assert device.attributes["speed_mbps"] == 100
 
 
+MINIMAL_DEVICES = {
+    DeviceSource.PROCESSOR: ({"ProcessorType": "GPU"}, DeviceType.GPU),
+    DeviceSource.DRIVE: ({"Protocol": "NVMe"}, DeviceType.NVME),
+    DeviceSource.MEMORY: ({}, DeviceType.MEMORY),
+    DeviceSource.NETWORK_INTERFACE: ({}, DeviceType.NIC),
+    DeviceSource.ETHERNET_INTERFACE: ({}, DeviceType.NIC),
+}
+
+
+@pytest.mark.parametrize("source", list(DeviceSource), ids=str)
+def test_every_block_property_that_links_devices_has_a_parser(source: DeviceSource) -> None:
+    """The parser table covers every DeviceSource: a minimal resource of each kind gives a
+    device of that kind's type."""
+    payload, expected = MINIMAL_DEVICES[source]
+    assert source in KIND_PARSERS
+    device = parse_device({"@odata.id": "/d", **payload}, "/d", source,
+                          DeviceContext(BlockInfo(uri="/b")))
+    assert device is not None
+    assert device.device_type is expected
+
+
 def test_device_health_falls_back_to_the_block() -> None:
     block = BlockInfo(uri="/b", block_types=("Processor",), health=Health.CRITICAL, state="X")
     device = parse_device(gpu_payload(Status=None), "/d", DeviceSource.PROCESSOR,
@@ -761,7 +775,7 @@ def test_region_is_the_nearest_reported_one(regions: list[str | None]) -> None:
 def test_device_health_is_the_worse_of_device_and_block(
     device: str, block: str, expected: str
 ) -> None:
-    from app.fabric.redfish_parse import worst_health
+    from app.fabric.redfish.parse.common import worst_health
     from app.fabric.types import Health
 
     assert worst_health(Health(device), Health(block)) is Health(expected)

@@ -7,12 +7,8 @@ from typing import Any
 
 import pytest
 
-from app.fabric.redfish_parse import (
-    MAX_EXPAND_LEVELS,
-    expand_levels,
-    inline_resources,
-    systems_by_block,
-)
+from app.fabric.redfish.parse.blocks import systems_by_block
+from app.fabric.redfish.parse.collection import MAX_EXPAND_LEVELS, expand_levels, inline_resources
 
 
 def root(expand: Any) -> dict[str, Any]:

@@ -13,21 +13,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.fabric.errors import FabricError, FabricUnavailable
-from app.fabric.redfish_parse import (
+from app.fabric.redfish.parse.blocks import (
     BlockInfo,
-    DeviceContext,
     DeviceSource,
-    device_identity,
-    error_from_response,
     is_cpu,
-    normalise_etag,
     parse_block,
-    parse_device,
-    parse_health,
-    parse_task,
-    preferred_etag,
     server_owned_reason,
 )
+from app.fabric.redfish.parse.common import parse_health
+from app.fabric.redfish.parse.devices import DeviceContext, parse_device
+from app.fabric.redfish.parse.errors import error_from_response
+from app.fabric.redfish.parse.headers import normalise_etag, preferred_etag
+from app.fabric.redfish.parse.identity import device_identity
+from app.fabric.redfish.parse.tasks import parse_task
 from app.fabric.types import DeviceType, FabricDevice, Health, Location, OperationState
 
 DATA = REDFISH_DATA
