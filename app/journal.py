@@ -17,7 +17,6 @@ import datetime as dt
 import logging
 from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -40,25 +39,23 @@ from app.clock import utcnow
 from app.db.engine import Database
 from app.db.models import ACTIVE_RESERVATION_STATES, Device, Reservation, UtcDateTime
 from app.fabric.types import DeviceType, FabricDevice
+from app.reservations import (  # the journal's value types, exposed here too
+    ATTACHED,
+    ATTACHING,
+    DETACH_FAILED,
+    DETACHING,
+    FAILED,
+    FORGET_FROM,
+    PENDING,
+    RELEASED,
+    STATES,
+    ClaimRef,
+    HeldDevice,
+    ReservationView,
+)
 
-PENDING = "pending"
-ATTACHING = "attaching"
-ATTACHED = "attached"
-DETACHING = "detaching"
-RELEASED = "released"
-FAILED = "failed"
-DETACH_FAILED = "detach-failed"
-STATES = (PENDING, ATTACHING, ATTACHED, DETACHING, RELEASED, FAILED, DETACH_FAILED)
-TERMINAL_STATES = (FAILED, DETACH_FAILED)
-"""States that hold the device and that nothing retries on its own (attach-failed and
-detach-failed)."""
-FORGET_FROM = (DETACHING, FAILED, DETACH_FAILED)
-"""States an operator may *forget* (release without a detach, the hardware fixed by hand): a
-detach that failed for good or keeps failing, and a failed attach. Never ``attaching`` or
-``attached``: a live claim's pod may be using the device (release those instead)."""
 MAX_ERROR_LENGTH = 2000
 log = logging.getLogger(__name__)
-
 
 
 class DeviceHeld(Exception):
@@ -82,67 +79,6 @@ class DeviceHeld(Exception):
 
 class UnknownDevice(Exception):
     """No present device has that name."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRef:
-    """A ResourceClaim's identity."""
-
-    uid: str
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class HeldDevice:
-    """A device an active exclusive reservation holds: the claim's uid, pool and device."""
-
-    claim_uid: str
-    pool: str
-    device_name: str
-
-
-@dataclass(frozen=True, slots=True)
-class ReservationView:
-    """One journal row as a plain value (see :class:`app.db.models.Reservation`)."""
-
-    id: int
-    claim: ClaimRef
-    request: str
-    mode: str
-    device_id: int
-    device_name: str
-    pool: str
-    exclusive: bool
-    node: str | None
-    host_id: str | None
-    state: str
-    attempts: int
-    last_error: str | None
-    operation_id: str | None
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    attached_at: dt.datetime | None
-    released_at: dt.datetime | None
-
-    @property
-    def active(self) -> bool:
-        """True unless released."""
-        return self.state != RELEASED
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (times as ISO 8601 in UTC)."""
-        data: dict[str, Any] = {
-            k: getattr(self, k) for k in self.__slots__ if k != "claim"
-        }
-        data["claim"] = {"uid": self.claim.uid, "namespace": self.claim.namespace,
-                         "name": self.claim.name}
-        for key in ("created_at", "updated_at", "attached_at", "released_at"):
-            data[key] = data[key].isoformat() if data[key] else None
-        return data
 
 
 _TABLE: Table = Reservation.__table__  # type: ignore[assignment]
@@ -498,18 +434,26 @@ class Journal:
         assert device is not None
         return view, device
 
-    async def begin_detach(self, reservation_id: int) -> tuple[ReservationView,
-                                                                FabricDevice | None] | None:
-        """Record the intent to detach (any state but ``pending`` and ``released`` ->
-        ``detaching``, one attempt counted) and read the device's fabric view, in one
-        transaction.
+    async def begin_detach(
+        self, reservation_id: int, *, error: str | None = None, from_detach_failed: bool = False,
+    ) -> tuple[ReservationView, FabricDevice | None] | None:
+        """Record the intent to detach (any state but ``pending``, ``released`` and, unless
+        ``from_detach_failed``, ``detach-failed`` -> ``detaching``, one attempt counted) and
+        read the device's fabric view, in one transaction.
+
+        Args:
+            error: stored as ``last_error`` (None clears it).
+            from_detach_failed: a ``detach-failed`` reservation may be tried again too (an
+                operator's force-release); its detach attempts count from zero again.
 
         Returns:
             (the reservation, the device or None when its row is gone), or None when the
             reservation was in another state.
         """
+        expected = (ATTACHING, ATTACHED, FAILED, DETACHING) + (
+            (DETACH_FAILED,) if from_detach_failed else ())
         return await self._transition(
-            reservation_id, (ATTACHING, ATTACHED, FAILED, DETACHING), DETACHING,
+            reservation_id, expected, DETACHING, error=error,
             count_attempt=True, with_device=True, device_required=False)
 
     async def forget(self, reservation_id: int, reason: str) -> ReservationView | None:
@@ -672,3 +616,24 @@ def _fabric_device_from(row: Any) -> FabricDevice:
         vendor_id=vendor_id, attach_unit=attach_unit, device_type=DeviceType(device_type),
         uuid=uuid, host_id=host_id, shareable=bool(shareable), name=vendor_name,
     )
+
+
+__all__ = [
+    "ATTACHED",
+    "ATTACHING",
+    "DETACHING",
+    "DETACH_FAILED",
+    "FAILED",
+    "FORGET_FROM",
+    "MAX_ERROR_LENGTH",
+    "PENDING",
+    "RELEASED",
+    "STATES",
+    "ClaimRef",
+    "DeviceHeld",
+    "HeldDevice",
+    "HeldFeed",
+    "Journal",
+    "ReservationView",
+    "UnknownDevice",
+]

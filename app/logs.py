@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import sys
+import time
 from typing import Any
 
 _PATTERNS = (
@@ -46,7 +47,9 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            # UTC whatever the process's time zone (formatTime would give local time).
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -64,7 +67,7 @@ def setup_logging(level: str = "INFO", json_format: bool = False) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-        formatter.converter = __import__("time").gmtime
+        formatter.converter = time.gmtime
         handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in list(root.handlers):

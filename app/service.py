@@ -24,15 +24,20 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio.client import CoreV1Api
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.admin.actions import DatabaseActions
+from app.admin.context import AdminContext, Check
+from app.admin.whatif import what_if_answer
+from app.allocator import Allocator
 from app.claims.drift import Drift, DriftTarget, DriftWatch
+from app.claims.fabric_ops import FabricOps
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.clock import utcnow
-from app.config import Settings
+from app.config import Settings, read_secret
 from app.db import migrate
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
@@ -43,14 +48,24 @@ from app.journal import Journal
 from app.kube.client import KubeClient, call_json, connect
 from app.kube.factory import kube_client_settings
 from app.kube.leader import LeaderElectionSettings, LeaderElector
-from app.kube.versions import ResourceApiVersion, discover_served_versions
+from app.kube.versions import (
+    ResourceApiVersion,
+    device_class_from_wire,
+    discover_served_versions,
+    resource_api,
+)
 from app.metrics import FabricRetryCollector, InformerCollector, Metrics
-from app.pools import PoolConfig, desired_pools
+from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools
 from app.publisher import Publisher, PublisherMetrics, PublisherSettings
 from app.supervisor import Supervisor
 
+if TYPE_CHECKING:  # imported only when the mode is served (see Service._lead)
+    from app.controlplane.controller import ControlPlaneController
+
 log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+STEP_DOWN_DRAIN_S = 10.0
+"""How long in-flight reconciles may take to finish when this replica stops leading, seconds."""
 
 
 def settle_heap() -> None:
@@ -83,6 +98,21 @@ def publisher_versions(structured: ResourceApiVersion | None,
     raise ValueError("no mode to publish for")
 
 
+def publishing_config(settings: Settings, version: ResourceApiVersion, *,
+                      taints_supported: bool) -> PoolConfig:
+    """How devices become the pools published in ``version``'s ResourceSlices.
+
+    ``taints_supported`` is what the publisher learned from the API server (False once it
+    dropped device taints, ``Publisher.taints_dropped``: unhealthy, cordoned and failed
+    devices are then withheld instead of tainted). v1alpha3 (Kubernetes 1.31) has neither
+    binding conditions nor device taints.
+    """
+    config = PoolConfig.from_settings(settings, taints_supported=taints_supported)
+    if version is ResourceApiVersion.V1ALPHA3:
+        config = dataclasses.replace(config, binds_to_node=False, taints_supported=False)
+    return config
+
+
 def default_identity() -> str:
     """This replica's name: the pod's hostname plus a short random suffix."""
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
@@ -107,7 +137,7 @@ class Leadership:
     inventory: InventorySync
     publishers: dict[ResourceApiVersion, Publisher] = field(default_factory=dict)
     claims: ClaimReconciler | None = None
-    control_plane: Any = None
+    control_plane: ControlPlaneController | None = None
     publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     # A sync succeeded in this term: until then an empty database is no inventory at all.
     inventory_synced: bool = False
@@ -155,6 +185,7 @@ class Service:
         self.leading: Leadership | None = None
         self._lead_task: asyncio.Task[None] | None = None
         self._admin: Any = None
+        self._allocator: Allocator | None = None
         self.admin_port: int | None = None
         self._started_at = time.monotonic()
         self.last_inventory: Any = None
@@ -243,12 +274,7 @@ class Service:
         self._lead_task = asyncio.create_task(self._lead(), name="leading")
 
     async def _on_stopped_leading(self) -> None:
-        await self._stop_leading(self.settings_drain_s)
-
-    @property
-    def settings_drain_s(self) -> float:
-        """How long in-flight reconciles may take to finish when stepping down."""
-        return 10.0
+        await self._stop_leading(STEP_DOWN_DRAIN_S)
 
     async def _lead(self) -> None:
         assert self.backend is not None
@@ -369,7 +395,7 @@ class Service:
             with contextlib.suppress(TimeoutError):
                 # The timeout re-checks what the API server drops even when nothing changed.
                 await asyncio.wait_for(leading.publish_wanted.wait(), timeout=5.0)
-            supported = {v: not p.taints_dropped for v, p in leading.publishers.items()}
+            supported = _taints_supported(leading)
             if not leading.publish_wanted.is_set() and supported == published_with:
                 continue
             leading.publish_wanted.clear()
@@ -390,13 +416,26 @@ class Service:
                                 "instead", version.value)
             published_with = supported
             for version, publisher in leading.publishers.items():
-                config = PoolConfig.from_settings(self.settings,
-                                                  taints_supported=supported[version])
-                if version is ResourceApiVersion.V1ALPHA3:
-                    # Kubernetes 1.31 has neither binding conditions nor device taints.
-                    config = dataclasses.replace(config, binds_to_node=False,
-                                                 taints_supported=False)
-                publisher.set_desired(desired_pools(devices, config))
+                publisher.set_desired(self._pools_for(devices, version, supported[version]))
+
+    def _pools_for(self, devices: list[PoolDevice], version: ResourceApiVersion,
+                   taints_supported: bool) -> dict[str, DesiredPool]:
+        """The pools published in ``version`` (the publish loop and the what-if both use
+        this, so that the what-if sees exactly what the scheduler is offered)."""
+        return desired_pools(devices, publishing_config(self.settings, version,
+                                                        taints_supported=taints_supported))
+
+    async def published_pools(self) -> dict[str, DesiredPool]:
+        """The pools as this service publishes them now, in the version it publishes: with
+        device taints only where the leading publisher has not seen the API server drop them
+        (a replica that does not lead assumes they are kept).
+
+        Raises:
+            ValueError: no mode to publish for (see :func:`publisher_versions`).
+        """
+        version = publisher_versions(self.version, self.control_plane_served)[0]
+        supported = _taints_supported(self.leading).get(version, True)
+        return self._pools_for(await pool_devices(self.db), version, supported)
 
     def _live_informers(self) -> list[Any]:
         leading = self.leading
@@ -488,9 +527,111 @@ class Service:
 
     # ------------------------------------------------------------------ admin
     async def _start_admin(self) -> None:
-        from app.service_admin import start_admin
+        """Serve the admin endpoint on ``admin.host``:``admin.port``; the bound port is stored
+        in :attr:`admin_port` (useful with port 0).
 
-        self._admin = await start_admin(self)
+        Raises:
+            ConfigError: the admin token file cannot be read.
+            OSError: the address is in use or cannot be bound.
+        """
+        from app.admin.app import serve
+
+        admin = self.settings.admin
+        self._admin = await serve(self.admin_context(), admin.host, admin.port)
+        address = self._admin.addresses[0] if self._admin.addresses else None
+        self.admin_port = address[1] if isinstance(address, tuple) else admin.port
+
+    def admin_context(self) -> AdminContext:
+        """Everything the admin endpoint reads and calls, wired to this service's parts (the
+        admin package knows nothing of :class:`Service`).
+
+        Raises:
+            ConfigError: the admin token file cannot be read.
+        """
+        settings = self.settings
+        assert self.backend is not None
+        token = (read_secret(settings.admin.token_file, "admin.token_file")
+                 if settings.admin.token_file else None)
+        pool_config = PoolConfig.from_settings(settings)
+        journal = Journal(self.db)
+        # A force-release goes through the controllers' own release routine.
+        ops = FabricOps(journal, self.backend, None, metrics=self.metrics.claims,
+                        on_failed_device=self.request_publish,
+                        max_detach_attempts=settings.controller.detach_attempts)
+        actions = DatabaseActions(self.db, journal, self.backend, pool_config,
+                                  on_change=self.request_publish, ops=ops)
+
+        async def readiness() -> list[Check]:
+            return [Check(n, ok, m) for n, ok, m in await self.readiness_checks()]
+
+        return AdminContext(
+            db=self.db,
+            registry=self.metrics.registry,
+            health=lambda: [Check(n, ok, m) for n, ok, m in self.health_checks()],
+            readiness=readiness,
+            status=self.status,
+            actions=actions,
+            driver_name=settings.driver_name,
+            claim_view=self.claim_view,
+            publisher_status=self.publisher_pools_status,
+            what_if=self.what_if if self.kube is not None else None,
+            token=token,
+            require_token_for_reads=settings.admin.require_token_for_reads,
+            max_request_bytes=settings.admin.max_request_bytes,
+            pool_config=pool_config,
+        )
+
+    async def claim_view(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The live claim reconciler's view of one claim: ``{"claim": <cached claim or None>,
+        "errors": [{"at", "message"}, ...]}``, or None when it is not running here."""
+        leading = self.leading
+        if leading is None or leading.claims is None:
+            return None
+        reconciler = leading.claims
+        errors = [
+            {"at": e.at.isoformat(), "message": e.message}
+            for e in reconciler.recent_errors if e.claim == f"{namespace}/{name}"
+        ]
+        return {"claim": reconciler.claims.get(name, namespace), "errors": errors}
+
+    def publisher_pools_status(self) -> dict[str, Any]:
+        """The main publisher's status per pool, ``{pool: {...}}`` (empty when not leading)."""
+        leading = self.leading
+        if leading is None or not leading.publishers:
+            return {}
+        publisher = (leading.publishers.get(self.version) if self.version else None) or \
+            next(iter(leading.publishers.values()))
+        pools = publisher.status().to_json().get("pools") or {}
+        return dict(pools) if isinstance(pools, dict) else {
+            str(p.get("name")): p for p in pools if isinstance(p, dict)
+        }
+
+    async def what_if(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Which nodes and pools could satisfy the claim ``spec`` (v1 JSON) now: the
+        allocator over exactly the pools this service publishes (:meth:`published_pools`),
+        the API server's DeviceClasses and Nodes, and the devices reserved now.
+
+        Returns:
+            :func:`app.admin.whatif.what_if_answer`'s ``{"nodes": [...]}``.
+
+        Raises:
+            KubeError: DeviceClasses or Nodes could not be listed.
+        """
+        assert self.kube is not None
+        classes: list[dict[str, Any]] = []
+        if self.version is not None:
+            body = await call_json(resource_api(self.kube.api, self.version).list_device_class(
+                _preload_content=False), "list DeviceClasses")
+            classes = [device_class_from_wire(item, self.version)
+                       for item in body.get("items") or []]
+        nodes = await self.list_nodes()
+        pools = await self.published_pools()
+        driver = self.settings.driver_name
+        in_use = {(driver, r.pool, r.device_name) for r in await Journal(self.db).active()}
+        if self._allocator is None:
+            self._allocator = Allocator()
+        return what_if_answer(spec, driver_name=driver, device_classes=classes, nodes=nodes,
+                              pools=pools.values(), in_use=in_use, allocator=self._allocator)
 
     async def _stop_admin(self) -> None:
         if self._admin is not None:
@@ -503,3 +644,11 @@ class Service:
         body = await call_json(CoreV1Api(self.kube.api).list_node(_preload_content=False),
                                "list Nodes")
         return list(body.get("items") or [])
+
+
+def _taints_supported(leading: Leadership | None) -> dict[ResourceApiVersion, bool]:
+    """Per published version: the API server keeps device taints (its publisher has not seen
+    them dropped)."""
+    if leading is None:
+        return {}
+    return {v: not p.taints_dropped for v, p in leading.publishers.items()}

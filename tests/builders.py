@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
 
 from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
 from app.fabric.types import (
@@ -22,11 +25,27 @@ from app.fabric.types import (
     OperationState,
     Rejected,
 )
+from app.sim.redfish import InventorySpec
 
-REDFISH_DATA = Path(os.environ.get(
-    "REDFISH_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "redfish"))
-"""The shared Redfish data (DMTF mockups, CSDL): ``../shared`` beside the checkout, or
+if TYPE_CHECKING:
+    from app.publisher.publisher import Publisher
+    from app.sim.kubeapi import KubeEmulator
+
+SHARED_DATA = Path(os.environ.get(
+    "FABRIC_DRA_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+"""The shared test data: ``../shared/data`` beside the checkout, or ``FABRIC_DRA_SHARED_DATA``.
+Every test and benchmark finds its data through this (never by an absolute machine path)."""
+
+REDFISH_DATA = Path(os.environ.get("REDFISH_DATA_DIR", SHARED_DATA / "redfish"))
+"""The shared Redfish data (DMTF mockups, CSDL): ``redfish`` in :data:`SHARED_DATA`, or
 ``REDFISH_DATA_DIR``."""
+
+REDFISH_BASIC_AUTH = aiohttp.encode_basic_auth("admin", "password")
+"""The ``Authorization`` header value of the Redfish simulator's default account."""
+
+SMALL_REDFISH = InventorySpec(regions=1, racks_per_region=2, devices_per_rack=3,
+                              hosts_per_rack=2, device_mix="mixed", seed=7)
+"""A small simulated Redfish inventory: 2 racks of 3 mixed devices and 2 hosts each."""
 
 
 def gpu(
@@ -132,16 +151,50 @@ class MemoryBackend:
 
 
 async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 15,
-                     what: str = "condition", interval_s: float = 0.05) -> None:
+                     what: str = "condition", interval_s: float = 0.05) -> float:
     """Wait until ``check()`` (a plain or an awaitable result) is true, looking every
-    ``interval_s`` seconds. Raises AssertionError naming ``what`` after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    ``interval_s`` seconds; returns the seconds waited. Raises AssertionError naming ``what``
+    after ``timeout_s``. The one way every test waits for an asynchronous outcome."""
+    start = asyncio.get_running_loop().time()
+    deadline = start + timeout_s
     while True:
         result = check()
         if isinstance(result, Awaitable):
             result = await result
         if result:
-            return
+            return asyncio.get_running_loop().time() - start
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+async def publisher_caught_up(emu: KubeEmulator, publisher: Publisher,
+                              timeout_s: float = 15) -> None:
+    """Wait until ``publisher``'s watch has delivered everything up to ``emu``'s current
+    resourceVersion (an event or a bookmark at or past it: every event before it was handled),
+    then until the publisher is idle. Raises AssertionError after ``timeout_s``."""
+    target = emu.resource_version
+    (informer,) = publisher.informers()
+    await eventually(lambda: int(informer.resource_version or 0) >= target, timeout_s,
+                     f"the publisher's watch at resourceVersion {target}")
+    await publisher.wait_idle(timeout_s)
+
+
+async def redfish_call(http: aiohttp.ClientSession, method: str, url: str, *,
+                       auth: str | None = REDFISH_BASIC_AUTH,
+                       headers: dict[str, str] | None = None,
+                       **kwargs: Any) -> tuple[int, Any, Any]:
+    """Send one request with an ``Authorization`` header value ``auth`` (None: none).
+
+    Returns (status, parsed JSON body or raw text or None, headers).
+    """
+    headers = dict(headers or {})
+    if auth is not None:
+        headers.setdefault("Authorization", auth)
+    async with http.request(method, url, headers=headers, **kwargs) as resp:
+        text = await resp.text()
+        try:
+            body: Any = json.loads(text) if text else None
+        except ValueError:
+            body = text
+        return resp.status, body, resp.headers

@@ -5,11 +5,15 @@ the reservation journal and the fabric backend. After a change it calls ``on_cha
 service re-publishes the pools (cordoned devices are tainted or withheld by
 :func:`app.pools.desired_pools`; a released ``failed`` reservation lifts an attach-failed taint).
 
-A force-release follows the journal's rules (DESIGN.md invariant 2): ``detaching`` is written
-before the fabric is asked to detach. A fabric that no longer knows the device, or shows it held
-by another host, counts as detached. Any other fabric error leaves the reservation
-``detaching`` with the error recorded; the claim reconciler's recovery retries such entries, so
-the device is never released while it may still be attached.
+A force-release is the controllers' own release routine (:meth:`app.claims.fabric_ops.FabricOps.
+release_once`, DESIGN.md invariant 2), with "released by an administrator" journalled in each
+step: ``detaching`` is written before the fabric is asked to detach, and a task the fabric runs
+for it is journalled and followed. A fabric that no longer knows the device, or shows it held by
+another host, counts as detached. A transient fabric error leaves the reservation ``detaching``
+with the error recorded (the controller tries again, so the device is never released while it
+may still be attached); a refusal, or a transient error past the detach attempts, ends it
+``detach-failed``, as the controller's own release does. A ``detach-failed`` reservation may be
+force-released again once the operator fixed what the fabric refused.
 
 A *forget* is for the hardware an operator fixed by hand: the reservation (typically
 ``detach-failed``) is released without any fabric call, with the operator's reason journalled in
@@ -27,30 +31,20 @@ from typing import Any
 from sqlalchemy import insert, select, update
 
 from app.admin.queries import device_summary
+from app.claims.fabric_ops import FabricOps
 from app.clock import utcnow
 from app.db.engine import Database
 from app.db.models import Device, DeviceEvent
 from app.fabric.backend import FabricBackend
-from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
-from app.journal import (
-    ATTACHED,
-    ATTACHING,
-    DETACH_FAILED,
-    DETACHING,
-    FAILED,
-    FORGET_FROM,
-    PENDING,
-    RELEASED,
-    Journal,
-    ReservationView,
-    UnknownDevice,
-)
+from app.journal import FORGET_FROM, RELEASED, Journal
 from app.pools import PoolConfig
 
 log = logging.getLogger(__name__)
 
 MAX_REASON_LENGTH = 255
 RELEASE_ATTEMPTS = 3
+RELEASE_NOTE = "released by an administrator"
+"""Journalled in each step of a force-release (``last_error``)."""
 
 
 class DatabaseActions:
@@ -64,6 +58,9 @@ class DatabaseActions:
         on_change: called (and awaited when it returns an awaitable) after each change; its
             failure is logged, the change stands.
         clock: the current aware UTC time.
+        ops: the release routine to force-release with (the service passes one with its
+            metrics and ``controller.detach_attempts``); default: one over ``journal`` and
+            ``backend`` that records no Events.
     """
 
     def __init__(
@@ -74,6 +71,7 @@ class DatabaseActions:
         pool_config: PoolConfig,
         on_change: Callable[[], Awaitable[None] | None] | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
+        ops: FabricOps | None = None,
     ) -> None:
         self.db = db
         self.journal = journal
@@ -81,6 +79,7 @@ class DatabaseActions:
         self.pool_config = pool_config
         self.on_change = on_change
         self.clock = clock
+        self.ops = ops if ops is not None else FabricOps(journal, backend, None, clock=clock)
 
     async def _changed(self) -> None:
         if self.on_change is None:
@@ -156,11 +155,14 @@ class DatabaseActions:
         return await self._device(device)
 
     async def force_release(self, reservation_id: int) -> Mapping[str, Any]:
-        """Detach (best effort) and release reservation ``reservation_id``.
+        """Detach (best effort) and release reservation ``reservation_id``, through the
+        controllers' release routine (:meth:`FabricOps.release_once`; a ``detach-failed``
+        reservation is detached again).
 
         Returns:
-            The reservation: ``released``, or ``detaching`` with ``last_error`` set when the
-            fabric refused the detach for another reason than "gone" or "held elsewhere".
+            The reservation: ``released``; ``detaching`` with ``last_error`` set after a
+            transient fabric error (the controller tries again); ``detach-failed`` when the
+            fabric refused the detach, or failed too many times in a row.
 
         Raises:
             LookupError: no such reservation.
@@ -172,8 +174,12 @@ class DatabaseActions:
                 raise LookupError(f"reservation {reservation_id} does not exist")
             if current.state == RELEASED:
                 raise ValueError(f"reservation {reservation_id} is released already")
-            done = await self._release(current)
+            result = await self.ops.release_once(current, None, note=RELEASE_NOTE,
+                                                 retry_detach_failed=True)
+            done = result.reservation
             if done is not None:
+                log.info("reservation %d (device %s, claim %s) force-released by an "
+                         "administrator: %s", done.id, done.device_name, done.claim, done.state)
                 await self._changed()
                 return done.to_json()
             # Another worker moved it between our read and our write: read again.
@@ -219,38 +225,3 @@ class DatabaseActions:
                     done.claim, current.state, reason)
         await self._changed()
         return done.to_json()
-
-    async def _release(self, current: ReservationView) -> ReservationView | None:
-        note = "released by an administrator"
-        if current.state == PENDING:
-            # Nothing was sent to the fabric for a pending reservation.
-            return await self.journal.transition(current.id, [PENDING], RELEASED, error=note)
-        # A detach-failed reservation may be tried again by hand (the operator fixed what
-        # the fabric refused); if the fabric still refuses, it stays detaching and the
-        # controller's own tries end it detach-failed again.
-        moving = await self.journal.transition(
-            current.id, [ATTACHING, ATTACHED, FAILED, DETACHING, DETACH_FAILED], DETACHING,
-            count_attempt=True, error=f"{note}: detaching",
-        )
-        if moving is None:
-            return None
-        log.info("reservation %d (device %s, claim %s) force-released by an administrator",
-                 moving.id, moving.device_name, moving.claim)
-        if moving.host_id is None:
-            return await self._settle(moving, f"{note} (no host was attached)")
-        try:
-            device = await self.journal.fabric_device(moving)
-            await self.backend.detach(device, moving.host_id)
-        except (UnknownDevice, FabricNotFound) as err:
-            return await self._settle(moving, f"{note} without detach: {err}")
-        except FabricConflict as err:
-            return await self._settle(moving, f"{note}; the device is held elsewhere: {err}")
-        except FabricError as err:
-            message = f"{note}, but detach from host {moving.host_id} failed: {err}"
-            log.warning("reservation %d: %s", moving.id, message)
-            return await self.journal.transition(moving.id, [DETACHING], DETACHING,
-                                                 error=message)
-        return await self._settle(moving, f"{note}; detached from host {moving.host_id}")
-
-    async def _settle(self, moving: ReservationView, note: str) -> ReservationView | None:
-        return await self.journal.transition(moving.id, [DETACHING], RELEASED, error=note)

@@ -427,6 +427,11 @@ async def release(call: Call) -> web.Response:
     reservation = await _act_value(call.context.actions.force_release(call.query["id"]))
     if reservation.get("state") == "released":
         return json_answer({"reservation": reservation, "message": "released"})
+    if reservation.get("state") == "detach-failed":
+        return json_answer({"reservation": reservation,
+                            "message": "the detach failed for good; the reservation is "
+                                       "detach-failed: fix it on the fabric, then forget it"},
+                           202)
     return json_answer({"reservation": reservation,
                         "message": "the detach failed; the reservation stays "
                                    f"{reservation.get('state')} and the controller retries it"},
@@ -581,7 +586,8 @@ def routes() -> tuple[Route, ...]:
               params=(Param("id", "path", "the reservation id", kind="integer", minimum=1,
                             maximum=MAX_OFFSET),),
               answers={200: ("Released.", _json("ReleaseAnswer")),
-                       202: ("The detach failed; the reservation stays detaching.",
+                       202: ("The detach failed; the reservation stays detaching (the "
+                             "controller retries it) or is detach-failed.",
                              _json("ReleaseAnswer"))},
               errors=(400, 404, 409)),
         Route("POST", f"{API}/reservations/{{id}}/forget", forget, "forget_reservation",

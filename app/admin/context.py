@@ -40,7 +40,8 @@ class AdminActions(Protocol):
         ...
 
     async def force_release(self, reservation_id: int) -> Mapping[str, Any]:
-        """Detach (best effort) and release a reservation. Returns the reservation."""
+        """Detach (best effort) and release a reservation, as the controllers release
+        (``detach-failed`` when the fabric refuses). Returns the reservation."""
         ...
 
     async def forget(self, reservation_id: int, reason: str) -> Mapping[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -393,8 +393,3 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
     """A :class:`Node` from a core/v1 Node object."""
     meta = obj.get("metadata") or {}
     return Node(str(meta.get("name") or ""), dict(meta.get("labels") or {}))
-
-
-def classes_by_name(classes: Sequence[DeviceClass]) -> dict[str, DeviceClass]:
-    """Classes keyed by name."""
-    return {c.name: c for c in classes}

@@ -26,14 +26,14 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import select
+from app.reservations import ATTACHED, ReservationView
 
-from app.claims.fabric_ops import FabricOps
-from app.db.engine import Database
-from app.db.models import Device
-from app.journal import ATTACHED, Journal, ReservationView
+if TYPE_CHECKING:  # I/O modules: the pure part (find_drift) must load without them
+    from app.claims.fabric_ops import FabricOps
+    from app.db.engine import Database
+    from app.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,11 @@ class DriftWatch:
 
 async def _fabric_views(db: Database, device_ids: Sequence[int] | set[int]) -> dict[
         int, FabricView]:
+    # Imported here so that importing this module (find_drift) loads no database library.
+    from sqlalchemy import select
+
+    from app.db.models import Device
+
     async with db.read() as session:
         rows = (await session.execute(
             select(Device.id, Device.host_id, Device.removed_at)

@@ -2,7 +2,8 @@
 
 The structured reconciler (:mod:`app.claims.reconciler`) and the control-plane controller
 (:mod:`app.controlplane.controller`) attach, detach, release and recover reservations the same
-way (DESIGN.md invariants 1-3):
+way, and the admin API's force-release releases through the same :meth:`FabricOps.release_once`
+(DESIGN.md invariants 1-3):
 
 * attach: ``attaching`` is written (compare-and-set, attempt counted) before the call is sent;
   success moves to ``attached`` and records an ``Attached`` Event; a permanent failure, or a
@@ -35,6 +36,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api
@@ -205,13 +207,28 @@ class EventRecorder:
             log.info("could not record event %s: %s", what, err)
 
 
+@dataclass(frozen=True, slots=True)
+class ReleaseResult:
+    """What one pass of :meth:`FabricOps.release_once` did.
+
+    Attributes:
+        done: nothing more to do: released, or ended (or left) ``detach-failed``. False: a
+            transient detach failure to try again, or another worker moved it first.
+        reservation: the reservation as the pass left it in the journal, or None when
+            another worker moved it first (the pass wrote nothing, or its last write lost).
+    """
+
+    done: bool
+    reservation: ReservationView | None
+
+
 class FabricOps:
     """Attach, release and recover journalled reservations through the fabric backend.
 
     Args:
         journal: the reservation journal.
         backend: the fabric backend.
-        events: where Events go.
+        events: where Events go (None: no Events, e.g. for the admin API's force-release).
         metrics: optional (``fabric_operations``, ``attach_seconds``, ``drift``, ``terminal``).
         clock: aware UTC time.
         on_error: called with (claim uid, message) for each problem worth showing on the
@@ -230,7 +247,7 @@ class FabricOps:
         self,
         journal: Journal,
         backend: FabricBackend,
-        events: EventRecorder,
+        events: EventRecorder | None,
         *,
         metrics: ClaimMetrics | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
@@ -256,6 +273,11 @@ class FabricOps:
     async def _at(self, step: str) -> None:
         if self.checkpoint is not None:
             await self.checkpoint(step)
+
+    async def _record(self, claim: Mapping[str, Any], type_: str, reason: str,
+                      message: str) -> None:
+        if self.events is not None:
+            await self.events.record(claim, type_, reason, message)
 
     def _error(self, uid: str, message: str) -> None:
         if self.on_error is not None:
@@ -353,7 +375,7 @@ class FabricOps:
             self._error(moving.claim.uid, message)
             log.warning("claim %s: %s", moving.claim, message)
             if claim is not None:
-                await self.events.record(claim, "Warning", REASON_ATTACH_FAILED, message)
+                await self._record(claim, "Warning", REASON_ATTACH_FAILED, message)
             self._terminal(FAILED)
             return DeviceReport(key, False, REASON_ATTACH_FAILED, message), False
         await self._at("after-attach")
@@ -364,7 +386,7 @@ class FabricOps:
             self.metrics.attach_seconds.observe(time.monotonic() - started)
         if claim is not None:
             once_more = " again" if moving.attached_at is not None else ""
-            await self.events.record(claim, "Normal", REASON_ATTACHED,
+            await self._record(claim, "Normal", REASON_ATTACHED,
                                      f"device {reservation.device_name} attached{once_more} to "
                                      f"node {moving.node} (fabric host {moving.host_id})")
         return self.ready_report(key, done or moving, device.uuid), False
@@ -396,18 +418,46 @@ class FabricOps:
         Raises:
             SQLAlchemyError: the journal could not be written.
         """
-        if reservation.state == DETACH_FAILED:
-            return True  # terminal: only an operator's forget ends it
+        return (await self.release_once(reservation, claim)).done
+
+    async def release_once(self, reservation: ReservationView, claim: Mapping[str, Any] | None,
+                           *, note: str | None = None,
+                           retry_detach_failed: bool = False) -> ReleaseResult:
+        """One pass of :meth:`release`, the one release routine of both modes and of the
+        admin API's force-release, telling what it left in the journal.
+
+        Args:
+            note: who asked, journalled in every step's ``last_error`` (``"released by an
+                administrator"``: ``"<note>: detaching"`` before the detach call, ``"<note>;
+                detached from host H"`` after it, ...); None journals the controller's own
+                messages.
+            retry_detach_failed: a ``detach-failed`` reservation is detached again (an
+                operator fixed what the fabric refused) instead of being left as it is.
+
+        Returns:
+            :class:`ReleaseResult`: ``done`` as :meth:`release` answers, and the reservation
+            as this pass wrote it (None when another worker moved it first).
+
+        Raises:
+            SQLAlchemyError: the journal could not be written.
+        """
+        if reservation.state == DETACH_FAILED and not retry_detach_failed:
+            return ReleaseResult(True, reservation)  # terminal: only an operator's forget ends it
         if reservation.state == PENDING:
             # Nothing was sent to the fabric for a pending reservation.
-            return await self.journal.transition(reservation.id, [PENDING], RELEASED) is not None
-        begun = await self.journal.begin_detach(reservation.id)
+            done = await self.journal.transition(reservation.id, [PENDING], RELEASED, error=note)
+            return ReleaseResult(done is not None, done)
+        begun = await self.journal.begin_detach(
+            reservation.id, error=f"{note}: detaching" if note else None,
+            from_detach_failed=retry_detach_failed)
         if begun is None:
-            return False
+            return ReleaseResult(False, None)
         moving, device = begun
         if moving.host_id is None:
-            await self.journal.transition(moving.id, [DETACHING], RELEASED)
-            return True
+            done = await self.journal.transition(
+                moving.id, [DETACHING], RELEASED,
+                error=f"{note} (no host was attached)" if note else None)
+            return ReleaseResult(True, done)
         try:
             if device is None:
                 raise UnknownDevice(f"device {moving.device_name} is not in the inventory")
@@ -420,55 +470,60 @@ class FabricOps:
                     on_operation=self._journal_operation(moving.id, DETACHING))
         except (UnknownDevice, FabricNotFound) as err:
             # The device or host is gone from the fabric: nothing is attached any more.
-            note = f"released without detach: {err}"
-            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=note,
-                                          clear_operation=True)
+            done = await self.journal.transition(
+                moving.id, [DETACHING], RELEASED, error=f"{note or 'released'} without detach: "
+                f"{err}", clear_operation=True)
             self._metric("detach", "gone")
-            return True
+            return ReleaseResult(True, done)
         except FabricConflict as err:
             # The device is held by another host now: it is not attached to ours.
-            await self.journal.transition(moving.id, [DETACHING], RELEASED, error=str(err),
-                                          clear_operation=True)
+            done = await self.journal.transition(
+                moving.id, [DETACHING], RELEASED, clear_operation=True,
+                error=f"{note}; the device is held elsewhere: {err}" if note else str(err))
             self._metric("detach", "conflict")
-            return True
+            return ReleaseResult(True, done)
         except FabricError as err:
-            return await self._detach_failed(moving, claim, err)
-        await self.journal.transition(moving.id, [DETACHING], RELEASED, detached=True,
-                                      clear_operation=True)
+            return await self._detach_failed(moving, claim, err, note)
+        done = await self.journal.transition(
+            moving.id, [DETACHING], RELEASED, detached=True, clear_operation=True,
+            error=f"{note}; detached from host {moving.host_id}" if note else None)
         self._metric("detach", "ok")
         if claim is not None:
-            await self.events.record(claim, "Normal", REASON_DETACHED,
-                                     f"device {moving.device_name} detached from fabric host "
-                                     f"{moving.host_id}")
-        return True
+            await self._record(claim, "Normal", REASON_DETACHED,
+                               f"device {moving.device_name} detached from fabric host "
+                               f"{moving.host_id}")
+        return ReleaseResult(True, done)
 
     async def _detach_failed(self, moving: ReservationView, claim: Mapping[str, Any] | None,
-                             err: FabricError) -> bool:
+                             err: FabricError, note: str | None) -> ReleaseResult:
         message = f"detach {moving.device_name} from host {moving.host_id}: {err}"
         keep_operation = isinstance(getattr(err, "op_id", None), str)
         if err.retryable and moving.attempts < self.max_detach_attempts:
-            await self.journal.transition(moving.id, [DETACHING], DETACHING, error=message,
-                                          clear_operation=not keep_operation)
+            journalled = (f"{note}, but detach from host {moving.host_id} failed: {err}"
+                          if note else message)
+            again = await self.journal.transition(moving.id, [DETACHING], DETACHING,
+                                                  error=journalled,
+                                                  clear_operation=not keep_operation)
             self._error(moving.claim.uid, message)
             self._metric("detach", "retry")
             log.warning("claim %s: %s (attempt %d of %d; tried again with backoff)",
                         moving.claim, message, moving.attempts, self.max_detach_attempts)
-            return False
+            return ReleaseResult(False, again)
         why = ("the fabric manager refused it" if not err.retryable
                else f"it failed {moving.attempts} times in a row")
-        final = (f"{message}; {why}. The device stays held and is not offered; fix it on the "
-                 "fabric, then forget the reservation (fabric-dra forget)")
+        final = (f"{note}, but " if note else "") + (
+            f"{message}; {why}. The device stays held and is not offered; fix it on the "
+            "fabric, then forget the reservation (fabric-dra forget)")
         done = await self.journal.transition(moving.id, [DETACHING], DETACH_FAILED,
                                              error=final, clear_operation=True)
         if done is None:
-            return False
+            return ReleaseResult(False, None)
         self._error(moving.claim.uid, final)
         self._metric("detach", "failed")
         log.error("claim %s: %s", moving.claim, final)
-        await self.events.record(claim or _claim_stub(moving), "Warning", REASON_DETACH_FAILED,
-                                 final)
+        await self._record(claim or _claim_stub(moving), "Warning", REASON_DETACH_FAILED, final)
         self._terminal(DETACH_FAILED)
-        return True
+        return ReleaseResult(True, done)
 
     async def lost(self, reservation: ReservationView, reason: str,
                    claim: Mapping[str, Any] | None = None) -> bool:
@@ -502,7 +557,7 @@ class FabricOps:
             self.metrics.drift.labels("lost").inc()
         self._error(reservation.claim.uid, message)
         log.warning("claim %s: %s", reservation.claim, message)
-        await self.events.record(claim or _claim_stub(reservation), "Warning",
+        await self._record(claim or _claim_stub(reservation), "Warning",
                                  REASON_DEVICE_LOST, message)
         if target == FAILED:
             self._terminal(FAILED)
@@ -528,7 +583,7 @@ class FabricOps:
             self.metrics.drift.labels("moved").inc()
         self._error(reservation.claim.uid, message)
         log.warning("claim %s: %s", reservation.claim, message)
-        await self.events.record(claim or _claim_stub(reservation), "Warning",
+        await self._record(claim or _claim_stub(reservation), "Warning",
                                  REASON_DEVICE_MOVED, message)
         self._terminal(FAILED)
         return True
@@ -582,6 +637,19 @@ class FabricOps:
         return counts
 
 
+def failed_report(key: WantedDevice, reservation: ReservationView) -> DeviceReport:
+    """The report of a reservation that failed for good: its attach (``AttachFailed``), its
+    device found on another host (``DeviceMoved``), an attach again after a lost attachment
+    that failed (``DeviceLost``), or its detach (``DetachFailed``)."""
+    message = reservation.last_error or "attach failed"
+    if reservation.state == DETACH_FAILED:
+        return DeviceReport(key, False, REASON_DETACH_FAILED, message)
+    if reservation.attached_at is not None:
+        reason = REASON_DEVICE_MOVED if MOVED_MARK in message else REASON_DEVICE_LOST
+        return DeviceReport(key, False, reason, message)
+    return DeviceReport(key, False, REASON_ATTACH_FAILED, message)
+
+
 def _claim_stub(reservation: ReservationView) -> dict[str, Any]:
     """Enough of a claim for an Event about it when the claim object is not at hand."""
     return {"metadata": {"name": reservation.claim.name,
@@ -589,4 +657,5 @@ def _claim_stub(reservation: ReservationView) -> dict[str, Any]:
                          "uid": reservation.claim.uid}}
 
 
-__all__ = ["DEFAULT_DETACH_ATTEMPTS", "MOVED_MARK", "REASON_DETACHED", "EventRecorder", "FabricOps"]
+__all__ = ["DEFAULT_DETACH_ATTEMPTS", "MOVED_MARK", "REASON_DETACHED", "EventRecorder", "FabricOps",
+           "ReleaseResult", "failed_report"]

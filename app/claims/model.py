@@ -14,13 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-CONFIG_API_VERSION = "fabric-dra.io/v1alpha1"
-CONFIG_KIND = "FabricDeviceConfig"
 # A condition reason is CamelCase (metav1.Condition: ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$).
 REASON_ATTACHED = "Attached"
 REASON_ATTACH_FAILED = "AttachFailed"
 REASON_BAD_CONFIG = "InvalidConfig"
-REASON_NO_HOST = "NoFabricHost"
 REASON_DEVICE_LOST = "DeviceLost"
 REASON_DEVICE_MOVED = "DeviceMoved"
 REASON_DETACH_FAILED = "DetachFailed"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.claims.model import WantedDevice
-from app.journal import (
+from app.reservations import (
     ATTACHED,
     ATTACHING,
     DETACH_FAILED,

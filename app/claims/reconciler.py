@@ -31,9 +31,8 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api
@@ -41,16 +40,14 @@ from kubernetes_asyncio.client import CoreV1Api
 from app.claims.drift import DriftTarget
 from app.claims.fabric_ops import (
     DEFAULT_DETACH_ATTEMPTS,
-    MOVED_MARK,
     EventRecorder,
     FabricOps,
+    failed_report,
 )
 from app.claims.model import (
     REASON_ATTACH_FAILED,
     REASON_BAD_CONFIG,
-    REASON_DETACH_FAILED,
     REASON_DEVICE_LOST,
-    REASON_DEVICE_MOVED,
     REASON_WAITING_FOR_DETACH,
     DeviceReport,
     EffectiveConfig,
@@ -80,7 +77,6 @@ from app.fabric.types import FabricDevice
 from app.hostmap import HostIndex, host_for_node
 from app.inventory.queries import host_refs, still_unmanaged, unmanaged_attachments
 from app.journal import (
-    DETACH_FAILED,
     FAILED,
     RELEASED,
     STATES,
@@ -92,10 +88,12 @@ from app.journal import (
     UnknownDevice,
 )
 from app.kube.client import FIELD_VALIDATION_STRICT, KubeClient, call_json
-from app.kube.errors import KubeConflict, KubeError, KubeNotFound
+from app.kube.errors import KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
+from app.kube.runtime import Controller, ErrorRing, Pass, RuntimeSettings
+from app.kube.update import update_with_retry
 from app.kube.versions import ResourceApiVersion, claim_from_wire, claim_to_wire, resource_api
-from app.kube.workqueue import ShutDown, WorkQueue, WorkQueueSettings
+from app.kube.workqueue import WorkQueue, WorkQueueSettings
 from app.metrics import ClaimMetrics
 
 log = logging.getLogger(__name__)
@@ -202,14 +200,13 @@ class ClaimReconciler:
                              max_detach_attempts=settings.max_detach_attempts)
         self.claims = Informer(
             self._resources.list_resource_claim_for_all_namespaces,
-            _renamed(settings.informer, "resourceclaims"),
+            replace(settings.informer, name="resourceclaims"),
             # The informer hands over each decoded object: no copy is needed.
             converter=lambda obj: claim_from_wire(obj, version, owned=True),
         )
-        self.nodes = Informer(self._core.list_node, _renamed(settings.informer, "nodes"))
+        self.nodes = Informer(self._core.list_node, replace(settings.informer, name="nodes"))
         self.claims.add_handler(self._on_claim)
         self.nodes.add_handler(self._on_node)
-        self._by_uid: dict[str, tuple[str, str]] = {}
         self._waiting: dict[str, str] = {}
         # Device name -> uids of claims waiting for another reservation of it to be released
         # (any mode's: the journal's release listener covers this process's writes of both
@@ -219,58 +216,41 @@ class ClaimReconciler:
         self._unmanaged_since: dict[str, float] = {}
         self._host_index: HostIndex | None = None
         self._host_index_at = -1e9
-        self._tasks: list[asyncio.Task[None]] = []
         self._retry_reason: dict[str, str] = {}
-        self.recent_errors: deque[ClaimError] = deque(maxlen=MAX_RECENT_ERRORS)
+        self.recent_errors: ErrorRing[ClaimError] = ErrorRing(
+            ClaimError, lambda: self.clock(), MAX_RECENT_ERRORS)
+        self.runtime: Controller[str] = Controller(
+            self, RuntimeSettings("claims", settings.workers, MAX_RECENT_ERRORS), self.queue,
+            informers=(self.claims, self.nodes), errors=self.recent_errors, describe=self._name,
+            on_error=self._failed, on_requeue=self._requeued,
+            on_done=self._settled, observe=self._observe)
+        self.runtime.add_loop("claims-sweep", self._sweep_loop)
         self.unmanaged: list[dict[str, str]] = []
         self.node_from_pod_claims: set[str] = set()
-        self.started = asyncio.Event()
+        self.started = self.runtime.started
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Start the informers, recover unfinished journal entries, then start the workers
         and the sweep. Returns once the workers run."""
         self.events.open()
-        self.claims.start()
-        self.nodes.start()
-        await self.claims.has_synced.wait()
-        await self.nodes.has_synced.wait()
+        await self.runtime.start(self._prepare)
+
+    async def _prepare(self) -> None:
         await self.recover()
         self.journal.feed.add_release_listener(self._on_release)
         for reservation in await self.journal.active():
             if reservation.mode == MODE:
                 self.queue.add(reservation.claim.uid)
-        for uid in list(self._by_uid):
+        for uid in self.claims.uids():
             self.queue.add(uid)
-        self._tasks = [
-            asyncio.create_task(self._worker(), name=f"claims-worker-{i}")
-            for i in range(self.settings.workers)
-        ]
-        self._tasks.append(asyncio.create_task(self._sweep_loop(), name="claims-sweep"))
-        self.started.set()
 
     async def stop(self, drain_s: float = 10.0) -> None:
         """Stop taking work, let in-flight reconciles finish (up to ``drain_s`` seconds, then
         they are cancelled: the journal makes that safe), send the queued Events, stop the
         informers."""
-        self.queue.shutdown()
         self.journal.feed.remove_release_listener(self._on_release)
-        workers = [t for t in self._tasks if t.get_name().startswith("claims-worker")]
-        if workers and drain_s > 0:
-            await asyncio.wait(workers, timeout=drain_s)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            except BaseException as err:  # a worker that died must not stop the shutdown
-                log.error("claim task %s had died: %r", task.get_name(), err)
-        self._tasks = []
-        await self.events.close()
-        await self.claims.stop()
-        await self.nodes.stop()
+        await self.runtime.stop(drain_s, before_informers=self.events.close)
 
     def informers(self) -> tuple[Informer, ...]:
         """The informers this reconciler runs (for metrics)."""
@@ -278,11 +258,7 @@ class ClaimReconciler:
 
     def is_healthy(self) -> bool:
         """True while both informers are synced and healthy and no worker has died."""
-        dead = any(t.done() for t in self._tasks)
-        return (
-            self.claims.has_synced.is_set() and self.claims.is_healthy()
-            and self.nodes.has_synced.is_set() and self.nodes.is_healthy() and not dead
-        )
+        return self.runtime.is_healthy()
 
     # ------------------------------------------------------------------ events
     async def _on_claim(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
@@ -290,10 +266,6 @@ class ClaimReconciler:
         uid = str(metadata.get("uid") or "")
         if not uid:
             return
-        if event == "DELETED":
-            self._by_uid.pop(uid, None)
-        else:
-            self._by_uid[uid] = (str(metadata.get("namespace") or ""), str(metadata.get("name")))
         if event == "DELETED":
             self.queue.add(uid)
         elif (self._concerns_us(obj) or (old and self._concerns_us(old))) and (
@@ -338,58 +310,36 @@ class ClaimReconciler:
 
     def claim_by_uid(self, uid: str) -> JsonDict | None:
         """The cached claim with ``uid``, or None when it is gone."""
-        where = self._by_uid.get(uid)
-        if where is None:
-            return None
-        claim = self.claims.get(where[1], where[0] or None)
-        if claim is None or (claim.get("metadata") or {}).get("uid") != uid:
-            return None
-        return claim
+        return self.claims.by_uid(uid)
 
-    # ------------------------------------------------------------------ workers
-    async def _worker(self) -> None:
-        while True:
-            try:
-                uid = await self.queue.get()
-            except ShutDown:
-                return
-            started = time.monotonic()
-            try:
-                requeue = await self.reconcile(uid)
-            except Exception as err:
-                # Any failure is recorded and retried with backoff; a worker never dies of it.
-                self._error(uid, f"reconcile failed: {type(err).__name__}: {err}")
-                log.warning("claim %s: reconcile failed: %s", self._name(uid), err,
-                            exc_info=not isinstance(err, FabricError | KubeError))
-                self.queue.add_rate_limited(uid)
-                self._count("error", started)
-            else:
-                if requeue:
-                    delay = self.queue.when(uid)
-                    retry = self._retry_reason.pop(uid, None)
-                    if retry is not None:
-                        log.info("claim %s: trying again in %.2f s (retry %d): %s",
-                                 self._name(uid), delay, self.queue.num_requeues(uid), retry)
-                    self.queue.add_after(uid, delay)
-                else:
-                    self._retry_reason.pop(uid, None)
-                    self.queue.forget(uid)
-                self._count("requeued" if requeue else "ok", started)
-            finally:
-                self.queue.done(uid)
+    # ------------------------------------------------------------------ runtime hooks
+    def _failed(self, uid: str, err: Exception) -> None:
+        # Any failure is recorded and retried with backoff; a worker never dies of it.
+        self._error(uid, f"reconcile failed: {type(err).__name__}: {err}")
+        log.warning("claim %s: reconcile failed: %s", self._name(uid), err,
+                    exc_info=not isinstance(err, FabricError | KubeError))
 
-    def _count(self, result: str, started: float) -> None:
+    def _requeued(self, uid: str, delay: float) -> None:
+        retry = self._retry_reason.pop(uid, None)
+        if retry is not None:
+            log.info("claim %s: trying again in %.2f s (retry %d): %s",
+                     self._name(uid), delay, self.queue.num_requeues(uid), retry)
+
+    def _settled(self, uid: str) -> None:
+        self._retry_reason.pop(uid, None)
+
+    def _observe(self, done: Pass[str]) -> None:
         if self.metrics:
-            self.metrics.reconciles.labels(result).inc()
-            self.metrics.reconcile_seconds.observe(time.monotonic() - started)
-            self.metrics.queue_depth.set(len(self.queue))
+            self.metrics.reconciles.labels(done.result).inc()
+            self.metrics.reconcile_seconds.observe(done.seconds)
+            self.metrics.queue_depth.set(done.queue_depth)
 
     def _name(self, uid: str) -> str:
-        where = self._by_uid.get(uid)
+        where = self.claims.key_of_uid(uid)
         return f"{where[0]}/{where[1]}" if where else f"uid {uid}"
 
     def _error(self, uid: str, message: str) -> None:
-        self.recent_errors.append(ClaimError(self.clock(), self._name(uid), message))
+        self.recent_errors.record(self._name(uid), message)
         self._retry_reason[uid] = message
 
     async def _still_there(self, uid: str, reservation: ReservationView) -> JsonDict | None:
@@ -412,7 +362,6 @@ class ClaimReconciler:
             return None
         log.info("claim %s: the watch reported it deleted, but it exists: nothing released",
                  ref)
-        self._by_uid[uid] = (ref.namespace, ref.name)
         return claim
 
     # ------------------------------------------------------------------ reconcile
@@ -669,19 +618,19 @@ class ClaimReconciler:
         # The cached claim is usually current; a 409 means it was not, and we read it fresh.
         # Only status.devices is replaced, in a copy of the status: the cached claim is not
         # changed.
-        fresh: JsonDict | None = {**claim, "status": dict(claim.get("status") or {})}
-        for attempt in range(STATUS_WRITE_ATTEMPTS):
-            if fresh is None:
-                try:
-                    fresh = claim_from_wire(await call_json(
-                        self._resources.read_namespaced_resource_claim(
-                            name, namespace, _preload_content=False),
-                        f"read ResourceClaim {namespace}/{name}",
-                    ), self.version, owned=True)
-                except KubeNotFound:
-                    return None
-            if (fresh.get("metadata") or {}).get("uid") != metadata.get("uid"):
+        first: JsonDict = {**claim, "status": dict(claim.get("status") or {})}
+
+        async def read() -> JsonDict | None:
+            try:
+                return claim_from_wire(await call_json(
+                    self._resources.read_namespaced_resource_claim(
+                        name, namespace, _preload_content=False),
+                    f"read ResourceClaim {namespace}/{name}",
+                ), self.version, owned=True)
+            except KubeNotFound:
                 return None
+
+        async def write(fresh: JsonDict) -> JsonDict | None:
             current = list((fresh.get("status") or {}).get("devices") or [])
             wanted = set(wanted_devices(fresh, self.settings.driver_name))
             entries = device_status_entries(
@@ -693,27 +642,25 @@ class ClaimReconciler:
             if same_device_status(entries, current):
                 return None
             fresh.setdefault("status", {})["devices"] = entries
-            try:
-                # Strict: a device status field this server's version does not know would
-                # otherwise be dropped with only a Warning header, and a lost binding
-                # condition leaves the pod waiting with nobody told.
-                written = await call_json(
-                    self._resources.replace_namespaced_resource_claim_status(
-                        name, namespace, claim_to_wire(fresh, self.version),
-                        field_validation=FIELD_VALIDATION_STRICT, _preload_content=False),
-                    f"update ResourceClaim {namespace}/{name} status",
-                )
-                return claim_from_wire(written, self.version, owned=True)
-            except KubeConflict:
-                # Someone else wrote the claim since we read it: read again and re-apply.
-                if self.metrics:
-                    self.metrics.status_conflicts.inc()
-                if attempt == STATUS_WRITE_ATTEMPTS - 1:
-                    raise
-                fresh = None
-            except KubeNotFound:
-                return None
-        return None
+            # Strict: a device status field this server's version does not know would
+            # otherwise be dropped with only a Warning header, and a lost binding condition
+            # leaves the pod waiting with nobody told.
+            written = await call_json(
+                self._resources.replace_namespaced_resource_claim_status(
+                    name, namespace, claim_to_wire(fresh, self.version),
+                    field_validation=FIELD_VALIDATION_STRICT, _preload_content=False),
+                f"update ResourceClaim {namespace}/{name} status",
+            )
+            return claim_from_wire(written, self.version, owned=True)
+
+        def conflict(_: KubeError) -> None:
+            # Someone else wrote the claim since we read it: it is read again and re-applied.
+            if self.metrics:
+                self.metrics.status_conflicts.inc()
+
+        return await update_with_retry(first, write, read, gone=None,
+                                       attempts=STATUS_WRITE_ATTEMPTS,
+                                       uid=str(metadata.get("uid")), on_conflict=conflict)
 
     async def _event(self, claim: Mapping[str, Any], type_: str, reason: str,
                      message: str) -> None:
@@ -800,34 +747,24 @@ class ClaimReconciler:
             "synced": self.claims.has_synced.is_set() and self.nodes.has_synced.is_set(),
             "healthy": self.is_healthy(),
             "queue_depth": len(self.queue),
-            "claims_seen": len(self._by_uid),
+            "claims_seen": len(self.claims.uids()),
             "waiting": [{"claim": self._name(uid), "reason": reason}
                         for uid, reason in sorted(self._waiting.items())],
             "unmanaged_attachments": list(self.unmanaged),
             "node_learnt_from_pod": len(self.node_from_pod_claims),
             "recent_errors": [
                 {"at": rfc3339(e.at), "claim": e.claim, "message": e.message}
-                for e in list(self.recent_errors)[-20:]
+                for e in self.recent_errors.latest(20)
             ],
         }
 
 
-def failed_report(key: WantedDevice, reservation: ReservationView) -> DeviceReport:
-    """The report of a reservation that failed for good: its attach (``AttachFailed``), its
-    device found on another host (``DeviceMoved``), an attach again after a lost attachment
-    that failed (``DeviceLost``), or its detach (``DetachFailed``)."""
-    message = reservation.last_error or "attach failed"
-    if reservation.state == DETACH_FAILED:
-        return DeviceReport(key, False, REASON_DETACH_FAILED, message)
-    if reservation.attached_at is not None:
-        reason = REASON_DEVICE_MOVED if MOVED_MARK in message else REASON_DEVICE_LOST
-        return DeviceReport(key, False, reason, message)
-    return DeviceReport(key, False, REASON_ATTACH_FAILED, message)
-
-
 def _what_we_act_on(claim: Mapping[str, Any], driver_name: str) -> tuple[Any, ...]:
-    """The parts of a claim a reconcile depends on: our results, the node selector, the
-    consumers, deletion, and the status entries of other drivers (ours are our own writes)."""
+    """The parts of a claim a reconcile depends on, compared between an event's old and new
+    object: our driver's allocation results, the allocation's node selector and device config,
+    the consumers (``reservedFor``), deletion and the uid. ``status.devices`` is left out, other
+    drivers' entries included: ours are our own writes coming back, and theirs are copied
+    unchanged into whatever we write."""
     metadata = claim.get("metadata") or {}
     status = claim.get("status") or {}
     allocation = status.get("allocation") or {}
@@ -839,12 +776,6 @@ def _what_we_act_on(claim: Mapping[str, Any], driver_name: str) -> tuple[Any, ..
         metadata.get("deletionTimestamp"),
         metadata.get("uid"),
     )
-
-
-def _renamed(settings: InformerSettings, name: str) -> InformerSettings:
-    from dataclasses import replace
-
-    return replace(settings, name=name)
 
 
 __all__ = ["FAILED", "ClaimError", "ClaimPlan", "ClaimReconciler", "ClaimSettings"]

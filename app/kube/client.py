@@ -202,10 +202,6 @@ class KubeClient:
     ) -> None:
         await self.close()
 
-    def sanitize(self, obj: Any) -> Any:
-        """A model object (or anything holding models) as plain JSON data."""
-        return self.api.sanitize_for_serialization(obj)
-
 
 async def build_configuration(
     settings: KubeClientSettings, *, now: Callable[[], float] = time.monotonic

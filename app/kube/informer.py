@@ -93,7 +93,9 @@ class InformerSettings:
             only fires when the server went silent (> 0).
         list_timeout_s: total time allowed for one list page, seconds.
         connect_timeout_s: TCP connect timeout, seconds.
-        backoff_initial_s / backoff_max_s: reconnect backoff (doubling, full jitter, capped).
+        backoff_initial_s / backoff_max_s: reconnect backoff: the step doubles from
+            ``backoff_initial_s`` per failure in a row up to ``backoff_max_s``, and each
+            wait is a random value in ``[step / 2, step]`` (equal jitter).
         relist_after_failures: re-list instead of resuming after this many failures in a row.
         unhealthy_after_failures: ``is_healthy()`` is False after this many failures in a row.
     """
@@ -181,7 +183,8 @@ class Informer:
         now: monotonic seconds, for timing watches.
 
     Use: register handlers (:meth:`add_handler`) or queues (:meth:`subscribe`), :meth:`start`,
-    wait for ``has_synced``, read :meth:`get` / :meth:`objects`, and ``await stop()``.
+    wait for ``has_synced``, read :meth:`get` / :meth:`objects` (or by uid: :meth:`by_uid`),
+    and ``await stop()``.
     Handlers run one at a time in event order; a handler that raises is logged and skipped
     (the event is not redelivered). Queue subscribers receive :class:`InformerEvent`.
     """
@@ -203,6 +206,8 @@ class Informer:
         self._sleep = sleep
         self._now = now
         self._cache: dict[ObjectKey, JsonDict] = {}
+        # uid -> cache key of the object that has it (client-go: an Indexer index by uid).
+        self._by_uid: dict[str, ObjectKey] = {}
         self._handlers: list[EventHandler] = []
         self._queues: list[asyncio.Queue[InformerEvent]] = []
         self._resource_version: str | None = None
@@ -246,6 +251,20 @@ class Informer:
     def keys(self) -> list[ObjectKey]:
         """Every cached (namespace, name)."""
         return list(self._cache)
+
+    def by_uid(self, uid: str) -> JsonDict | None:
+        """The cached object whose ``metadata.uid`` is ``uid``, or None (never seen, deleted,
+        or its name now belongs to an object with another uid). Do not modify it."""
+        key = self._by_uid.get(uid)
+        return self._cache.get(key) if key is not None else None
+
+    def key_of_uid(self, uid: str) -> ObjectKey | None:
+        """The (namespace, name) of the cached object whose uid is ``uid``, or None."""
+        return self._by_uid.get(uid)
+
+    def uids(self) -> list[str]:
+        """The uids of every cached object that has one."""
+        return list(self._by_uid)
 
     @property
     def resource_version(self) -> str | None:
@@ -459,7 +478,7 @@ class Informer:
         del listed
         # Diff against what consumers have seen (client-go's DeltaFIFO.Replace).
         for key in [k for k in self._cache if k not in fresh]:
-            old = self._cache.pop(key)
+            old = self._drop(key)
             await self._emit("DELETED", old, old)
         for key, obj in fresh.items():
             await self._upsert(key, obj)
@@ -555,7 +574,7 @@ class Informer:
         converted = self._convert(obj)
         if event_type == "DELETED":
             if old is not None:
-                del self._cache[key]
+                self._drop(key)
                 await self._emit("DELETED", converted, old)
         else:
             await self._upsert(key, converted)
@@ -617,11 +636,31 @@ class Informer:
         if old is not None and resource_version_of(old) == resource_version_of(obj):
             return
         if old is not None and _uid(old) and _uid(obj) and _uid(old) != _uid(obj):
-            del self._cache[key]
+            self._drop(key)
             await self._emit("DELETED", old, old)
             old = None
-        self._cache[key] = obj
+        self._put(key, obj)
         await self._emit("ADDED" if old is None else "MODIFIED", obj, old)
+
+    def _put(self, key: ObjectKey, obj: JsonDict) -> None:
+        """Cache ``obj`` under ``key`` and index it by uid (the index is updated before any
+        handler runs, so handlers see both agree)."""
+        old = self._cache.get(key)
+        old_uid = _uid(old) if old is not None else None
+        new_uid = _uid(obj)
+        if old_uid is not None and old_uid != new_uid and self._by_uid.get(old_uid) == key:
+            del self._by_uid[old_uid]
+        self._cache[key] = obj
+        if new_uid is not None:
+            self._by_uid[new_uid] = key
+
+    def _drop(self, key: ObjectKey) -> JsonDict:
+        """Remove ``key`` from the cache and the uid index; returns the object it held."""
+        old = self._cache.pop(key)
+        uid = _uid(old)
+        if uid is not None and self._by_uid.get(uid) == key:
+            del self._by_uid[uid]
+        return old
 
     def _convert(self, obj: JsonDict) -> JsonDict:
         return self._converter(obj) if self._converter is not None else obj

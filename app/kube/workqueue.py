@@ -152,11 +152,6 @@ class WorkQueue(Generic[K]):
         """Number of keys handed out and not yet marked done."""
         return len(self._processing)
 
-    @property
-    def shutting_down(self) -> bool:
-        """True once :meth:`shutdown` or :meth:`shutdown_with_drain` was called."""
-        return self._shutting_down
-
     def is_processing(self, key: K) -> bool:
         """True while ``key`` is held by a worker (between ``get`` and ``done``)."""
         return key in self._processing

@@ -4,7 +4,35 @@ the informer-and-work-queue loop that applies it (``publisher``) and its metrics
 Importing the package defines the classes below and starts nothing.
 """
 
-from app.publisher.metrics import PublisherMetrics
-from app.publisher.publisher import PoolStatus, Publisher, PublisherSettings, PublisherStatus
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.publisher.metrics import PublisherMetrics
+    from app.publisher.publisher import PoolStatus, Publisher, PublisherSettings, PublisherStatus
+
+# Loaded on first use, so that importing a pure submodule (``plan``) loads no I/O library.
+_EXPORTS = {
+    "PublisherMetrics": "app.publisher.metrics",
+    "PoolStatus": "app.publisher.publisher",
+    "Publisher": "app.publisher.publisher",
+    "PublisherSettings": "app.publisher.publisher",
+    "PublisherStatus": "app.publisher.publisher",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The exported class ``name``, imported from its module on first use.
+
+    Raises:
+        AttributeError: ``name`` is not exported.
+    """
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = ["PoolStatus", "Publisher", "PublisherMetrics", "PublisherSettings", "PublisherStatus"]

@@ -18,17 +18,11 @@ Nothing is written before the first :meth:`Publisher.set_desired` and before the
 synced, so a restart never deletes slices it has not seen the desired state for.
 
 The informer caches slim objects (see ``_slim``): the content of each slice is kept as its
-content key only. Our own writes are kept in the view at once (like client-go's mutation
-cache), so the watch echo of a write is recognised by its resourceVersion and neither re-queues
-the pool nor makes a later sync work from a stale copy. resourceVersions are compared as
-integers, as client-go's ``IntegerResourceVersionMutationCache`` does.
-
-A DELETED seen by the watch cannot be hidden by a write's answer handled after it (the watch
-may deliver ADDED and DELETED before the create's answer arrives): the resourceVersion each name
-was seen deleted at is remembered, and an answer not newer than it is not stored; the pool is
-synced again, so the slice is recreated. Every ``resync_period_s`` the slices are listed from
-the API server again (not from the cache), the view is corrected where it differs (an event the
-watch lost), and every pool is synced; a pool already in sync costs no write.
+content key only. Those and our own writes' answers make the local view
+(:class:`~app.publisher.view.SliceView`: echoes of our writes, tombstones, deletions seen).
+Every ``resync_period_s`` the slices are listed from the API server again (not from the cache),
+the view is corrected where it differs (an event the watch lost), and every pool is synced; a
+pool already in sync costs no write.
 
 Fields the API server drops (a feature gate off) are detected by comparing each write with the
 object that came back; see :meth:`Publisher.status` and the ``*_dropped`` properties.
@@ -60,7 +54,6 @@ from app.pools import DesiredPool
 from app.publisher.metrics import PublisherMetrics
 from app.publisher.plan import (
     TAINT_TIMES,
-    ExistingSlice,
     PoolPlan,
     Verb,
     Write,
@@ -69,10 +62,17 @@ from app.publisher.plan import (
     content_key,
     content_of,
     dropped_paths,
-    existing_slice,
     expected_key,
     plan_pool,
     taint_times,
+)
+from app.publisher.view import (
+    CONTENT_KEY,
+    SliceView,
+    parse_resource_version,
+    pool_of,
+    resource_version_of,
+    slice_name,
 )
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,6 @@ BINDING_PATHS = (
     "spec.devices[].bindingFailureConditions",
     "spec.devices[].bindsToNode",
 )
-_MAX_TOMBSTONES = 10_000
 
 
 @dataclass(frozen=True)
@@ -222,28 +221,7 @@ class _PoolState:
     dropped_paths: set[str] = field(default_factory=set)
 
 
-def _int(value: object) -> int | None:
-    try:
-        return int(str(value))
-    except ValueError:
-        return None
-
-
-def _rv(obj: Mapping[str, Any]) -> int | None:
-    value = (obj.get("metadata") or {}).get("resourceVersion")
-    return None if value is None else _int(value)
-
-
-_CONTENT_KEY = "fabric-dra.io/contentKey"
 _SAME_AS_V1 = frozenset({ResourceApiVersion.V1, ResourceApiVersion.V1BETA2})
-
-
-def _name(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
-
-
-def _pool_of(obj: Mapping[str, Any]) -> str:
-    return str(((obj.get("spec") or {}).get("pool") or {}).get("name") or "")
 
 
 def _signature(pool: DesiredPool) -> tuple[Any, ...]:
@@ -308,14 +286,8 @@ class Publisher:
             now=self._clock.now,
         )
         self._informer.add_handler(self._on_event)
-        # The local view: informer events plus our own writes, by slice name, kept as the
-        # small ExistingSlice records the plan needs (content reduced to its key).
-        self._view: dict[str, ExistingSlice] = {}
-        self._by_pool: dict[str, set[str]] = {}
-        self._tombstones: dict[str, int | None] = {}
-        # The resourceVersion each name was last seen deleted at (watch or resync), oldest
-        # first, at most _MAX_TOMBSTONES names: no answer or event at or below it is stored.
-        self._deleted_at: dict[str, int] = {}
+        # The local view: informer events plus our own writes' answers.
+        self._view = SliceView(driver_name)
         self._resyncs = 0
         self._resync_corrections = 0
         self._resync_lock = asyncio.Lock()
@@ -325,8 +297,6 @@ class Publisher:
         self._dropped: set[str] = set()
         self._pools: dict[str, _PoolState] = {}
         self._dirty_since: dict[str, float] = {}
-        # Highest generation seen per pool in this run (see plan_pool's floor_generation).
-        self._generations: dict[str, int] = {}
         self._writes: CountMap[str] = CountMap()
         self._synced = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -425,7 +395,7 @@ class Publisher:
             except KubeError:
                 self._count_resync("failed")
                 raise
-            wrong = self._correct_view(listed, _int(list_version))
+            wrong = self._view.correct(listed, parse_resource_version(list_version))
             self._resyncs += 1
             self._resync_corrections += wrong
             self._count_resync("ok", wrong)
@@ -463,9 +433,10 @@ class Publisher:
         """A :class:`PublisherStatus` snapshot."""
         desired = self._desired or {}
         pools: dict[str, PoolStatus] = {}
-        for name in sorted(set(desired) | {p for p, names in self._by_pool.items() if names}):
-            names = sorted(self._by_pool.get(name, ()))
-            generations = [self._view[n].generation for n in names]
+        for name in sorted(set(desired) | self._view.pools_with_slices()):
+            existing = self._view.existing(name)
+            names = [record.name for record in existing]
+            generations = [record.generation for record in existing]
             state = self._pools.get(name, _PoolState())
             pool = desired.get(name)
             pools[name] = PoolStatus(
@@ -537,9 +508,9 @@ class Publisher:
         slim_spec = {k: spec[k] for k in ("driver", "pool") if k in spec}
         known = self._view.get(str(metadata.get("name") or ""))
         if known is not None and known.resource_version == str(metadata.get("resourceVersion")):
-            slim_spec[_CONTENT_KEY] = known.content_key  # the echo of our own write
+            slim_spec[CONTENT_KEY] = known.content_key  # the echo of our own write
         else:
-            slim_spec[_CONTENT_KEY] = content_key(content_of(spec))
+            slim_spec[CONTENT_KEY] = content_key(content_of(spec))
         # The server's timeAdded per taint, sent back on update (a taint keeps its age).
         times = taint_times(spec)
         if times:
@@ -547,37 +518,7 @@ class Publisher:
         return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
                 "metadata": metadata, "spec": slim_spec}
 
-    # ----------------------------------------------------------------- view and events
-    def _correct_view(self, listed: list[JsonDict], list_rv: int | None) -> int:
-        """Make the view agree with a fresh list served at ``list_rv``; returns the number of
-        slices corrected. resourceVersions that cannot be compared leave an entry alone."""
-        wrong = 0
-        fresh: dict[str, JsonDict] = {_name(obj): obj for obj in listed}
-        for name, obj in fresh.items():
-            theirs = _rv(obj)
-            if name in self._tombstones:
-                ours = self._tombstones[name]
-                if ours is None or theirs is None or theirs <= ours:
-                    continue  # our own delete, served after the list
-            deleted = self._deleted_at.get(name)
-            if deleted is not None and (theirs is None or theirs <= deleted):
-                continue  # seen deleted after the list was served
-            current = self._view.get(name)
-            if current is not None:
-                mine = _int(current.resource_version)
-                if mine is None or theirs is None or mine >= theirs:
-                    continue  # the view is as new (or newer)
-            self._store(obj)
-            wrong += 1
-        for name in [n for n in self._view if n not in fresh]:
-            mine = _int(self._view[name].resource_version)
-            if mine is None or list_rv is None or mine > list_rv:
-                continue  # written or seen after the list was served
-            self._forget(name, None, tombstone=False)
-            self._note_deleted(name, list_rv)
-            wrong += 1
-        return wrong
-
+    # ----------------------------------------------------------------- resync and events
     async def _resync_loop(self) -> None:
         await self._informer.has_synced.wait()
         while True:
@@ -597,23 +538,6 @@ class Publisher:
             if corrections:
                 self._metrics.resync_corrections.inc(corrections)
 
-    def _note_deleted(self, name: str, resource_version: int | None) -> None:
-        """Remember that ``name`` was gone at ``resource_version`` (the highest one seen)."""
-        if resource_version is None:
-            return
-        known = self._deleted_at.pop(name, None)
-        if known is not None:
-            resource_version = max(known, resource_version)
-        elif len(self._deleted_at) >= _MAX_TOMBSTONES:
-            del self._deleted_at[next(iter(self._deleted_at))]
-        self._deleted_at[name] = resource_version
-
-    def _deleted_since(self, name: str, resource_version: int | None) -> bool:
-        """True when ``name`` was seen deleted at or after ``resource_version``."""
-        deleted = self._deleted_at.get(name)
-        return deleted is not None and resource_version is not None and \
-            resource_version <= deleted
-
     async def _kickoff(self) -> None:
         await self._informer.has_synced.wait()
         self._synced = True
@@ -621,7 +545,7 @@ class Publisher:
             self._queue_all()
 
     def _queue_all(self) -> None:
-        for name in set(self._desired or {}) | {p for p, n in self._by_pool.items() if n}:
+        for name in set(self._desired or {}) | self._view.pools_with_slices():
             self._enqueue(name)
 
     def _enqueue(self, pool_name: str) -> None:
@@ -633,55 +557,10 @@ class Publisher:
         if self._metrics is not None:
             self._metrics.queue_depth.set(self.queue_depth)
 
-    def _store(self, obj: JsonDict, key: str | None = None) -> None:
-        if key is None:
-            found = (obj.get("spec") or {}).get(_CONTENT_KEY)
-            key = found if isinstance(found, str) else None
-        record = existing_slice(obj, self.driver_name, key)
-        name, pool_name = record.name, record.pool_name
-        old = self._view.get(name)
-        if old is not None and old.pool_name != pool_name:
-            self._by_pool.get(old.pool_name, set()).discard(name)
-        self._view[name] = record
-        self._by_pool.setdefault(pool_name, set()).add(name)
-        if record.generation > self._generations.get(pool_name, -1):
-            self._generations[pool_name] = record.generation
-
-    def _forget(self, name: str, resource_version: int | None, *, tombstone: bool) -> None:
-        old = self._view.pop(name, None)
-        if old is not None:
-            self._by_pool.get(old.pool_name, set()).discard(name)
-        if tombstone:
-            if len(self._tombstones) >= _MAX_TOMBSTONES:
-                del self._tombstones[next(iter(self._tombstones))]
-            self._tombstones[name] = resource_version
-
     async def _on_event(self, event_type: EventType, obj: JsonDict, old: JsonDict | None) -> None:
         del old
-        name = _name(obj)
-        if event_type == "DELETED":
-            self._note_deleted(name, _rv(obj))
-            ours = name in self._tombstones
-            self._tombstones.pop(name, None)
-            current = self._view.get(name)
-            if current is not None:
-                self._forget(name, None, tombstone=False)
-            if current is not None and not ours:
-                self._enqueue(current.pool_name)
-            return
-        if name in self._tombstones:
-            return  # an event from before our delete
-        if self._deleted_since(name, _rv(obj)):
-            return  # an event from before a deletion already seen (a replay)
-        current = self._view.get(name)
-        if current is not None:
-            mine, theirs = _int(current.resource_version), _rv(obj)
-            if mine is not None and theirs is not None and theirs <= mine:
-                return  # the echo of our own write, or older
-        self._store(obj)
-        self._enqueue(_pool_of(obj))
-        if current is not None and current.pool_name != _pool_of(obj):
-            self._enqueue(current.pool_name)
+        for pool_name in self._view.on_event(event_type, obj):
+            self._enqueue(pool_name)
 
     # ----------------------------------------------------------------- workers
     async def _worker(self) -> None:
@@ -728,8 +607,8 @@ class Publisher:
         since = self._dirty_since.pop(pool_name, None)
         if since is not None and self._metrics is not None:
             self._metrics.pool_sync_seconds.observe(max(0.0, self._clock.now() - since))
-        if pool_name not in (self._desired or {}) and not self._by_pool.get(pool_name):
-            self._by_pool.pop(pool_name, None)
+        if pool_name not in (self._desired or {}) and not self._view.has_slices(pool_name):
+            self._view.discard_pool(pool_name)
             self._pools.pop(pool_name, None)
 
     def _count_sync(self, result: str) -> None:
@@ -737,9 +616,6 @@ class Publisher:
             self._metrics.pool_syncs.labels(result).inc()
 
     # ----------------------------------------------------------------- gather + plan
-    def _existing(self, pool_name: str) -> list[ExistingSlice]:
-        return [self._view[name] for name in sorted(self._by_pool.get(pool_name, ()))]
-
     def _expected_keys(self, desired: DesiredPool) -> list[str]:
         dropped = frozenset(self._dropped)
         cached = self._keys_cache.get(desired.name)
@@ -752,9 +628,9 @@ class Publisher:
     def _plan(self, pool_name: str) -> tuple[PoolPlan, list[str]]:
         desired = (self._desired or {}).get(pool_name)
         keys = self._expected_keys(desired) if desired is not None else []
-        plan = plan_pool(self.driver_name, pool_name, desired, self._existing(pool_name),
+        plan = plan_pool(self.driver_name, pool_name, desired, self._view.existing(pool_name),
                          expected_keys=keys, accepted=self._accepted,
-                         floor_generation=self._generations.get(pool_name))
+                         floor_generation=self._view.floor_generation(pool_name))
         return plan, keys
 
     # ----------------------------------------------------------------- apply
@@ -821,8 +697,8 @@ class Publisher:
                     else:
                         self._count_write("delete", "ok")
                         self._writes["delete"] += 1
-                    self._forget(write.name, _rv({"metadata": {
-                        "resourceVersion": write.resource_version}}), tombstone=True)
+                    self._view.forget(write.name, parse_resource_version(write.resource_version),
+                                      tombstone=True)
                     return
                 assert write.body is not None
                 wire = self._to_wire(write.body)
@@ -854,21 +730,14 @@ class Publisher:
             self._metrics.api_writes.labels(verb, result).inc()
 
     def _remember(self, obj: JsonDict, key: str) -> None:
-        name = _name(obj)
-        if self._deleted_since(name, _rv(obj)):
+        if not self._view.on_answer(obj, key):
             # The watch delivered this write and then a DELETED before its answer was handled:
             # storing the answer would hide the deletion and the slice would never be
             # recreated. Sync the pool again instead.
             logger.info("ResourceSlice %s was deleted after our write (resourceVersion %s); "
-                        "pool %r is synced again", name, _rv(obj), _pool_of(obj))
-            self._enqueue(_pool_of(obj))
-            return
-        current = self._view.get(name)
-        if current is not None:
-            mine, theirs = _int(current.resource_version), _rv(obj)
-            if mine is not None and theirs is not None and theirs < mine:
-                return  # the watch already delivered something newer
-        self._store(obj, key)
+                        "pool %r is synced again", slice_name(obj), resource_version_of(obj),
+                        pool_of(obj))
+            self._enqueue(pool_of(obj))
 
     def _learn(self, pool_name: str, sent: JsonDict, returned_content: JsonDict,
                returned_key: str, key: str) -> None:
@@ -904,10 +773,6 @@ class Publisher:
                 name, _preload_content=False,
                 _request_timeout=self.settings.request_timeout_s), what)
         except KubeNotFound:
-            self._forget(name, None, tombstone=True)
+            self._view.forget(name, None, tombstone=True)
             return
-        obj = self._from_wire(fresh)
-        if self._deleted_since(name, _rv(obj)):
-            return  # deleted after this read was served: the plan recreates it
-        self._tombstones.pop(name, None)
-        self._store(obj)
+        self._view.on_read(self._from_wire(fresh))

@@ -47,10 +47,13 @@ class FabricDouble(MemoryBackend):
         super().__init__(*args, **kwargs)
         self.detach_error: FabricError | None = None
         self.detached: list[tuple[str, str]] = []
+        self.before_detach: Callable[[], Awaitable[None]] | None = None
 
     async def detach(self, device: FabricDevice, host_id: str, *,
                      on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
         self.detached.append((device.vendor_id, host_id))
+        if self.before_detach is not None:
+            await self.before_detach()
         if self.detach_error is not None:
             raise self.detach_error
         return await super().detach(device, host_id, on_operation=on_operation)
@@ -708,6 +711,49 @@ async def test_force_release_keeps_detaching_when_the_fabric_fails(admin: Admin)
     admin.seeded.backend.detach_error = None
     body = await post_json(admin, f"/api/v1/reservations/{rid}/release", headers=AUTH)
     assert body["reservation"]["state"] == "released"
+
+
+async def test_force_release_goes_through_the_release_routine(admin: Admin) -> None:
+    """The controllers' release routine: ``detaching`` is journalled before the detach call,
+    and the release clears the device's holder in the inventory (as FabricOps does)."""
+    rid = admin.seeded.attached
+    seen: list[tuple[str, str | None]] = []
+
+    async def journal_at_the_call() -> None:
+        row = await reservation(admin.db, rid)
+        seen.append((row.state, row.last_error))
+
+    admin.seeded.backend.before_detach = journal_at_the_call
+    body = await post_json(admin, f"/api/v1/reservations/{rid}/release", headers=AUTH)
+    assert seen == [("detaching", "released by an administrator: detaching")]
+    assert body["reservation"]["state"] == "released"
+    assert body["reservation"]["last_error"] == (
+        "released by an administrator; detached from host us-east-rack-01-1")
+    row = await reservation(admin.db, rid)
+    async with admin.db.read() as session:
+        device = await session.get(Device, row.device_id)
+    assert device is not None and device.host_id is None
+
+
+async def test_force_release_refused_by_the_fabric_ends_detach_failed(admin: Admin) -> None:
+    """A detach the fabric refuses ends ``detach-failed``, as the controllers' release does
+    (not ``detaching``, which the controller would retry for ever)."""
+    rid = admin.seeded.attached
+    admin.seeded.backend.detach_error = FabricError("HTTP 406: block in use")
+    body = await post_json(admin, f"/api/v1/reservations/{rid}/release", 202, headers=AUTH)
+    assert body["reservation"]["state"] == "detach-failed"
+    assert "detach-failed" in body["message"] and "forget" in body["message"]
+    row = await reservation(admin.db, rid)
+    assert row.state == "detach-failed" and row.released_at is None
+    assert "released by an administrator, but detach" in (row.last_error or "")
+    assert "block in use" in (row.last_error or "") and "forget" in (row.last_error or "")
+    status = await get_json(admin, "/api/v1/status")
+    assert [r["id"] for r in status["attention"]["detach_failed"]] == [rid]
+    # Once the operator fixed the fabric, a force-release tries the detach again.
+    admin.seeded.backend.detach_error = None
+    body = await post_json(admin, f"/api/v1/reservations/{rid}/release", headers=AUTH)
+    assert body["reservation"]["state"] == "released"
+    assert len(admin.seeded.backend.detached) == 2
 
 
 async def test_force_release_of_unknown_or_malformed_ids(admin: Admin) -> None:

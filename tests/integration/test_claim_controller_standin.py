@@ -90,9 +90,24 @@ class Cluster:
         claim["status"] = {"allocation": allocation, "reservedFor": reserved_for}
         self.emu.update_status(claim)
 
-    async def quiet(self, seconds: float = 0.4) -> None:
+    def settled(self, controller: ClaimController) -> bool:
+        """The controller's caches hold what the server holds, nothing is queued or in work."""
+        def versions(objects: list[dict[str, Any]]) -> dict[str, str]:
+            return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in objects}
+
+        return (versions(controller.pods.objects()) == versions(self.emu.list("v1", "Pod", NS))
+                and versions(controller.claims.objects()) == versions(self.claims())
+                and len(controller.queue) == 0 and controller.queue.processing_count == 0)
+
+    async def quiet(self, controller: ClaimController) -> None:
+        """Once the controller has settled, one more pass over every pod and claim, run here
+        to its end, writes nothing."""
+        await eventually(lambda: self.settled(controller), what="a settled controller")
         before = len(self.emu.writes())
-        await asyncio.sleep(seconds)
+        for pod in self.emu.list("v1", "Pod", NS):
+            await controller.sync_pod(NS, pod["metadata"]["name"])
+        for claim in self.claims():
+            await controller.sync_claim(NS, claim["metadata"]["name"])
         assert [(w.method, w.path) for w in self.emu.writes()[before:]] == []
 
 
@@ -143,7 +158,7 @@ async def test_a_template_claim_is_made_named_owned_and_recorded_once(
     try:
         await eventually(lambda: (cluster.get_pod("trainer") or {}).get("status", {}).get(
             "resourceClaimStatuses"), what="recorded in the pod status")
-        await cluster.quiet()
+        await cluster.quiet(controller)
     finally:
         await controller.stop()
     (made,) = cluster.claims()
@@ -181,7 +196,7 @@ async def test_an_orphan_claim_from_before_a_crash_is_recorded_not_made_again(
     try:
         await eventually(lambda: (cluster.get_pod("trainer") or {}).get("status", {}).get(
             "resourceClaimStatuses"), what="recorded")
-        await cluster.quiet()
+        await cluster.quiet(controller)
     finally:
         await controller.stop()
     assert [c["metadata"]["name"] for c in cluster.claims()] == ["trainer-gpu-abcde"]
@@ -212,10 +227,10 @@ async def test_a_deleted_pod_is_released_its_claim_deallocated_and_deleted(
         await eventually(lambda: len(cluster.claims()) == 1, what="made")
         name = cluster.claims()[0]["metadata"]["name"]
         cluster.allocate(name, reserved_for=[consumer(pod)], finalizer=True)
-        await cluster.quiet()
+        await cluster.quiet(controller)
         cluster.emu.delete("v1", "Pod", "trainer", NS)
         await eventually(lambda: cluster.claims() == [], what="claim deleted")
-        await cluster.quiet()
+        await cluster.quiet(controller)
     finally:
         await controller.stop()
     writes = [(w.method, w.path.rsplit("/", 2)[-2:]) for w in cluster.emu.writes()
@@ -244,7 +259,7 @@ async def test_a_finished_pod_lets_go_of_a_shared_claim_and_its_own_claim_goes(
                          finalizer=True)
         cluster.allocate("shared", reserved_for=[consumer(first), consumer(second)],
                          finalizer=True)
-        await cluster.quiet()
+        await cluster.quiet(controller)
         for name in ("first", "own"):
             done = cluster.get_pod(name)
             assert done is not None
@@ -252,7 +267,7 @@ async def test_a_finished_pod_lets_go_of_a_shared_claim_and_its_own_claim_goes(
             cluster.emu.update_status(done)
         await eventually(lambda: [c["metadata"]["name"] for c in cluster.claims()]
                          == ["shared"], what="the finished pod's own claim deleted")
-        await cluster.quiet()
+        await cluster.quiet(controller)
     finally:
         await controller.stop()
     shared = cluster.get_claim("shared")
@@ -275,7 +290,7 @@ async def test_a_pod_bound_without_the_scheduler_gets_its_allocated_claim_reserv
     try:
         await eventually(lambda: (cluster.get_claim("c1") or {}).get("status", {}).get(
             "reservedFor"), what="reserved")
-        await cluster.quiet()
+        await cluster.quiet(controller)
     finally:
         await controller.stop()
     assert (cluster.get_claim("c1") or {})["status"]["reservedFor"] == [consumer(pod)]
@@ -296,13 +311,13 @@ async def test_1_31_a_deleted_pod_asks_the_driver_to_deallocate_its_classic_clai
                         "spec": {"selectedNode": "n1"}})
     controller = await running(cluster.controller())
     try:
-        await cluster.quiet()
+        await cluster.quiet(controller)
         cluster.emu.delete("v1", "Pod", "p1", NS)
         await eventually(lambda: (cluster.get_claim("c1") or {}).get("status", {}).get(
             "deallocationRequested"), what="deallocation requested")
         await eventually(lambda: cluster.emu.get(cluster.api_version, "PodSchedulingContext",
                                                  "p1", NS) is None, what="context deleted")
-        await cluster.quiet()
+        await cluster.quiet(controller)
     finally:
         await controller.stop()
     status = (cluster.get_claim("c1") or {})["status"]
@@ -322,7 +337,7 @@ async def test_1_31_a_bound_pod_with_an_unallocated_classic_claim_selects_its_no
     try:
         await eventually(lambda: cluster.emu.get(cluster.api_version, "PodSchedulingContext",
                                                  "p1", NS), what="context made")
-        await cluster.quiet()
+        await cluster.quiet(controller)
     finally:
         await controller.stop()
     context = cluster.emu.get(cluster.api_version, "PodSchedulingContext", "p1", NS)
@@ -338,7 +353,7 @@ async def test_1_31_template_claims_are_made_in_v1alpha3(classic: Cluster) -> No
     controller = await running(cluster.controller())
     try:
         await eventually(lambda: len(cluster.claims()) == 1, what="made")
-        await cluster.quiet()
+        await cluster.quiet(controller)
     finally:
         await controller.stop()
     template = cluster.emu.get(cluster.api_version, "ResourceClaimTemplate", "one-gpu", NS)

@@ -20,7 +20,8 @@ from app.claims.fabric_ops import EventRecorder
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.db.engine import Database
 from app.db.models import Device
-from app.fabric.redfish import RedfishBackend, RetrySettings
+from app.fabric.redfish.backend import RedfishBackend
+from app.fabric.redfish.transport import RetrySettings
 from app.inventory import InventorySync
 from app.inventory.queries import pool_devices
 from app.journal import ATTACHED, ATTACHING, DETACHING, FAILED, ClaimRef, Journal
@@ -184,11 +185,11 @@ async def test_full_cycle_attach_ready_then_detach_on_deallocation(harness: Harn
         (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])
         assert held.state == ATTACHED and held.node == NODES[0]
 
-        # Nothing changes: a second pass writes nothing to the API server or the fabric.
+        # Nothing changes: a second pass, run here to its end, writes nothing to the API
+        # server or the fabric.
         writes = len(harness.emu.writes())
         history = len(harness.sim.history)
-        reconciler.queue.add(harness.claim("c1")["metadata"]["uid"])
-        await asyncio.sleep(0.3)
+        await reconciler.reconcile(harness.claim("c1")["metadata"]["uid"])
         assert len(harness.emu.writes()) == writes and len(harness.sim.history) == history
 
         harness.deallocate("c1")

@@ -18,7 +18,8 @@ from sqlalchemy import select
 from app.controlplane import ControlPlaneController, ControlPlaneSettings
 from app.db.engine import Database
 from app.db.models import Device
-from app.fabric.redfish import RedfishBackend, RetrySettings
+from app.fabric.redfish.backend import RedfishBackend
+from app.fabric.redfish.transport import RetrySettings
 from app.inventory import InventorySync
 from app.inventory.queries import pool_devices
 from app.journal import ATTACHED, FAILED, Journal
@@ -188,10 +189,9 @@ async def test_full_protocol_cycle_answers_allocates_attaches_and_binds(
         await eventually(lambda: harness.answers("p1") == {"gpu": [NO_HOST]},
                          what="unsuitableNodes answered")
 
-        # Nothing changed: answering again writes nothing.
+        # Nothing changed: answering again (a pass run here to its end) writes nothing.
         writes = len(harness.emu.writes())
-        controller.queue.add(("context", "default", "p1"))
-        await asyncio.sleep(0.3)
+        await controller.sync_context("default", "p1")
         assert len(harness.emu.writes()) == writes
 
         context = harness.context("p1")
@@ -217,11 +217,11 @@ async def test_full_protocol_cycle_answers_allocates_attaches_and_binds(
         assert (held.mode, held.node, held.host_id) == ("control-plane", NODES[1], NODES[1])
         await eventually(lambda: _state_is(harness, claim["metadata"]["uid"], ATTACHED))
 
-        # The claim once more: nothing is written to the API server or the fabric.
+        # The claim once more (passes run here to their end): nothing is written to the API
+        # server or the fabric.
         writes, history = len(harness.emu.writes()), len(harness.sim.history)
-        controller.queue.add(("claim", claim["metadata"]["uid"], ""))
-        controller.queue.add(("context", "default", "p1"))
-        await asyncio.sleep(0.3)
+        await controller.sync_claim(claim["metadata"]["uid"])
+        await controller.sync_context("default", "p1")
         assert len(harness.emu.writes()) == writes and len(harness.sim.history) == history
 
         async with running(harness.scheduler()):
@@ -425,9 +425,14 @@ async def test_written_answers_and_finalizers_are_not_worked_on_again(harness: H
     passes: list[tuple[str, ...]] = []
     sync_context, sync_claim = controller.sync_context, controller.sync_claim
 
+    finished: list[tuple[str, ...]] = []
+
     async def counted_context(namespace: str, name: str) -> bool:
         passes.append(("context", name))
-        return await sync_context(namespace, name)
+        try:
+            return await sync_context(namespace, name)
+        finally:
+            finished.append(("context", name))
 
     async def counted_claim(uid: str) -> bool:
         passes.append(("claim", uid))
@@ -457,9 +462,10 @@ async def test_written_answers_and_finalizers_are_not_worked_on_again(harness: H
         context = harness.context("p1")
         assert context is not None
         context["status"]["resourceClaims"].append({"name": "other", "unsuitableNodes": []})
+        done = len(finished)
         harness.emu.update_status(context)
         await eventually(lambda: ("context", "p1") in passes[seen:], what="looked at")
-        await asyncio.sleep(0.2)
+        await eventually(lambda: ("context", "p1") in finished[done:], what="the look ended")
         assert len(harness.emu.writes()) == writes  # nothing written by us
         seen = len(passes)
         # A new question (the scheduler changed the spec) is answered.
@@ -489,8 +495,9 @@ async def test_an_answer_is_corrected_even_while_the_cache_lags_our_last_write(
             await handle(line, what)
 
         controller.contexts._handle_line = late  # type: ignore[method-assign]
-        assert controller._pools is not None
-        every = frozenset(d.device_id for p in controller._pools for d in p.devices)
+        pools = controller.snapshots.pools
+        assert pools is not None
+        every = frozenset(d.device_id for p in pools for d in p.devices)
         controller.in_use.set_claim("someone-else", every)
         controller._enqueue_contexts()
         await eventually(lambda: harness.answers("p1") == {"gpu": [NODES[0]]},
@@ -538,7 +545,7 @@ async def _none_held(harness: Harness, uid: str) -> bool:
 
 async def test_the_allocation_is_written_with_strict_field_validation(harness: Harness) -> None:
     # A field of our allocation the server does not know must fail the write, not vanish
-    # with only a Warning header (controller.py _write_allocation).
+    # with only a Warning header (scheduling.py _write_allocation).
     scheduler = harness.scheduler()
     async with running(harness.controller(), scheduler):
         await _bound_cycle(harness, scheduler)
@@ -555,14 +562,15 @@ async def test_a_slice_event_while_the_snapshot_waits_does_not_break_it(
     # journal used to leave it iterating None ("'NoneType' object is not iterable").
     controller = harness.controller()
     async with running(controller):
-        refresh = controller._refresh_held
+        refresh = controller.snapshots.refresh_held
 
         async def refresh_with_a_slice_event() -> None:
             await refresh()
             await controller._on_slice("MODIFIED", {}, None)
 
-        controller._refresh_held = refresh_with_a_slice_event  # type: ignore[method-assign]
-        snapshot = await controller._snapshot(set())
+        controller.snapshots.refresh_held = (  # type: ignore[method-assign]
+            refresh_with_a_slice_event)
+        snapshot = await controller.snapshots.snapshot(set())
         assert snapshot.pools, "the snapshot holds the published pools"
         assert all(isinstance(p, tuple) for p in snapshot.reachable.values())
 

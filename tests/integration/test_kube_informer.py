@@ -604,3 +604,40 @@ async def test_watches_cut_while_lists_work_still_turn_unhealthy(
         await eventually(lambda: informer.get("b") is not None, what="b seen")
     finally:
         await informer.stop()
+
+
+async def test_the_uid_index_follows_adds_deletes_and_a_name_reused_by_a_new_object(
+    emulator: tuple[KubeEmulator, str], kube: KubeClient
+) -> None:
+    emu, _ = emulator
+    first = emu.create(resource_slice("a"))
+    emu.create(resource_slice("b"))
+    seen_in_handlers: list[tuple[EventType, str, bool]] = []
+    informer = Informer(ResourceV1Api(kube.api).list_resource_slice, fast_settings())
+
+    async def check(event_type: EventType, obj: dict[str, Any], old: Any) -> None:
+        # Handlers see the index already agree with the cache.
+        uid = obj["metadata"]["uid"]
+        seen_in_handlers.append((event_type, obj["metadata"]["name"],
+                                 informer.by_uid(uid) is obj))
+
+    informer.add_handler(check)
+    informer.start()
+    try:
+        await informer.wait_synced(10)
+        old_uid = first["metadata"]["uid"]
+        assert informer.by_uid(old_uid) is informer.get("a")
+        assert informer.key_of_uid(old_uid) == ("", "a")
+        emu.delete("resource.k8s.io/v1", "ResourceSlice", "a")
+        again = emu.create(resource_slice("a"))
+        new_uid = again["metadata"]["uid"]
+        await eventually(lambda: informer.by_uid(new_uid) is not None, what="new a indexed")
+        assert informer.by_uid(old_uid) is None and informer.key_of_uid(old_uid) is None
+        assert informer.key_of_uid(new_uid) == ("", "a")
+        assert sorted(informer.uids()) == sorted(
+            o["metadata"]["uid"] for o in emu.list("resource.k8s.io/v1", "ResourceSlice"))
+        assert ("DELETED", "a", False) in seen_in_handlers
+        assert all(ok for kind, _, ok in seen_in_handlers if kind != "DELETED")
+        assert informer.by_uid("no-such-uid") is None
+    finally:
+        await informer.stop()

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import pytest
+from builders import eventually
 
-from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
+from app.kube.client import KubeClient
 from app.kube.leader import LeaderElectionSettings, LeaderElector
 from app.sim.kubeapi import KubeEmulator
 
@@ -23,23 +22,8 @@ LEASE_DURATION_S = 2
 RETRY_PERIOD_S = 0.1
 
 
-@pytest.fixture
-async def emulator() -> AsyncIterator[KubeEmulator]:
-    emu = KubeEmulator()
-    await emu.start()
-    try:
-        yield emu
-    finally:
-        await emu.stop()
-
-
-@pytest.fixture
-async def kube(emulator: KubeEmulator) -> AsyncIterator[KubeClient]:
-    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emulator.url))
-    try:
-        yield client
-    finally:
-        await client.close()
+# ``emu`` (the API emulator) and ``client`` (a KubeClient on it) are in
+# tests/integration/conftest.py.
 
 
 class Candidate:
@@ -85,26 +69,17 @@ def lease_spec(emu: KubeEmulator) -> dict[str, Any]:
 
 
 async def first_leader(candidates: list[Candidate], timeout_s: float = 5.0) -> Candidate:
-    await wait_until(lambda: any(c.leading for c in candidates), timeout_s)
+    await eventually(lambda: any(c.leading for c in candidates), timeout_s, "a leader",
+                     interval_s=0.01)
     leaders = [c for c in candidates if c.leading]
     assert len(leaders) == 1
     return leaders[0]
 
 
-async def wait_until(check: Callable[[], bool], timeout_s: float) -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not check():
-        if loop.time() - start > timeout_s:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.01)
-    return loop.time() - start
-
-
 async def test_exactly_one_of_several_candidates_leads(
-    emulator: KubeEmulator, kube: KubeClient
+    emu: KubeEmulator, client: KubeClient
 ) -> None:
-    candidates = [Candidate(kube, f"replica-{i}") for i in range(3)]
+    candidates = [Candidate(client, f"replica-{i}") for i in range(3)]
     for candidate in candidates:
         candidate.elector.start()
     try:
@@ -113,7 +88,7 @@ async def test_exactly_one_of_several_candidates_leads(
         for _ in range(10):
             await asyncio.sleep(RETRY_PERIOD_S)
             assert [c for c in candidates if c.leading] == [leader]
-        spec = lease_spec(emulator)
+        spec = lease_spec(emu)
         assert spec["holderIdentity"] == leader.elector.settings.identity
         assert spec["leaseDurationSeconds"] == LEASE_DURATION_S
         assert MICRO_TIME.match(spec["renewTime"]), spec["renewTime"]
@@ -128,10 +103,10 @@ async def test_exactly_one_of_several_candidates_leads(
 
 
 async def test_a_killed_leader_is_replaced_within_the_lease_duration(
-    emulator: KubeEmulator, kube: KubeClient
+    emu: KubeEmulator, client: KubeClient
 ) -> None:
-    first = Candidate(kube, "first", release=False)
-    second = Candidate(kube, "second")
+    first = Candidate(client, "first", release=False)
+    second = Candidate(client, "second")
     first.elector.start()
     await asyncio.wait_for(first.elector.is_leader.wait(), 5)
     second.elector.start()
@@ -139,11 +114,12 @@ async def test_a_killed_leader_is_replaced_within_the_lease_duration(
         await asyncio.sleep(3 * RETRY_PERIOD_S)  # the standby has seen the record
         assert not second.leading
         await first.elector.stop()  # no release: the Lease still names "first"
-        assert lease_spec(emulator)["holderIdentity"] == "first"
-        took = await wait_until(lambda: second.leading, LEASE_DURATION_S + 2.0)
+        assert lease_spec(emu)["holderIdentity"] == "first"
+        took = await eventually(lambda: second.leading, LEASE_DURATION_S + 2.0,
+                                "the standby leads", interval_s=0.01)
         # The standby waits for the lease to run out, but not much longer.
         assert LEASE_DURATION_S - 0.5 <= took <= LEASE_DURATION_S + 4 * RETRY_PERIOD_S
-        spec = lease_spec(emulator)
+        spec = lease_spec(emu)
         assert spec["holderIdentity"] == "second"
         assert spec["leaseTransitions"] == 1
         assert first.log == ["started", "stopped"]
@@ -152,10 +128,10 @@ async def test_a_killed_leader_is_replaced_within_the_lease_duration(
 
 
 async def test_a_released_lease_is_taken_over_at_once(
-    emulator: KubeEmulator, kube: KubeClient
+    emu: KubeEmulator, client: KubeClient
 ) -> None:
-    first = Candidate(kube, "first", release=True)
-    second = Candidate(kube, "second")
+    first = Candidate(client, "first", release=True)
+    second = Candidate(client, "second")
     first.elector.start()
     await asyncio.wait_for(first.elector.is_leader.wait(), 5)
     second.elector.start()
@@ -164,29 +140,30 @@ async def test_a_released_lease_is_taken_over_at_once(
         await first.elector.stop()
         assert not first.leading
         assert first.log == ["started", "stopped"]
-        took = await wait_until(lambda: second.leading, LEASE_DURATION_S)
+        took = await eventually(lambda: second.leading, LEASE_DURATION_S,
+                                "the standby leads", interval_s=0.01)
         assert took < LEASE_DURATION_S / 2
-        spec = lease_spec(emulator)
+        spec = lease_spec(emu)
         assert spec["holderIdentity"] == "second"
         assert spec["leaseTransitions"] == 1
     finally:
         await second.elector.stop()
     # The second one released too: nobody holds the Lease, which expires in one second.
-    spec = lease_spec(emulator)
+    spec = lease_spec(emu)
     assert "holderIdentity" not in spec or not spec["holderIdentity"]
     assert spec["leaseDurationSeconds"] == 1
 
 
 async def test_failing_renewals_make_the_leader_step_down(
-    emulator: KubeEmulator, kube: KubeClient
+    emu: KubeEmulator, client: KubeClient
 ) -> None:
-    leader = Candidate(kube, "only")
+    leader = Candidate(client, "only")
     leader.elector.start()
     try:
         await asyncio.wait_for(leader.elector.is_leader.wait(), 5)
         # Renewals every 0.1 s and a 0.6 s deadline: about six failures make it step down;
         # the rest fail its first attempts to lead again.
-        emulator.fail_next(20, path_regex="leases", status=500)
+        emu.fail_next(20, path_regex="leases", status=500)
         await asyncio.wait_for(leader.stopped.wait(), 0.6 + 1.0)
         assert not leader.leading
         assert leader.log == ["started", "stopped"]
@@ -195,21 +172,21 @@ async def test_failing_renewals_make_the_leader_step_down(
         # Once the API server answers again the replica campaigns and leads again.
         await asyncio.wait_for(leader.elector.is_leader.wait(), 5)
         assert leader.log == ["started", "stopped", "started"]
-        failed = [r for r in emulator.requests if "leases" in r.path and r.status == 500]
+        failed = [r for r in emu.requests if "leases" in r.path and r.status == 500]
         assert len(failed) == 20
     finally:
         await leader.elector.stop()
 
 
 async def test_a_slow_api_server_makes_the_leader_step_down_by_the_deadline(
-    emulator: KubeEmulator, kube: KubeClient
+    emu: KubeEmulator, client: KubeClient
 ) -> None:
-    leader = Candidate(kube, "only")
+    leader = Candidate(client, "only")
     leader.elector.start()
     try:
         await asyncio.wait_for(leader.elector.is_leader.wait(), 5)
         # Every call now hangs beyond the request timeout (0.5 s) and the renew deadline.
-        emulator.latency_s = 1.0
+        emu.latency_s = 1.0
         loop = asyncio.get_running_loop()
         start = loop.time()
         await asyncio.wait_for(leader.stopped.wait(), 2.0)
@@ -218,24 +195,24 @@ async def test_a_slow_api_server_makes_the_leader_step_down_by_the_deadline(
         assert not leader.leading
     finally:
         await leader.elector.stop()
-        emulator.latency_s = 0.0
+        emu.latency_s = 0.0
     # Let the emulator finish the requests it was still delaying before it is stopped.
     await asyncio.sleep(1.2)
 
 
 async def test_a_renewal_conflict_rereads_and_keeps_leading(
-    emulator: KubeEmulator, kube: KubeClient
+    emu: KubeEmulator, client: KubeClient
 ) -> None:
-    leader = Candidate(kube, "only")
+    leader = Candidate(client, "only")
     leader.elector.start()
     try:
         await asyncio.wait_for(leader.elector.is_leader.wait(), 5)
         # A stale write: the next PUT on the Lease gets 409; the next round re-reads.
-        emulator.fail_next(1, method="PUT", path_regex="leases", status=409)
+        emu.fail_next(1, method="PUT", path_regex="leases", status=409)
         await asyncio.sleep(8 * RETRY_PERIOD_S)
         assert leader.leading
         assert leader.log == ["started"]
-        puts = [r for r in emulator.requests if r.method == "PUT" and "leases" in r.path]
+        puts = [r for r in emu.requests if r.method == "PUT" and "leases" in r.path]
         assert 409 in {r.status for r in puts}
         assert puts[-1].status == 200
     finally:

@@ -5,12 +5,11 @@ second and from a clock in another time zone."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
+from app.kube.client import KubeClient
 from app.kube.leader import LeaderElectionSettings, LeaderElector
 from app.sim.kubeapi import KubeEmulator
 
@@ -18,23 +17,8 @@ NS = "kube-system"
 LEASE = "fabric-dra"
 
 
-@pytest.fixture
-async def emulator() -> AsyncIterator[KubeEmulator]:
-    emu = KubeEmulator()
-    await emu.start()
-    try:
-        yield emu
-    finally:
-        await emu.stop()
-
-
-@pytest.fixture
-async def kube(emulator: KubeEmulator) -> AsyncIterator[KubeClient]:
-    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emulator.url))
-    try:
-        yield client
-    finally:
-        await client.close()
+# ``emu`` (the API emulator) and ``client`` (a KubeClient on it) are in
+# tests/integration/conftest.py.
 
 
 def elector(kube: KubeClient, utc_now: datetime) -> LeaderElector:
@@ -52,8 +36,8 @@ def elector(kube: KubeClient, utc_now: datetime) -> LeaderElector:
     datetime(2026, 1, 2, 4, 4, 5, tzinfo=timezone(timedelta(hours=1))),
 ])
 async def test_a_whole_second_lease_time_is_sent_with_six_fraction_digits(
-        emulator: KubeEmulator, kube: KubeClient, moment: datetime) -> None:
-    candidate = elector(kube, moment)
+        emu: KubeEmulator, client: KubeClient, moment: datetime) -> None:
+    candidate = elector(client, moment)
     candidate.start()
     try:
         await asyncio.wait_for(candidate.is_leader.wait(), 5)
@@ -61,10 +45,10 @@ async def test_a_whole_second_lease_time_is_sent_with_six_fraction_digits(
         assert candidate.last_error is None
     finally:
         await candidate.stop()
-    lease = emulator.get("coordination.k8s.io/v1", "Lease", LEASE, NS)
+    lease = emu.get("coordination.k8s.io/v1", "Lease", LEASE, NS)
     assert lease is not None
     assert lease["spec"]["acquireTime"] == "2026-01-02T03:04:05.000000Z"
     assert lease["spec"]["renewTime"] == "2026-01-02T03:04:05.000000Z"
-    lease_writes = emulator.writes("leases")
+    lease_writes = emu.writes("leases")
     assert "PUT" in {r.method for r in lease_writes}
     assert all(r.status < 400 for r in lease_writes), [(r.method, r.status) for r in lease_writes]

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from builders import publisher_caught_up
 from prometheus_client import CollectorRegistry
 
 from app.fabric.types import Location
@@ -66,27 +67,9 @@ def pools(*groups: list[PoolDevice], config: PoolConfig = CONFIG) -> dict[str, D
 
 
 # The publisher writes taints and binding conditions, which Kubernetes 1.34 keeps behind
-# alpha gates that are off by default: these emulators turn every DRA gate on.
+# alpha gates that are off by default: these emulators turn every DRA gate on, as the shared
+# ``emu`` (with ``client`` on it) of tests/integration/conftest.py does.
 GATES = all_gates_on("1.34")
-
-
-@pytest.fixture
-async def emu() -> AsyncIterator[KubeEmulator]:
-    emulator = KubeEmulator(feature_gates=GATES, bookmark_interval_s=0.2)
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
-
-
-@pytest.fixture
-async def client(emu: KubeEmulator) -> AsyncIterator[KubeClient]:
-    kube = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu.url))
-    try:
-        yield kube
-    finally:
-        await kube.close()
 
 
 @contextlib.asynccontextmanager
@@ -302,13 +285,11 @@ async def test_a_slice_changed_by_someone_else_is_written_back(
         (obj,) = slices(emu)
         obj["spec"]["devices"] = obj["spec"]["devices"][:5]
         emu.update(obj)
-        await asyncio.sleep(0.2)
-        await publisher.wait_idle(20)
+        await publisher_caught_up(emu, publisher)
         assert assert_matches(emu, desired) == {"us-east/rack-1": 1}
         (other,) = slices(emu)
         emu.delete(V1, "ResourceSlice", other["metadata"]["name"])
-        await asyncio.sleep(0.2)
-        await publisher.wait_idle(20)
+        await publisher_caught_up(emu, publisher)
         assert assert_matches(emu, desired) == {"us-east/rack-1": 2}
         await assert_second_sync_writes_nothing(emu, publisher)
 
@@ -396,8 +377,7 @@ async def test_watch_expiry_and_cut_watches_during_publishing_converge(
             await emu.close_watches()
             await asyncio.sleep(0.02)
         await publisher.wait_idle(20)
-        await asyncio.sleep(0.3)  # let the informer re-list
-        await publisher.wait_idle(20)
+        await publisher_caught_up(emu, publisher)  # the informer has re-listed
         assert set(assert_matches(emu, bigger).values()) == {2}
         await assert_second_sync_writes_nothing(emu, publisher)
 

@@ -8,16 +8,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
 from app.fabric.types import Location
-from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
+from app.kube.client import KubeClient
 from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools
 from app.publisher.publisher import Publisher, PublisherSettings
 from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
 
 DRIVER = "fabric.example.com"
 V1 = "resource.k8s.io/v1"
@@ -44,24 +41,8 @@ def desired(*, unhealthy: tuple[int, ...] = (0,), memory_mib: int = 81920
         for i in range(3)], CONFIG)
 
 
-@pytest.fixture
-async def emu() -> AsyncIterator[KubeEmulator]:
-    emulator = KubeEmulator(kubernetes_version="1.34", feature_gates=all_gates_on("1.34"),
-                            bookmark_interval_s=0.2)
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
-
-
-@pytest.fixture
-async def kube(emu: KubeEmulator) -> AsyncIterator[KubeClient]:
-    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu.url))
-    try:
-        yield client
-    finally:
-        await client.close()
+# ``emu`` (Kubernetes 1.34, every DRA gate on) and ``client`` are in
+# tests/integration/conftest.py.
 
 
 @contextlib.asynccontextmanager
@@ -105,20 +86,20 @@ async def age_the_taint(emu: KubeEmulator) -> None:
 
 
 async def test_a_stamped_taint_and_canonical_values_cause_no_rewrite(
-        emu: KubeEmulator, kube: KubeClient) -> None:
-    async with running(kube) as publisher:
+        emu: KubeEmulator, client: KubeClient) -> None:
+    async with running(client) as publisher:
         await publish(publisher, desired())
         assert taint_time(the_slice(emu), 0) is not None
         await resync_writes_nothing(emu, publisher)
     # A new publisher knows nothing of earlier writes: it compares with what the server holds.
-    async with running(kube) as publisher:
+    async with running(client) as publisher:
         await publish(publisher, desired())
         await resync_writes_nothing(emu, publisher)
 
 
 async def test_an_unchanged_taint_keeps_its_time_when_its_slice_is_updated(
-        emu: KubeEmulator, kube: KubeClient) -> None:
-    async with running(kube) as publisher:
+        emu: KubeEmulator, client: KubeClient) -> None:
+    async with running(client) as publisher:
         await publish(publisher, desired())
         await age_the_taint(emu)
         await publisher.wait_idle(20)
@@ -131,8 +112,8 @@ async def test_an_unchanged_taint_keeps_its_time_when_its_slice_is_updated(
 
 
 async def test_a_new_taint_gets_the_servers_current_time(emu: KubeEmulator,
-                                                         kube: KubeClient) -> None:
-    async with running(kube) as publisher:
+                                                         client: KubeClient) -> None:
+    async with running(client) as publisher:
         await publish(publisher, desired())
         await age_the_taint(emu)
         await publisher.wait_idle(20)

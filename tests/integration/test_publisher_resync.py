@@ -17,14 +17,13 @@ from builders import eventually
 from prometheus_client import CollectorRegistry
 
 from app.fabric.types import Location
-from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
+from app.kube.client import KubeClient
 from app.kube.informer import InformerEvent, InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, resource_slice_spec
 from app.publisher.metrics import PublisherMetrics
 from app.publisher.publisher import Publisher, PublisherSettings
 from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
 
 DRIVER = "fabric.example.com"
 CONFIG = PoolConfig(driver_name=DRIVER)
@@ -60,23 +59,8 @@ def pools(*groups: list[PoolDevice]) -> dict[str, DesiredPool]:
     return desired_pools([d for group in groups for d in group], CONFIG)
 
 
-@pytest.fixture
-async def emu() -> AsyncIterator[KubeEmulator]:
-    emulator = KubeEmulator(feature_gates=all_gates_on("1.34"), bookmark_interval_s=0.2)
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
-
-
-@pytest.fixture
-async def client(emu: KubeEmulator) -> AsyncIterator[KubeClient]:
-    kube = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu.url))
-    try:
-        yield kube
-    finally:
-        await kube.close()
+# ``emu`` (Kubernetes 1.34, every DRA gate on) and ``client`` are in
+# tests/integration/conftest.py.
 
 
 @contextlib.asynccontextmanager

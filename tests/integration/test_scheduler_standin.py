@@ -22,7 +22,8 @@ from builders import eventually
 
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.db.engine import Database
-from app.fabric.redfish import RedfishBackend, RetrySettings
+from app.fabric.redfish.backend import RedfishBackend
+from app.fabric.redfish.transport import RetrySettings
 from app.inventory import InventorySync
 from app.inventory.queries import pool_devices
 from app.journal import ATTACHED, Journal

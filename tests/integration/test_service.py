@@ -199,8 +199,13 @@ async def test_two_replicas_one_leader_and_failover(
         await first.stop(deadline_s=10)
         await eventually(lambda: second.leading is not None, timeout_s=10,
                          what="replica-b takes over")
-        await asyncio.sleep(1.5)
-        # The new leader adopts the slices: nothing to rewrite.
+        # The new leader adopts the slices: once its publishers have the desired state and are
+        # idle, and after one more full pass run here, nothing was rewritten.
+        await eventually(lambda: _publishers_settled(second), what="replica-b's publishers")
+        assert second.leading is not None
+        for publisher in second.leading.publishers.values():
+            publisher.resync_all()
+            await publisher.wait_idle(20)
         assert len(emu.writes("resourceslices")) == writes_before
     finally:
         await second.stop(deadline_s=10)
@@ -255,6 +260,13 @@ async def test_slices_are_left_alone_until_the_first_inventory_sync_succeeds(
         assert not emu.writes("/resourceslices")
     finally:
         await service.stop(deadline_s=5)
+
+
+def _publishers_settled(service: Service) -> bool:
+    """The service leads and each of its publishers has its desired state and is idle."""
+    leading = service.leading
+    return leading is not None and bool(leading.publishers) and all(
+        p.status().synced and p.idle() for p in leading.publishers.values())
 
 
 async def _text(port: int, path: str) -> tuple[int, str]:

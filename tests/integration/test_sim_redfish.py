@@ -7,65 +7,25 @@ import io
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from builders import REDFISH_DATA
+from builders import REDFISH_BASIC_AUTH, REDFISH_DATA, SMALL_REDFISH
+from builders import redfish_call as call
 
 from app.sim.redfish import Faults, InventorySpec, RedfishSimulator
 
 MOCKUPS = REDFISH_DATA
 COMPOSABILITY = MOCKUPS / "dmtf-public-composability"
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
-AUTH = aiohttp.encode_basic_auth("admin", "password")
-SMALL = InventorySpec(regions=1, racks_per_region=2, devices_per_rack=3, hosts_per_rack=2,
-                      device_mix="mixed", seed=7)
+AUTH = REDFISH_BASIC_AUTH
+SMALL = SMALL_REDFISH
 
+# ``serve`` (simulators started on demand) and ``http`` are in tests/integration/conftest.py.
 Serve = Callable[..., Awaitable[tuple[RedfishSimulator, str]]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    """Start simulators on 127.0.0.1, port 0; stop them all after the test."""
-    running: list[RedfishSimulator] = []
-
-    async def _serve(**kwargs: Any) -> tuple[RedfishSimulator, str]:
-        kwargs.setdefault("spec", None if "mockup_dir" in kwargs else SMALL)
-        sim = RedfishSimulator(**kwargs)
-        url = await sim.start()
-        running.append(sim)
-        return sim, url
-
-    yield _serve
-    for sim in running:
-        await sim.stop()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def call(http: aiohttp.ClientSession, method: str, url: str, *, auth: str | None = AUTH,
-               headers: dict[str, str] | None = None, **kwargs: Any) -> tuple[int, Any, Any]:
-    """Send one request with an ``Authorization`` header value ``auth`` (None: none).
-
-    Returns (status, parsed JSON body or raw text or None, headers).
-    """
-    headers = dict(headers or {})
-    if auth is not None:
-        headers.setdefault("Authorization", auth)
-    async with http.request(method, url, headers=headers, **kwargs) as resp:
-        text = await resp.text()
-        try:
-            body: Any = json.loads(text) if text else None
-        except ValueError:
-            body = text
-        return resp.status, body, resp.headers
 
 
 def error_id(body: Any) -> str:

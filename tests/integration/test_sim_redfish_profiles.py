@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
-from builders import REDFISH_DATA
+from builders import REDFISH_BASIC_AUTH, REDFISH_DATA, SMALL_REDFISH
+from builders import redfish_call as call
 from click.testing import CliRunner
 
 from app.sim.redfish import InventorySpec, RedfishSimulator, cli
@@ -24,53 +24,16 @@ from app.sim.redfish_profiles import (
 COMPOSABILITY = REDFISH_DATA / "dmtf-public-composability"
 ROOT = "/redfish/v1"
 BLOCKS = f"{ROOT}/CompositionService/ResourceBlocks"
-AUTH = aiohttp.encode_basic_auth("admin", "password")
-SMALL = InventorySpec(regions=1, racks_per_region=2, devices_per_rack=3, hosts_per_rack=2,
-                      device_mix="mixed", seed=7)
+AUTH = REDFISH_BASIC_AUTH
+SMALL = SMALL_REDFISH
 ONE = "node-us-east-rack-01-1"
 TWO = "node-us-east-rack-01-2"
 GPU = f"{BLOCKS}/us-east-rack-01-gpu-00"
 NVME = f"{BLOCKS}/us-east-rack-01-nvme-01"
 
+# ``serve`` (simulators started on demand, profiles first) and ``http`` are in
+# tests/integration/conftest.py.
 Serve = Callable[..., Awaitable[tuple[RedfishSimulator, str]]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    """Start simulators on 127.0.0.1, port 0; stop them all after the test."""
-    running: list[RedfishSimulator] = []
-
-    async def _serve(*profiles: str, **kwargs: Any) -> tuple[RedfishSimulator, str]:
-        kwargs.setdefault("spec", None if "mockup_dir" in kwargs else SMALL)
-        sim = RedfishSimulator(profiles=profiles, **kwargs)
-        url = await sim.start()
-        running.append(sim)
-        return sim, url
-
-    yield _serve
-    for sim in running:
-        await sim.stop()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def call(http: aiohttp.ClientSession, method: str, url: str, *, auth: str | None = AUTH,
-               headers: dict[str, str] | None = None, **kwargs: Any) -> tuple[int, Any, Any]:
-    """One request; (status, parsed JSON body or raw text or None, headers)."""
-    headers = dict(headers or {})
-    if auth is not None:
-        headers.setdefault("Authorization", auth)
-    async with http.request(method, url, headers=headers, **kwargs) as resp:
-        text = await resp.text()
-        try:
-            body: Any = json.loads(text) if text else None
-        except ValueError:
-            body = text
-        return resp.status, body, resp.headers
 
 
 def refs(*uris: str) -> dict[str, Any]:

@@ -15,12 +15,13 @@ import itertools
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
+import builders
 from sqlalchemy import select
 
 from app.config import Settings, load_settings
@@ -40,19 +41,9 @@ UNSETTLED_STATES = ("pending", "attaching", "detaching")
 OVERLAP_SLACK_S = 1.0
 
 
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 20,
-                     what: str = "condition", interval_s: float = 0.05) -> None:
-    """Wait until ``check()`` is true; AssertionError naming ``what`` after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(interval_s)
+eventually = partial(builders.eventually, timeout_s=20)
+"""The tests' one :func:`builders.eventually`, waiting 20 s by default (a whole controller runs
+beside the test)."""
 
 
 @dataclass

@@ -21,7 +21,7 @@ from app.claims.model import (
     wanted_devices,
 )
 from app.claims.plan import ClaimWants, plan_claim, wait_for_holder
-from app.journal import (
+from app.reservations import (
     ATTACHED,
     ATTACHING,
     DETACH_FAILED,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from app.allocator import Allocator, Node, claim_from_json, device_class_from_json, gather_pools
 from app.claims.model import WantedDevice
 from app.controlplane import plan as cp
-from app.journal import PENDING, ClaimRef, HeldDevice, ReservationView
+from app.reservations import PENDING, ClaimRef, HeldDevice, ReservationView
 
 DRIVER = "fabric.example.com"
 FINALIZER = "fabric.example.com/deletion-protection"

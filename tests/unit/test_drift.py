@@ -8,7 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.claims.drift import FabricView, find_drift
-from app.journal import ATTACHED, ATTACHING, DETACHING, FAILED, PENDING, ClaimRef, ReservationView
+from app.reservations import (
+    ATTACHED,
+    ATTACHING,
+    DETACHING,
+    FAILED,
+    PENDING,
+    ClaimRef,
+    ReservationView,
+)
 
 BEFORE = dt.datetime(2026, 1, 2, 3, 0, 0, tzinfo=dt.UTC)
 LISTED = dt.datetime(2026, 1, 2, 3, 1, 0, tzinfo=dt.UTC)

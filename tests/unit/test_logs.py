@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import pytest
 
@@ -54,3 +55,19 @@ def test_json_formatter_writes_one_object_a_line() -> None:
     assert entry["time"].endswith("Z")
     assert "abc" not in entry["exception"] and "ValueError" in entry["exception"]
     assert "\n" not in line
+
+
+def test_json_time_is_utc_whatever_the_local_time_zone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A POSIX zone five and a half hours east of UTC (no tz database needed).
+    monkeypatch.setenv("TZ", "XST-05:30")
+    time.tzset()
+    try:
+        item = record("sync done")
+        item.created, item.msecs = 1767323045.25, 250.0  # 2026-01-02T03:04:05.250Z
+        assert time.localtime(item.created).tm_hour == 8  # the zone is in force
+        entry = json.loads(JsonFormatter().format(item))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert entry["time"] == "2026-01-02T03:04:05.250Z"

@@ -9,7 +9,6 @@ import pytest
 from kubernetes_asyncio import client
 
 from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
 
 DRIVER = "fabric.example.com"
 
@@ -52,17 +51,10 @@ def builders() -> dict[str, Callable[..., dict[str, Any]]]:
 
 
 @pytest.fixture
-async def emulator() -> AsyncIterator[KubeEmulator]:
-    """A started Kubernetes 1.34 emulator serving resource.k8s.io/v1, with short bookmark
-    intervals and every DRA gate on (1.34 keeps taints, binding conditions, partitionable
-    devices and consumable capacity off by default; these tests exercise their rules)."""
-    emu = KubeEmulator(kubernetes_version="1.34", feature_gates=all_gates_on("1.34"),
-                       bookmark_interval_s=0.2)
-    await emu.start()
-    try:
-        yield emu
-    finally:
-        await emu.stop()
+def emulator(emu: KubeEmulator) -> KubeEmulator:
+    """The started Kubernetes 1.34 emulator of tests/integration/conftest.py (``emu``: every
+    DRA gate on, short bookmark intervals; these tests exercise the gated rules)."""
+    return emu
 
 
 @pytest.fixture

@@ -8,14 +8,15 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from builders import eventually, publisher_caught_up
 from kubernetes_asyncio.client import ResourceV1Api
 
 from app.fabric.types import Location
-from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
+from app.kube.client import KubeClient
 from app.kube.informer import EventType, Informer, InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools
@@ -30,15 +31,6 @@ V1 = "resource.k8s.io/v1"
 CONFIG = PoolConfig(driver_name=DRIVER, binds_to_node=False, taints_supported=False)
 
 
-async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 def resource_slice(name: str, label: str = "0") -> dict[str, Any]:
     return {"apiVersion": V1, "kind": "ResourceSlice",
             "metadata": {"name": name, "labels": {"round": label}},
@@ -46,6 +38,13 @@ def resource_slice(name: str, label: str = "0") -> dict[str, Any]:
                      "pool": {"name": f"pool-{name}", "generation": 0,
                               "resourceSliceCount": 1},
                      "devices": [{"name": "dev-0"}]}}
+
+
+def other_driver_slice(name: str) -> dict[str, Any]:
+    """A slice of another driver (outside the publisher's field selector)."""
+    obj = resource_slice(name)
+    obj["spec"]["driver"] = "other.example.com"
+    return obj
 
 
 def relabel(emu: KubeEmulator, name: str, label: str) -> dict[str, Any]:
@@ -66,23 +65,8 @@ class Recorder:
                             obj["metadata"]["resourceVersion"]))
 
 
-@pytest.fixture
-async def emu() -> AsyncIterator[KubeEmulator]:
-    emulator = KubeEmulator(bookmark_interval_s=0.2)
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
-
-
-@pytest.fixture
-async def client(emu: KubeEmulator) -> AsyncIterator[KubeClient]:
-    kube = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu.url))
-    try:
-        yield kube
-    finally:
-        await kube.close()
+# ``emu`` (Kubernetes 1.34, every DRA gate on) and ``client`` are in
+# tests/integration/conftest.py.
 
 
 def informer_settings() -> InformerSettings:
@@ -100,7 +84,7 @@ async def informing(client: KubeClient, emu: KubeEmulator,
     informer.start()
     try:
         await informer.wait_synced(10)
-        await eventually(lambda: emu.open_watches >= 1, "the informer's watch")
+        await eventually(lambda: emu.open_watches >= 1, what="the informer's watch")
         yield informer
     finally:
         await informer.stop()
@@ -129,7 +113,7 @@ async def test_the_informer_relists_on_error_410_inside_a_live_watch(
         emu.create(resource_slice("b"))
         relabel(emu, "a", "1")
         await eventually(lambda: cache_versions(informer) == store_versions(emu),
-                         "the cache to catch up")
+                         what="the cache to catch up")
         assert informer.gone_count >= 1 and informer.list_count > lists
         assert informer.is_healthy()
 
@@ -143,7 +127,7 @@ async def test_the_informer_recovers_from_falling_a_window_behind(
         for i in range(8):  # in one go: the watch cannot drain in between
             emu.create(resource_slice(f"s{i}"))
         await eventually(lambda: cache_versions(informer) == store_versions(emu),
-                         "the cache to catch up")
+                         what="the cache to catch up")
         assert informer.gone_count >= 1
         added = Counter(name for kind, name, _ in recorder.events if kind == "ADDED")
         assert all(count == 1 for count in added.values()), added
@@ -156,13 +140,13 @@ async def test_a_replayed_old_event_does_not_take_the_informer_back(
     recorder = Recorder()
     async with informing(client, emu, recorder) as informer:
         newest = relabel(emu, "a", "1")["metadata"]["resourceVersion"]
-        await eventually(lambda: cache_versions(informer) == {"a": newest}, "MODIFIED a")
+        await eventually(lambda: cache_versions(informer) == {"a": newest}, what="MODIFIED a")
         delivered = len(recorder.events)
         replayed = emu.replay_event("resourceslices", "a")
         assert int(replayed) < int(newest)
         # A later event proves the replay was read before it.
         emu.create(resource_slice("z"))
-        await eventually(lambda: "z" in cache_versions(informer), "ADDED z")
+        await eventually(lambda: "z" in cache_versions(informer), what="ADDED z")
         assert cache_versions(informer)["a"] == newest
         assert [e[1] for e in recorder.events[delivered:]] == ["z"]
         assert informer.resource_version is not None
@@ -178,10 +162,10 @@ async def test_a_replayed_deletion_of_an_earlier_incarnation_keeps_the_object(
     recorder = Recorder()
     async with informing(client, emu, recorder) as informer:
         again = emu.create(resource_slice("a", "2"))
-        await eventually(lambda: "a" in cache_versions(informer), "ADDED a")
+        await eventually(lambda: "a" in cache_versions(informer), what="ADDED a")
         emu.replay_event("resourceslices", "a", resource_version=deleted_at)
         emu.create(resource_slice("z"))
-        await eventually(lambda: "z" in cache_versions(informer), "ADDED z")
+        await eventually(lambda: "z" in cache_versions(informer), what="ADDED z")
         assert informer.get("a") is not None
         assert cache_versions(informer)["a"] == again["metadata"]["resourceVersion"]
         assert ("DELETED", "a") not in [(kind, name) for kind, name, _ in recorder.events]
@@ -232,8 +216,8 @@ async def assert_second_sync_writes_nothing(emu: KubeEmulator, publisher: Publis
     before = slice_writes(emu)
     publisher.resync_all()
     await publisher.wait_idle(20)
-    await asyncio.sleep(0.3)  # let late watch events in: they must not start writes either
-    await publisher.wait_idle(20)
+    # Late watch events (of the writes before the resync) must not start writes either.
+    await publisher_caught_up(emu, publisher)
     assert slice_writes(emu) == before
 
 
@@ -264,12 +248,13 @@ async def test_a_replayed_old_slice_event_starts_no_write(
         assert current is not None
         current["metadata"]["labels"] = {"touched": "yes"}
         emu.update(current)  # someone else's harmless change: a newer version
-        await asyncio.sleep(0.2)
-        await publisher.wait_idle(20)
+        await publisher_caught_up(emu, publisher)
         before = slice_writes(emu)
         emu.replay_event("resourceslices", name)
-        await asyncio.sleep(0.3)
-        await publisher.wait_idle(20)
+        # A write the publisher does not watch moves the store past the replayed event: once
+        # the watch is past it too, the replayed event has been handled.
+        emu.create(other_driver_slice("unrelated"))
+        await publisher_caught_up(emu, publisher)
         assert slice_writes(emu) == before
         await assert_second_sync_writes_nothing(emu, publisher)
 
@@ -278,7 +263,7 @@ async def test_publishing_through_expired_watches_converges(
     emu: KubeEmulator, client: KubeClient,
 ) -> None:
     async with publishing(client) as publisher:
-        await eventually(lambda: emu.open_watches >= 1, "the publisher's watch")
+        await eventually(lambda: emu.open_watches >= 1, what="the publisher's watch")
 
         async def expire_repeatedly() -> None:
             for _ in range(5):

@@ -1,0 +1,35 @@
+# Everyday commands. The virtual environment is set up by `bash .ci/run` (or by hand:
+# python3 -m venv .venv && .venv/bin/pip install -e '.[test]'); VENV=DIR chooses another.
+#
+#   make lint       ruff check, ruff format --check, mypy, lint-imports (import contracts)
+#   make test-fast  the fast tests on SQLite only (no tests marked slow, no PostgreSQL)
+#   make test       the whole suite on SQLite and PostgreSQL, as .ci/run runs it
+#   make demo       the demo (ARGS=--once stops after the story)
+#   make bench      every benchmark (ARGS=--short for the quick run, ARGS="--only claims")
+#
+# Extra pytest arguments go in ARGS too, e.g. make test-fast ARGS="tests/unit -x".
+
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider
+ARGS ?=
+
+.PHONY: lint test-fast test demo bench
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test-fast:
+	FABRIC_DRA_TEST_DATABASES=sqlite $(PYTEST) -m "not slow" $(ARGS)
+
+test:
+	$(PYTEST) $(ARGS)
+
+demo:
+	$(BIN)/fabric-dra demo $(ARGS)
+
+bench:
+	$(BIN)/python -m bench $(ARGS)

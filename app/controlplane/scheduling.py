@@ -1,0 +1,379 @@
+"""The control-plane scheduling pass: answer a PodSchedulingContext, and allocate its pod's
+claims once the scheduler selected a node.
+
+One pass per context (key ``("context", namespace, name)``). Gather: the pod, its claims of
+our driver that are not allocated, and a :class:`app.controlplane.snapshot.Snapshot` (pools,
+classes, nodes and hosts, devices in use). When ``spec.selectedNode`` is set, all those claims
+are allocated together for exactly that node; on success our finalizer goes on each claim
+first, the devices are reserved in the journal (mode ``control-plane``), and
+``status.allocation`` (with ``controller``) and the pod in ``reservedFor`` are written in one
+status update per claim. Otherwise (no selected node, it cannot serve the claims, or a device
+was taken meanwhile) each claim's ``status.resourceClaims`` entry lists the unsuitable
+potential nodes.
+
+Allocation decisions are serialised by one lock around gather, allocate and reserve, so each
+sees the reservations of the one before; the journal's unique index still refuses a device
+another mode holds (DeviceHeld): the context is then answered again from fresh data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.allocator import Node, SpecError, claim_from_object
+from app.allocator.pools import selector_matches
+from app.controlplane import plan as cp
+from app.controlplane.allocation import (
+    JSON_PATCH,
+    MODE,
+    REASON_DEVICE_TAKEN,
+    VERSION,
+    WRITE_ATTEMPTS,
+)
+from app.controlplane.snapshot import Snapshot
+from app.journal import ClaimRef, DeviceHeld, ReservationView, UnknownDevice
+from app.kube.client import FIELD_VALIDATION_STRICT, call_json
+from app.kube.errors import KubeBadRequest, KubeConflict
+from app.kube.update import update_with_retry
+from app.kube.versions import GROUP, claim_to_wire
+
+if TYPE_CHECKING:
+    from app.controlplane.controller import ControlPlaneController
+
+JsonDict = dict[str, Any]
+REASON_ALLOCATION_FAILED = "AllocationFailed"
+REASON_INVALID_CLAIM = "InvalidClaim"
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """Every device of every pending claim is reserved for the selected node.
+
+    Attributes:
+        allocations: the allocation result of each claim, by claim uid.
+        taken: the reservations made.
+    """
+
+    allocations: Mapping[str, Mapping[str, Any]]
+    taken: tuple[ReservationView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unsuitable:
+    """The selected node cannot serve the claims: it is answered as unsuitable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A device was taken meanwhile (another mode holds it): nothing is reserved, and the
+    context is answered again from fresh data."""
+
+
+AllocationOutcome = Reserved | Unsuitable | Taken
+
+
+def resource_version(obj: Mapping[str, Any]) -> int:
+    """``metadata.resourceVersion`` as an integer (etcd's revision); -1 when it is not one."""
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or -1)
+    except ValueError:
+        return -1
+
+
+class SchedulingPass:
+    """Answers the scheduling contexts of one :class:`ControlPlaneController`, whose
+    informers, snapshot cache, allocator, journal and claim writes it uses.
+
+    Attributes:
+        last_answers: the last answer of each context, by (namespace, name), for the admin
+            view.
+        written: the contexts our last status writes returned (newer than the cache until the
+            informer delivers them), by (namespace, name).
+    """
+
+    def __init__(self, controller: ControlPlaneController) -> None:
+        self.controller = controller
+        self.last_answers: dict[tuple[str, str], dict[str, list[str]]] = {}
+        self.written: dict[tuple[str, str], JsonDict] = {}
+        self._lock = asyncio.Lock()
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """The context ``key`` was deleted."""
+        self.last_answers.pop(key, None)
+        self.written.pop(key, None)
+
+    async def sync(self, namespace: str, name: str) -> bool:
+        """Answer one PodSchedulingContext, and allocate when a node is selected.
+
+        Returns:
+            True when it must be looked at again later (a device was taken meanwhile).
+
+        Raises:
+            KubeError, SQLAlchemyError: a failure to retry with backoff.
+        """
+        c = self.controller
+        context = c.contexts.get(name, namespace)
+        if context is None or cp.being_deleted(context):
+            return False
+        pod = c.pods.get(name, namespace)
+        if pod is None or (pod.get("spec") or {}).get("nodeName") or cp.being_deleted(pod):
+            return False
+        pending: list[tuple[str, JsonDict]] = []
+        for ref in cp.pod_claims(pod):
+            claim = c.cached_claim(ref.claim_name, namespace) if ref.claim_name else None
+            if (claim is not None and cp.is_ours(claim, c.settings.driver_name)
+                    and cp.allocation_of(claim) is None and not cp.being_deleted(claim)):
+                pending.append((ref.name, claim))
+        if not pending:
+            return False
+        spec = context.get("spec") or {}
+        selected = str(spec.get("selectedNode") or "")
+        potential = cp.answer_nodes([str(n) for n in spec.get("potentialNodes") or []],
+                                    selected)
+        uids = {str(claim["metadata"]["uid"]) for _, claim in pending}
+        async with contextlib.AsyncExitStack() as stack:
+            if selected:
+                # The claims' own passes wait while their allocation is made and written.
+                for uid in sorted(uids):
+                    await stack.enter_async_context(c.claim_lock(uid))
+            try:
+                return await self._answer_or_allocate(namespace, name, pod, pending,
+                                                      selected, potential, uids)
+            except BaseException:
+                if selected:
+                    # An allocation that stopped halfway may have left reservations behind:
+                    # the claims' own passes release them (once the locks held here go).
+                    for uid in uids:
+                        c.queue.add(("claim", uid, ""))
+                raise
+
+    async def _answer_or_allocate(
+        self, namespace: str, name: str, pod: JsonDict, pending: list[tuple[str, JsonDict]],
+        selected: str, potential: list[str], uids: set[str],
+    ) -> bool:
+        c = self.controller
+        if selected:
+            # Our finalizer goes on before anything is allocated (upstream: "add finalizer
+            # before allocating"), so a claim deleted from here on waits for its release.
+            fresh: list[tuple[str, JsonDict]] = []
+            for pod_claim, claim in pending:
+                with_finalizer = await self._ensure_finalizer(claim)
+                if with_finalizer is None:
+                    return True  # gone, deleted or allocated meanwhile: the cache catches up
+                fresh.append((pod_claim, with_finalizer))
+            pending = fresh
+        requeue = False
+        outcome: AllocationOutcome = Unsuitable()
+        async with self._lock:
+            snapshot = await c.snapshots.snapshot(uids)
+            parsed: list[cp.Pending] = []
+            for pod_claim, claim in pending:
+                try:
+                    parsed.append(cp.Pending(pod_claim, claim_from_object(claim)))
+                except SpecError as err:
+                    await c.warn(claim, REASON_INVALID_CLAIM, f"cannot allocate: {err}")
+            if len(parsed) < len(pending):
+                answers = {p: list(potential[: cp.MAX_NODES]) for p, _ in pending}
+            else:
+                if selected:
+                    outcome = await self._allocate_and_reserve(pending, parsed, selected,
+                                                               snapshot)
+                    if isinstance(outcome, Taken):
+                        requeue = True
+                        snapshot = await c.snapshots.snapshot(uids)
+                if not isinstance(outcome, Reserved):
+                    answers = cp.unsuitable_nodes(
+                        c.allocator, parsed, snapshot.classes, snapshot.pools,
+                        snapshot.in_use, potential, self._suitable_nodes(parsed, snapshot),
+                        snapshot.hosts, snapshot.reachable, c.answers)
+        if isinstance(outcome, Reserved):
+            await c.at("after-reserve")
+            return not await self._write_allocations(pod, pending, outcome, selected)
+        self.last_answers[(namespace, name)] = answers
+        await self._write_answers(namespace, name, answers)
+        return requeue
+
+    @staticmethod
+    def _suitable_nodes(pending: list[cp.Pending], snapshot: Snapshot) -> dict[str, Node]:
+        """Nodes that every class of the pending requests accepts (v1alpha3 DeviceClass
+        ``suitableNodes``, a core NodeSelector)."""
+        selectors = [snapshot.class_selectors[a.device_class_name]
+                     for p in pending for r in p.claim.requests for a in r.alternatives
+                     if a.device_class_name in snapshot.class_selectors]
+        if not selectors:
+            return dict(snapshot.nodes)
+        return {name: node for name, node in snapshot.nodes.items()
+                if all(selector_matches(s, node) for s in selectors)}
+
+    async def _allocate_and_reserve(
+        self, pending: list[tuple[str, JsonDict]], parsed: list[cp.Pending], node_name: str,
+        snapshot: Snapshot,
+    ) -> AllocationOutcome:
+        """Allocate the pending claims for exactly ``node_name`` and reserve every device of
+        every claim, or none. Called under the lock.
+
+        Returns:
+            :class:`Reserved` on success; :class:`Taken` when a device was taken meanwhile
+            (answer again from fresh data); :class:`Unsuitable` when the node cannot serve the
+            claims (it is answered as unsuitable).
+
+        Raises:
+            SQLAlchemyError: the journal could not be written.
+        """
+        c = self.controller
+        driver = c.settings.driver_name
+        node = self._suitable_nodes(parsed, snapshot).get(node_name)
+        host = snapshot.hosts.get(node_name)
+        if node is None or host is None:
+            return Unsuitable()
+        outcome = c.allocator.allocate([p.claim for p in parsed], snapshot.classes,
+                                       snapshot.reachable.get(node_name, snapshot.pools),
+                                       snapshot.in_use, node)
+        if outcome.failure is not None:
+            for _, claim in pending:
+                await c.warn(claim, REASON_ALLOCATION_FAILED,
+                             f"node {node_name}: {outcome.failure.message}")
+            return Unsuitable()
+        taken: list[ReservationView] = []
+        try:
+            for _, claim in pending:
+                metadata = claim["metadata"]
+                ref = ClaimRef(str(metadata["uid"]), str(metadata["namespace"]),
+                               str(metadata["name"]))
+                chosen = cp.chosen_devices(outcome.allocations[ref.uid], driver)
+                for wanted in chosen:
+                    taken.append(await c.journal.reserve(
+                        ref, wanted.request, wanted.device, wanted.pool, MODE, node_name, host))
+                leftovers = [r for r in await c.journal.for_claim(ref.uid) if r.mode == MODE]
+                for stale in cp.stale_reservations(
+                        leftovers, {(w.request, w.pool, w.device) for w in chosen}):
+                    await c.ops.release(stale, claim)
+        except (DeviceHeld, UnknownDevice) as err:
+            for reservation in taken:
+                await c.ops.release(reservation, None)
+            for _, claim in pending:
+                await c.warn(claim, REASON_DEVICE_TAKEN,
+                             f"node {node_name}: {err}; answering the scheduler again")
+            return Taken()
+        return Reserved(outcome.allocations, tuple(taken))
+
+    async def _write_allocations(self, pod: JsonDict, pending: list[tuple[str, JsonDict]],
+                                 reserved: Reserved, node_name: str) -> bool:
+        """One status update per claim: allocation (with controller) and the pod reserved.
+        A claim that cannot be written has its new reservations released. True when all
+        were written."""
+        c = self.controller
+        consumer = cp.consumer_ref(pod)
+        complete = True
+        for _, claim in pending:
+            uid = str(claim["metadata"]["uid"])
+            if await self._write_allocation(claim, reserved.allocations[uid], consumer,
+                                            node_name):
+                c.allocations += 1
+            else:
+                complete = False
+                for reservation in reserved.taken:
+                    if reservation.claim.uid == uid:
+                        await c.ops.release(reservation, None)
+            c.queue.add(("claim", uid, ""))
+        return complete
+
+    async def _write_answers(self, namespace: str, name: str,
+                             answers: Mapping[str, list[str]]) -> None:
+        c = self.controller
+        cached = c.contexts.get(name, namespace)
+        written = self.written.get((namespace, name))
+        if cached is not None and written is not None:
+            if resource_version(written) > resource_version(cached):
+                # The informer has not delivered our last write yet: compare with what we
+                # wrote, not with the older cached status.
+                cached = written
+            else:
+                del self.written[(namespace, name)]
+        current = list(((cached or {}).get("status") or {}).get("resourceClaims") or [])
+        if cached is not None and cp.same_claim_entries(
+                cp.merged_claim_entries(current, answers), current):
+            return
+
+        async def write(context: JsonDict) -> None:
+            status = context.get("status") or {}
+            entries = cp.merged_claim_entries(status.get("resourceClaims") or [], answers)
+            if cp.same_claim_entries(entries, status.get("resourceClaims") or []):
+                return
+            body = {**context, "status": {**status, "resourceClaims": entries}}
+            self.written[(namespace, name)] = await call_json(
+                c.custom.replace_namespaced_custom_object_status(
+                    GROUP, VERSION.value, namespace, "podschedulingcontexts", name, body,
+                    _preload_content=False),
+                f"update PodSchedulingContext {namespace}/{name} status")
+
+        await update_with_retry(
+            cached, write, lambda: c.read_object("podschedulingcontexts", namespace, name),
+            gone=None, attempts=WRITE_ATTEMPTS)
+
+    async def _ensure_finalizer(self, claim: JsonDict) -> JsonDict | None:
+        """The claim with our finalizer (added by a guarded JSON patch), or None when it is
+        gone, being deleted, or was allocated meanwhile."""
+        c = self.controller
+        metadata = claim.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
+
+        async def add(current: JsonDict) -> JsonDict | None:
+            if cp.being_deleted(current) or cp.allocation_of(current) is not None:
+                return None
+            patch = cp.add_finalizer_patch(current, c.finalizer)
+            if patch is None:
+                return current
+            return c.remember(await call_json(c.custom.patch_namespaced_custom_object(
+                GROUP, VERSION.value, namespace, "resourceclaims", name, patch,
+                _content_type=JSON_PATCH, _preload_content=False),
+                f"add finalizer {c.finalizer} to ResourceClaim {namespace}/{name}"))
+
+        # A stale resourceVersion (409) or a failed `test` (422): read again, decide again.
+        return await update_with_retry(
+            claim, add, lambda: c.read_claim(namespace, name), gone=None,
+            attempts=WRITE_ATTEMPTS, uid=str(metadata.get("uid")),
+            retry_on=(KubeConflict, KubeBadRequest))
+
+    async def _write_allocation(self, claim: JsonDict, allocation: Mapping[str, Any],
+                                consumer: Mapping[str, str], node_name: str) -> bool:
+        """Write allocation and reservedFor in one status update. False when the claim is
+        gone, being deleted, or allocated otherwise meanwhile."""
+        c = self.controller
+        metadata = claim.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
+
+        async def write(current: JsonDict) -> bool:
+            if cp.being_deleted(current):
+                return False
+            body = cp.allocated_status(current, allocation, c.settings.driver_name, consumer,
+                                       node_name)
+            if cp.allocation_of(current) is not None:
+                # Ours already (an earlier write whose answer was lost), or someone else's.
+                return cp.allocation_of(current) == cp.allocation_of(body)
+            # Strict: an allocation field the server drops would be a silent bug.
+            c.remember(await call_json(c.custom.replace_namespaced_custom_object_status(
+                GROUP, VERSION.value, namespace, "resourceclaims", name,
+                claim_to_wire(body, VERSION), field_validation=FIELD_VALIDATION_STRICT,
+                _preload_content=False),
+                f"update ResourceClaim {namespace}/{name} status"))
+            c.warned.pop(str(metadata.get("uid")), None)
+            return True
+
+        return await update_with_retry(
+            claim, write, lambda: c.read_claim(namespace, name), gone=False,
+            attempts=WRITE_ATTEMPTS, uid=str(metadata.get("uid")))
+
+
+__all__ = [
+    "AllocationOutcome",
+    "Reserved",
+    "SchedulingPass",
+    "Taken",
+    "Unsuitable",
+    "resource_version",
+]
