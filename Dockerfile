@@ -3,6 +3,7 @@
 # The builder makes wheels of the project and of every dependency; the final image installs
 # only those wheels (no compilers, no build tools, no source tree) and runs as a fixed non-root
 # user, so Kubernetes' runAsNonRoot and runAsUser: 65532 hold without a numeric-user guess.
+# The simulators (sim/, fabric-dra-sim) are not in this image: sim/Dockerfile builds theirs.
 
 FROM python:3.11-slim AS builder
 ENV PIP_NO_CACHE_DIR=1 \

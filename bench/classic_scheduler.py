@@ -6,7 +6,7 @@ protocol (scheduling contexts, potential nodes, node selection, binding) are not
 controller's work: running them here keeps their CPU out of the controller's figures and off
 the controller's event loop. For each line ``{"create": i}`` on its standard input it creates
 claim ``c<i>`` (the ``--claim`` JSON, named) and pod ``p<i>`` using it in namespace
-``default``; it runs :class:`app.sim.scheduler.classic.ClassicScheduler` with the benchmark's
+``default``; it runs :class:`fabric_dra_sim.scheduler.classic.ClassicScheduler` with the benchmark's
 short intervals, and prints one JSON line per bound pod, ``{"bound": "default/p<i>",
 "seconds": <from the pod's creation to its binding>}``. When its standard input closes it
 prints ``{"abandoned": n}`` (selected nodes the scheduler gave up) and exits. The first line
@@ -27,7 +27,7 @@ from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
 from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
 from app.kube.informer import InformerSettings
-from app.sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
+from fabric_dra_sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
 
 
 def _say(line: dict[str, object]) -> None:

@@ -25,11 +25,11 @@ from app.fabric.types import (
     OperationState,
     Rejected,
 )
-from app.sim.redfish import InventorySpec
+from fabric_dra_sim.redfish import InventorySpec
 
 if TYPE_CHECKING:
     from app.publisher.publisher import Publisher
-    from app.sim.kubeapi import KubeEmulator
+    from fabric_dra_sim.kubeapi import KubeEmulator
 
 SHARED_DATA = Path(os.environ.get(
     "FABRIC_DRA_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))

@@ -27,9 +27,9 @@ import pytest
 from builders import SMALL_REDFISH
 
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
-from app.sim.redfish import RedfishSimulator
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.redfish import RedfishSimulator
 
 ServeRedfish = Callable[..., Awaitable[tuple[RedfishSimulator, str]]]
 

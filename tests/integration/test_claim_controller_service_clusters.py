@@ -16,8 +16,8 @@ from app.config import ConfigError, load_settings
 from app.kube.versions import ResourceApiVersion
 from app.modes import ModeError
 from app.service import Service
-from app.sim.kubeapi import KubeEmulator
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DRIVER = "fabric.example.com"
 eventually = partial(eventually, timeout_s=20)

@@ -19,9 +19,9 @@ from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connec
 from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.kube.workqueue import WorkQueueSettings
-from app.sim.kubeapi import KubeEmulator
-from app.sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
-from app.sim.scheduler.common import DELETE_PROTECTION, POD_CLAIM_NAME_ANNOTATION
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
+from fabric_dra_sim.scheduler.common import DELETE_PROTECTION, POD_CLAIM_NAME_ANNOTATION
 
 DRIVER = "fabric.example.com"
 NS = "default"

@@ -30,8 +30,8 @@ from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.kube.workqueue import WorkQueueSettings
 from app.metrics import ClaimMetrics
-from app.sim.kubeapi import KubeEmulator
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DRIVER = "fabric.example.com"
 CLAIMS = "resource.k8s.io/v1"

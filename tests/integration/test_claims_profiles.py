@@ -28,9 +28,9 @@ from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.kube.workqueue import WorkQueueSettings
 from app.metrics import ClaimMetrics
-from app.sim.kubeapi import KubeEmulator
-from app.sim.redfish import InventorySpec, RedfishSimulator
-from app.sim.redfish_profiles import PROFILE_NAMES
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish_profiles import PROFILE_NAMES
 
 DRIVER = "fabric.example.com"
 CLAIMS = "resource.k8s.io/v1"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.db.migrate import head_revision
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 FABRIC_DRA = [sys.executable, "-m", "app"]
 

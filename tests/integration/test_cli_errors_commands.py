@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from app.config import ConfigError, http_origin_problem, load_settings
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import PROFILES, resolve_gates
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import PROFILES, resolve_gates
 
 FABRIC_DRA = [sys.executable, "-m", "app"]
 

@@ -29,9 +29,9 @@ from app.kube.versions import ResourceApiVersion, slice_to_wire
 from app.kube.workqueue import WorkQueueSettings
 from app.modes import ModeError, Modes, discover_modes
 from app.pools import PoolConfig, desired_pools, resource_slice_spec
-from app.sim.kubeapi import KubeEmulator
-from app.sim.redfish import InventorySpec, RedfishSimulator
-from app.sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
 
 DRIVER = "fabric.example.com"
 FINALIZER = f"{DRIVER}/deletion-protection"

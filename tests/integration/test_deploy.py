@@ -38,6 +38,8 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 PROJECT_IMAGE = "fabric-dra:dev"
+SIM_IMAGE = "fabric-dra-sim:dev"
+SIM_DOCKERFILE = ROOT / "sim" / "Dockerfile"
 DRIVER = "fabric.example.com"
 ADMIN_PORT = 8080
 
@@ -88,9 +90,9 @@ def _interpolate(value: str) -> str:
 
 
 def _project_services() -> dict[str, dict[str, Any]]:
-    """Compose services that run the project image with its own entry point."""
+    """Compose services that run the project image (or the simulators') with its entry point."""
     return {name: svc for name, svc in _compose()["services"].items()
-            if svc.get("image") == PROJECT_IMAGE and "entrypoint" not in svc}
+            if svc.get("image") in (PROJECT_IMAGE, SIM_IMAGE) and "entrypoint" not in svc}
 
 
 def _resolve(path: tuple[str, ...]) -> click.Command | None:
@@ -487,8 +489,8 @@ def test_the_kubeconfig_rewrite_points_at_the_k3s_service(tmp_path: Path) -> Non
 
 # -- (b) the Dockerfile ---------------------------------------------------------------------------
 
-def _instructions() -> list[tuple[str, str]]:
-    text = DOCKERFILE.read_text(encoding="utf-8").replace("\\\n", " ")
+def _instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    text = dockerfile.read_text(encoding="utf-8").replace("\\\n", " ")
     out = []
     for line in text.splitlines():
         line = line.strip()
@@ -642,4 +644,67 @@ def test_the_builder_stage_sources_make_a_wheel_with_migrations_and_the_script(
         assert "fabric-dra = app.cli:main" in archive.read(entry_points).decode()
     assert "app/migrations/env.py" in names
     assert any(n.startswith("app/migrations/versions/") for n in names)
-    assert "app/sim/kubeapi/rbac.py" in names
+    assert not any(n.split("/")[:2] == ["app", "sim"] or n.startswith("fabric_dra_sim/")
+                   for n in names), "the product's wheel carries simulators"
+
+
+def test_only_the_simulators_image_runs_the_simulators() -> None:
+    services = _compose()["services"]
+    for name, service in _project_services().items():
+        expected = SIM_IMAGE if service["command"][0] == "sim" else PROJECT_IMAGE
+        assert service["image"] == expected, name
+        if expected == SIM_IMAGE:
+            assert service["build"] == {"context": ".", "dockerfile": "sim/Dockerfile"}, name
+    assert {"redfish", "kube-emulator"} <= {n for n, s in services.items()
+                                            if s.get("image") == SIM_IMAGE}
+
+
+def test_the_simulators_image_adds_fabric_dra_sim_to_the_projects_build() -> None:
+    instructions = _instructions(SIM_DOCKERFILE)
+    assert [r for k, r in instructions if k == "FROM"] == [
+        "python:3.11-slim AS builder", "python:3.11-slim"]
+    copies = [s for k, r in instructions if k == "COPY" for s in r.split()[:-1]]
+    assert set(copies) == {*_builder_copies(), "sim"}
+    patterns = _dockerignore()
+    assert not _ignored("sim", patterns)
+    for stale in ("sim/fabric_dra_sim.egg-info", "sim/build"):
+        assert _ignored(stale, patterns), f"{stale} is sent to the build"
+    runs = " ".join(r for k, r in instructions if k == "RUN")
+    assert "pip wheel --wheel-dir /wheels . ./sim" in runs
+    assert "--no-index --find-links=/wheels fabric-dra-sim" in runs
+    assert dict(instructions)["USER"] == "65532:65532"
+    assert json.loads(dict(instructions)["ENTRYPOINT"]) == ["fabric-dra"]
+    assert "sim" not in _builder_copies(), "the project image copies the simulators"
+
+
+def test_the_simulators_are_a_distribution_of_their_own() -> None:
+    import tomllib
+    product = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    sim = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("kubernetes-validate") for d in product["dependencies"])
+    assert any(d.startswith("kubernetes-validate") for d in sim["dependencies"])
+    assert f"fabric-dra=={product['version']}" in sim["dependencies"]
+    assert sim["entry-points"]["fabric_dra.commands"] == {
+        "demo": "fabric_dra_sim.demo:demo", "sim": "fabric_dra_sim.cli:sim"}
+
+
+@pytest.mark.slow
+def test_the_simulators_wheel_has_the_package_its_data_and_the_entry_points(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "sim"
+    shutil.copytree(ROOT / "sim", source, ignore=shutil.ignore_patterns(
+        "__pycache__", "*.pyc", "*.egg-info", "build"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--wheel-dir", str(tmp_path / "wheels"), str(source)],
+                   check=True, capture_output=True, timeout=120)
+    [wheel] = (tmp_path / "wheels").glob("fabric_dra_sim-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        assert "[fabric_dra.commands]" in archive.read(entry_points).decode()
+    shipped = {str(p.relative_to(ROOT / "sim")) for p in (ROOT / "sim" / "fabric_dra_sim").rglob(
+        "*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+    assert shipped <= names, sorted(shipped - names)
+    assert "fabric_dra_sim/py.typed" in names and "fabric_dra_sim/demo.py" in names
+    assert not any(n.startswith("app/") for n in names)

@@ -33,7 +33,7 @@ from app.fabric.redfish.parse.chassis import MAX_CHASSIS_DEPTH
 from app.fabric.redfish.task_monitor import FabricTaskTimeout
 from app.fabric.redfish.transport import RetrySettings
 from app.fabric.types import DeviceType, FabricDevice, OperationState
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DATA = REDFISH_DATA
 COMPOSABILITY = DATA / "dmtf-public-composability"

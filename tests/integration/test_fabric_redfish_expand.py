@@ -12,7 +12,7 @@ from aiohttp import web
 
 from app.fabric.redfish.backend import RedfishBackend
 from app.fabric.types import FabricDevice, FabricHost
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
 SPEC = InventorySpec(regions=2, racks_per_region=2, devices_per_rack=8, hosts_per_rack=2,

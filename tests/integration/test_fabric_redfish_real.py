@@ -28,7 +28,7 @@ from app.fabric.errors import (
 from app.fabric.redfish.backend import RedfishBackend
 from app.fabric.redfish.transport import RetrySettings
 from app.fabric.types import DeviceType, FabricDevice, OperationState
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DATA = REDFISH_DATA
 COMPOSABILITY = DATA / "dmtf-public-composability"

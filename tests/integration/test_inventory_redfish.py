@@ -18,7 +18,7 @@ from app.db.models import Device, Host
 from app.fabric.redfish.backend import RedfishBackend
 from app.fabric.redfish.transport import RetrySettings
 from app.inventory import InventorySync
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DATA = REDFISH_DATA
 FAST_RETRY = RetrySettings(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02)

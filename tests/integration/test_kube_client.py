@@ -19,7 +19,7 @@ from app.kube.errors import (
     KubeVersionError,
 )
 from app.kube.versions import ResourceApiVersion, discover_served_versions, discover_version
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, call_j
 from app.kube.errors import KubeUnavailable
 from app.kube.informer import EventType, Informer, InformerEvent, InformerSettings, object_key
 from app.kube.versions import ResourceApiVersion, slice_from_wire
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 DRIVER = "fabric.example.com"
 NS = "default"

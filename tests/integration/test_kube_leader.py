@@ -13,7 +13,7 @@ from builders import eventually
 
 from app.kube.client import KubeClient
 from app.kube.leader import LeaderElectionSettings, LeaderElector
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 NS = "kube-system"
 LEASE = "fabric-dra"

@@ -13,7 +13,7 @@ from app.kube.client import KubeClient
 from app.kube.informer import Informer, InformerSettings
 from app.kube.runtime import Controller, RuntimeSettings
 from app.kube.workqueue import WorkQueue, WorkQueueSettings
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 RESOURCE = "resource.k8s.io/v1"
 

@@ -12,7 +12,7 @@ from kubernetes_asyncio.client import ResourceV1Api
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeConflict, KubeError, KubeNotFound
 from app.kube.update import update_with_retry
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 RESOURCE = "resource.k8s.io/v1"
 JsonDict = dict[str, Any]

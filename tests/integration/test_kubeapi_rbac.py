@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from app.sim.kubeapi import KubeEmulator, RbacPolicy
-from app.sim.kubeapi import cli as kube_cli
+from fabric_dra_sim.kubeapi import KubeEmulator, RbacPolicy
+from fabric_dra_sim.kubeapi import cli as kube_cli
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 BASE_RBAC = DEPLOY / "rbac.yaml"

@@ -20,7 +20,7 @@ from app.fabric.types import Location
 from app.hostmap import Ambiguity, HostRef
 from app.inventory import InventorySync
 from app.pools import PoolConfig, PoolDevice, desired_pools
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 REGION = "topology.kubernetes.io/region"
 RACK = "fabric-dra.io/rack"

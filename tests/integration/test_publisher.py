@@ -27,8 +27,8 @@ from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, resour
 from app.publisher.metrics import PublisherMetrics
 from app.publisher.plan import slice_index
 from app.publisher.publisher import Publisher, PublisherSettings
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
 
 DRIVER = "fabric.example.com"
 OTHER = "other.example.com"

@@ -14,7 +14,7 @@ from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools
 from app.publisher.publisher import Publisher, PublisherSettings
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 DRIVER = "fabric.example.com"
 V1 = "resource.k8s.io/v1"

@@ -23,7 +23,7 @@ from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, resource_slice_spec
 from app.publisher.metrics import PublisherMetrics
 from app.publisher.publisher import Publisher, PublisherSettings
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 DRIVER = "fabric.example.com"
 CONFIG = PoolConfig(driver_name=DRIVER)

@@ -20,7 +20,7 @@ from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connec
 from app.kube.versions import ResourceApiVersion
 from app.pools import PoolConfig
 from app.publisher import Publisher
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 V1ALPHA3 = "resource.k8s.io/v1alpha3"
 CONFIG = PoolConfig(driver_name=DRIVER, binds_to_node=False, taints_supported=False)

@@ -33,11 +33,11 @@ from app.kube.versions import ResourceApiVersion
 from app.kube.workqueue import WorkQueueSettings
 from app.metrics import ClaimMetrics
 from app.pools import PoolConfig, desired_pools, resource_slice_spec
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
-from app.sim.redfish import InventorySpec, RedfishSimulator
-from app.sim.scheduler.common import POD_CLAIM_NAME_ANNOTATION
-from app.sim.scheduler.structured import (
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.scheduler.common import POD_CLAIM_NAME_ANNOTATION
+from fabric_dra_sim.scheduler.structured import (
     DELETE_PROTECTION,
     StructuredScheduler,
     StructuredSettings,

@@ -16,9 +16,9 @@ from builders import eventually
 
 from app.config import Settings, load_settings
 from app.service import Service
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DRIVER = "fabric.example.com"
 CLAIMS = "resource.k8s.io/v1"
@@ -304,7 +304,7 @@ def ready_on(emu: KubeEmulator, namespace: str, name: str) -> bool:
 async def test_the_whole_cycle_works_with_only_the_rbac_of_deploy(tmp_path: Path) -> None:
     """The API emulator enforces deploy/rbac.yaml for the controller's service account: any
     call the ClusterRole or the leader-election Role does not allow fails with 403."""
-    from app.sim.kubeapi import RbacPolicy
+    from fabric_dra_sim.kubeapi import RbacPolicy
 
     sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4,
                                               hosts_per_rack=2), username="ops",

@@ -14,9 +14,9 @@ from builders import eventually
 
 from app.config import Settings, load_settings
 from app.service import Service
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DRIVER = "fabric.example.com"
 V1 = "resource.k8s.io/v1"

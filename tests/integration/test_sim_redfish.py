@@ -16,7 +16,7 @@ import pytest
 from builders import REDFISH_BASIC_AUTH, REDFISH_DATA, SMALL_REDFISH
 from builders import redfish_call as call
 
-from app.sim.redfish import Faults, InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish import Faults, InventorySpec, RedfishSimulator
 
 MOCKUPS = REDFISH_DATA
 COMPOSABILITY = MOCKUPS / "dmtf-public-composability"
@@ -837,7 +837,7 @@ async def test_cli_serves_until_sigterm(tmp_path: Path, http: aiohttp.ClientSess
     secret = tmp_path / "password"
     secret.write_text("s3cret\n")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from app.sim.redfish import cli; cli()", "--port", "0",
+        sys.executable, "-c", "from fabric_dra_sim.redfish import cli; cli()", "--port", "0",
         "--regions", "1", "--racks-per-region", "1", "--devices-per-rack", "2",
         "--hosts-per-rack", "1", "--username", "root", "--password-file", str(secret),
         "--auth", "basic", "--page-size", "1",

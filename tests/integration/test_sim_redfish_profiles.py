@@ -13,8 +13,8 @@ from builders import REDFISH_BASIC_AUTH, REDFISH_DATA, SMALL_REDFISH
 from builders import redfish_call as call
 from click.testing import CliRunner
 
-from app.sim.redfish import InventorySpec, RedfishSimulator, cli
-from app.sim.redfish_profiles import (
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator, cli
+from fabric_dra_sim.redfish_profiles import (
     PROFILE_NAMES,
     PROFILES,
     ProfileSwitches,
@@ -444,7 +444,7 @@ def test_cli_refuses_an_unknown_profile_in_one_line_naming_the_valid_ones() -> N
 
 async def test_cli_serves_with_profiles(http: aiohttp.ClientSession) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from app.sim.redfish import cli; cli()", "--port", "0",
+        sys.executable, "-c", "from fabric_dra_sim.redfish import cli; cli()", "--port", "0",
         "--regions", "1", "--racks-per-region", "1", "--devices-per-rack", "2",
         "--hosts-per-rack", "1", "--profile", "real-service", "--profile", "null-health",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from builders import REDFISH_DATA
 
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 CSDL = REDFISH_DATA / "csdl"
 SUMMARY = re.compile(r"\|\s*PASS\s*\|\s*WARN\s*\|\s*FAIL\s*\|\s*NOT TESTED\s*\|\s*\n"

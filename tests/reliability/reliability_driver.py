@@ -27,9 +27,9 @@ from sqlalchemy import select
 from app.config import Settings, load_settings
 from app.db.engine import Database
 from app.db.models import Reservation
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DRIVER = "fabric.example.com"
 V1 = "resource.k8s.io/v1"

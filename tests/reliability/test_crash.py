@@ -49,8 +49,8 @@ from app.kube.client import KubeAuthMode, KubeClientSettings, connect
 from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.kube.workqueue import WorkQueueSettings
-from app.sim.redfish_profiles import PROFILE_NAMES
-from app.sim.scheduler.structured import StructuredScheduler, StructuredSettings
+from fabric_dra_sim.redfish_profiles import PROFILE_NAMES
+from fabric_dra_sim.scheduler.structured import StructuredScheduler, StructuredSettings
 
 KILLS = int(os.environ.get("FABRIC_DRA_CRASH_KILLS", "20"))
 SEED = int(os.environ.get("FABRIC_DRA_CRASH_SEED", str(random.SystemRandom().randrange(10**9))))

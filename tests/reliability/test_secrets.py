@@ -38,7 +38,7 @@ from app.fabric.factory import backend_from_settings
 from app.inventory import InventorySync
 from app.logs import JsonFormatter
 from app.service import Service
-from app.sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DB_PASSWORD = "Db-Passw0rd-c0ffee-51"  # a test secret to look for
 SECRETS = (FABRIC_PASSWORD, ADMIN_TOKEN, DB_PASSWORD)

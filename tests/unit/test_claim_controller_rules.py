@@ -9,7 +9,7 @@ import pytest
 
 from app.kube.versions import ResourceApiVersion
 from app.service import publisher_versions
-from app.sim.scheduler.claim_controller import (
+from fabric_dra_sim.scheduler.claim_controller import (
     MAX_RESERVED_FOR,
     can_be_reserved,
     claim_names,
@@ -20,7 +20,7 @@ from app.sim.scheduler.claim_controller import (
     released_status,
     template_claim_prefix,
 )
-from app.sim.scheduler.common import DELETE_PROTECTION, POD_CLAIM_NAME_ANNOTATION
+from fabric_dra_sim.scheduler.common import DELETE_PROTECTION, POD_CLAIM_NAME_ANNOTATION
 
 V1, V1ALPHA3 = ResourceApiVersion.V1, ResourceApiVersion.V1ALPHA3
 ALLOCATION = {"devices": {"results": [{"request": "gpu", "driver": "d", "pool": "p",

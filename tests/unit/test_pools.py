@@ -22,9 +22,9 @@ from app.pools import (
     quantity,
     resource_slice_spec,
 )
-from app.sim.kubeapi.context import Cluster, RuleContext
-from app.sim.kubeapi.dra import resource_slice_causes
-from app.sim.kubeapi.validation import schema_validator
+from fabric_dra_sim.kubeapi.context import Cluster, RuleContext
+from fabric_dra_sim.kubeapi.dra import resource_slice_causes
+from fabric_dra_sim.kubeapi.validation import schema_validator
 
 CONFIG = PoolConfig(
     driver_name="fabric.example.com",

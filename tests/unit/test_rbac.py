@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 
-from app.sim.kubeapi.rbac import PolicyRule, RbacPolicy, RequestAttributes, request_attributes
+from fabric_dra_sim.kubeapi.rbac import (
+    PolicyRule,
+    RbacPolicy,
+    RequestAttributes,
+    request_attributes,
+)
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SA = "system:serviceaccount:fabric-dra:fabric-dra"

@@ -9,8 +9,12 @@ from typing import Any
 
 import pytest
 
-from app.sim.scheduler.claim_controller import owned_claim, template_claim, template_claim_prefix
-from app.sim.scheduler.common import (
+from fabric_dra_sim.scheduler.claim_controller import (
+    owned_claim,
+    template_claim,
+    template_claim_prefix,
+)
+from fabric_dra_sim.scheduler.common import (
     POD_CLAIM_NAME_ANNOTATION,
     PodClaim,
     candidate_nodes,
@@ -19,7 +23,7 @@ from app.sim.scheduler.common import (
     pod_claims,
     reserved_for_pod,
 )
-from app.sim.scheduler.structured import (
+from fabric_dra_sim.scheduler.structured import (
     FailedDevices,
     StructuredSettings,
     allocated_status,

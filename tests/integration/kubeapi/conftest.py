@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 DRIVER = "fabric.example.com"
 

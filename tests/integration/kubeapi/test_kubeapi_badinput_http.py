@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.bodies import MAX_REQUEST_BODY_BYTES
-from app.sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.bodies import MAX_REQUEST_BODY_BYTES
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
 
 Builders = dict[str, Callable[..., dict[str, Any]]]
 RESOURCE = "/apis/resource.k8s.io"

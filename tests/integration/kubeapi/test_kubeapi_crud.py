@@ -12,7 +12,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from app.sim.kubeapi import KubeEmulator, StatusError
+from fabric_dra_sim.kubeapi import KubeEmulator, StatusError
 
 
 def untyped(api: Any) -> Any:

@@ -9,7 +9,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 
 def untyped(api: Any) -> Any:

@@ -18,7 +18,7 @@ from app.kube.client import (
     connect,
 )
 from app.kube.errors import KubeBadRequest
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 Builders = dict[str, Callable[..., dict[str, Any]]]
 

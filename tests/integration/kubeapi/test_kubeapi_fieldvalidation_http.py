@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 Builders = dict[str, Callable[..., dict[str, Any]]]
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

@@ -12,7 +12,7 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from app.sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi import KubeEmulator
 
 Builders = dict[str, Callable[..., dict[str, Any]]]
 

@@ -11,9 +11,9 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
-from app.sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.kubeapi.errors import StatusError
 
 Builders = dict[str, Callable[..., dict[str, Any]]]
 

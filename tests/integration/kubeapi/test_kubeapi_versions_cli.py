@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
-from app.sim.kubeapi import cli
+from fabric_dra_sim.kubeapi import cli
 
 
 @pytest.mark.parametrize(("args", "flag", "message"), [

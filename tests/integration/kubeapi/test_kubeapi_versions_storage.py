@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
 
 G = "/apis/resource.k8s.io"
 DRIVER = "fabric.example.com"

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from app.sim.kubeapi import KubeEmulator
-from app.sim.kubeapi.listing import INCONSISTENT_CONTINUE, LIST_TOO_OLD
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.listing import INCONSISTENT_CONTINUE, LIST_TOO_OLD
 
 Builders = dict[str, Callable[..., dict[str, Any]]]
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

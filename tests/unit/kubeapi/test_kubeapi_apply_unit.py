@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sim.kubeapi.apply import (
+from fabric_dra_sim.kubeapi.apply import (
     field_set,
     from_fields_v1,
     managed_fields_json,
@@ -16,7 +16,7 @@ from app.sim.kubeapi.apply import (
     server_side_apply,
     to_fields_v1,
 )
-from app.sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi.errors import StatusError
 
 keys = st.text(alphabet="abc", min_size=1, max_size=2)
 leaves = st.one_of(st.integers(), st.text(max_size=3))

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from app.sim.kubeapi.bodies import JSON, YAML, decode_object
-from app.sim.kubeapi.cluster import all_gates_on, build_cluster
-from app.sim.kubeapi.context import RuleContext
-from app.sim.kubeapi.dra_claims import device_claim_causes
-from app.sim.kubeapi.errors import StatusError
-from app.sim.kubeapi.listing import query_bool, query_int
-from app.sim.kubeapi.options import delete_options
-from app.sim.kubeapi.resources import RESOURCE_GROUP, served_types
-from app.sim.kubeapi.selectors import labels_match, parse_label_selector
-from app.sim.kubeapi.validation import SchemaValidator
+from fabric_dra_sim.kubeapi.bodies import JSON, YAML, decode_object
+from fabric_dra_sim.kubeapi.cluster import all_gates_on, build_cluster
+from fabric_dra_sim.kubeapi.context import RuleContext
+from fabric_dra_sim.kubeapi.dra_claims import device_claim_causes
+from fabric_dra_sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi.listing import query_bool, query_int
+from fabric_dra_sim.kubeapi.options import delete_options
+from fabric_dra_sim.kubeapi.resources import RESOURCE_GROUP, served_types
+from fabric_dra_sim.kubeapi.selectors import labels_match, parse_label_selector
+from fabric_dra_sim.kubeapi.validation import SchemaValidator
 
 
 def _rt(plural: str, version: str = "v1", group: str = RESOURCE_GROUP) -> Any:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from app.sim.kubeapi import dra, dra_claims
-from app.sim.kubeapi.context import Cluster, RuleContext
-from app.sim.kubeapi.names import SEMVER_RE
+from fabric_dra_sim.kubeapi import dra, dra_claims
+from fabric_dra_sim.kubeapi.context import Cluster, RuleContext
+from fabric_dra_sim.kubeapi.names import SEMVER_RE
 
 
 def ctx(version: str = "v1", old: dict[str, Any] | None = None,

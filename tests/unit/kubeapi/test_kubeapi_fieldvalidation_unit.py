@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from app.kube.client import WarningLog, parse_warning_header
-from app.sim.kubeapi.errors import StatusError
-from app.sim.kubeapi.fieldvalidation import (
+from fabric_dra_sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi.fieldvalidation import (
     IGNORE,
     STRICT,
     WARN,
@@ -23,9 +23,9 @@ from app.sim.kubeapi.fieldvalidation import (
     settle_patch,
     typed_patch_error,
 )
-from app.sim.kubeapi.http import warning_headers
-from app.sim.kubeapi.resources import RESOURCE_GROUP, served_types
-from app.sim.kubeapi.validation import SchemaValidator
+from fabric_dra_sim.kubeapi.http import warning_headers
+from fabric_dra_sim.kubeapi.resources import RESOURCE_GROUP, served_types
+from fabric_dra_sim.kubeapi.validation import SchemaValidator
 
 
 def _type(plural: str) -> Any:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sim.kubeapi.errors import StatusError
-from app.sim.kubeapi.patch import json_patch, list_strategy, merge_patch, strategic_merge
+from fabric_dra_sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi.patch import json_patch, list_strategy, merge_patch, strategic_merge
 
 keys = st.text(alphabet="abcdef", min_size=1, max_size=3)
 scalars = st.one_of(st.integers(), st.text(max_size=4), st.booleans())

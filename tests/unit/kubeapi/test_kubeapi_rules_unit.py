@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.sim.kubeapi import cel_check, dra, dra_claims, leases, nodeselector
-from app.sim.kubeapi.context import DRA_ADMIN_ACCESS, Cluster, RuleContext
+from fabric_dra_sim.kubeapi import cel_check, dra, dra_claims, leases, nodeselector
+from fabric_dra_sim.kubeapi.context import DRA_ADMIN_ACCESS, Cluster, RuleContext
 
 DRIVER = "fabric.example.com"
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sim.kubeapi.errors import StatusError
-from app.sim.kubeapi.selectors import (
+from fabric_dra_sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi.selectors import (
     field_value,
     fields_match,
     labels_match,

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app.sim.kubeapi import defaults
-from app.sim.kubeapi.errors import StatusError
-from app.sim.kubeapi.resources import served_types
-from app.sim.kubeapi.values import (
+from fabric_dra_sim.kubeapi import defaults
+from fabric_dra_sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi.resources import served_types
+from fabric_dra_sim.kubeapi.values import (
     QUANTITY_FORMAT_ERROR,
     ValueDecodeError,
     canonical_quantity,

@@ -6,8 +6,8 @@ from importlib import resources
 
 import pytest
 
-from app.sim.kubeapi import cluster
-from app.sim.kubeapi.cluster import (
+from fabric_dra_sim.kubeapi import cluster
+from fabric_dra_sim.kubeapi.cluster import (
     DRA_EXTENDED_RESOURCE,
     DYNAMIC_RESOURCE_ALLOCATION,
     PROFILES,
@@ -20,7 +20,7 @@ from app.sim.kubeapi.cluster import (
     resolve_gates,
     resolve_served,
 )
-from app.sim.kubeapi.context import (
+from fabric_dra_sim.kubeapi.context import (
     DRA_ADMIN_ACCESS,
     DRA_CONSUMABLE_CAPACITY,
     DRA_CONTROL_PLANE_CONTROLLER,

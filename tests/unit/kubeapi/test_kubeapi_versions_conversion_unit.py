@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sim.kubeapi.conversion import EXACT_REQUEST_FIELDS, convert
+from fabric_dra_sim.kubeapi.conversion import EXACT_REQUEST_FIELDS, convert
 
 G = "resource.k8s.io"
 NAMES = st.from_regex(r"[a-z][a-z0-9]{0,6}", fullmatch=True)

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.sim.kubeapi.cluster import DRA_EXTENDED_RESOURCE, build_cluster
-from app.sim.kubeapi.context import (
+from fabric_dra_sim.kubeapi.cluster import DRA_EXTENDED_RESOURCE, build_cluster
+from fabric_dra_sim.kubeapi.context import (
     DRA_ADMIN_ACCESS,
     DRA_CONSUMABLE_CAPACITY,
     DRA_CONTROL_PLANE_CONTROLLER,
@@ -20,7 +20,7 @@ from app.sim.kubeapi.context import (
     DRA_RESOURCE_CLAIM_DEVICE_STATUS,
     Cluster,
 )
-from app.sim.kubeapi.field_gates import drop_disabled_fields
+from fabric_dra_sim.kubeapi.field_gates import drop_disabled_fields
 
 BINDING = {"bindsToNode": True, "bindingConditions": ["example.com/ready"],
            "bindingFailureConditions": ["example.com/failed"]}

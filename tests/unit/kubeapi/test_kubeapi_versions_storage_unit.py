@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.sim.kubeapi.cluster import build_cluster
-from app.sim.kubeapi.operations import Api
-from app.sim.kubeapi.resources import served_types
-from app.sim.kubeapi.store import Store
+from fabric_dra_sim.kubeapi.cluster import build_cluster
+from fabric_dra_sim.kubeapi.operations import Api
+from fabric_dra_sim.kubeapi.resources import served_types
+from fabric_dra_sim.kubeapi.store import Store
 
 TAINT = {"key": "k", "effect": "NoSchedule", "timeAdded": "2026-01-01T00:00:00Z"}
 VERSIONS = ("v1", "v1beta2", "v1beta1")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.sim.kubeapi.context import Cluster
-from app.sim.kubeapi.errors import StatusError
-from app.sim.kubeapi.listing import (
+from fabric_dra_sim.kubeapi.context import Cluster
+from fabric_dra_sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi.listing import (
     INCONSISTENT_CONTINUE,
     ListOptions,
     decode_continue,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.sim.kubeapi.store import WATCH_TOO_OLD, Store, StoreEvent, Watcher, WatchExpired
+from fabric_dra_sim.kubeapi.store import WATCH_TOO_OLD, Store, StoreEvent, Watcher, WatchExpired
 
 NODES = ("", "nodes")
 PODS = ("", "pods")

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from app.sim.kubeapi.deletion import (
+from fabric_dra_sim.kubeapi.deletion import (
     check_preconditions,
     plan_delete,
     pod_grace_period,
     should_delete_during_update,
 )
-from app.sim.kubeapi.errors import StatusError
-from app.sim.kubeapi.options import (
+from fabric_dra_sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi.options import (
     accepted_status,
     check_write_options,
     delete_options,

@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from app.sim.kubeapi.apply import (
+from fabric_dra_sim.kubeapi.apply import (
     managed_fields_json,
     path_string,
     record_update,
     server_side_apply,
 )
-from app.sim.kubeapi.errors import StatusError
-from app.sim.kubeapi.objects import uses_generation
-from app.sim.kubeapi.patch import list_strategy, list_type, strategic_merge
-from app.sim.kubeapi.resources import served_types
-from app.sim.kubeapi.selectors import parse_field_selector_for
+from fabric_dra_sim.kubeapi.errors import StatusError
+from fabric_dra_sim.kubeapi.objects import uses_generation
+from fabric_dra_sim.kubeapi.patch import list_strategy, list_type, strategic_merge
+from fabric_dra_sim.kubeapi.resources import served_types
+from fabric_dra_sim.kubeapi.selectors import parse_field_selector_for
 
 DEVICE = {"driver": "d", "pool": "p", "device": "x"}
 

@@ -2,7 +2,7 @@
 
 A profile is a name, a description and a :class:`ProfileSwitches` value (the switches it turns
 on); a composite profile names others. :func:`resolve_profiles` merges a list of names into one
-:class:`ProfileSwitches`, which :class:`app.sim.redfish.RedfishSimulator` obeys. The default,
+:class:`ProfileSwitches`, which :class:`fabric_dra_sim.redfish.RedfishSimulator` obeys. The default,
 no profile, is ``ProfileSwitches()``: the simulator's own DSP0266-conformant behaviour.
 
 This module also holds the tree edits that some profiles make once, before the simulator
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from app.sim.redfish_tree import (
+from fabric_dra_sim.redfish_tree import (
     BLOCKS,
     SYSTEMS,
     ZONES,

@@ -66,7 +66,7 @@ from app.kube.versions import (
     claim_to_wire,
 )
 from app.kube.workqueue import ShutDown, WorkQueue, WorkQueueSettings
-from app.sim.scheduler.common import (
+from fabric_dra_sim.scheduler.common import (
     DELETE_PROTECTION,
     POD_CLAIM_NAME_ANNOTATION,
     PodClaim,

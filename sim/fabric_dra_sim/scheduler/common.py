@@ -10,7 +10,8 @@ API (keep it small; the classic stand-in imports it too):
 * :func:`consumer_entry`, :func:`reserved_for_pod`: ``status.reservedFor`` entries.
 * :func:`bind_pod` (async): the ``pods/binding`` subresource.
 
-Claims made from templates are the claim controller's (:mod:`app.sim.scheduler.claim_controller`).
+Claims made from templates are the claim controller's
+(:mod:`fabric_dra_sim.scheduler.claim_controller`).
 
 Sources: k8s.io/dynamic-resource-allocation/resourceclaim (``Name``, ``IsReservedForPod``),
 kube-scheduler's binder (``pods/binding``).

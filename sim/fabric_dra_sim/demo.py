@@ -146,7 +146,7 @@ class Demo:
 
     async def start(self, admin_port: int) -> None:
         """Start both clusters: simulators, emulators, services, stand-ins."""
-        from app.sim.kubeapi import KubeEmulator
+        from fabric_dra_sim.kubeapi import KubeEmulator
 
         base = self.base_settings.database.url
         database = DEMO_DATABASE if base == DEFAULT_DATABASE else base
@@ -168,7 +168,7 @@ class Demo:
                              database: str, admin_port: int, what: str) -> None:
         from app.fabric.redfish.backend import RedfishBackend
         from app.service import Service
-        from app.sim.redfish import InventorySpec, RedfishSimulator
+        from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
         regions, racks, per_rack = self.spec
         cluster.sim = RedfishSimulator(
@@ -239,8 +239,8 @@ class Demo:
     async def _stand_ins(self, cluster: DemoCluster, kube_url: str) -> None:
         from app.kube.client import KubeAuthMode, KubeClientSettings, connect
         from app.kube.versions import ResourceApiVersion
-        from app.sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
-        from app.sim.scheduler.structured import StructuredScheduler, StructuredSettings
+        from fabric_dra_sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
+        from fabric_dra_sim.scheduler.structured import StructuredScheduler, StructuredSettings
 
         client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url))
         self.stack.push_async_callback(client.close)

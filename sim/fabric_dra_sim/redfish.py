@@ -52,8 +52,8 @@ Profiles
 (repeatable) makes the simulator behave the way real third-party Redfish composability
 services do (``../shared/docs/REDFISH-REFERENCE.md``, "What a real composability service
 did"). Profiles compose; no profile is the behaviour above. The definitions (a
-:class:`~app.sim.redfish_profiles.ProfileSwitches` per profile) are in
-:mod:`app.sim.redfish_profiles`. "Device block i" below is the i-th block (0-based) of the
+:class:`~fabric_dra_sim.redfish_profiles.ProfileSwitches` per profile) are in
+:mod:`fabric_dra_sim.redfish_profiles`. "Device block i" below is the i-th block (0-based) of the
 ResourceBlocks collection as generated (one device each; a mockup's blocks in its order, its
 devices the existing links of each block's Processors, Memory, Storage, Drives,
 NetworkInterfaces, EthernetInterfaces and SimpleStorage).
@@ -133,7 +133,7 @@ from typing import Any, Literal
 import click
 from aiohttp import web
 
-from app.sim.redfish_profiles import (
+from fabric_dra_sim.redfish_profiles import (
     PROFILE_NAMES,
     PROFILES,
     ProfileSwitches,
@@ -146,7 +146,7 @@ from app.sim.redfish_profiles import (
     remove_block_actions,
     resolve_profiles,
 )
-from app.sim.redfish_state import (
+from fabric_dra_sim.redfish_state import (
     FabricState,
     RedfishError,
     Result,
@@ -156,7 +156,7 @@ from app.sim.redfish_state import (
     parse_block_action,
     parse_links_patch,
 )
-from app.sim.redfish_tree import (
+from fabric_dra_sim.redfish_tree import (
     BLOCKS,
     ROOT,
     SESSION_SERVICE,
@@ -253,7 +253,7 @@ class RedfishSimulator:
         require_if_match: PATCH without ``If-Match`` answers 428.
         retry_after_s: the ``Retry-After`` header of task answers, in seconds.
         profiles: names of behaviour profiles to apply (see the module docstring and
-            :data:`app.sim.redfish_profiles.PROFILES`); they compose.
+            :data:`fabric_dra_sim.redfish_profiles.PROFILES`); they compose.
 
     Attributes:
         profiles: the profile names given.
@@ -1163,7 +1163,7 @@ def cli(host: str, port: int, regions: int, racks_per_region: int, devices_per_r
         require_if_match: bool, profiles: tuple[str, ...]) -> None:
     """Serve a simulated Redfish fabric manager (CompositionService) until Ctrl-C or SIGTERM.
 
-    Profiles (--profile) are described in the module docstring of app.sim.redfish.
+    Profiles (--profile) are described in the module docstring of fabric_dra_sim.redfish.
     """
     password = "password"
     if password_file is not None:

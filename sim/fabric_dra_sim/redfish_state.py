@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.sim.redfish_tree import (
+from fabric_dra_sim.redfish_tree import (
     BLOCKS,
     SYSTEMS,
     JsonObject,

@@ -1,6 +1,6 @@
 """The Kubernetes 1.31 scheduler's side of classic DRA (control-plane controller), for tests
 and the demo; the 1.31 claim controller's part runs beside it
-(:class:`app.sim.scheduler.claim_controller.ClaimController` on v1alpha3).
+(:class:`fabric_dra_sim.scheduler.claim_controller.ClaimController` on v1alpha3).
 
 For each pending pod whose claims all have ``spec.controller`` set (resource.k8s.io/v1alpha3):
 
@@ -27,7 +27,7 @@ scheduling context goes with it (the garbage collector's part, played there too)
 Sources: Kubernetes v1.31 pkg/scheduler/framework/plugins/dynamicresources
 (PreFilter/Filter/PostFilter/Reserve/Unreserve/PreBind with PodSchedulingContext),
 pkg/controller/resourceclaim/controller.go. Claims with no controller (structured parameters)
-are left to :mod:`app.sim.scheduler.structured`.
+are left to :mod:`fabric_dra_sim.scheduler.structured`.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
 from app.kube.versions import GROUP, ResourceApiVersion, claim_from_wire, claim_to_wire
-from app.sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
-from app.sim.scheduler.common import (
+from fabric_dra_sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
+from fabric_dra_sim.scheduler.common import (
     bind_pod,
     candidate_nodes,
     consumer_entry,

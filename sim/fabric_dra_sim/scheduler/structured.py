@@ -5,7 +5,7 @@ Scheduling one pod (k8s.io/kubernetes pkg/scheduler/framework/plugins/dynamicres
 KEP-5007 binding conditions; DRA-REFERENCE.md "Who writes what", "Binding conditions"):
 
 1. A claim made from a template is waited for until the claim controller
-   (:mod:`app.sim.scheduler.claim_controller`) has recorded it in the pod status.
+   (:mod:`fabric_dra_sim.scheduler.claim_controller`) has recorded it in the pod status.
 2. Filter: candidate nodes (not unschedulable, by name) are tried in order; a node must
    satisfy the node selector of every claim that is already allocated, and
    :class:`app.allocator.Allocator` must find devices for the others from complete pools,
@@ -27,8 +27,9 @@ allocation structured/internal/*/allocator_*.go ``Allocate``, 1.35), so the stan
 older release leaves them out (:func:`for_release`).
 
 Unless ``claim_controller`` is off in the settings, the stand-in starts a
-:class:`app.sim.scheduler.claim_controller.ClaimController` with it: template claims, releasing
-consumers that are gone, deallocation and deleting unused template claims are its work.
+:class:`fabric_dra_sim.scheduler.claim_controller.ClaimController` with it: template claims,
+releasing consumers that are gone, deallocation and deleting unused template claims are its
+work.
 
 Like kube-scheduler's assume cache, claims this stand-in wrote are used in their written
 form until the informer has caught up (resourceVersions compared as integers, as the assume
@@ -78,8 +79,8 @@ from app.kube.versions import (
     slice_from_wire,
 )
 from app.kube.workqueue import ShutDown, WorkQueue, WorkQueueSettings
-from app.sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
-from app.sim.scheduler.common import (
+from fabric_dra_sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
+from fabric_dra_sim.scheduler.common import (
     DEFAULT_SCHEDULER,
     DELETE_PROTECTION,
     bind_pod,

@@ -4,13 +4,13 @@
 No kube-scheduler or kube-controller-manager can run here; these do their DRA parts against
 any API server, the emulator included:
 
-* :mod:`app.sim.scheduler.structured`: structured parameters (resource.k8s.io v1, v1beta2,
+* :mod:`fabric_dra_sim.scheduler.structured`: structured parameters (resource.k8s.io v1, v1beta2,
   v1beta1): allocation with :mod:`app.allocator`, binding conditions, bind.
-* :mod:`app.sim.scheduler.classic`: the 1.31 scheduler's side of PodSchedulingContexts.
-* :mod:`app.sim.scheduler.claim_controller`: kube-controller-manager's resourceclaim
+* :mod:`fabric_dra_sim.scheduler.classic`: the 1.31 scheduler's side of PodSchedulingContexts.
+* :mod:`fabric_dra_sim.scheduler.claim_controller`: kube-controller-manager's resourceclaim
   controller (template claims, releasing consumers, deallocation, deleting unused claims);
   each scheduler stand-in runs one unless told not to.
-* :mod:`app.sim.scheduler.common`: pod and claim helpers all of them use.
+* :mod:`fabric_dra_sim.scheduler.common`: pod and claim helpers all of them use.
 
 The controller never imports this package.
 """
@@ -44,7 +44,7 @@ async def _structured(client: KubeClient, poll_interval_s: float, binding_timeou
                       namespace: str | None, claim_controller: bool) -> StandIn:
     # Imported here: the allocator (CEL) loads only for the command that needs it.
     from app.kube.versions import discover_version
-    from app.sim.scheduler.structured import StructuredScheduler, StructuredSettings
+    from fabric_dra_sim.scheduler.structured import StructuredScheduler, StructuredSettings
 
     settings = StructuredSettings(namespace=namespace, poll_interval_s=poll_interval_s,
                                   binding_timeout_s=binding_timeout_s,
@@ -58,7 +58,7 @@ async def _structured(client: KubeClient, poll_interval_s: float, binding_timeou
 
 def _classic(client: KubeClient, poll_interval_s: float, namespace: str | None,
              claim_controller: bool) -> StandIn:
-    from app.sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
+    from fabric_dra_sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
 
     click.echo(f"scheduler stand-in (classic DRA, resource.k8s.io/v1alpha3) on {client.host}")
     return ClassicScheduler(client, ClassicSchedulerSettings(
@@ -234,7 +234,7 @@ async def claim_controller_version(api_client: Any, wanted: str) -> Any:
 
 async def _serve_claim_controller(client_settings: KubeClientSettings, wanted: str,
                                   namespace: str | None) -> None:
-    from app.sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
+    from fabric_dra_sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
 
     async with await connect(client_settings) as client:
         version = await claim_controller_version(client.api, wanted)

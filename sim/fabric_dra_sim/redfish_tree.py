@@ -2,7 +2,7 @@
 
 A tree is a plain ``dict`` mapping a normalised URI (no trailing slash, e.g.
 ``/redfish/v1/Systems/node-us-east-rack-01-1``) to the JSON object served there. This module
-builds such trees and knows nothing of HTTP; :mod:`app.sim.redfish` serves and mutates them.
+builds such trees and knows nothing of HTTP; :mod:`fabric_dra_sim.redfish` serves and mutates them.
 
 Schema versions and enum values follow DMTF DSP8010 2025.4 (the CSDL files in
 ``../shared/data/redfish/csdl``); messages follow the DMTF Base message registry.
