@@ -87,6 +87,7 @@ from app.journal import (
     ReservationView,
     UnknownDevice,
 )
+from app.jsontypes import JsonDict
 from app.kube.client import FIELD_VALIDATION_STRICT, KubeClient, call_json
 from app.kube.errors import KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -97,7 +98,6 @@ from app.kube.workqueue import WorkQueue, WorkQueueSettings
 from app.metrics import ClaimMetrics
 
 log = logging.getLogger(__name__)
-JsonDict = dict[str, Any]
 MAX_RECENT_ERRORS = 100
 MODE = "structured"
 STATUS_WRITE_ATTEMPTS = 4

@@ -31,7 +31,8 @@ from app.hostmap import (
     host_for_node,
 )
 from app.inventory.queries import host_refs, pool_devices
-from app.kube.client import JsonDict, call_json, connect
+from app.jsontypes import JsonDict
+from app.kube.client import call_json, connect
 from app.kube.errors import KubeError
 from app.kube.factory import kube_client_settings
 from app.pools import DesiredPool, PoolConfig, desired_pools

@@ -16,7 +16,7 @@ runs beside the scheduling pass that allocates the same claim (:mod:`.scheduling
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.claims.model import (
     EffectiveConfig,
@@ -27,6 +27,7 @@ from app.claims.model import (
 from app.claims.plan import ClaimWants, plan_claim
 from app.controlplane import plan as cp
 from app.journal import ClaimRef, DeviceHeld, ReservationView, UnknownDevice
+from app.jsontypes import JsonDict
 from app.kube.client import call_json
 from app.kube.errors import KubeBadRequest, KubeConflict
 from app.kube.update import update_with_retry
@@ -35,7 +36,6 @@ from app.kube.versions import GROUP, ResourceApiVersion, claim_to_wire
 if TYPE_CHECKING:
     from app.controlplane.controller import ControlPlaneController
 
-JsonDict = dict[str, Any]
 MODE = "control-plane"
 VERSION = ResourceApiVersion.V1ALPHA3
 WRITE_ATTEMPTS = 5

@@ -45,6 +45,7 @@ from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
 from app.inventory.queries import host_refs
 from app.journal import Journal
+from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -55,7 +56,6 @@ from app.kube.workqueue import WorkQueue, WorkQueueSettings
 from app.metrics import ClaimMetrics
 
 log = logging.getLogger(__name__)
-JsonDict = dict[str, Any]
 Key = tuple[str, str, str]
 MAX_RECENT_ERRORS = 100
 

@@ -24,10 +24,10 @@ from typing import Any, Literal
 from app.allocator import Allocator, Claim, DeviceClass, Node, Pool
 from app.allocator.model import DeviceId
 from app.claims.model import WantedDevice, wanted_devices
+from app.jsontypes import JsonDict
 from app.reservations import HeldDevice, ReservationView
 
 MAX_NODES = 128  # resourceapi.PodSchedulingNodeListMaxSize
-JsonDict = dict[str, Any]
 Phase = Literal["gone", "foreign", "deallocate", "allocated", "pending", "deleting"]
 
 

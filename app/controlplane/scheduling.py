@@ -36,6 +36,7 @@ from app.controlplane.allocation import (
 )
 from app.controlplane.snapshot import Snapshot
 from app.journal import ClaimRef, DeviceHeld, ReservationView, UnknownDevice
+from app.jsontypes import JsonDict
 from app.kube.client import FIELD_VALIDATION_STRICT, call_json
 from app.kube.errors import KubeBadRequest, KubeConflict
 from app.kube.update import update_with_retry
@@ -44,7 +45,6 @@ from app.kube.versions import GROUP, claim_to_wire
 if TYPE_CHECKING:
     from app.controlplane.controller import ControlPlaneController
 
-JsonDict = dict[str, Any]
 REASON_ALLOCATION_FAILED = "AllocationFailed"
 REASON_INVALID_CLAIM = "InvalidClaim"
 

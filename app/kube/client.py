@@ -34,13 +34,13 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_kube_config
 from yarl import URL
 
+from app.jsontypes import JsonDict
 from app.kube.errors import KubeError, KubeInvalidResponse, error_from_status, translate_error
 
 # The kubelet mounts these into every pod with a service account
 # (https://kubernetes.io/docs/tasks/run-application/access-api-from-pod/).
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
-JsonDict = dict[str, Any]
 
 logger = logging.getLogger(__name__)
 

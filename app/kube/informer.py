@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from app.jsontypes import JsonDict
 from app.kube.errors import (
     KubeError,
     KubeGone,
@@ -52,7 +53,6 @@ from app.kube.errors import (
 
 logger = logging.getLogger(__name__)
 
-JsonDict = dict[str, Any]
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 ObjectKey = tuple[str, str]
 EventHandler = Callable[[EventType, JsonDict, JsonDict | None], Awaitable[None]]

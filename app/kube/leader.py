@@ -38,12 +38,12 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
+from app.jsontypes import JsonDict
 from app.kube.client import call_json
 from app.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
 
 logger = logging.getLogger(__name__)
 
-JsonDict = dict[str, Any]
 Callback = Callable[[], Awaitable[None]]
 
 # client-go's JitterFactor: candidates retry every retry_period * [1, 1.2).

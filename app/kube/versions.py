@@ -27,11 +27,11 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, ResourceApi
 
+from app.jsontypes import JsonDict
 from app.kube.errors import KubeError, KubeNotFound, KubeVersionError, translate_error
 
 GROUP = "resource.k8s.io"
 
-JsonDict = dict[str, Any]
 
 
 class ResourceApiVersion(StrEnum):

@@ -40,6 +40,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ResourceV1Api, ResourceV1beta1Api, ResourceV1beta2Api
 
+from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import EventType, Informer, InformerSettings
@@ -77,7 +78,6 @@ from app.publisher.view import (
 
 logger = logging.getLogger(__name__)
 
-JsonDict = dict[str, Any]
 
 TAINT_PATHS = ("spec.devices[].taints",)
 BINDING_PATHS = (

@@ -26,9 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from app.jsontypes import JsonDict
 from app.publisher.plan import ExistingSlice, existing_slice
-
-JsonDict = dict[str, Any]
 
 CONTENT_KEY = "fabric-dra.io/contentKey"
 """Where a slim cached slice (the publisher's informer converter) keeps its content key."""

@@ -55,6 +55,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
+from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -78,7 +79,6 @@ from fabric_dra_sim.scheduler.common import (
 )
 
 log = logging.getLogger(__name__)
-JsonDict = dict[str, Any]
 Key = tuple[str, str, str]  # ("pod" | "claim" | "context", namespace, name)
 
 # resourceclaim controller: room for "-" and 5 random characters in a 63-character name.

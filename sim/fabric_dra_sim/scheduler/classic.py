@@ -45,6 +45,7 @@ from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
 from app.allocator import node_from_json
 from app.allocator.pools import selector_matches
+from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -62,7 +63,6 @@ from fabric_dra_sim.scheduler.common import (
 )
 
 log = logging.getLogger(__name__)
-JsonDict = dict[str, Any]
 VERSION = ResourceApiVersion.V1ALPHA3
 MAX_NODES = 128
 MERGE_PATCH = "application/merge-patch+json"

@@ -26,11 +26,11 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api
 
+from app.jsontypes import JsonDict
 from app.kube.client import call_json
 from app.kube.errors import KubeConflict, KubeNotFound
 
 log = logging.getLogger(__name__)
-JsonDict = dict[str, Any]
 
 DEFAULT_SCHEDULER = "default-scheduler"
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"

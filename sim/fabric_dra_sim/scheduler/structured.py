@@ -67,6 +67,7 @@ from app.allocator import (
 from app.allocator.model import DeviceId
 from app.allocator.pools import gather_pools, selector_matches
 from app.clock import utcnow
+from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -95,7 +96,6 @@ from fabric_dra_sim.scheduler.common import (
 )
 
 log = logging.getLogger(__name__)
-JsonDict = dict[str, Any]
 Key = tuple[str, str]
 QueueKey = tuple[str, str, str]  # ("pod", namespace, name)
 
