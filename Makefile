@@ -1,5 +1,5 @@
 # Everyday commands. The virtual environment is set up by `bash .ci/run` (or by hand:
-# python3 -m venv .venv && .venv/bin/pip install -e '.[test]'); VENV=DIR chooses another.
+# python3 -m venv .venv && .venv/bin/pip install -e '.[test]' -e ./sim); VENV=DIR chooses another.
 #
 #   make lint       ruff check, ruff format --check, mypy, lint-imports (import contracts)
 #   make test-fast  the fast tests on SQLite only (no tests marked slow, no PostgreSQL)
