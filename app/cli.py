@@ -45,9 +45,12 @@ def _needs_simulators(name: str) -> click.Command:
         raise click.exceptions.Exit(2)
 
     return click.Command(
-        name, callback=explain, add_help_option=False,
+        name,
+        callback=explain,
+        add_help_option=False,
         help=f"(needs the simulators: {SIMULATORS_INSTALL})",
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
 
 
 class LazyGroup(click.Group):
@@ -102,21 +105,27 @@ class CommandLine(LazyGroup):
             if not isinstance(loaded, click.Command):
                 raise click.ClickException(
                     f"the {COMMAND_GROUP} entry point {cmd_name} = {entry_point.value} is not "
-                    "a click command")
+                    "a click command"
+                )
             return loaded
         if cmd_name in SIMULATOR_COMMANDS:
             return _needs_simulators(cmd_name)
         return None
 
-    def main(self, args: Any = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True,
-             windows_expand_args: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         extra["windows_expand_args"] = windows_expand_args
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            result = super().main(args, prog_name, complete_var, standalone_mode=False,
-                                  **extra)
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as err:
             where = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
             click.echo(f"Error: {' '.join(err.format_message().split())}{where}", err=True)
@@ -148,4 +157,3 @@ def main() -> None:
     Settings come from a YAML file (--config or FABRIC_DRA_CONFIG), environment variables
     (FABRIC_DRA_...) and flags; see `fabric-dra <command> --help`.
     """
-

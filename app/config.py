@@ -236,12 +236,14 @@ class FabricSettings(_Section):
         "or URIs that belong to a server and are never devices, e.g. *-compute",
     )
     verify_poll_seconds: Seconds = Field(
-        default=0.2, description="seconds between reads while an attach or detach the fabric "
-        "reported as done is not visible yet, > 0"
+        default=0.2,
+        description="seconds between reads while an attach or detach the fabric "
+        "reported as done is not visible yet, > 0",
     )
     verify_timeout_seconds: Seconds = Field(
-        default=10.0, description="seconds an attach or detach the fabric reported as done may "
-        "take to become visible, > 0"
+        default=10.0,
+        description="seconds an attach or detach the fabric reported as done may "
+        "take to become visible, > 0",
     )
     device_identity: Literal["uri", "serial", "uuid"] = Field(
         default="uri",
@@ -401,8 +403,7 @@ class KubeSettings(_Section):
             return None
         problem = http_origin_problem(value)
         if problem is not None:
-            raise ValueError(f"is not an http:// or https:// URL without a path"
-                             f"{_detail(problem)}")
+            raise ValueError(f"is not an http:// or https:// URL without a path{_detail(problem)}")
         return value.rstrip("/")
 
     @model_validator(mode="after")
@@ -443,7 +444,9 @@ class AdminSettings(_Section):
         default=False, description="true or false: the status API also needs the token"
     )
     max_request_bytes: int = Field(
-        default=64 * 1024, ge=1024, le=16 * 1024 * 1024,
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
         description="largest request body in bytes, 1024 to 16777216",
     )
 
@@ -497,9 +500,11 @@ class ControllerSettings(_Section):
         "reservation behind them (else they are only reported)",
     )
     detach_attempts: int = Field(
-        default=15, ge=1, le=100,
+        default=15,
+        ge=1,
+        le=100,
         description="transient detach failures in a row before a reservation ends "
-                    "detach-failed, 1-100",
+        "detach-failed, 1-100",
     )
 
     @field_validator("mode", mode="before")
@@ -593,9 +598,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
     """The settings given by ``FABRIC_DRA_*`` variables, nested; unknown names are errors."""
-    known_sections = {
-        name: info.annotation for name, info in Settings.model_fields.items()
-    }
+    known_sections = {name: info.annotation for name, info in Settings.model_fields.items()}
     for key in environ:
         if not key.upper().startswith(ENV_PREFIX) or key.upper() == ENV_CONFIG_FILE:
             continue
@@ -704,9 +707,9 @@ def load_settings(
         if _lookup(flag_layer, loc):
             source = "from the command line"
         elif _lookup(env_layer, loc):
-            env_name = ENV_PREFIX + NESTED_DELIMITER.join(
-                p for p in loc if isinstance(p, str)
-            ).upper()
+            env_name = (
+                ENV_PREFIX + NESTED_DELIMITER.join(p for p in loc if isinstance(p, str)).upper()
+            )
             source = f"from environment {env_name}"
         elif _lookup(file_layer, loc):
             source = f"from {config_file}"

@@ -32,8 +32,10 @@ HOST_ID = "host id"
 
 log = logging.getLogger(__name__)
 
-_NAME_HINT = ("with hosts.match=hostname no node maps to them by this name; give each host its "
-              "own HostName, or match by label, annotation or provider_id")
+_NAME_HINT = (
+    "with hosts.match=hostname no node maps to them by this name; give each host its "
+    "own HostName, or match by label, annotation or provider_id"
+)
 _HINTS = {
     HOSTNAME: _NAME_HINT,
     SHORT_HOSTNAME: _NAME_HINT,
@@ -86,15 +88,19 @@ def _short(name: str) -> str:
     return name.split(".", 1)[0].lower()
 
 
-def _split(pairs: Iterable[tuple[str, HostRef]]) -> tuple[dict[str, HostRef],
-                                                           dict[str, tuple[str, ...]]]:
+def _split(
+    pairs: Iterable[tuple[str, HostRef]],
+) -> tuple[dict[str, HostRef], dict[str, tuple[str, ...]]]:
     """``(value, host)`` pairs -> (values held by one host, values shared -> sorted host ids)."""
     found: dict[str, list[HostRef]] = {}
     for value, host in pairs:
         found.setdefault(value, []).append(host)
     unique = {value: hosts[0] for value, hosts in found.items() if len(hosts) == 1}
-    shared = {value: tuple(sorted(h.host_id for h in hosts))
-              for value, hosts in found.items() if len(hosts) > 1}
+    shared = {
+        value: tuple(sorted(h.host_id for h in hosts))
+        for value, hosts in found.items()
+        if len(hosts) > 1
+    }
     return unique, shared
 
 
@@ -118,15 +124,24 @@ class AmbiguityLog:
             return
         for item in sorted(current - self._reported, key=_order):
             self.logger.warning(
-                "%s: %s", item.message, _HINTS[item.key],
-                extra={"identity_key": item.key, "identity_value": item.value,
-                       "hosts": list(item.hosts)})
+                "%s: %s",
+                item.message,
+                _HINTS[item.key],
+                extra={
+                    "identity_key": item.key,
+                    "identity_value": item.value,
+                    "hosts": list(item.hosts),
+                },
+            )
         still = {(a.key, a.value) for a in current}
         for item in sorted(self._reported, key=_order):
             if (item.key, item.value) not in still:
-                self.logger.info("%s %r is no longer shared by several hosts", item.key,
-                                 item.value, extra={"identity_key": item.key,
-                                                    "identity_value": item.value})
+                self.logger.info(
+                    "%s %r is no longer shared by several hosts",
+                    item.key,
+                    item.value,
+                    extra={"identity_key": item.key, "identity_value": item.value},
+                )
         self._reported = current
 
 
@@ -161,8 +176,9 @@ class HostIndex:
     ambiguous_ids: Mapping[str, tuple[str, ...]]
 
     @classmethod
-    def build(cls, hosts: Iterable[HostRef], *,
-              report: AmbiguityLog | None = _DEFAULT_LOG) -> HostIndex:
+    def build(
+        cls, hosts: Iterable[HostRef], *, report: AmbiguityLog | None = _DEFAULT_LOG
+    ) -> HostIndex:
         """Index ``hosts`` by id, full hostname and short hostname (lowercase).
 
         A value shared by two or more hosts is left out of its index and recorded as
@@ -190,11 +206,12 @@ def ambiguities(index: HostIndex) -> tuple[Ambiguity, ...]:
     """
     full = [Ambiguity(HOSTNAME, value, ids) for value, ids in sorted(index.ambiguous.items())]
     full_sets = {a.hosts for a in full}
-    short = [Ambiguity(SHORT_HOSTNAME, value, ids)
-             for value, ids in sorted(index.ambiguous_short.items())
-             if ids not in full_sets]
-    ids = [Ambiguity(HOST_ID, value, hosts)
-           for value, hosts in sorted(index.ambiguous_ids.items())]
+    short = [
+        Ambiguity(SHORT_HOSTNAME, value, ids)
+        for value, ids in sorted(index.ambiguous_short.items())
+        if ids not in full_sets
+    ]
+    ids = [Ambiguity(HOST_ID, value, hosts) for value, hosts in sorted(index.ambiguous_ids.items())]
     return (*full, *short, *ids)
 
 
@@ -228,8 +245,9 @@ def host_for_node(node: Mapping[str, Any], index: HostIndex, match: str, key: st
     raise ValueError(f"unknown host match rule {match!r}")
 
 
-def ambiguity_for_node(node: Mapping[str, Any], index: HostIndex, match: str,
-                       key: str) -> Ambiguity | None:
+def ambiguity_for_node(
+    node: Mapping[str, Any], index: HostIndex, match: str, key: str
+) -> Ambiguity | None:
     """Why ``node`` maps to no host when the reason is a shared identity: the first of its
     names (or its host id value) that is ambiguous, with the hosts sharing it; None when no
     shared identity is involved. Call it for nodes :func:`host_for_node` did not map.

@@ -67,8 +67,9 @@ class DeviceHeld(Exception):
         reservation: the holder's active reservation (its claim, mode, state, host), if known.
     """
 
-    def __init__(self, device: str, holder: str | None,
-                 reservation: ReservationView | None = None) -> None:
+    def __init__(
+        self, device: str, holder: str | None, reservation: ReservationView | None = None
+    ) -> None:
         super().__init__(
             f"device {device} is held by claim {holder}" if holder else f"device {device} is held"
         )
@@ -85,8 +86,13 @@ _TABLE: Table = Reservation.__table__  # type: ignore[assignment]
 _COLUMNS = tuple(_TABLE.c)
 _DEVICES: Table = Device.__table__  # type: ignore[assignment]
 _FABRIC_COLUMNS = (
-    _DEVICES.c.vendor_id, _DEVICES.c.attach_unit, _DEVICES.c.device_type, _DEVICES.c.uuid,
-    _DEVICES.c.host_id, _DEVICES.c.shareable, _DEVICES.c.vendor_name,
+    _DEVICES.c.vendor_id,
+    _DEVICES.c.attach_unit,
+    _DEVICES.c.device_type,
+    _DEVICES.c.uuid,
+    _DEVICES.c.host_id,
+    _DEVICES.c.shareable,
+    _DEVICES.c.vendor_name,
 )
 _ACTIVE = tuple(ACTIVE_RESERVATION_STATES)
 
@@ -94,21 +100,25 @@ _ACTIVE = tuple(ACTIVE_RESERVATION_STATES)
 # costs as much as running it on SQLite.
 _R, _D = _TABLE.c, _DEVICES.c
 _FOR_CLAIM = select(*_COLUMNS).where(_R.claim_uid == bindparam("b_uid")).order_by(_R.id)
-_FOR_CLAIM_ACTIVE = (select(*_COLUMNS)
-                     .where(_R.claim_uid == bindparam("b_uid"), _R.state.in_(_ACTIVE))
-                     .order_by(_R.id))
+_FOR_CLAIM_ACTIVE = (
+    select(*_COLUMNS)
+    .where(_R.claim_uid == bindparam("b_uid"), _R.state.in_(_ACTIVE))
+    .order_by(_R.id)
+)
 _FABRIC_DEVICE = select(*_FABRIC_COLUMNS).where(_D.id == bindparam("b_device_id"))
 # The device and its active reservations in one statement (a row with NULL reservation
 # columns when it has none): device id, the _FABRIC_COLUMNS, then every reservation column.
 _DEVICE_AND_HOLDERS = (
     select(_D.id, *_FABRIC_COLUMNS, *_COLUMNS)
-    .select_from(_DEVICES.outerjoin(_TABLE, and_(_R.device_id == _D.id,
-                                                 _R.state.in_(_ACTIVE))))
+    .select_from(_DEVICES.outerjoin(_TABLE, and_(_R.device_id == _D.id, _R.state.in_(_ACTIVE))))
     .where(_D.name == bindparam("b_name"), _D.removed_at.is_(None))
     .order_by(_R.id)
 )
-_HELD = (select(_R.claim_uid, _R.pool, _R.device_name)
-         .where(_R.state.in_(_ACTIVE), _R.exclusive.is_(True)).order_by(_R.id))
+_HELD = (
+    select(_R.claim_uid, _R.pool, _R.device_name)
+    .where(_R.state.in_(_ACTIVE), _R.exclusive.is_(True))
+    .order_by(_R.id)
+)
 _INSERT = insert(_TABLE).returning(*_COLUMNS)
 _MOVE = (
     update(_TABLE)
@@ -118,18 +128,19 @@ _MOVE = (
         last_error=bindparam("b_error", type_=Text()),
         # Attempts are counted per phase (attach, then detach): a move into another phase
         # starts the count again, so "N failures in a row" means N of this operation.
-        attempts=case((_R.state.in_(bindparam("b_same_phase", expanding=True)), _R.attempts),
-                      else_=0) + bindparam("b_attempt", type_=Integer()),
+        attempts=case(
+            (_R.state.in_(bindparam("b_same_phase", expanding=True)), _R.attempts), else_=0
+        )
+        + bindparam("b_attempt", type_=Integer()),
         node=func.coalesce(bindparam("b_node", type_=String()), _R.node),
         host_id=func.coalesce(bindparam("b_host_id", type_=String()), _R.host_id),
         operation_id=case(
             (bindparam("b_clear_operation", type_=Boolean()), None),
-            else_=func.coalesce(bindparam("b_operation_id", type_=String()), _R.operation_id)),
+            else_=func.coalesce(bindparam("b_operation_id", type_=String()), _R.operation_id),
+        ),
         updated_at=bindparam("b_now", type_=UtcDateTime()),
-        attached_at=func.coalesce(bindparam("b_attached_at", type_=UtcDateTime()),
-                                  _R.attached_at),
-        released_at=func.coalesce(bindparam("b_released_at", type_=UtcDateTime()),
-                                  _R.released_at),
+        attached_at=func.coalesce(bindparam("b_attached_at", type_=UtcDateTime()), _R.attached_at),
+        released_at=func.coalesce(bindparam("b_released_at", type_=UtcDateTime()), _R.released_at),
     )
     .returning(*_COLUMNS)
 )
@@ -140,31 +151,70 @@ _FABRIC_WIDTH = 1 + len(_FABRIC_COLUMNS)
 # row's content hash is cleared with it: the hash stands for what the fabric last listed, so
 # the next sync compares the row with the fabric again (and rewrites it once) instead of
 # taking the old listing's hash for "no change" while the fabric has since drifted.
-_DEVICE_NOW_ON = (update(_DEVICES).where(_D.id == bindparam("b_device_id"))
-                  .values(host_id=bindparam("b_device_host", type_=String()), content_hash=""))
-_DEVICE_NOW_OFF = (update(_DEVICES)
-                   .where(_D.id == bindparam("b_device_id"),
-                          _D.host_id == bindparam("b_device_host", type_=String()))
-                   .values(host_id=None, content_hash=""))
+_DEVICE_NOW_ON = (
+    update(_DEVICES)
+    .where(_D.id == bindparam("b_device_id"))
+    .values(host_id=bindparam("b_device_host", type_=String()), content_hash="")
+)
+_DEVICE_NOW_OFF = (
+    update(_DEVICES)
+    .where(
+        _D.id == bindparam("b_device_id"), _D.host_id == bindparam("b_device_host", type_=String())
+    )
+    .values(host_id=None, content_hash="")
+)
 # A move to these states from those starts a new phase: its attempts are counted from zero.
 # Attach tries are counted over the reservation's life: a lost attachment attached again adds
 # to them, so that a device the fabric keeps losing is given up (FabricOps.lost).
 _NEW_PHASE_FROM = {DETACHING: (ATTACHING, ATTACHED, FAILED, DETACH_FAILED)}
-_SAME_PHASE = {state: [s for s in STATES if s not in _NEW_PHASE_FROM.get(state, ())]
-               for state in STATES}
+_SAME_PHASE = {
+    state: [s for s in STATES if s not in _NEW_PHASE_FROM.get(state, ())] for state in STATES
+}
 
 
 def _view(row: Any) -> ReservationView:
     """A ReservationView from a Core row of every reservation column (in table order)."""
-    (id_, claim_uid, claim_namespace, claim_name, request, mode, device_id, device_name, pool,
-     exclusive, node, host_id, state, attempts, last_error, operation_id, created_at,
-     updated_at, attached_at, released_at) = row
+    (
+        id_,
+        claim_uid,
+        claim_namespace,
+        claim_name,
+        request,
+        mode,
+        device_id,
+        device_name,
+        pool,
+        exclusive,
+        node,
+        host_id,
+        state,
+        attempts,
+        last_error,
+        operation_id,
+        created_at,
+        updated_at,
+        attached_at,
+        released_at,
+    ) = row
     return ReservationView(
-        id=id_, claim=ClaimRef(claim_uid, claim_namespace, claim_name), request=request,
-        mode=mode, device_id=device_id, device_name=device_name, pool=pool,
-        exclusive=bool(exclusive), node=node, host_id=host_id, state=state, attempts=attempts,
-        last_error=last_error, operation_id=operation_id, created_at=created_at,
-        updated_at=updated_at, attached_at=attached_at, released_at=released_at,
+        id=id_,
+        claim=ClaimRef(claim_uid, claim_namespace, claim_name),
+        request=request,
+        mode=mode,
+        device_id=device_id,
+        device_name=device_name,
+        pool=pool,
+        exclusive=bool(exclusive),
+        node=node,
+        host_id=host_id,
+        state=state,
+        attempts=attempts,
+        last_error=last_error,
+        operation_id=operation_id,
+        created_at=created_at,
+        updated_at=updated_at,
+        attached_at=attached_at,
+        released_at=released_at,
     )
 
 
@@ -279,8 +329,9 @@ class Journal:
             UnknownDevice: no present device has that name.
             DeviceHeld: another claim holds the device.
         """
-        view, _ = await self._reserve(claim, request, device_name, pool, mode, node, host_id,
-                                      attaching=False)
+        view, _ = await self._reserve(
+            claim, request, device_name, pool, mode, node, host_id, attaching=False
+        )
         return view
 
     async def reserve_for_attach(
@@ -306,16 +357,26 @@ class Journal:
             UnknownDevice: no present device has that name.
             DeviceHeld: another claim holds the device.
         """
-        return await self._reserve(claim, request, device_name, pool, mode, node, host_id,
-                                   attaching=True)
+        return await self._reserve(
+            claim, request, device_name, pool, mode, node, host_id, attaching=True
+        )
 
     async def _reserve(
-        self, claim: ClaimRef, request: str, device_name: str, pool: str, mode: str,
-        node: str | None, host_id: str | None, *, attaching: bool,
+        self,
+        claim: ClaimRef,
+        request: str,
+        device_name: str,
+        pool: str,
+        mode: str,
+        node: str | None,
+        host_id: str | None,
+        *,
+        attaching: bool,
     ) -> tuple[ReservationView, FabricDevice | None]:
         try:
             view, device, inserted = await self._reserve_once(
-                claim, request, device_name, pool, mode, node, host_id, attaching=attaching)
+                claim, request, device_name, pool, mode, node, host_id, attaching=attaching
+            )
         except (DeviceHeld, UnknownDevice):
             raise
         except BaseException:
@@ -326,8 +387,16 @@ class Journal:
         return view, device
 
     async def _reserve_once(
-        self, claim: ClaimRef, request: str, device_name: str, pool: str, mode: str,
-        node: str | None, host_id: str | None, *, attaching: bool,
+        self,
+        claim: ClaimRef,
+        request: str,
+        device_name: str,
+        pool: str,
+        mode: str,
+        node: str | None,
+        host_id: str | None,
+        *,
+        attaching: bool,
     ) -> tuple[ReservationView, FabricDevice | None, bool]:
         try:
             # One transaction for the check and the insert (BEGIN IMMEDIATE on SQLite); the
@@ -338,8 +407,7 @@ class Journal:
                 if not rows:
                     raise UnknownDevice(f"device {device_name} is not in the inventory")
                 device = rows[0]
-                existing = [_view(r[_FABRIC_WIDTH:]) for r in rows
-                            if r[_FABRIC_WIDTH] is not None]
+                existing = [_view(r[_FABRIC_WIDTH:]) for r in rows if r[_FABRIC_WIDTH] is not None]
                 for held in existing:
                     if held.claim.uid == claim.uid and held.request == request:
                         return held, None, False
@@ -347,29 +415,47 @@ class Journal:
                 exclusive = not fabric.shareable
                 if exclusive and existing:
                     raise DeviceHeld(device_name, str(existing[0].claim), existing[0])
-                inserted = (await conn.execute(_INSERT, {
-                    "claim_uid": claim.uid, "claim_namespace": claim.namespace,
-                    "claim_name": claim.name, "request": request, "mode": mode,
-                    "device_id": device[0], "device_name": device_name, "pool": pool,
-                    "exclusive": exclusive, "node": node, "host_id": host_id,
-                    "state": ATTACHING if attaching else PENDING,
-                    "attempts": 1 if attaching else 0, "created_at": now, "updated_at": now,
-                })).one()
+                inserted = (
+                    await conn.execute(
+                        _INSERT,
+                        {
+                            "claim_uid": claim.uid,
+                            "claim_namespace": claim.namespace,
+                            "claim_name": claim.name,
+                            "request": request,
+                            "mode": mode,
+                            "device_id": device[0],
+                            "device_name": device_name,
+                            "pool": pool,
+                            "exclusive": exclusive,
+                            "node": node,
+                            "host_id": host_id,
+                            "state": ATTACHING if attaching else PENDING,
+                            "attempts": 1 if attaching else 0,
+                            "created_at": now,
+                            "updated_at": now,
+                        },
+                    )
+                ).one()
                 return _view(inserted), fabric if attaching else None, True
         except IntegrityError as err:
             # A concurrent reserve (another process, or PostgreSQL's weaker isolation) won
             # the race for the device; the index said no.
             holder = await self._holder_of(device_name)
-            raise DeviceHeld(device_name, str(holder.claim) if holder else None,
-                             holder) from err
+            raise DeviceHeld(device_name, str(holder.claim) if holder else None, holder) from err
 
     async def _holder_of(self, device_name: str) -> ReservationView | None:
         async with self.db.read_statement() as conn:
-            row = (await conn.execute(
-                select(*_COLUMNS).where(
-                    _TABLE.c.device_name == device_name, _TABLE.c.state.in_(_ACTIVE),
-                ).order_by(_TABLE.c.id)
-            )).first()
+            row = (
+                await conn.execute(
+                    select(*_COLUMNS)
+                    .where(
+                        _TABLE.c.device_name == device_name,
+                        _TABLE.c.state.in_(_ACTIVE),
+                    )
+                    .order_by(_TABLE.c.id)
+                )
+            ).first()
         return _view(row) if row else None
 
     async def transition(
@@ -410,13 +496,23 @@ class Journal:
             ValueError: an unknown state.
         """
         moved = await self._transition(
-            reservation_id, expected, state, error=error, count_attempt=count_attempt,
-            node=node, host_id=host_id, operation_id=operation_id,
-            clear_operation=clear_operation, detached=detached, with_device=False)
+            reservation_id,
+            expected,
+            state,
+            error=error,
+            count_attempt=count_attempt,
+            node=node,
+            host_id=host_id,
+            operation_id=operation_id,
+            clear_operation=clear_operation,
+            detached=detached,
+            with_device=False,
+        )
         return moved[0] if moved else None
 
-    async def begin_attach(self, reservation_id: int) -> tuple[ReservationView,
-                                                                FabricDevice] | None:
+    async def begin_attach(
+        self, reservation_id: int
+    ) -> tuple[ReservationView, FabricDevice] | None:
         """Record the intent to attach (``pending`` or ``attaching`` -> ``attaching``, one
         attempt counted) and read the device's fabric view, in one transaction.
 
@@ -426,8 +522,9 @@ class Journal:
         Raises:
             UnknownDevice: the device row is gone (the transition is not kept).
         """
-        moved = await self._transition(reservation_id, (PENDING, ATTACHING), ATTACHING,
-                                       count_attempt=True, with_device=True)
+        moved = await self._transition(
+            reservation_id, (PENDING, ATTACHING), ATTACHING, count_attempt=True, with_device=True
+        )
         if moved is None:
             return None
         view, device = moved
@@ -435,7 +532,11 @@ class Journal:
         return view, device
 
     async def begin_detach(
-        self, reservation_id: int, *, error: str | None = None, from_detach_failed: bool = False,
+        self,
+        reservation_id: int,
+        *,
+        error: str | None = None,
+        from_detach_failed: bool = False,
     ) -> tuple[ReservationView, FabricDevice | None] | None:
         """Record the intent to detach (any state but ``pending``, ``released`` and, unless
         ``from_detach_failed``, ``detach-failed`` -> ``detaching``, one attempt counted) and
@@ -451,10 +552,17 @@ class Journal:
             reservation was in another state.
         """
         expected = (ATTACHING, ATTACHED, FAILED, DETACHING) + (
-            (DETACH_FAILED,) if from_detach_failed else ())
+            (DETACH_FAILED,) if from_detach_failed else ()
+        )
         return await self._transition(
-            reservation_id, expected, DETACHING, error=error,
-            count_attempt=True, with_device=True, device_required=False)
+            reservation_id,
+            expected,
+            DETACHING,
+            error=error,
+            count_attempt=True,
+            with_device=True,
+            device_required=False,
+        )
 
     async def forget(self, reservation_id: int, reason: str) -> ReservationView | None:
         """Release a reservation WITHOUT a detach: an operator fixed the hardware by hand.
@@ -472,24 +580,46 @@ class Journal:
         if not reason.strip():
             raise ValueError("a reason is required to forget a reservation")
         return await self.transition(
-            reservation_id, FORGET_FROM, RELEASED, clear_operation=True,
-            error=f"forgotten by an administrator (released without a detach): {reason}")
+            reservation_id,
+            FORGET_FROM,
+            RELEASED,
+            clear_operation=True,
+            error=f"forgotten by an administrator (released without a detach): {reason}",
+        )
 
     async def _transition(
-        self, reservation_id: int, expected: Collection[str], state: str, *,
-        error: str | None = None, count_attempt: bool = False, node: str | None = None,
-        host_id: str | None = None, operation_id: str | None = None,
-        clear_operation: bool = False, detached: bool = False, with_device: bool,
+        self,
+        reservation_id: int,
+        expected: Collection[str],
+        state: str,
+        *,
+        error: str | None = None,
+        count_attempt: bool = False,
+        node: str | None = None,
+        host_id: str | None = None,
+        operation_id: str | None = None,
+        clear_operation: bool = False,
+        detached: bool = False,
+        with_device: bool,
         device_required: bool = True,
     ) -> tuple[ReservationView, FabricDevice | None] | None:
         if state not in STATES or not set(expected) <= set(STATES):
             raise ValueError(f"unknown reservation state in {state!r} / {sorted(expected)}")
         try:
             moved = await self._move(
-                reservation_id, expected, state, error=error, count_attempt=count_attempt,
-                node=node, host_id=host_id, operation_id=operation_id,
-                clear_operation=clear_operation, detached=detached,
-                with_device=with_device, device_required=device_required)
+                reservation_id,
+                expected,
+                state,
+                error=error,
+                count_attempt=count_attempt,
+                node=node,
+                host_id=host_id,
+                operation_id=operation_id,
+                clear_operation=clear_operation,
+                detached=detached,
+                with_device=with_device,
+                device_required=device_required,
+            )
         except UnknownDevice:
             raise  # rolled back
         except BaseException:
@@ -500,35 +630,55 @@ class Journal:
         return moved
 
     async def _move(
-        self, reservation_id: int, expected: Collection[str], state: str, *,
-        error: str | None, count_attempt: bool, node: str | None, host_id: str | None,
-        operation_id: str | None, clear_operation: bool, detached: bool, with_device: bool,
+        self,
+        reservation_id: int,
+        expected: Collection[str],
+        state: str,
+        *,
+        error: str | None,
+        count_attempt: bool,
+        node: str | None,
+        host_id: str | None,
+        operation_id: str | None,
+        clear_operation: bool,
+        detached: bool,
+        with_device: bool,
         device_required: bool,
     ) -> tuple[ReservationView, FabricDevice | None] | None:
         async with self.db.write_connection() as conn:
             # Taken inside the transaction, so journal times follow commit order.
             now = self.clock()
-            row = (await conn.execute(_MOVE, {
-                "b_id": reservation_id, "b_expected": list(expected), "b_state": state,
-                "b_error": error[:MAX_ERROR_LENGTH] if error else None,
-                "b_attempt": 1 if count_attempt else 0, "b_node": node, "b_host_id": host_id,
-                "b_operation_id": operation_id, "b_now": now,
-                "b_same_phase": _SAME_PHASE[state], "b_clear_operation": clear_operation,
-                "b_attached_at": now if state == ATTACHED else None,
-                "b_released_at": now if state == RELEASED else None,
-            })).first()
+            row = (
+                await conn.execute(
+                    _MOVE,
+                    {
+                        "b_id": reservation_id,
+                        "b_expected": list(expected),
+                        "b_state": state,
+                        "b_error": error[:MAX_ERROR_LENGTH] if error else None,
+                        "b_attempt": 1 if count_attempt else 0,
+                        "b_node": node,
+                        "b_host_id": host_id,
+                        "b_operation_id": operation_id,
+                        "b_now": now,
+                        "b_same_phase": _SAME_PHASE[state],
+                        "b_clear_operation": clear_operation,
+                        "b_attached_at": now if state == ATTACHED else None,
+                        "b_released_at": now if state == RELEASED else None,
+                    },
+                )
+            ).first()
             if row is None:
                 return None
             view = _view(row)
-            if view.host_id is not None and (state == ATTACHED
-                                             or (state == RELEASED and detached)):
-                await conn.execute(_DEVICE_NOW_ON if state == ATTACHED else _DEVICE_NOW_OFF,
-                                   {"b_device_id": view.device_id,
-                                    "b_device_host": view.host_id})
+            if view.host_id is not None and (state == ATTACHED or (state == RELEASED and detached)):
+                await conn.execute(
+                    _DEVICE_NOW_ON if state == ATTACHED else _DEVICE_NOW_OFF,
+                    {"b_device_id": view.device_id, "b_device_host": view.host_id},
+                )
             if not with_device:
                 return view, None
-            device = (await conn.execute(
-                _FABRIC_DEVICE, {"b_device_id": view.device_id})).first()
+            device = (await conn.execute(_FABRIC_DEVICE, {"b_device_id": view.device_id})).first()
             if device is None and device_required:
                 # Leaving the block rolls the transition back.
                 raise UnknownDevice(f"device {view.device_name} is not in the inventory")
@@ -537,8 +687,9 @@ class Journal:
     async def get(self, reservation_id: int) -> ReservationView | None:
         """One reservation by id."""
         async with self.db.read_statement() as conn:
-            row = (await conn.execute(
-                select(*_COLUMNS).where(_TABLE.c.id == reservation_id))).first()
+            row = (
+                await conn.execute(select(*_COLUMNS).where(_TABLE.c.id == reservation_id))
+            ).first()
         return _view(row) if row is not None else None
 
     async def for_claim(self, claim_uid: str, *, active_only: bool = True) -> list[ReservationView]:
@@ -548,15 +699,16 @@ class Journal:
             rows = (await conn.execute(query, {"b_uid": claim_uid})).all()
         return [_view(r) for r in rows]
 
-    async def active(self, states: Collection[str] = ACTIVE_RESERVATION_STATES) -> list[
-        ReservationView
-    ]:
+    async def active(
+        self, states: Collection[str] = ACTIVE_RESERVATION_STATES
+    ) -> list[ReservationView]:
         """Every reservation in one of ``states`` (default: every active one), by id."""
         async with self.db.read_statement() as conn:
-            rows = (await conn.execute(
-                select(*_COLUMNS).where(_TABLE.c.state.in_(tuple(states)))
-                .order_by(_TABLE.c.id)
-            )).all()
+            rows = (
+                await conn.execute(
+                    select(*_COLUMNS).where(_TABLE.c.state.in_(tuple(states))).order_by(_TABLE.c.id)
+                )
+            ).all()
         return [_view(r) for r in rows]
 
     async def held(self) -> list[HeldDevice]:
@@ -569,16 +721,22 @@ class Journal:
     async def count_active(self) -> int:
         """How many reservations are active (not released)."""
         async with self.db.read_statement() as conn:
-            return int((await conn.execute(
-                select(func.count()).select_from(_TABLE).where(_TABLE.c.state.in_(_ACTIVE))
-            )).scalar_one())
+            return int(
+                (
+                    await conn.execute(
+                        select(func.count()).select_from(_TABLE).where(_TABLE.c.state.in_(_ACTIVE))
+                    )
+                ).scalar_one()
+            )
 
     async def recent(self, limit: int = 100, offset: int = 0) -> list[ReservationView]:
         """The newest reservations first (released ones included), for the admin API."""
         async with self.db.read_statement() as conn:
-            rows = (await conn.execute(
-                select(*_COLUMNS).order_by(_TABLE.c.id.desc()).limit(limit).offset(offset)
-            )).all()
+            rows = (
+                await conn.execute(
+                    select(*_COLUMNS).order_by(_TABLE.c.id.desc()).limit(limit).offset(offset)
+                )
+            ).all()
         return [_view(r) for r in rows]
 
     async def fabric_device(self, reservation: ReservationView) -> FabricDevice:
@@ -588,8 +746,9 @@ class Journal:
             UnknownDevice: the device row is gone.
         """
         async with self.db.read_statement() as conn:
-            row = (await conn.execute(
-                _FABRIC_DEVICE, {"b_device_id": reservation.device_id})).first()
+            row = (
+                await conn.execute(_FABRIC_DEVICE, {"b_device_id": reservation.device_id})
+            ).first()
         if row is None:
             raise UnknownDevice(f"device {reservation.device_name} is not in the inventory")
         return _fabric_device_from(row)
@@ -601,9 +760,9 @@ class Journal:
             UnknownDevice: no device has that name.
         """
         async with self.db.read_statement() as conn:
-            row = (await conn.execute(
-                select(*_FABRIC_COLUMNS).where(_DEVICES.c.name == name).limit(1)
-            )).first()
+            row = (
+                await conn.execute(select(*_FABRIC_COLUMNS).where(_DEVICES.c.name == name).limit(1))
+            ).first()
         if row is None:
             raise UnknownDevice(f"device {name} is not in the inventory")
         return _fabric_device_from(row)
@@ -613,8 +772,13 @@ def _fabric_device_from(row: Any) -> FabricDevice:
     """A FabricDevice from the ``_FABRIC_COLUMNS`` values, in that order."""
     vendor_id, attach_unit, device_type, uuid, host_id, shareable, vendor_name = row
     return FabricDevice(
-        vendor_id=vendor_id, attach_unit=attach_unit, device_type=DeviceType(device_type),
-        uuid=uuid, host_id=host_id, shareable=bool(shareable), name=vendor_name,
+        vendor_id=vendor_id,
+        attach_unit=attach_unit,
+        device_type=DeviceType(device_type),
+        uuid=uuid,
+        host_id=host_id,
+        shareable=bool(shareable),
+        name=vendor_name,
     )
 
 

@@ -42,34 +42,54 @@ class InventoryMetrics:
         """Register the inventory metrics on ``registry``."""
         return cls(
             syncs=Counter(
-                "inventory_syncs", "Inventory syncs by result.", ["backend", "result"],
-                namespace=NAMESPACE, registry=registry,
+                "inventory_syncs",
+                "Inventory syncs by result.",
+                ["backend", "result"],
+                namespace=NAMESPACE,
+                registry=registry,
             ),
             sync_seconds=Histogram(
-                "inventory_sync_seconds", "Wall time of one inventory sync.", ["backend"],
-                namespace=NAMESPACE, registry=registry,
+                "inventory_sync_seconds",
+                "Wall time of one inventory sync.",
+                ["backend"],
+                namespace=NAMESPACE,
+                registry=registry,
                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             ),
             rejected=Counter(
-                "inventory_rejected", "Vendor items rejected by kind of problem.",
-                ["backend", "kind"], namespace=NAMESPACE, registry=registry,
+                "inventory_rejected",
+                "Vendor items rejected by kind of problem.",
+                ["backend", "kind"],
+                namespace=NAMESPACE,
+                registry=registry,
             ),
             devices=Gauge(
-                "inventory_devices", "Devices in the database by state.", ["backend", "state"],
-                namespace=NAMESPACE, registry=registry,
+                "inventory_devices",
+                "Devices in the database by state.",
+                ["backend", "state"],
+                namespace=NAMESPACE,
+                registry=registry,
             ),
             row_writes=Counter(
-                "inventory_row_writes", "Database rows written by the inventory sync.",
-                ["backend", "table"], namespace=NAMESPACE, registry=registry,
+                "inventory_row_writes",
+                "Database rows written by the inventory sync.",
+                ["backend", "table"],
+                namespace=NAMESPACE,
+                registry=registry,
             ),
             stale=Gauge(
-                "inventory_stale", "1 while the inventory is stale.", ["backend"],
-                namespace=NAMESPACE, registry=registry,
+                "inventory_stale",
+                "1 while the inventory is stale.",
+                ["backend"],
+                namespace=NAMESPACE,
+                registry=registry,
             ),
             last_success=Gauge(
                 "inventory_last_success_timestamp_seconds",
-                "Unix time of the last complete inventory sync.", ["backend"],
-                namespace=NAMESPACE, registry=registry,
+                "Unix time of the last complete inventory sync.",
+                ["backend"],
+                namespace=NAMESPACE,
+                registry=registry,
             ),
         )
 
@@ -109,43 +129,82 @@ class ClaimMetrics:
         """Register the claim metrics on ``registry``."""
         fast = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
         return cls(
-            reconciles=Counter("claim_reconciles", "Claim reconciles by result.", ["result"],
-                               namespace=NAMESPACE, registry=registry),
-            reconcile_seconds=Histogram("claim_reconcile_seconds",
-                                        "Time of one claim reconcile.", namespace=NAMESPACE,
-                                        registry=registry, buckets=fast),
-            fabric_operations=Counter("fabric_operations", "Attach and detach calls by result.",
-                                      ["operation", "result"], namespace=NAMESPACE,
-                                      registry=registry),
-            attach_seconds=Histogram("attach_seconds", "Time of one successful attach call.",
-                                     namespace=NAMESPACE, registry=registry, buckets=fast),
-            reservations=Gauge("reservations", "Active reservations by state.", ["state"],
-                               namespace=NAMESPACE, registry=registry),
+            reconciles=Counter(
+                "claim_reconciles",
+                "Claim reconciles by result.",
+                ["result"],
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
+            reconcile_seconds=Histogram(
+                "claim_reconcile_seconds",
+                "Time of one claim reconcile.",
+                namespace=NAMESPACE,
+                registry=registry,
+                buckets=fast,
+            ),
+            fabric_operations=Counter(
+                "fabric_operations",
+                "Attach and detach calls by result.",
+                ["operation", "result"],
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
+            attach_seconds=Histogram(
+                "attach_seconds",
+                "Time of one successful attach call.",
+                namespace=NAMESPACE,
+                registry=registry,
+                buckets=fast,
+            ),
+            reservations=Gauge(
+                "reservations",
+                "Active reservations by state.",
+                ["state"],
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
             unmanaged_attachments=Gauge(
                 "unmanaged_attachments",
                 "Devices the fabric reports attached with no reservation behind them.",
-                namespace=NAMESPACE, registry=registry),
-            queue_depth=Gauge("claim_queue_depth", "Claims waiting in the work queue.",
-                              namespace=NAMESPACE, registry=registry),
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
+            queue_depth=Gauge(
+                "claim_queue_depth",
+                "Claims waiting in the work queue.",
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
             node_from_pod=Counter(
                 "claim_node_from_pod",
                 "Allocations whose node was learnt from the consumer pod (no binding "
                 "conditions: pods may start before their device is attached).",
-                namespace=NAMESPACE, registry=registry),
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
             status_conflicts=Counter(
                 "claim_status_conflicts",
                 "Claim status writes refused with 409 Conflict (re-read and written again).",
-                namespace=NAMESPACE, registry=registry),
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
             drift=Counter(
                 "fabric_drift",
                 "Attached devices the fabric no longer showed on their host, by kind (lost: "
-                "attached again; moved: on another host).", ["kind"],
-                namespace=NAMESPACE, registry=registry),
+                "attached again; moved: on another host).",
+                ["kind"],
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
             terminal=Counter(
                 "reservations_terminal",
                 "Reservations that ended in a terminal state (failed: the attach; "
-                "detach-failed: the detach), which only an operator clears.", ["state"],
-                namespace=NAMESPACE, registry=registry),
+                "detach-failed: the detach), which only an operator clears.",
+                ["state"],
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
         )
 
 
@@ -163,9 +222,11 @@ class FabricRetryCollector:
 
     def collect(self) -> Iterator[Any]:
         """Yield the metric family (called by prometheus-client on every scrape)."""
-        family = CounterMetricFamily(f"{NAMESPACE}_fabric_retries",
-                                     "Retries the fabric backend made inside one call.",
-                                     labels=["backend", "reason"])
+        family = CounterMetricFamily(
+            f"{NAMESPACE}_fabric_retries",
+            "Retries the fabric backend made inside one call.",
+            labels=["backend", "reason"],
+        )
         backend = self.source()
         for reason, value in sorted((getattr(backend, "retries", None) or {}).items()):
             family.add_metric([str(getattr(backend, "kind", "?")), reason], value)
@@ -230,8 +291,14 @@ class InformerCollector:
         for informer in self.source():
             name = str(informer.settings.name)
             counts = totals.setdefault(name, [0, 0, 0, 0])
-            for index, value in enumerate((informer.list_count, informer.watch_count,
-                                           informer.gone_count, informer.restart_count)):
+            for index, value in enumerate(
+                (
+                    informer.list_count,
+                    informer.watch_count,
+                    informer.gone_count,
+                    informer.restart_count,
+                )
+            ):
                 counts[index] += value
             healthy[name] = healthy.get(name, True) and informer.is_healthy()
         families = [
@@ -247,9 +314,11 @@ class InformerCollector:
             for family, value in zip(families, counts, strict=True):
                 family.add_metric([name], value)
         yield from families
-        gauge = GaugeMetricFamily(f"{NAMESPACE}_informer_healthy",
-                                  "1 when the informer is synced and its watch is working.",
-                                  labels=["informer"])
+        gauge = GaugeMetricFamily(
+            f"{NAMESPACE}_informer_healthy",
+            "1 when the informer is synced and its watch is working.",
+            labels=["informer"],
+        )
         for name, ok in sorted(healthy.items()):
             gauge.add_metric([name], 1 if ok else 0)
         yield gauge

@@ -85,31 +85,43 @@ def choose_modes(
         v1alpha3_resources is None or POD_SCHEDULING_CONTEXTS in v1alpha3_resources
     )
     shown = ", ".join(served) if served else "no version"
-    needs_structured = (f"structured parameters need resource.k8s.io "
-                        f"{' or '.join(v.value for v in STRUCTURED_PREFERENCE)}")
-    needs_classic = ("the control-plane (classic DRA) mode needs resource.k8s.io/v1alpha3 with "
-                     "podschedulingcontexts (Kubernetes 1.31 with the DRAControlPlaneController "
-                     "feature gate)")
+    needs_structured = (
+        f"structured parameters need resource.k8s.io "
+        f"{' or '.join(v.value for v in STRUCTURED_PREFERENCE)}"
+    )
+    needs_classic = (
+        "the control-plane (classic DRA) mode needs resource.k8s.io/v1alpha3 with "
+        "podschedulingcontexts (Kubernetes 1.31 with the DRAControlPlaneController "
+        "feature gate)"
+    )
     if setting == "both":
-        raise ModeError(f"controller.mode both: no Kubernetes release serves both modes "
-                        f"({needs_structured}, Kubernetes 1.32 and later; {needs_classic}, "
-                        f"which 1.32 removed); this API server serves {shown}: use auto, "
-                        f"structured or control-plane")
+        raise ModeError(
+            f"controller.mode both: no Kubernetes release serves both modes "
+            f"({needs_structured}, Kubernetes 1.32 and later; {needs_classic}, "
+            f"which 1.32 removed); this API server serves {shown}: use auto, "
+            f"structured or control-plane"
+        )
     if setting == "auto":
         if structured is None and not classic:
-            raise ModeError(f"controller.mode auto: the API server serves {shown}; "
-                            f"{needs_structured}, {needs_classic}")
+            raise ModeError(
+                f"controller.mode auto: the API server serves {shown}; "
+                f"{needs_structured}, {needs_classic}"
+            )
         return Modes(structured, classic and structured is None)
     missing = []
     if setting == "structured" and structured is None:
         missing.append(needs_structured)
     if setting == "control-plane" and not classic:
-        extra = (" (v1alpha3 is served without podschedulingcontexts: the feature gate is off)"
-                 if ResourceApiVersion.V1ALPHA3.value in served else "")
+        extra = (
+            " (v1alpha3 is served without podschedulingcontexts: the feature gate is off)"
+            if ResourceApiVersion.V1ALPHA3.value in served
+            else ""
+        )
         missing.append(needs_classic + extra)
     if missing:
-        raise ModeError(f"controller.mode {setting}: the API server serves {shown}; "
-                        + "; ".join(missing))
+        raise ModeError(
+            f"controller.mode {setting}: the API server serves {shown}; " + "; ".join(missing)
+        )
     return Modes(structured if setting == "structured" else None, setting == "control-plane")
 
 
@@ -135,11 +147,13 @@ async def discover_modes(api_client: object, setting: str) -> Modes:
     if ResourceApiVersion.V1ALPHA3.value in served:
         document = await call_json(
             CustomObjectsApi(api_client).get_api_resources(
-                GROUP, ResourceApiVersion.V1ALPHA3.value, _preload_content=False),
+                GROUP, ResourceApiVersion.V1ALPHA3.value, _preload_content=False
+            ),
             f"discover {GROUP}/v1alpha3",
         )
-        resources = [str(r.get("name")) for r in document.get("resources") or []
-                     if isinstance(r, dict)]
+        resources = [
+            str(r.get("name")) for r in document.get("resources") or [] if isinstance(r, dict)
+        ]
     return choose_modes(setting, served, resources)
 
 

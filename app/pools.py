@@ -331,18 +331,26 @@ def slice_device(
         ("deviceType", values.typed("string", device.device_type))
     ]
     for key, value in (
-        ("vendor", device.vendor), ("model", device.model), ("uuid", device.uuid),
-        ("serialNumber", device.serial), ("partNumber", device.part_number),
+        ("vendor", device.vendor),
+        ("model", device.model),
+        ("uuid", device.uuid),
+        ("serialNumber", device.serial),
+        ("partNumber", device.part_number),
     ):
         if value is not None:
             entries.append(
                 (key, {"string": value} if key in _PER_DEVICE else values.typed("string", value))
             )
     if device.firmware_version is not None:
-        entries.append(("firmwareVersion", values.get(
-            ("firmware", device.firmware_version),
-            lambda: _firmware(cast(str, device.firmware_version)),
-        )))
+        entries.append(
+            (
+                "firmwareVersion",
+                values.get(
+                    ("firmware", device.firmware_version),
+                    lambda: _firmware(cast(str, device.firmware_version)),
+                ),
+            )
+        )
     for key in _LOCATION_KEYS:
         value = getattr(device.location, key)
         if value is not None:
@@ -368,8 +376,10 @@ def slice_device(
     capacity: dict[str, dict[str, str]] = {}
     if device.memory_mib is not None:
         memory_mib = device.memory_mib
-        capacity["memory"] = values.get(("memory", memory_mib), lambda: {
-            "value": quantity(memory_mib * 1024 * 1024, binary=True)})
+        capacity["memory"] = values.get(
+            ("memory", memory_mib),
+            lambda: {"value": quantity(memory_mib * 1024 * 1024, binary=True)},
+        )
     for key in sorted(device.capacity):
         amount = device.capacity[key]
         if key in capacity or not _C_IDENTIFIER.match(key):
@@ -390,9 +400,11 @@ def slice_device(
     if config.binds_to_node:
         result["bindsToNode"] = True
         result["bindingConditions"] = values.get(
-            ("bindingConditions",), lambda: list(config.binding_conditions))
+            ("bindingConditions",), lambda: list(config.binding_conditions)
+        )
         result["bindingFailureConditions"] = values.get(
-            ("bindingFailureConditions",), lambda: list(config.binding_failure_conditions))
+            ("bindingFailureConditions",), lambda: list(config.binding_failure_conditions)
+        )
     if tainted:
         result["taints"] = _taints(device, config)
     return result, dropped
@@ -415,11 +427,19 @@ def _problems(device: PoolDevice, config: PoolConfig) -> list[tuple[dict[str, st
     driver = config.driver_name
     found: list[tuple[dict[str, str], bool]] = []
     if device.health in UNHEALTHY:
-        found.append(({"key": f"{driver}/unhealthy", "value": device.health,
-                       "effect": "NoSchedule"}, withhold))
+        found.append(
+            (
+                {"key": f"{driver}/unhealthy", "value": device.health, "effect": "NoSchedule"},
+                withhold,
+            )
+        )
     elif device.health == HEALTH_UNKNOWN and config.unknown_health != "offer":
-        found.append(({"key": f"{driver}/health-unknown", "effect": "NoSchedule"},
-                      config.unknown_health == "withhold" or not config.taints_supported))
+        found.append(
+            (
+                {"key": f"{driver}/health-unknown", "effect": "NoSchedule"},
+                config.unknown_health == "withhold" or not config.taints_supported,
+            )
+        )
     if device.cordoned:
         found.append(({"key": f"{driver}/cordoned", "effect": "NoSchedule"}, withhold))
     if device.attach_failed:
@@ -427,8 +447,16 @@ def _problems(device: PoolDevice, config: PoolConfig) -> list[tuple[dict[str, st
     if device.detach_failed:
         found.append(({"key": f"{driver}/detach-failed", "effect": "NoSchedule"}, withhold))
     if device.held_by is not None:
-        found.append(({"key": f"{driver}/held-by-other-host", "value": label_value(
-            device.held_by), "effect": "NoSchedule"}, withhold))
+        found.append(
+            (
+                {
+                    "key": f"{driver}/held-by-other-host",
+                    "value": label_value(device.held_by),
+                    "effect": "NoSchedule",
+                },
+                withhold,
+            )
+        )
     return found
 
 
@@ -447,8 +475,10 @@ def chunk(
     queue = [*tainted, *others]
     position = 0
     while position < len(queue):
-        limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS if position < len(tainted) else (
-            MAX_DEVICES_PER_SLICE
+        limit = (
+            MAX_DEVICES_PER_SLICE_WITH_TAINTS
+            if position < len(tainted)
+            else (MAX_DEVICES_PER_SLICE)
         )
         slices.append(queue[position : position + limit])
         position += limit

@@ -78,11 +78,12 @@ class ReservationView:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (times as ISO 8601 in UTC)."""
-        data: dict[str, Any] = {
-            k: getattr(self, k) for k in self.__slots__ if k != "claim"
+        data: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__ if k != "claim"}
+        data["claim"] = {
+            "uid": self.claim.uid,
+            "namespace": self.claim.namespace,
+            "name": self.claim.name,
         }
-        data["claim"] = {"uid": self.claim.uid, "namespace": self.claim.namespace,
-                         "name": self.claim.name}
         for key in ("created_at", "updated_at", "attached_at", "released_at"):
             data[key] = data[key].isoformat() if data[key] else None
         return data

@@ -78,8 +78,9 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def publisher_versions(structured: ResourceApiVersion | None,
-                       control_plane: bool) -> list[ResourceApiVersion]:
+def publisher_versions(
+    structured: ResourceApiVersion | None, control_plane: bool
+) -> list[ResourceApiVersion]:
     """The resource.k8s.io versions to publish ResourceSlices in: ``[structured]`` for the
     structured mode, ``[v1alpha3]`` for the control-plane mode (Kubernetes 1.31).
 
@@ -89,8 +90,10 @@ def publisher_versions(structured: ResourceApiVersion | None,
             PodSchedulingContexts together).
     """
     if structured is not None and control_plane:
-        raise ValueError(f"structured ({structured.value}) and control-plane (v1alpha3) "
-                         f"together: no Kubernetes release serves both")
+        raise ValueError(
+            f"structured ({structured.value}) and control-plane (v1alpha3) "
+            f"together: no Kubernetes release serves both"
+        )
     if structured is not None:
         return [structured]
     if control_plane:
@@ -98,8 +101,9 @@ def publisher_versions(structured: ResourceApiVersion | None,
     raise ValueError("no mode to publish for")
 
 
-def publishing_config(settings: Settings, version: ResourceApiVersion, *,
-                      taints_supported: bool) -> PoolConfig:
+def publishing_config(
+    settings: Settings, version: ResourceApiVersion, *, taints_supported: bool
+) -> PoolConfig:
     """How devices become the pools published in ``version``'s ResourceSlices.
 
     ``taints_supported`` is what the publisher learned from the API server (False once it
@@ -228,9 +232,13 @@ class Service:
             self.elector.start()
         else:
             await self._on_started_leading()
-        log.info("fabric-dra %s started: driver %s, mode %s, resource.k8s.io %s",
-                 self.identity, self.settings.driver_name, self.mode,
-                 self.version.value if self.version else "-")
+        log.info(
+            "fabric-dra %s started: driver %s, mode %s, resource.k8s.io %s",
+            self.identity,
+            self.settings.driver_name,
+            self.mode,
+            self.version.value if self.version else "-",
+        )
 
     async def _choose_modes(self) -> None:
         from app.modes import ModeError, discover_modes
@@ -241,8 +249,10 @@ class Service:
         if modes.structured is not None and fixed != "auto":
             served = await discover_served_versions(self.kube.api)
             if fixed not in served:
-                raise ModeError(f"kube.resource_api_version is {fixed}, but the API server "
-                                f"serves resource.k8s.io {', '.join(served) or 'nothing'}")
+                raise ModeError(
+                    f"kube.resource_api_version is {fixed}, but the API server "
+                    f"serves resource.k8s.io {', '.join(served) or 'nothing'}"
+                )
             modes = dataclasses.replace(modes, structured=ResourceApiVersion(fixed))
         self.version = modes.structured
         self.control_plane_served = modes.control_plane
@@ -280,10 +290,14 @@ class Service:
         assert self.backend is not None
         assert self.kube is not None
         settings = self.settings
-        leading = Leadership(inventory=InventorySync(
-            self.backend, self.db, stale_after_failures=settings.inventory.stale_after_failures,
-            metrics=self.metrics.inventory,
-        ))
+        leading = Leadership(
+            inventory=InventorySync(
+                self.backend,
+                self.db,
+                stale_after_failures=settings.inventory.stale_after_failures,
+                metrics=self.metrics.inventory,
+            )
+        )
         self.leading = leading
         self.supervisor.spawn("inventory", lambda: self._inventory_loop(leading))
         # One publisher, in the one version the mode speaks: the structured version
@@ -291,22 +305,29 @@ class Service:
         # both (app.modes.choose_modes refuses "both" and auto picks one).
         versions = publisher_versions(self.version, self.control_plane_served)
         for version in versions:
-            publisher = Publisher(self.kube, version, settings.driver_name,
-                                  PublisherSettings(
-                                      resync_period_s=settings.publisher.resync_period_seconds),
-                                  self.publisher_metrics)
+            publisher = Publisher(
+                self.kube,
+                version,
+                settings.driver_name,
+                PublisherSettings(resync_period_s=settings.publisher.resync_period_seconds),
+                self.publisher_metrics,
+            )
             await publisher.start()
             leading.publishers[version] = publisher
         if leading.publishers:
             self.supervisor.spawn("publish", lambda: self._publish_loop(leading))
         if self.version is not None:
             leading.claims = ClaimReconciler(
-                self.kube, self.version, self.db, self.backend,
+                self.kube,
+                self.version,
+                self.db,
+                self.backend,
                 ClaimSettings(
                     driver_name=settings.driver_name,
                     binding_conditions=settings.pools.binding_conditions,
                     binding_failure_conditions=settings.pools.binding_failure_conditions,
-                    host_match=settings.hosts.match, host_key=settings.hosts.key,
+                    host_match=settings.hosts.match,
+                    host_key=settings.hosts.key,
                     workers=settings.controller.workers,
                     orphan_grace_s=settings.controller.orphan_grace_seconds,
                     detach_unmanaged=settings.controller.detach_unmanaged,
@@ -321,10 +342,14 @@ class Service:
             from app.controlplane import ControlPlaneController, ControlPlaneSettings
 
             leading.control_plane = ControlPlaneController(
-                self.kube, self.db, self.backend,
+                self.kube,
+                self.db,
+                self.backend,
                 ControlPlaneSettings(
-                    driver_name=settings.driver_name, host_match=settings.hosts.match,
-                    host_key=settings.hosts.key, workers=settings.controller.workers,
+                    driver_name=settings.driver_name,
+                    host_match=settings.hosts.match,
+                    host_key=settings.hosts.key,
+                    workers=settings.controller.workers,
                     identity=self.identity,
                     max_detach_attempts=settings.controller.detach_attempts,
                 ),
@@ -404,26 +429,33 @@ class Service:
                 # An empty database before any successful sync is not an empty fabric:
                 # publishing it would delete every slice the driver has in the cluster.
                 if not waiting_logged:
-                    log.warning("no inventory yet (the fabric manager has not been listed "
-                                "successfully): ResourceSlices are left as they are until "
-                                "the first sync succeeds")
+                    log.warning(
+                        "no inventory yet (the fabric manager has not been listed "
+                        "successfully): ResourceSlices are left as they are until "
+                        "the first sync succeeds"
+                    )
                     waiting_logged = True
                 continue
             for version, ok in supported.items():
                 if not ok and published_with.get(version) is not False:
-                    log.warning("the API server drops device taints on %s (DRADeviceTaints "
-                                "is off): unhealthy, cordoned and failed devices are withheld "
-                                "instead", version.value)
+                    log.warning(
+                        "the API server drops device taints on %s (DRADeviceTaints "
+                        "is off): unhealthy, cordoned and failed devices are withheld "
+                        "instead",
+                        version.value,
+                    )
             published_with = supported
             for version, publisher in leading.publishers.items():
                 publisher.set_desired(self._pools_for(devices, version, supported[version]))
 
-    def _pools_for(self, devices: list[PoolDevice], version: ResourceApiVersion,
-                   taints_supported: bool) -> dict[str, DesiredPool]:
+    def _pools_for(
+        self, devices: list[PoolDevice], version: ResourceApiVersion, taints_supported: bool
+    ) -> dict[str, DesiredPool]:
         """The pools published in ``version`` (the publish loop and the what-if both use
         this, so that the what-if sees exactly what the scheduler is offered)."""
-        return desired_pools(devices, publishing_config(self.settings, version,
-                                                        taints_supported=taints_supported))
+        return desired_pools(
+            devices, publishing_config(self.settings, version, taints_supported=taints_supported)
+        )
 
     async def published_pools(self) -> dict[str, DesiredPool]:
         """The pools as this service publishes them now, in the version it publishes: with
@@ -458,8 +490,13 @@ class Service:
     def health_checks(self) -> list[tuple[str, bool, str]]:
         """Liveness: no loop in a crash loop."""
         looping = self.supervisor.crash_looping()
-        return [("loops", not looping,
-                 "; ".join(f"{s.name}: {s.last_error}" for s in looping) or "running")]
+        return [
+            (
+                "loops",
+                not looping,
+                "; ".join(f"{s.name}: {s.last_error}" for s in looping) or "running",
+            )
+        ]
 
     async def readiness_checks(self) -> list[tuple[str, bool, str]]:
         """Readiness: database reachable, leader state known, caches synced, loops running."""
@@ -476,18 +513,23 @@ class Service:
         if leading is not None:
             for version, publisher in leading.publishers.items():
                 synced = publisher.status().synced
-                checks.append((f"publisher {version.value}", synced,
-                               "synced" if synced else "syncing"))
+                checks.append(
+                    (f"publisher {version.value}", synced, "synced" if synced else "syncing")
+                )
             if leading.claims is not None:
                 healthy = leading.claims.is_healthy()
                 checks.append(("claims", healthy, "watching" if healthy else "not synced"))
             if leading.control_plane is not None:
                 healthy = leading.control_plane.is_healthy()
-                checks.append(("control-plane", healthy, "watching" if healthy else
-                               "not synced"))
+                checks.append(("control-plane", healthy, "watching" if healthy else "not synced"))
         down = self.supervisor.down()
-        checks.append(("loops", not down,
-                       "; ".join(f"{s.name} down: {s.last_error}" for s in down) or "running"))
+        checks.append(
+            (
+                "loops",
+                not down,
+                "; ".join(f"{s.name} down: {s.last_error}" for s in down) or "running",
+            )
+        )
         return checks
 
     async def status(self) -> dict[str, Any]:
@@ -508,17 +550,26 @@ class Service:
             "inventory": inventory,
             "loops": [dataclasses.asdict(s) for s in self.supervisor.states()],
             # What the last drift check found (each acted on: attached again, or failed).
-            "drift": [{"kind": d.kind, "claim": str(d.reservation.claim),
-                       "device": d.reservation.device_name, "host": d.reservation.host_id,
-                       "reason": d.reason} for d in self.last_drift],
+            "drift": [
+                {
+                    "kind": d.kind,
+                    "claim": str(d.reservation.claim),
+                    "device": d.reservation.device_name,
+                    "host": d.reservation.host_id,
+                    "reason": d.reason,
+                }
+                for d in self.last_drift
+            ],
         }
         if leading is not None and leading.publishers:
             main = leading.publishers.get(self.version) if self.version else None
-            result["publisher"] = (main or next(iter(leading.publishers.values()))
-                                   ).status().to_json()
+            result["publisher"] = (
+                (main or next(iter(leading.publishers.values()))).status().to_json()
+            )
             if len(leading.publishers) > 1:
-                result["publishers"] = {v.value: p.status().to_json()
-                                        for v, p in leading.publishers.items()}
+                result["publishers"] = {
+                    v.value: p.status().to_json() for v, p in leading.publishers.items()
+                }
         if leading is not None and leading.claims is not None:
             result["claims"] = leading.claims.status()
         if leading is not None and leading.control_plane is not None:
@@ -550,16 +601,25 @@ class Service:
         """
         settings = self.settings
         assert self.backend is not None
-        token = (read_secret(settings.admin.token_file, "admin.token_file")
-                 if settings.admin.token_file else None)
+        token = (
+            read_secret(settings.admin.token_file, "admin.token_file")
+            if settings.admin.token_file
+            else None
+        )
         pool_config = PoolConfig.from_settings(settings)
         journal = Journal(self.db)
         # A force-release goes through the controllers' own release routine.
-        ops = FabricOps(journal, self.backend, None, metrics=self.metrics.claims,
-                        on_failed_device=self.request_publish,
-                        max_detach_attempts=settings.controller.detach_attempts)
-        actions = DatabaseActions(self.db, journal, self.backend, pool_config,
-                                  on_change=self.request_publish, ops=ops)
+        ops = FabricOps(
+            journal,
+            self.backend,
+            None,
+            metrics=self.metrics.claims,
+            on_failed_device=self.request_publish,
+            max_detach_attempts=settings.controller.detach_attempts,
+        )
+        actions = DatabaseActions(
+            self.db, journal, self.backend, pool_config, on_change=self.request_publish, ops=ops
+        )
 
         async def readiness() -> list[Check]:
             return [Check(n, ok, m) for n, ok, m in await self.readiness_checks()]
@@ -590,7 +650,8 @@ class Service:
         reconciler = leading.claims
         errors = [
             {"at": e.at.isoformat(), "message": e.message}
-            for e in reconciler.recent_errors if e.claim == f"{namespace}/{name}"
+            for e in reconciler.recent_errors
+            if e.claim == f"{namespace}/{name}"
         ]
         return {"claim": reconciler.claims.get(name, namespace), "errors": errors}
 
@@ -599,12 +660,15 @@ class Service:
         leading = self.leading
         if leading is None or not leading.publishers:
             return {}
-        publisher = (leading.publishers.get(self.version) if self.version else None) or \
-            next(iter(leading.publishers.values()))
+        publisher = (leading.publishers.get(self.version) if self.version else None) or next(
+            iter(leading.publishers.values())
+        )
         pools = publisher.status().to_json().get("pools") or {}
-        return dict(pools) if isinstance(pools, dict) else {
-            str(p.get("name")): p for p in pools if isinstance(p, dict)
-        }
+        return (
+            dict(pools)
+            if isinstance(pools, dict)
+            else {str(p.get("name")): p for p in pools if isinstance(p, dict)}
+        )
 
     async def what_if(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Which nodes and pools could satisfy the claim ``spec`` (v1 JSON) now: the
@@ -620,18 +684,28 @@ class Service:
         assert self.kube is not None
         classes: list[dict[str, Any]] = []
         if self.version is not None:
-            body = await call_json(resource_api(self.kube.api, self.version).list_device_class(
-                _preload_content=False), "list DeviceClasses")
-            classes = [device_class_from_wire(item, self.version)
-                       for item in body.get("items") or []]
+            body = await call_json(
+                resource_api(self.kube.api, self.version).list_device_class(_preload_content=False),
+                "list DeviceClasses",
+            )
+            classes = [
+                device_class_from_wire(item, self.version) for item in body.get("items") or []
+            ]
         nodes = await self.list_nodes()
         pools = await self.published_pools()
         driver = self.settings.driver_name
         in_use = {(driver, r.pool, r.device_name) for r in await Journal(self.db).active()}
         if self._allocator is None:
             self._allocator = Allocator()
-        return what_if_answer(spec, driver_name=driver, device_classes=classes, nodes=nodes,
-                              pools=pools.values(), in_use=in_use, allocator=self._allocator)
+        return what_if_answer(
+            spec,
+            driver_name=driver,
+            device_classes=classes,
+            nodes=nodes,
+            pools=pools.values(),
+            in_use=in_use,
+            allocator=self._allocator,
+        )
 
     async def _stop_admin(self) -> None:
         if self._admin is not None:
@@ -641,8 +715,9 @@ class Service:
     async def list_nodes(self) -> list[dict[str, Any]]:
         """Every Node from the API server (JSON)."""
         assert self.kube is not None
-        body = await call_json(CoreV1Api(self.kube.api).list_node(_preload_content=False),
-                               "list Nodes")
+        body = await call_json(
+            CoreV1Api(self.kube.api).list_node(_preload_content=False), "list Nodes"
+        )
         return list(body.get("items") or [])
 
 

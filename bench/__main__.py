@@ -41,8 +41,7 @@ DEFAULT_RESULTS = HERE / "results.json"
 README = HERE.parent / "README.md"
 README_START = "<!-- bench:results:start -->"
 README_END = "<!-- bench:results:end -->"
-BENCHMARKS = ("inventory_sync", "publish", "claims", "drift", "controlplane", "allocate",
-              "kubeapi")
+BENCHMARKS = ("inventory_sync", "publish", "claims", "drift", "controlplane", "allocate", "kubeapi")
 MB = 1_000_000 / 2**20  # MiB per MB: targets speak of MB, the kernel reports KiB
 
 
@@ -73,38 +72,99 @@ def cases(short: bool) -> list[Case]:
     out: list[Case] = []
     for devices in sizes:
         # The 100,000 inventory is bounded at 30 minutes; smaller sizes at 10.
-        out.append(Case("inventory_sync", f"{devices:,} devices",
-                        ("--devices", str(devices)), 1800 if devices >= 100_000 else 600))
+        out.append(
+            Case(
+                "inventory_sync",
+                f"{devices:,} devices",
+                ("--devices", str(devices)),
+                1800 if devices >= 100_000 else 600,
+            )
+        )
     if not short:
         # The same listing without $expand (one GET per block and per device), for comparison.
-        out.append(Case("inventory_sync", "10,000 devices, no $expand",
-                        ("--devices", "10000", "--no-expand"), 900))
+        out.append(
+            Case(
+                "inventory_sync",
+                "10,000 devices, no $expand",
+                ("--devices", "10000", "--no-expand"),
+                900,
+            )
+        )
     for devices in sizes:
-        out.append(Case("publish", f"{devices:,} devices", ("--devices", str(devices)),
-                        1800 if devices >= 100_000 else 600))
+        out.append(
+            Case(
+                "publish",
+                f"{devices:,} devices",
+                ("--devices", str(devices)),
+                1800 if devices >= 100_000 else 600,
+            )
+        )
     claims = 60 if short else 400
-    out.append(Case("claims", f"{claims} claims, 8 workers",
-                    ("--claims", str(claims), "--workers", "8"), 600))
+    out.append(
+        Case(
+            "claims",
+            f"{claims} claims, 8 workers",
+            ("--claims", str(claims), "--workers", "8"),
+            600,
+        )
+    )
     if short:
-        out.append(Case("drift", "1,000 devices, 4 devices lost",
-                        ("--devices", "1000", "--samples", "4"), 300))
+        out.append(
+            Case(
+                "drift",
+                "1,000 devices, 4 devices lost",
+                ("--devices", "1000", "--samples", "4"),
+                300,
+            )
+        )
     else:
-        out.append(Case("drift", "10,000 devices, 10 devices lost",
-                        ("--devices", "10000", "--samples", "10"), 1200))
+        out.append(
+            Case(
+                "drift",
+                "10,000 devices, 10 devices lost",
+                ("--devices", "10000", "--samples", "10"),
+                1200,
+            )
+        )
     if short:
-        out.append(Case("controlplane", "2,000 devices, 40 pods",
-                        ("--devices", "2000", "--racks", "40", "--pods", "40",
-                         "--in-flight", "8", "--warmup", "5"), 300))
-        out.append(Case("allocate", "10,000 devices, 300 allocations",
-                        ("--allocations", "300"), 300))
+        out.append(
+            Case(
+                "controlplane",
+                "2,000 devices, 40 pods",
+                (
+                    "--devices",
+                    "2000",
+                    "--racks",
+                    "40",
+                    "--pods",
+                    "40",
+                    "--in-flight",
+                    "8",
+                    "--warmup",
+                    "5",
+                ),
+                300,
+            )
+        )
+        out.append(
+            Case("allocate", "10,000 devices, 300 allocations", ("--allocations", "300"), 300)
+        )
     else:
-        out.append(Case("controlplane", "10,000 devices, 300 pods",
-                        ("--devices", "10000", "--pods", "300", "--in-flight", "16"), 1200))
-        out.append(Case("allocate", "10,000 devices, 2,000 allocations",
-                        ("--allocations", "2000"), 600))
+        out.append(
+            Case(
+                "controlplane",
+                "10,000 devices, 300 pods",
+                ("--devices", "10000", "--pods", "300", "--in-flight", "16"),
+                1200,
+            )
+        )
+        out.append(
+            Case("allocate", "10,000 devices, 2,000 allocations", ("--allocations", "2000"), 600)
+        )
     requests = 50 if short else 500
-    out.append(Case("kubeapi", f"{requests} requests of each kind",
-                    ("--requests", str(requests)), 300))
+    out.append(
+        Case("kubeapi", f"{requests} requests of each kind", ("--requests", str(requests)), 300)
+    )
     return out
 
 
@@ -114,26 +174,35 @@ def run_case(case: Case) -> Outcome:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
         log = Path(tmp) / "output.log"
-        command = [sys.executable, "-m", f"bench.{case.benchmark}", *case.args, "--json",
-                   str(out)]
+        command = [sys.executable, "-m", f"bench.{case.benchmark}", *case.args, "--json", str(out)]
         started = time.perf_counter()
         with log.open("wb") as sink:
-            process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
-                                       cwd=HERE.parent, start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                cwd=HERE.parent,
+                start_new_session=True,
+            )
             try:
                 code = process.wait(case.timeout_s)
             except subprocess.TimeoutExpired:
                 _end_group(process)
-                return Outcome(case, "timeout", time.perf_counter() - started,
-                               error=f"did not finish within {case.timeout_s:.0f} s")
+                return Outcome(
+                    case,
+                    "timeout",
+                    time.perf_counter() - started,
+                    error=f"did not finish within {case.timeout_s:.0f} s",
+                )
             except BaseException:
                 _end_group(process)
                 raise
         seconds = time.perf_counter() - started
         if code != 0 or not out.exists():
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-            return Outcome(case, "failed", seconds,
-                           error=f"exit status {code}: " + " | ".join(tail))
+            return Outcome(
+                case, "failed", seconds, error=f"exit status {code}: " + " | ".join(tail)
+            )
         return Outcome(case, "ok", seconds, figures=json.loads(out.read_text()))
 
 
@@ -175,6 +244,7 @@ def _key(name: str, step: str | None = None) -> Callable[[list[dict[str, Any]]],
             if (step is None or line.get("step") == step) and name in line:
                 return line[name]
         return None
+
     return read
 
 
@@ -182,6 +252,7 @@ def _ratio(numerator: str, denominator: str) -> Callable[[list[dict[str, Any]]],
     def read(figures: list[dict[str, Any]]) -> Any:
         line = figures[0]
         return round(line[numerator] / line[denominator], 3) if line[denominator] else None
+
     return read
 
 
@@ -189,6 +260,7 @@ def _mb(name: str) -> Callable[[list[dict[str, Any]]], Any]:
     def read(figures: list[dict[str, Any]]) -> Any:
         value = _key(name)(figures)
         return None if value is None else round(value / MB, 1)
+
     return read
 
 
@@ -196,6 +268,7 @@ def _ms(name: str, step: str | None = None) -> Callable[[list[dict[str, Any]]], 
     def read(figures: list[dict[str, Any]]) -> Any:
         value = _key(name, step)(figures)
         return None if value is None else round(value * 1000, 1)
+
     return read
 
 
@@ -208,71 +281,150 @@ METRICS: tuple[Metric, ...] = (
     Metric("inventory_sync", "device listing", _key("list_devices_seconds"), "s"),
     Metric("inventory_sync", "first sync", _key("first_sync_seconds"), "s"),
     Metric("inventory_sync", "first sync rows written", _key("first_sync_rows_written")),
-    Metric("inventory_sync", "first sync CPU per 1,000 devices",
-           _key("first_sync_ref_units_per_1000_devices"), "ref"),
+    Metric(
+        "inventory_sync",
+        "first sync CPU per 1,000 devices",
+        _key("first_sync_ref_units_per_1000_devices"),
+        "ref",
+    ),
     Metric("inventory_sync", "no-change sync", _key("nochange_sync_seconds"), "s"),
-    Metric("inventory_sync", "no-change sync rows written", _key("nochange_sync_rows_written"),
-           target=("0", lambda v: v == 0)),
+    Metric(
+        "inventory_sync",
+        "no-change sync rows written",
+        _key("nochange_sync_rows_written"),
+        target=("0", lambda v: v == 0),
+    ),
     Metric("inventory_sync", "peak resident memory", _mb("peak_rss_mib"), "MB"),
     Metric("publish", "slices", _key("slices")),
     Metric("publish", "first publish", _key("first_publish_seconds"), "s"),
-    Metric("publish", "first publish writes / minimum",
-           _ratio("first_publish_writes", "minimum_writes"), target=("1.0", lambda v: v == 1)),
-    Metric("publish", "first publish CPU per 1,000 devices",
-           _key("first_publish_ref_units_per_1000_devices"), "ref"),
-    Metric("publish", "peak resident memory", _mb("peak_rss_mib"), "MB",
-           target=("< 400 at 100,000 devices", lambda v: v < 400),
-           when=_at_least(100_000)),
-    Metric("publish", "no-change resync writes", _key("nochange_resync_writes"),
-           target=("0", lambda v: v == 0)),
-    Metric("publish", "no-change resync CPU", _key("nochange_resync_cpu_seconds"), "s",
-           target=("< 2 s at 100,000 devices", lambda v: v < 2), when=_at_least(100_000)),
-    Metric("publish", "one device changed: writes", _key("one_change_writes"),
-           target=("1", lambda v: v == 1)),
-    Metric("publish", "restart adoption writes", _key("restart_adopt_writes"),
-           target=("0", lambda v: v == 0)),
-    Metric("claims", "claims per second", _key("claims_per_second"), "/s",
-           target=(">= 100", lambda v: v >= 100)),
+    Metric(
+        "publish",
+        "first publish writes / minimum",
+        _ratio("first_publish_writes", "minimum_writes"),
+        target=("1.0", lambda v: v == 1),
+    ),
+    Metric(
+        "publish",
+        "first publish CPU per 1,000 devices",
+        _key("first_publish_ref_units_per_1000_devices"),
+        "ref",
+    ),
+    Metric(
+        "publish",
+        "peak resident memory",
+        _mb("peak_rss_mib"),
+        "MB",
+        target=("< 400 at 100,000 devices", lambda v: v < 400),
+        when=_at_least(100_000),
+    ),
+    Metric(
+        "publish",
+        "no-change resync writes",
+        _key("nochange_resync_writes"),
+        target=("0", lambda v: v == 0),
+    ),
+    Metric(
+        "publish",
+        "no-change resync CPU",
+        _key("nochange_resync_cpu_seconds"),
+        "s",
+        target=("< 2 s at 100,000 devices", lambda v: v < 2),
+        when=_at_least(100_000),
+    ),
+    Metric(
+        "publish",
+        "one device changed: writes",
+        _key("one_change_writes"),
+        target=("1", lambda v: v == 1),
+    ),
+    Metric(
+        "publish",
+        "restart adoption writes",
+        _key("restart_adopt_writes"),
+        target=("0", lambda v: v == 0),
+    ),
+    Metric(
+        "claims",
+        "claims per second",
+        _key("claims_per_second"),
+        "/s",
+        target=(">= 100", lambda v: v >= 100),
+    ),
     Metric("claims", "reconcile p50", _key("reconcile_p50_ms"), "ms"),
-    Metric("claims", "reconcile p99", _key("reconcile_p99_ms"), "ms",
-           target=("< 50 ms", lambda v: v < 50)),
+    Metric(
+        "claims",
+        "reconcile p99",
+        _key("reconcile_p99_ms"),
+        "ms",
+        target=("< 50 ms", lambda v: v < 50),
+    ),
     Metric("claims", "reconcile p99 in the burst", _key("burst_reconcile_p99_ms"), "ms"),
     Metric("claims", "CPU per claim cycle", _key("cpu_ms_per_claim_cycle"), "ms"),
     Metric("claims", "CPU per claim cycle (ratio)", _key("ref_units_per_claim_cycle"), "ref"),
-    Metric("claims", "fabric reads to verify, per attach or detach",
-           _key("verify_reads_per_operation")),
+    Metric(
+        "claims", "fabric reads to verify, per attach or detach", _key("verify_reads_per_operation")
+    ),
     Metric("claims", "peak resident memory", _mb("peak_rss_mib"), "MB"),
     Metric("drift", "full inventory sync", _key("full_sync_seconds_mean"), "s"),
-    Metric("drift", "device lost -> claim not ready, p50", _key("lost_to_not_ready_p50_s"),
-           "s"),
-    Metric("drift", "device lost -> claim not ready, p99", _key("lost_to_not_ready_p99_s"),
-           "s"),
-    Metric("drift", "device lost -> attached and ready again, p99",
-           _key("lost_to_ready_again_p99_s"), "s"),
-    Metric("controlplane", "allocations per second", _key("allocations_per_second",
-                                                          "allocations"), "/s",
-           target=(">= 100", lambda v: v >= 100)),
+    Metric("drift", "device lost -> claim not ready, p50", _key("lost_to_not_ready_p50_s"), "s"),
+    Metric("drift", "device lost -> claim not ready, p99", _key("lost_to_not_ready_p99_s"), "s"),
+    Metric(
+        "drift",
+        "device lost -> attached and ready again, p99",
+        _key("lost_to_ready_again_p99_s"),
+        "s",
+    ),
+    Metric(
+        "controlplane",
+        "allocations per second",
+        _key("allocations_per_second", "allocations"),
+        "/s",
+        target=(">= 100", lambda v: v >= 100),
+    ),
     Metric("controlplane", "pod to bind p50", _key("p50_ms", "allocations"), "ms"),
     Metric("controlplane", "pod to bind p99", _key("p99_ms", "allocations"), "ms"),
-    Metric("controlplane", "API requests per allocation",
-           _key("api_requests_per_allocation", "allocations")),
-    Metric("controlplane", "CPU per allocation", _ms("cpu_seconds_per_allocation",
-                                                      "allocations"), "ms"),
-    Metric("controlplane", "CPU per allocation (ratio)",
-           _key("ref_units_per_allocation", "allocations"), "ref"),
-    Metric("controlplane", "node answers worked out per allocation",
-           _key("node_answers_computed_per_allocation", "allocations")),
-    Metric("allocate", "allocations per second (allocator alone)",
-           _key("allocations_per_second", "allocations"), "/s"),
+    Metric(
+        "controlplane",
+        "API requests per allocation",
+        _key("api_requests_per_allocation", "allocations"),
+    ),
+    Metric(
+        "controlplane", "CPU per allocation", _ms("cpu_seconds_per_allocation", "allocations"), "ms"
+    ),
+    Metric(
+        "controlplane",
+        "CPU per allocation (ratio)",
+        _key("ref_units_per_allocation", "allocations"),
+        "ref",
+    ),
+    Metric(
+        "controlplane",
+        "node answers worked out per allocation",
+        _key("node_answers_computed_per_allocation", "allocations"),
+    ),
+    Metric(
+        "allocate",
+        "allocations per second (allocator alone)",
+        _key("allocations_per_second", "allocations"),
+        "/s",
+    ),
     Metric("allocate", "allocation p99", _key("p99_ms", "allocations"), "ms"),
-    *(Metric("kubeapi", f"emulator CPU per {label}, rules {state}",
-             _key(f"{key}_ms_rules_{state}"), "ms")
-      for key, label in (("create_slice", "slice create (32 devices)"),
-                         ("update_slice_cycle", "slice GET + PUT"),
-                         ("claim_status_cycle", "claim status GET + PUT"),
-                         ("create_claim", "claim create"),
-                         ("list_50_slices", "list of 50 slices"))
-      for state in ("on", "off")),
+    *(
+        Metric(
+            "kubeapi",
+            f"emulator CPU per {label}, rules {state}",
+            _key(f"{key}_ms_rules_{state}"),
+            "ms",
+        )
+        for key, label in (
+            ("create_slice", "slice create (32 devices)"),
+            ("update_slice_cycle", "slice GET + PUT"),
+            ("claim_status_cycle", "claim status GET + PUT"),
+            ("create_claim", "claim create"),
+            ("list_50_slices", "list of 50 slices"),
+        )
+        for state in ("on", "off")
+    ),
 )
 
 
@@ -282,9 +434,18 @@ def rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     for outcome in outcomes:
         case = outcome.case
         if outcome.status != "ok":
-            out.append({"benchmark": case.benchmark, "case": case.label, "metric": "result",
-                        "value": outcome.status, "unit": "", "target": "ok", "met": False,
-                        "note": outcome.error})
+            out.append(
+                {
+                    "benchmark": case.benchmark,
+                    "case": case.label,
+                    "metric": "result",
+                    "value": outcome.status,
+                    "unit": "",
+                    "target": "ok",
+                    "met": False,
+                    "note": outcome.error,
+                }
+            )
             continue
         for metric in METRICS:
             if metric.benchmark != case.benchmark:
@@ -295,9 +456,17 @@ def rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
             target, met = "", None
             if metric.target is not None and metric.when(outcome.figures):
                 target, met = metric.target[0], bool(metric.target[1](value))
-            out.append({"benchmark": case.benchmark, "case": case.label,
-                        "metric": metric.name, "value": value, "unit": metric.unit,
-                        "target": target, "met": met})
+            out.append(
+                {
+                    "benchmark": case.benchmark,
+                    "case": case.label,
+                    "metric": metric.name,
+                    "value": value,
+                    "unit": metric.unit,
+                    "target": target,
+                    "met": met,
+                }
+            )
     return out
 
 
@@ -312,22 +481,31 @@ def _shown(value: Any) -> str:
 def table(table_rows: Sequence[dict[str, Any]], markdown: bool = False) -> str:
     """The rows as an aligned text table, or a Markdown one."""
     header = ("benchmark", "case", "metric", "value", "target", "met")
-    cells = [header] + [(
-        r["benchmark"], r["case"], r["metric"],
-        f"{_shown(r['value'])} {r['unit']}".strip(), r["target"],
-        {True: "yes", False: "NO", None: ""}[r["met"]],
-    ) for r in table_rows]
+    cells = [header] + [
+        (
+            r["benchmark"],
+            r["case"],
+            r["metric"],
+            f"{_shown(r['value'])} {r['unit']}".strip(),
+            r["target"],
+            {True: "yes", False: "NO", None: ""}[r["met"]],
+        )
+        for r in table_rows
+    ]
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
         return "\n".join(lines)
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                     .rstrip() for row in cells)
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    )
 
 
-def update_readme(path: Path, results: dict[str, Any], table_rows: Sequence[dict[str, Any]]
-                  ) -> bool:
+def update_readme(
+    path: Path, results: dict[str, Any], table_rows: Sequence[dict[str, Any]]
+) -> bool:
     """Put the table of a full run between the README markers; False when they are missing."""
     if not path.exists():
         return False
@@ -340,7 +518,7 @@ def update_readme(path: Path, results: dict[str, Any], table_rows: Sequence[dict
         f"{README_START}\n"
         f"Latest full run: {results['finished_at']}, {machine['cpus']} CPUs, Python "
         f"{machine['python']}, reference workload {results['reference']['cpu_seconds']} s "
-        f"of CPU (\"ref\" below), the benchmark run took {results['seconds']:.0f} s.\n\n"
+        f'of CPU ("ref" below), the benchmark run took {results["seconds"]:.0f} s.\n\n'
         f"{table(table_rows, markdown=True)}\n"
     )
     path.write_text(text[:start] + block + text[end:], encoding="utf-8")
@@ -348,8 +526,12 @@ def update_readme(path: Path, results: dict[str, Any], table_rows: Sequence[dict
 
 
 def _reference_seconds(outcomes: Sequence[Outcome]) -> float | None:
-    values = [line["reference_cpu_seconds"] for o in outcomes for line in o.figures
-              if "reference_cpu_seconds" in line]
+    values = [
+        line["reference_cpu_seconds"]
+        for o in outcomes
+        for line in o.figures
+        if "reference_cpu_seconds" in line
+    ]
     return round(sorted(values)[len(values) // 2], 4) if values else None
 
 
@@ -373,14 +555,25 @@ def _cannot_write(path: Path) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite; return the exit status."""
     parser = command_line(__doc__, "bench")
-    parser.add_argument("--short", action="store_true",
-                        help="the quick run for CI: small sizes only")
-    parser.add_argument("--only", action="append", choices=BENCHMARKS, metavar="NAME",
-                        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}")
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
-                        help="where to write the results (default: bench/results.json)")
-    parser.add_argument("--no-readme", action="store_true",
-                        help="do not copy a full run's table into README.md")
+    parser.add_argument(
+        "--short", action="store_true", help="the quick run for CI: small sizes only"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=BENCHMARKS,
+        metavar="NAME",
+        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=DEFAULT_RESULTS,
+        help="where to write the results (default: bench/results.json)",
+    )
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not copy a full run's table into README.md"
+    )
     parser.add_argument("--list", action="store_true", help="list the cases and stop")
     options = parser.parse_args(argv)
     problem = _cannot_write(options.results)
@@ -398,8 +591,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in chosen:
         print(f"running {case.benchmark} ({case.label}) ...", file=sys.stderr, flush=True)
         outcome = run_case(case)
-        print(f"  {outcome.status} in {outcome.seconds:.1f} s"
-              + (f": {outcome.error}" if outcome.error else ""), file=sys.stderr, flush=True)
+        print(
+            f"  {outcome.status} in {outcome.seconds:.1f} s"
+            + (f": {outcome.error}" if outcome.error else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         outcomes.append(outcome)
     table_rows = rows(outcomes)
     results: dict[str, Any] = {
@@ -408,19 +605,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started_at": started_at.isoformat(timespec="seconds"),
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - started, 1),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "reference": {
             "description": f"CPU seconds of bench.common.reference_workload ({REFERENCE_RECORDS:,}"
-                           " device-like records: JSON encode, decode, sort, encode, SHA-256),"
-                           f" fastest of {REFERENCE_ROUNDS}, in the benchmark's own process;"
-                           " 'ref' figures are CPU seconds divided by it",
+            " device-like records: JSON encode, decode, sort, encode, SHA-256),"
+            f" fastest of {REFERENCE_ROUNDS}, in the benchmark's own process;"
+            " 'ref' figures are CPU seconds divided by it",
             "cpu_seconds": _reference_seconds(outcomes),
         },
-        "cases": [{"benchmark": o.case.benchmark, "case": o.case.label,
-                   "args": list(o.case.args), "status": o.status,
-                   "seconds": round(o.seconds, 1), "error": o.error, "figures": o.figures}
-                  for o in outcomes],
+        "cases": [
+            {
+                "benchmark": o.case.benchmark,
+                "case": o.case.label,
+                "args": list(o.case.args),
+                "status": o.status,
+                "seconds": round(o.seconds, 1),
+                "error": o.error,
+                "figures": o.figures,
+            }
+            for o in outcomes
+        ],
         "table": table_rows,
         "targets_missed": [r for r in table_rows if r["met"] is False],
     }
@@ -428,8 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.results.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(table(table_rows))
     print(f"\nresults: {options.results}")
-    complete = not options.short and not options.only and all(
-        o.status == "ok" for o in outcomes)
+    complete = not options.short and not options.only and all(o.status == "ok" for o in outcomes)
     if complete and not options.no_readme:
         if update_readme(README, results, table_rows):
             print(f"README: figures copied into {README}")

@@ -46,57 +46,111 @@ def make_slices(devices: int, pools: int) -> list[dict[str, Any]]:
             attributes: dict[str, Any] = {
                 "deviceType": {"string": "gpu" if gpu else "nic"},
                 "model": {"string": ("H100", "A100", "L40S")[i % 3] if gpu else "CX7"},
-                "rack": {"string": rack}, "region": {"string": region},
+                "rack": {"string": rack},
+                "region": {"string": region},
                 "firmwareVersion": {"version": f"1.{i % 4}.{i % 7}"},
                 "health": {"string": "OK"},
             }
-            item: dict[str, Any] = {"name": f"{'gpu' if gpu else 'nic'}-{p:03d}-{i:03d}",
-                                    "attributes": attributes}
+            item: dict[str, Any] = {
+                "name": f"{'gpu' if gpu else 'nic'}-{p:03d}-{i:03d}",
+                "attributes": attributes,
+            }
             if gpu:
                 item["capacity"] = {"memory": {"value": ("80Gi", "40Gi", "48Gi")[i % 3]}}
             items.append(item)
-        out.append({"spec": {
-            "driver": DRIVER, "pool": {"name": f"{region}/{rack}", "generation": 1,
-                                       "resourceSliceCount": 1},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": REGION, "operator": "In", "values": [region]}]}]},
-            "devices": items,
-        }})
+        out.append(
+            {
+                "spec": {
+                    "driver": DRIVER,
+                    "pool": {"name": f"{region}/{rack}", "generation": 1, "resourceSliceCount": 1},
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": REGION, "operator": "In", "values": [region]}
+                                ]
+                            }
+                        ]
+                    },
+                    "devices": items,
+                }
+            }
+        )
     return out
 
 
 CLASSES = {
-    "gpu": device_class_from_json({"metadata": {"name": "gpu"}, "spec": {
-        "selectors": [{"cel": {"expression":
-            f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].deviceType == "gpu" '
-            f'&& device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'}}],
-        "config": [{"opaque": {"driver": DRIVER, "parameters": {"profile": "gpu"}}}]}}),
-    "nic": device_class_from_json({"metadata": {"name": "nic"}, "spec": {
-        "selectors": [{"cel": {"expression":
-            f'device.attributes["{DRIVER}"].deviceType == "nic"'}}]}}),
+    "gpu": device_class_from_json(
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": f'device.driver == "{DRIVER}" && '
+                            f'device.attributes["{DRIVER}"].deviceType == "gpu" '
+                            f'&& device.capacity["{DRIVER}"].memory'
+                            '.compareTo(quantity("40Gi")) >= 0'
+                        }
+                    }
+                ],
+                "config": [{"opaque": {"driver": DRIVER, "parameters": {"profile": "gpu"}}}],
+            },
+        }
+    ),
+    "nic": device_class_from_json(
+        {
+            "metadata": {"name": "nic"},
+            "spec": {
+                "selectors": [
+                    {"cel": {"expression": f'device.attributes["{DRIVER}"].deviceType == "nic"'}}
+                ]
+            },
+        }
+    ),
 }
-CLAIM_SPEC = {"devices": {
-    "requests": [
-        {"name": "gpu", "exactly": {"deviceClassName": "gpu", "selectors": [{"cel": {
-            "expression": f'device.attributes["{DRIVER}"].model in ["H100", "A100"] && '
-                          f'device.attributes["{DRIVER}"].firmwareVersion'
-                          '.isGreaterThan(semver("1.1.0"))'}}]}},
-        {"name": "nic", "exactly": {"deviceClassName": "nic"}},
-    ],
-    "constraints": [{"requests": ["gpu", "nic"], "matchAttribute": f"{DRIVER}/rack"}],
-}}
+CLAIM_SPEC = {
+    "devices": {
+        "requests": [
+            {
+                "name": "gpu",
+                "exactly": {
+                    "deviceClassName": "gpu",
+                    "selectors": [
+                        {
+                            "cel": {
+                                "expression": f'device.attributes["{DRIVER}"].model '
+                                'in ["H100", "A100"] && '
+                                f'device.attributes["{DRIVER}"].firmwareVersion'
+                                '.isGreaterThan(semver("1.1.0"))'
+                            }
+                        }
+                    ],
+                },
+            },
+            {"name": "nic", "exactly": {"deviceClassName": "nic"}},
+        ],
+        "constraints": [{"requests": ["gpu", "nic"], "matchAttribute": f"{DRIVER}/rack"}],
+    }
+}
 
 
 def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, Any]]:
     """Run the benchmark; return its figure lines."""
     reference = reference_cpu_seconds()
-    lines: list[dict[str, Any]] = [{"step": "reference",
-                                    "reference_cpu_seconds": round(reference, 4)}]
+    lines: list[dict[str, Any]] = [
+        {"step": "reference", "reference_cpu_seconds": round(reference, 4)}
+    ]
     started = time.perf_counter()
     pools = gather_pools(make_slices(devices, pool_count))
-    lines.append({"step": "gather_pools", "devices": sum(len(p.devices) for p in pools),
-                      "pools": len(pools),
-                      "seconds": round(time.perf_counter() - started, 3)})
+    lines.append(
+        {
+            "step": "gather_pools",
+            "devices": sum(len(p.devices) for p in pools),
+            "pools": len(pools),
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+    )
 
     allocator = Allocator()
     environment = allocator.environment
@@ -106,8 +160,13 @@ def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, A
     started = time.perf_counter()
     for _ in range(rounds):
         environment.evaluate([expression], sample)
-    lines.append({"step": "cel_evaluation", "selector": "gpu class",
-                      "microseconds": round((time.perf_counter() - started) / rounds * 1e6, 2)})
+    lines.append(
+        {
+            "step": "cel_evaluation",
+            "selector": "gpu class",
+            "microseconds": round((time.perf_counter() - started) / rounds * 1e6, 2),
+        }
+    )
 
     nodes = [Node(f"node-{r}", {REGION: region}) for r, region in enumerate(REGIONS)]
     in_use: set[tuple[str, str, str]] = set()
@@ -115,8 +174,9 @@ def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, A
     failures = 0
     cold = None
     for index in range(allocations):
-        claim = claim_from_json(CLAIM_SPEC, uid=f"uid-{index}", namespace="bench",
-                                name=f"claim-{index}")
+        claim = claim_from_json(
+            CLAIM_SPEC, uid=f"uid-{index}", namespace="bench", name=f"claim-{index}"
+        )
         node = nodes[index % len(nodes)]
         started = time.perf_counter()
         result = allocator.allocate([claim], CLASSES, pools, in_use, node)
@@ -137,29 +197,36 @@ def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, A
     lookups = stats["selector_hits"] + stats["selector_misses"]
     compiles = stats["compile_hits"] + stats["compile_misses"]
     ordered = sorted(latencies)
-    lines.append({
-        "step": "allocations", "count": len(latencies), "failures": failures,
-        "allocations_per_second": round(len(latencies) / sum(latencies), 1),
-        "p50_ms": round(statistics.median(ordered) * 1e3, 3),
-        "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1e3, 3),
-        "selector_cache_hit_rate": round(stats["selector_hits"] / lookups, 4),
-        "compile_cache_hit_rate": round(stats["compile_hits"] / compiles, 4),
-        "cel_evaluations": stats["selector_evaluations"],
-        "ref_units_per_allocation": round(
-            reference_units(sum(latencies) / max(1, len(latencies)), reference), 5),
-    })
+    lines.append(
+        {
+            "step": "allocations",
+            "count": len(latencies),
+            "failures": failures,
+            "allocations_per_second": round(len(latencies) / sum(latencies), 1),
+            "p50_ms": round(statistics.median(ordered) * 1e3, 3),
+            "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1e3, 3),
+            "selector_cache_hit_rate": round(stats["selector_hits"] / lookups, 4),
+            "compile_cache_hit_rate": round(stats["compile_hits"] / compiles, 4),
+            "cel_evaluations": stats["selector_evaluations"],
+            "ref_units_per_allocation": round(
+                reference_units(sum(latencies) / max(1, len(latencies)), reference), 5
+            ),
+        }
+    )
     return lines
 
 
 def main() -> None:
     """Run the benchmark and print JSON lines."""
     parser = command_line(__doc__, "bench.allocate")
-    parser.add_argument("--allocations", type=at_least(2), default=2000,
-                        help="at least 2: the first one is timed apart")
-    parser.add_argument("--devices", type=at_least(1), default=10_000,
-                        help="devices in the pools")
-    parser.add_argument("--pools", type=at_least(1), default=80,
-                        help="pools (one rack each)")
+    parser.add_argument(
+        "--allocations",
+        type=at_least(2),
+        default=2000,
+        help="at least 2: the first one is timed apart",
+    )
+    parser.add_argument("--devices", type=at_least(1), default=10_000, help="devices in the pools")
+    parser.add_argument("--pools", type=at_least(1), default=80, help="pools (one rack each)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     write_figures(args.json, measure(args.allocations, args.devices, args.pools))

@@ -79,37 +79,54 @@ def percentile(values: list[float], fraction: float) -> float:
     return round(ordered[index] * 1000, 2)
 
 
-async def measure(claims: int, database_url: str | None, workers: int,
-                  rate: float = 50.0) -> dict[str, Any]:
+async def measure(
+    claims: int, database_url: str | None, workers: int, rate: float = 50.0
+) -> dict[str, Any]:
     """Run the benchmark for ``claims`` claims; return the figures."""
     reference = reference_cpu_seconds()
     racks = max(1, -(-claims // 64))
-    sim_args = ["--regions", "1", "--racks-per-region", str(racks), "--devices-per-rack", "64",
-                "--hosts-per-rack", "4", "--auth", "none", "--expand"]
+    sim_args = [
+        "--regions",
+        "1",
+        "--racks-per-region",
+        str(racks),
+        "--devices-per-rack",
+        "64",
+        "--hosts-per-rack",
+        "4",
+        "--auth",
+        "none",
+        "--expand",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
         database = Database.connect(url)
         await upgrade(database.engine)
-        async with redfish_simulator_process(sim_args) as fabric_url, \
-                kube_emulator_process() as kube_url:
+        async with (
+            redfish_simulator_process(sim_args) as fabric_url,
+            kube_emulator_process() as kube_url,
+        ):
             backend = RedfishBackend(fabric_url, auth="none", timeout_s=60)
             client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url))
             try:
                 figures = await _cycle(claims, database, backend, client, workers, rate)
                 figures["verify_reads_per_operation"] = round(
-                    _verify_reads(backend) / (4 * claims), 3)
+                    _verify_reads(backend) / (4 * claims), 3
+                )
             finally:
                 await client.close()
                 await backend.close()
                 await database.dispose()
     figures["reference_cpu_seconds"] = round(reference, 4)
     figures["ref_units_per_claim_cycle"] = round(
-        reference_units(figures["cpu_ms_per_claim_cycle"] / 1000, reference), 4)
+        reference_units(figures["cpu_ms_per_claim_cycle"] / 1000, reference), 4
+    )
     return figures
 
 
-async def _cycle(claims: int, database: Database, backend: RedfishBackend, client: Any,
-                 workers: int, rate: float) -> dict[str, Any]:
+async def _cycle(
+    claims: int, database: Database, backend: RedfishBackend, client: Any, workers: int, rate: float
+) -> dict[str, Any]:
     await InventorySync(backend, database).sync_once()
     async with database.read() as session:
         devices = (await session.scalars(select(Device).order_by(Device.name))).all()
@@ -117,11 +134,19 @@ async def _cycle(claims: int, database: Database, backend: RedfishBackend, clien
     core, resources = CoreV1Api(client.api), ResourceV1Api(client.api)
     nodes = [f"node-us-east-{rack}-{i}" for rack in hosts for i in range(1, 5)]
     for node in nodes:
-        await call_json(core.create_node({"metadata": {"name": node, "labels": {
-            "kubernetes.io/hostname": node}}}, _preload_content=False), "create Node")
+        await call_json(
+            core.create_node(
+                {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}},
+                _preload_content=False,
+            ),
+            "create Node",
+        )
 
     reconciler = TimedReconciler(
-        client, ResourceApiVersion.V1, database, backend,
+        client,
+        ResourceApiVersion.V1,
+        database,
+        backend,
         ClaimSettings(driver_name=DRIVER, workers=workers, sweep_interval_s=3600),
     )
     reconciler.durations = []
@@ -130,25 +155,64 @@ async def _cycle(claims: int, database: Database, backend: RedfishBackend, clien
     try:
         names = [f"bench-{i:05d}" for i in range(claims)]
         for name in names:
-            await call_json(resources.create_namespaced_resource_claim("default", {
-                "metadata": {"name": name},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                    "deviceClassName": "fabric-gpu"}}]}},
-            }, _preload_content=False), "create claim")
+            await call_json(
+                resources.create_namespaced_resource_claim(
+                    "default",
+                    {
+                        "metadata": {"name": name},
+                        "spec": {
+                            "devices": {
+                                "requests": [
+                                    {"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}
+                                ]
+                            }
+                        },
+                    },
+                    _preload_content=False,
+                ),
+                "create claim",
+            )
         await _settle(reconciler)
         reconciler.durations.clear()
         allocations = []
         for index, name in enumerate(names):
             device = devices[index]
             node = f"node-us-east-{device.rack}-{index % 4 + 1}"
-            allocations.append({"name": name, "status": {"allocation": {
-                "devices": {"results": [{"request": "gpu", "driver": DRIVER,
-                                         "pool": f"{device.region}/{device.rack}",
-                                         "device": device.name}]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-            }, "reservedFor": [{"resource": "pods", "name": f"{name}-pod",
-                                "uid": str(uuid.uuid4())}]}})
+            allocations.append(
+                {
+                    "name": name,
+                    "status": {
+                        "allocation": {
+                            "devices": {
+                                "results": [
+                                    {
+                                        "request": "gpu",
+                                        "driver": DRIVER,
+                                        "pool": f"{device.region}/{device.rack}",
+                                        "device": device.name,
+                                    }
+                                ]
+                            },
+                            "nodeSelector": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchFields": [
+                                            {
+                                                "key": "metadata.name",
+                                                "operator": "In",
+                                                "values": [node],
+                                            }
+                                        ]
+                                    }
+                                ]
+                            },
+                        },
+                        "reservedFor": [
+                            {"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}
+                        ],
+                    },
+                }
+            )
         journal = Journal(database)
         released = [{"name": n, "status": {}} for n in names]
         cpu0 = cpu_seconds()
@@ -211,14 +275,20 @@ async def _queue_empty(reconciler: ClaimReconciler) -> bool:
     return len(reconciler.queue) == 0
 
 
-async def _write_statuses(kube_url: str, entries: list[dict[str, Any]],
-                          rate: float | None = None) -> asyncio.Future[dict[str, Any]]:
+async def _write_statuses(
+    kube_url: str, entries: list[dict[str, Any]], rate: float | None = None
+) -> asyncio.Future[dict[str, Any]]:
     """Start ``bench.status_writer`` on ``entries`` in its own process (at most ``rate``
     writes per second when given); return a future of its timing line (see that module)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.status_writer", kube_url,
+        sys.executable,
+        "-m",
+        "bench.status_writer",
+        kube_url,
         *([str(rate)] if rate else []),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
 
     async def finish() -> dict[str, Any]:
         out, _ = await process.communicate(json.dumps(entries).encode())
@@ -229,20 +299,24 @@ async def _write_statuses(kube_url: str, entries: list[dict[str, Any]],
     return asyncio.ensure_future(finish())
 
 
-async def _all_ready(reconciler: TimedReconciler, resources: ResourceV1Api,
-                     names: list[str]) -> bool:
+async def _all_ready(
+    reconciler: TimedReconciler, resources: ResourceV1Api, names: list[str]
+) -> bool:
     # Each claim takes at least one reconcile to become ready: until there were that many
     # and the queue is empty, the claims need not be listed (listing them all is costly, and
     # it would be counted as the controller's CPU).
     if len(reconciler.durations) < len(names) or len(reconciler.queue) > 0:
         return False
-    body = await call_json(resources.list_namespaced_resource_claim(
-        "default", _preload_content=False), "list claims")
+    body = await call_json(
+        resources.list_namespaced_resource_claim("default", _preload_content=False), "list claims"
+    )
     ready = 0
     for claim in body.get("items") or []:
         for entry in (claim.get("status") or {}).get("devices") or []:
-            if any(c.get("type") == "FabricDeviceReady" and c.get("status") == "True"
-                   for c in entry.get("conditions") or []):
+            if any(
+                c.get("type") == "FabricDeviceReady" and c.get("status") == "True"
+                for c in entry.get("conditions") or []
+            ):
                 ready += 1
     return ready >= len(names)
 
@@ -265,17 +339,22 @@ async def _until(check: Any, timeout_s: float = 600) -> None:
 
 def main() -> None:
     parser = command_line(__doc__, "bench.claims")
-    parser.add_argument("--claims", type=at_least(1), default=200,
-                        help="claims allocated, made ready and released")
-    parser.add_argument("--workers", type=at_least(1), default=8,
-                        help="claims reconciled at once")
-    parser.add_argument("--rate", type=positive_float, default=50.0,
-                        help="claims per second of the paced (latency) phase")
+    parser.add_argument(
+        "--claims", type=at_least(1), default=200, help="claims allocated, made ready and released"
+    )
+    parser.add_argument("--workers", type=at_least(1), default=8, help="claims reconciled at once")
+    parser.add_argument(
+        "--rate",
+        type=positive_float,
+        default=50.0,
+        help="claims per second of the paced (latency) phase",
+    )
     parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
-    figures = asyncio.run(measure(options.claims, options.database_url, options.workers,
-                                  options.rate))
+    figures = asyncio.run(
+        measure(options.claims, options.database_url, options.workers, options.rate)
+    )
     write_figures(options.json, [figures])
 
 

@@ -36,16 +36,34 @@ def _say(line: dict[str, object]) -> None:
 
 
 async def _create(core: CoreV1Api, custom: Any, index: int, spec: dict[str, Any]) -> None:
-    await call_json(custom.create_namespaced_custom_object(
-        "resource.k8s.io", "v1alpha3", "default", "resourceclaims", {
-            "apiVersion": "resource.k8s.io/v1alpha3", "kind": "ResourceClaim",
-            "metadata": {"name": f"c{index}"}, "spec": spec},
-        _preload_content=False), "create ResourceClaim")
-    body: Any = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{index}"},
-                 "spec": {"containers": [{"name": "c", "image": "busybox"}],
-                          "resourceClaims": [{"name": "gpu", "resourceClaimName": f"c{index}"}]}}
-    await call_json(core.create_namespaced_pod("default", body, _preload_content=False),
-                    "create Pod")
+    await call_json(
+        custom.create_namespaced_custom_object(
+            "resource.k8s.io",
+            "v1alpha3",
+            "default",
+            "resourceclaims",
+            {
+                "apiVersion": "resource.k8s.io/v1alpha3",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"c{index}"},
+                "spec": spec,
+            },
+            _preload_content=False,
+        ),
+        "create ResourceClaim",
+    )
+    body: Any = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"p{index}"},
+        "spec": {
+            "containers": [{"name": "c", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": f"c{index}"}],
+        },
+    }
+    await call_json(
+        core.create_namespaced_pod("default", body, _preload_content=False), "create Pod"
+    )
 
 
 async def run(url: str, spec: dict[str, Any]) -> None:
@@ -56,9 +74,16 @@ async def run(url: str, spec: dict[str, Any]) -> None:
     informer = InformerSettings(name="bench", watch_timeout_s=300, page_size=500)
     async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
         core, custom = CoreV1Api(client.api), CustomObjectsApi(client.api)
-        scheduler = ClassicScheduler(client, ClassicSchedulerSettings(
-            poll_interval_s=0.01, answer_timeout_s=60, allocation_timeout_s=60,
-            retry_interval_s=0.05, informer=informer))
+        scheduler = ClassicScheduler(
+            client,
+            ClassicSchedulerSettings(
+                poll_interval_s=0.01,
+                answer_timeout_s=60,
+                allocation_timeout_s=60,
+                retry_interval_s=0.05,
+                informer=informer,
+            ),
+        )
         await scheduler.start()
         _say({"ready": True})
         created: dict[str, float] = {}

@@ -56,8 +56,14 @@ async def server_process(what: str, command: Sequence[str]) -> AsyncIterator[Ser
     """Run ``fabric-dra COMMAND --port N`` in its own process; yield it once it answers."""
     port = free_port()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app", *command, "--port", str(port),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "app",
+        *command,
+        "--port",
+        str(port),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -99,8 +105,9 @@ def redfish_simulator_process(args: Sequence[str]) -> contextlib.AbstractAsyncCo
 DRIVER_GATES = "DRADeviceBindingConditions=true,DRADeviceTaints=true"
 
 
-def kube_emulator_process(args: Sequence[str] = (), *, validate: bool = False
-                          ) -> contextlib.AbstractAsyncContextManager[str]:
+def kube_emulator_process(
+    args: Sequence[str] = (), *, validate: bool = False
+) -> contextlib.AbstractAsyncContextManager[str]:
     """Run ``fabric-dra sim kube ARGS`` (the Kubernetes API emulator) in its own process; yield
     its URL once it answers.
 
@@ -137,9 +144,16 @@ def reference_workload(records: int = REFERENCE_RECORDS) -> str:
     """The fixed CPU workload behind "reference units"; returns a digest so it cannot be
     optimised away."""
     items = [
-        {"name": f"gpu-{i:06d}", "serial": f"SN{(i * 7919) % records:08d}", "index": i,
-         "region": f"region-{i % 4}", "rack": f"rack-{i // 64:04d}", "memory_mib": 81920,
-         "healthy": i % 50 != 7, "attributes": {"model": "X100", "firmware": f"1.{i % 9}.3"}}
+        {
+            "name": f"gpu-{i:06d}",
+            "serial": f"SN{(i * 7919) % records:08d}",
+            "index": i,
+            "region": f"region-{i % 4}",
+            "rack": f"rack-{i // 64:04d}",
+            "memory_mib": 81920,
+            "healthy": i % 50 != 7,
+            "attributes": {"model": "X100", "firmware": f"1.{i % 9}.3"},
+        }
         for i in range(records)
     ]
     decoded = json.loads(json.dumps(items))
@@ -178,8 +192,11 @@ def command_line(doc: str | None, prog: str) -> argparse.ArgumentParser:
     SIGTERM is handled like Ctrl-C from then on (see :func:`stop_on_sigterm`)."""
     stop_on_sigterm()
     summary = " ".join((doc or "").split("\n\n")[0].split())
-    return argparse.ArgumentParser(prog=f"python -m {prog}", description=summary,
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return argparse.ArgumentParser(
+        prog=f"python -m {prog}",
+        description=summary,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
 
 
 def stop_on_sigterm() -> None:
@@ -196,6 +213,7 @@ def stop_on_sigterm() -> None:
 
 def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least ``minimum``."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -204,6 +222,7 @@ def at_least(minimum: int) -> Callable[[str], int]:
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value
+
     return parse
 
 

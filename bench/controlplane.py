@@ -97,8 +97,13 @@ class InstantBackend:
     async def list_devices(self) -> Listing[FabricDevice]:
         return Listing(tuple(self.devices.values()))
 
-    async def attach(self, device: FabricDevice, host_id: str, *,
-                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
+    async def attach(
+        self,
+        device: FabricDevice,
+        host_id: str,
+        *,
+        on_operation: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Operation:
         current = self.devices.get(device.vendor_id)
         if current is None:
             raise FabricNotFound(f"device {device.vendor_id} not found")
@@ -108,15 +113,21 @@ class InstantBackend:
         self.attaches += 1
         return Operation(None, OperationState.COMPLETED)
 
-    async def detach(self, device: FabricDevice, host_id: str, *,
-                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
+    async def detach(
+        self,
+        device: FabricDevice,
+        host_id: str,
+        *,
+        on_operation: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Operation:
         current = self.devices.get(device.vendor_id)
         if current is not None and current.host_id == host_id:
             self.devices[device.vendor_id] = replace(current, host_id=None)
         return Operation(None, OperationState.COMPLETED)
 
-    async def resume(self, op_id: str, device: FabricDevice, host_id: str, *,
-                     attach: bool) -> Operation:
+    async def resume(
+        self, op_id: str, device: FabricDevice, host_id: str, *, attach: bool
+    ) -> Operation:
         # Synchronous: there is never a task to follow.
         return await (self.attach(device, host_id) if attach else self.detach(device, host_id))
 
@@ -135,39 +146,74 @@ def inventory(devices: int, racks: int) -> tuple[list[FabricDevice], list[Fabric
     for r in range(racks):
         region, rack = REGIONS[r % len(REGIONS)], f"rack-{r:03d}"
         location = Location(region=region, rack=rack, row="row-1", chassis=f"{rack}-encl")
-        hosts.append(FabricHost(host_id=f"host-{r:03d}", hostname=f"node-{r:03d}",
-                                location=location, health=Health.OK))
+        hosts.append(
+            FabricHost(
+                host_id=f"host-{r:03d}",
+                hostname=f"node-{r:03d}",
+                location=location,
+                health=Health.OK,
+            )
+        )
         for i in range(per_rack):
             gpu = i % 5 != 4
             block = f"/fabric/{region}/{rack}/block-{i:03d}"
-            out.append(FabricDevice(
-                vendor_id=f"{block}/dev0", attach_unit=block,
-                device_type=DeviceType.GPU if gpu else DeviceType.FPGA,
-                vendor="Example", model=MODELS[i % 3] if gpu else "U55C",
-                serial=f"SN-{r:03d}-{i:04d}", uuid=f"00000000-0000-4000-8000-{r:04d}{i:08d}",
-                firmware_version=f"1.{i % 4}.{i % 7}",
-                memory_mib=(81920, 40960, 49152)[i % 3] if gpu else 16384,
-                location=location, health=Health.OK, state="Enabled"))
+            out.append(
+                FabricDevice(
+                    vendor_id=f"{block}/dev0",
+                    attach_unit=block,
+                    device_type=DeviceType.GPU if gpu else DeviceType.FPGA,
+                    vendor="Example",
+                    model=MODELS[i % 3] if gpu else "U55C",
+                    serial=f"SN-{r:03d}-{i:04d}",
+                    uuid=f"00000000-0000-4000-8000-{r:04d}{i:08d}",
+                    firmware_version=f"1.{i % 4}.{i % 7}",
+                    memory_mib=(81920, 40960, 49152)[i % 3] if gpu else 16384,
+                    location=location,
+                    health=Health.OK,
+                    state="Enabled",
+                )
+            )
     return out, hosts
 
 
 GPU_CLASS = {
-    "apiVersion": f"{GROUP}/{VERSION}", "kind": "DeviceClass", "metadata": {"name": "gpu"},
-    "spec": {"selectors": [{"cel": {"expression":
-        f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].deviceType == "gpu" && '
-        f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'}}]},
+    "apiVersion": f"{GROUP}/{VERSION}",
+    "kind": "DeviceClass",
+    "metadata": {"name": "gpu"},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": f'device.driver == "{DRIVER}" && '
+                    f'device.attributes["{DRIVER}"].deviceType == "gpu" && '
+                    f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'
+                }
+            }
+        ]
+    },
 }
-GPU_REQUEST = {"name": "gpu", "deviceClassName": "gpu", "selectors": [{"cel": {"expression":
-    f'device.attributes["{DRIVER}"].model in ["H100", "A100"] && '
-    f'device.attributes["{DRIVER}"].firmwareVersion.isGreaterThan(semver("1.0.0"))'}}]}
+GPU_REQUEST = {
+    "name": "gpu",
+    "deviceClassName": "gpu",
+    "selectors": [
+        {
+            "cel": {
+                "expression": f'device.attributes["{DRIVER}"].model in ["H100", "A100"] && '
+                f'device.attributes["{DRIVER}"].firmwareVersion.isGreaterThan(semver("1.0.0"))'
+            }
+        }
+    ],
+}
 
 
-async def measure(devices: int, racks: int, pods: int, in_flight: int,
-                  workers: int, warmup: int = 20) -> list[dict[str, Any]]:
+async def measure(
+    devices: int, racks: int, pods: int, in_flight: int, workers: int, warmup: int = 20
+) -> list[dict[str, Any]]:
     """Run the benchmark; return its figure lines."""
     reference = reference_cpu_seconds()
-    lines: list[dict[str, Any]] = [{"step": "reference",
-                                    "reference_cpu_seconds": round(reference, 4)}]
+    lines: list[dict[str, Any]] = [
+        {"step": "reference", "reference_cpu_seconds": round(reference, 4)}
+    ]
     fabric_devices, hosts = inventory(devices, racks)
     backend = InstantBackend(fabric_devices, hosts)
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,67 +221,127 @@ async def measure(devices: int, racks: int, pods: int, in_flight: int,
         await upgrade(database.engine)
         started = time.perf_counter()
         await InventorySync(backend, database).sync_once()
-        lines.append({"step": "inventory", "devices": len(fabric_devices), "racks": racks,
-                      "seconds": round(time.perf_counter() - started, 2)})
+        lines.append(
+            {
+                "step": "inventory",
+                "devices": len(fabric_devices),
+                "racks": racks,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+        )
         # Classic DRA (v1alpha3 with PodSchedulingContexts) is Kubernetes 1.31's.
-        args = ["--kubernetes-version", "1.31", "--resource-versions", VERSION,
-                "--history-size", "200000"]
+        args = [
+            "--kubernetes-version",
+            "1.31",
+            "--resource-versions",
+            VERSION,
+            "--history-size",
+            "200000",
+        ]
         async with kube_emulator_process(args) as url:
             client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url))
             try:
-                lines.extend(await _run(client, database, backend, hosts, pods, in_flight,
-                                        workers, warmup))
+                lines.extend(
+                    await _run(client, database, backend, hosts, pods, in_flight, workers, warmup)
+                )
             finally:
                 await client.close()
                 await database.dispose()
     for line in lines:
         if line["step"] == "allocations":
             line["ref_units_per_allocation"] = round(
-                reference_units(line["cpu_seconds_per_allocation"], reference), 4)
+                reference_units(line["cpu_seconds_per_allocation"], reference), 4
+            )
     return lines
 
 
-async def _run(client: Any, database: Database, backend: InstantBackend,
-               hosts: list[FabricHost], pods: int, in_flight: int,
-               workers: int, warmup: int) -> list[dict[str, Any]]:
+async def _run(
+    client: Any,
+    database: Database,
+    backend: InstantBackend,
+    hosts: list[FabricHost],
+    pods: int,
+    in_flight: int,
+    workers: int,
+    warmup: int,
+) -> list[dict[str, Any]]:
     core = CoreV1Api(client.api)
     custom: Any = CustomObjectsApi(client.api)
     started = time.perf_counter()
     for host in hosts:
-        node: Any = {"metadata": {"name": host.hostname, "labels": {
-            REGION_LABEL: host.location.region, RACK_LABEL: host.location.rack,
-            "kubernetes.io/hostname": host.hostname}}}
+        node: Any = {
+            "metadata": {
+                "name": host.hostname,
+                "labels": {
+                    REGION_LABEL: host.location.region,
+                    RACK_LABEL: host.location.rack,
+                    "kubernetes.io/hostname": host.hostname,
+                },
+            }
+        }
         await call_json(core.create_node(node, _preload_content=False), "create Node")
-    config = PoolConfig(DRIVER, binds_to_node=False,
-                        node_labels={"region": REGION_LABEL, "rack": RACK_LABEL})
+    config = PoolConfig(
+        DRIVER, binds_to_node=False, node_labels={"region": REGION_LABEL, "rack": RACK_LABEL}
+    )
     slice_count = 0
     for pool in desired_pools(await pool_devices(database), config).values():
         for content in pool.slices:
-            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                    "metadata": {"name": f"{pool.name.replace('/', '-')}-{content.index}"},
-                    "spec": resource_slice_spec(DRIVER, pool, content, 0)}
-            await call_json(custom.create_cluster_custom_object(
-                GROUP, VERSION, "resourceslices",
-                slice_to_wire(body, ResourceApiVersion.V1ALPHA3), _preload_content=False),
-                "create ResourceSlice")
+            body = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{pool.name.replace('/', '-')}-{content.index}"},
+                "spec": resource_slice_spec(DRIVER, pool, content, 0),
+            }
+            await call_json(
+                custom.create_cluster_custom_object(
+                    GROUP,
+                    VERSION,
+                    "resourceslices",
+                    slice_to_wire(body, ResourceApiVersion.V1ALPHA3),
+                    _preload_content=False,
+                ),
+                "create ResourceSlice",
+            )
             slice_count += 1
-    await call_json(custom.create_cluster_custom_object(
-        GROUP, VERSION, "deviceclasses", GPU_CLASS, _preload_content=False),
-        "create DeviceClass")
-    setup = {"step": "publish", "nodes": len(hosts), "slices": slice_count,
-             "seconds": round(time.perf_counter() - started, 2)}
+    await call_json(
+        custom.create_cluster_custom_object(
+            GROUP, VERSION, "deviceclasses", GPU_CLASS, _preload_content=False
+        ),
+        "create DeviceClass",
+    )
+    setup = {
+        "step": "publish",
+        "nodes": len(hosts),
+        "slices": slice_count,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
 
     informer = InformerSettings(name="bench", watch_timeout_s=300, page_size=500)
-    controller = ControlPlaneController(client, database, backend, ControlPlaneSettings(
-        driver_name=DRIVER, workers=workers, resync_interval_s=60, informer=informer,
-        queue=WorkQueueSettings(base_delay_s=0.01, max_delay_s=0.5, qps=1000, burst=1000)))
+    controller = ControlPlaneController(
+        client,
+        database,
+        backend,
+        ControlPlaneSettings(
+            driver_name=DRIVER,
+            workers=workers,
+            resync_interval_s=60,
+            informer=informer,
+            queue=WorkQueueSettings(base_delay_s=0.01, max_delay_s=0.5, qps=1000, burst=1000),
+        ),
+    )
     started = time.perf_counter()
     await controller.start()
     settle_heap()  # as the service does once it leads
     claim_spec = {"controller": DRIVER, "devices": {"requests": [GPU_REQUEST]}}
     scheduler = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.classic_scheduler", client.host, json.dumps(claim_spec),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "bench.classic_scheduler",
+        client.host,
+        json.dumps(claim_spec),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     assert scheduler.stdin is not None
     assert scheduler.stdout is not None
     if json.loads(await scheduler.stdout.readline()).get("ready") is not True:
@@ -263,9 +369,12 @@ async def _run(client: Any, database: Database, backend: InstantBackend,
         # selector cache (a one-time cost, reported apart); the steady state is measured.
         started = time.perf_counter()
         warm = await drive(0, warmup) if warmup else [0.0]
-        warmup_line = {"step": "warm-up", "pods": warmup,
-                       "seconds": round(time.perf_counter() - started, 2),
-                       "first_pod_ms": round(warm[0] * 1e3, 1)}
+        warmup_line = {
+            "step": "warm-up",
+            "pods": warmup,
+            "seconds": round(time.perf_counter() - started, 2),
+            "first_pod_ms": round(warm[0] * 1e3, 1),
+        }
         requests_before = await _request_count(client.host)
         hits0, misses0 = controller.answers.hits, controller.answers.misses
         cpu0 = cpu_seconds()
@@ -289,52 +398,76 @@ async def _run(client: Any, database: Database, backend: InstantBackend,
     ordered = sorted(latencies)
     stats = controller.allocator.stats()
     lookups = stats["selector_hits"] + stats["selector_misses"]
-    return [setup, {"step": "start", "seconds": round(start_seconds, 2)}, warmup_line, {
-        "step": "allocations", "pods": pods, "in_flight": in_flight, "workers": workers,
-        "allocations": controller.allocations - warmup,
-        "attaches": backend.attaches - warmup,
-        "allocations_per_second": round(pods / elapsed, 1),
-        "p50_ms": round(statistics.median(ordered) * 1e3, 1),
-        "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1e3, 1),
-        "api_requests_per_allocation": round(requests / pods, 1),
-        "cpu_seconds_per_allocation": round(cpu / pods, 4),
-        "selector_cache_hit_rate": round(stats["selector_hits"] / max(1, lookups), 4),
-        "node_answers_hit_rate": round(hits / max(1, hits + misses), 4),
-        "node_answers_computed_per_allocation": round(misses / pods, 1),
-        "abandoned_nodes": abandoned,
-        "peak_rss_mib": round(peak_rss_mib(), 1),
-    }]
+    return [
+        setup,
+        {"step": "start", "seconds": round(start_seconds, 2)},
+        warmup_line,
+        {
+            "step": "allocations",
+            "pods": pods,
+            "in_flight": in_flight,
+            "workers": workers,
+            "allocations": controller.allocations - warmup,
+            "attaches": backend.attaches - warmup,
+            "allocations_per_second": round(pods / elapsed, 1),
+            "p50_ms": round(statistics.median(ordered) * 1e3, 1),
+            "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1e3, 1),
+            "api_requests_per_allocation": round(requests / pods, 1),
+            "cpu_seconds_per_allocation": round(cpu / pods, 4),
+            "selector_cache_hit_rate": round(stats["selector_hits"] / max(1, lookups), 4),
+            "node_answers_hit_rate": round(hits / max(1, hits + misses), 4),
+            "node_answers_computed_per_allocation": round(misses / pods, 1),
+            "abandoned_nodes": abandoned,
+            "peak_rss_mib": round(peak_rss_mib(), 1),
+        },
+    ]
 
 
 async def _request_count(url: str) -> int:
-    async with aiohttp.ClientSession() as session, session.get(
-            f"{url}/_emulator/requests") as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}/_emulator/requests") as response,
+    ):
         return len(await response.json())
 
 
 def main() -> None:
     """Run the benchmark and print JSON lines."""
     parser = command_line(__doc__, "bench.controlplane")
-    parser.add_argument("--devices", type=at_least(1), default=10_000,
-                        help="devices in the inventory")
-    parser.add_argument("--racks", type=at_least(1), default=80,
-                        help="racks (one node each)")
-    parser.add_argument("--pods", type=at_least(1), default=300,
-                        help="pods measured")
-    parser.add_argument("--in-flight", type=at_least(1), default=16,
-                        help="pods waiting to be scheduled at any time")
-    parser.add_argument("--workers", type=at_least(1), default=8,
-                        help="contexts and claims worked on at once")
-    parser.add_argument("--warmup", type=at_least(0), default=20,
-                        help="pods allocated before the measured ones")
+    parser.add_argument(
+        "--devices", type=at_least(1), default=10_000, help="devices in the inventory"
+    )
+    parser.add_argument("--racks", type=at_least(1), default=80, help="racks (one node each)")
+    parser.add_argument("--pods", type=at_least(1), default=300, help="pods measured")
+    parser.add_argument(
+        "--in-flight", type=at_least(1), default=16, help="pods waiting to be scheduled at any time"
+    )
+    parser.add_argument(
+        "--workers", type=at_least(1), default=8, help="contexts and claims worked on at once"
+    )
+    parser.add_argument(
+        "--warmup", type=at_least(0), default=20, help="pods allocated before the measured ones"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     if options.devices < options.racks * 5:
-        parser.error(f"--devices {options.devices} leaves fewer than 5 devices per rack "
-                     f"({options.racks} racks): no pod could be placed")
-    write_figures(options.json, asyncio.run(measure(
-        options.devices, options.racks, options.pods, options.in_flight, options.workers,
-        options.warmup)))
+        parser.error(
+            f"--devices {options.devices} leaves fewer than 5 devices per rack "
+            f"({options.racks} racks): no pod could be placed"
+        )
+    write_figures(
+        options.json,
+        asyncio.run(
+            measure(
+                options.devices,
+                options.racks,
+                options.pods,
+                options.in_flight,
+                options.workers,
+                options.warmup,
+            )
+        ),
+    )
 
 
 if __name__ == "__main__":

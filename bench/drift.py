@@ -58,24 +58,39 @@ DRIVER = "fabric.example.com"
 PER_RACK = 64
 
 
-async def measure(devices: int, samples: int, poll_interval_s: float,
-                  seed: int = 1) -> dict[str, Any]:
+async def measure(
+    devices: int, samples: int, poll_interval_s: float, seed: int = 1
+) -> dict[str, Any]:
     """Run the benchmark; return the figures (times in seconds)."""
     racks = max(1, -(-devices // PER_RACK))
-    sim_args = ["--regions", "1", "--racks-per-region", str(racks), "--devices-per-rack",
-                str(PER_RACK), "--hosts-per-rack", "4", "--auth", "none", "--expand"]
+    sim_args = [
+        "--regions",
+        "1",
+        "--racks-per-region",
+        str(racks),
+        "--devices-per-rack",
+        str(PER_RACK),
+        "--hosts-per-rack",
+        "4",
+        "--auth",
+        "none",
+        "--expand",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         database = Database.connect(f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}")
         await upgrade(database.engine)
-        async with redfish_simulator_process(sim_args) as fabric_url, \
-                kube_emulator_process() as kube_url:
+        async with (
+            redfish_simulator_process(sim_args) as fabric_url,
+            kube_emulator_process() as kube_url,
+        ):
             backend = RedfishBackend(fabric_url, auth="none", timeout_s=120)
             # Someone else at the fabric manager: a client of its own.
             other = RedfishBackend(fabric_url, auth="none", timeout_s=120)
             client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url))
             try:
-                return await _run(database, backend, other, client, samples, poll_interval_s,
-                                  random.Random(seed))
+                return await _run(
+                    database, backend, other, client, samples, poll_interval_s, random.Random(seed)
+                )
             finally:
                 await client.close()
                 await other.close()
@@ -83,9 +98,15 @@ async def measure(devices: int, samples: int, poll_interval_s: float,
                 await database.dispose()
 
 
-async def _run(database: Database, backend: RedfishBackend, other: RedfishBackend,
-               client: Any, samples: int, poll_interval_s: float,
-               rng: random.Random) -> dict[str, Any]:
+async def _run(
+    database: Database,
+    backend: RedfishBackend,
+    other: RedfishBackend,
+    client: Any,
+    samples: int,
+    poll_interval_s: float,
+    rng: random.Random,
+) -> dict[str, Any]:
     inventory = InventorySync(backend, database)
     first = await inventory.sync_once()
     assert first.ok, first.error
@@ -98,11 +119,25 @@ async def _run(database: Database, backend: RedfishBackend, other: RedfishBacken
         by_rack.setdefault(str(row.rack), row)
     chosen = list(by_rack.values())[:samples]
     for device in chosen:
-        await call_json(core.create_node({"metadata": {"name": _node(device), "labels": {
-            "kubernetes.io/hostname": _node(device)}}}, _preload_content=False), "create Node")
-    reconciler = ClaimReconciler(client, ResourceApiVersion.V1, database, backend,
-                                 ClaimSettings(driver_name=DRIVER, workers=4,
-                                               sweep_interval_s=3600))
+        await call_json(
+            core.create_node(
+                {
+                    "metadata": {
+                        "name": _node(device),
+                        "labels": {"kubernetes.io/hostname": _node(device)},
+                    }
+                },
+                _preload_content=False,
+            ),
+            "create Node",
+        )
+    reconciler = ClaimReconciler(
+        client,
+        ResourceApiVersion.V1,
+        database,
+        backend,
+        ClaimSettings(driver_name=DRIVER, workers=4, sweep_interval_s=3600),
+    )
     await reconciler.start()
     settle_heap()  # as the service does once it leads
     loop_task: asyncio.Task[None] | None = None
@@ -112,25 +147,62 @@ async def _run(database: Database, backend: RedfishBackend, other: RedfishBacken
         for index, device in enumerate(chosen):
             name = f"drift-{index:03d}"
             names.append(name)
-            claim = await call_json(resources.create_namespaced_resource_claim("default", {
-                "metadata": {"name": name},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                    "deviceClassName": "fabric-gpu"}}]}},
-            }, _preload_content=False), "create claim")
-            claim["status"] = {"allocation": {
-                "devices": {"results": [{"request": "gpu", "driver": DRIVER,
-                                         "pool": f"{device.region}/{device.rack}",
-                                         "device": device.name}]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [_node(device)]}]}]},
-            }, "reservedFor": [{"resource": "pods", "name": f"{name}-pod",
-                                "uid": str(uuid.uuid4())}]}
-            await call_json(resources.replace_namespaced_resource_claim_status(
-                name, "default", claim, _preload_content=False), "allocate")
+            claim = await call_json(
+                resources.create_namespaced_resource_claim(
+                    "default",
+                    {
+                        "metadata": {"name": name},
+                        "spec": {
+                            "devices": {
+                                "requests": [
+                                    {"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}
+                                ]
+                            }
+                        },
+                    },
+                    _preload_content=False,
+                ),
+                "create claim",
+            )
+            claim["status"] = {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": "gpu",
+                                "driver": DRIVER,
+                                "pool": f"{device.region}/{device.rack}",
+                                "device": device.name,
+                            }
+                        ]
+                    },
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchFields": [
+                                    {
+                                        "key": "metadata.name",
+                                        "operator": "In",
+                                        "values": [_node(device)],
+                                    }
+                                ]
+                            }
+                        ]
+                    },
+                },
+                "reservedFor": [
+                    {"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}
+                ],
+            }
+            await call_json(
+                resources.replace_namespaced_resource_claim_status(
+                    name, "default", claim, _preload_content=False
+                ),
+                "allocate",
+            )
         for name in names:
             await _until(lambda n=name: _ready(resources, n, "True"))
-        watch = DriftWatch(Journal(database), database,
-                           {"structured": reconciler.drift_target()})
+        watch = DriftWatch(Journal(database), database, {"structured": reconciler.drift_target()})
 
         async def inventory_loop() -> None:
             while True:
@@ -150,10 +222,14 @@ async def _run(database: Database, backend: RedfishBackend, other: RedfishBacken
             # A random moment within the sync cycle, so that samples do not lock to its phase.
             await asyncio.sleep(rng.uniform(0, max(sync_seconds) + poll_interval_s))
             started = time.monotonic()
-            await other.detach(FabricDevice(vendor_id=device.vendor_id,
-                                            attach_unit=device.attach_unit,
-                                            device_type=DeviceType(device.device_type)),
-                               _node(device))
+            await other.detach(
+                FabricDevice(
+                    vendor_id=device.vendor_id,
+                    attach_unit=device.attach_unit,
+                    device_type=DeviceType(device.device_type),
+                ),
+                _node(device),
+            )
             await _until(lambda n=name: _ready(resources, n, "False"))
             lost.append(time.monotonic() - started)
             await _until(lambda n=name: _ready(resources, n, "True"))
@@ -189,8 +265,10 @@ async def _true(value: bool) -> bool:
 
 
 async def _ready(resources: ResourceV1Api, name: str, status: str) -> bool:
-    claim = await call_json(resources.read_namespaced_resource_claim(
-        name, "default", _preload_content=False), "read claim")
+    claim = await call_json(
+        resources.read_namespaced_resource_claim(name, "default", _preload_content=False),
+        "read claim",
+    )
     for entry in (claim.get("status") or {}).get("devices") or []:
         for condition in entry.get("conditions") or []:
             if condition.get("type") == "FabricDeviceReady":
@@ -208,19 +286,30 @@ async def _until(check: Any, timeout_s: float = 900) -> None:
 
 def main() -> None:
     parser = command_line(__doc__, "bench.drift")
-    parser.add_argument("--devices", type=at_least(64), default=10_000,
-                        help="devices on the simulated fabric")
-    parser.add_argument("--samples", type=at_least(1), default=10,
-                        help="devices detached behind the controller's back, one at a time")
-    parser.add_argument("--poll-interval", type=float, default=0.0,
-                        help="seconds between inventory syncs (0: back to back)")
+    parser.add_argument(
+        "--devices", type=at_least(64), default=10_000, help="devices on the simulated fabric"
+    )
+    parser.add_argument(
+        "--samples",
+        type=at_least(1),
+        default=10,
+        help="devices detached behind the controller's back, one at a time",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.0,
+        help="seconds between inventory syncs (0: back to back)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     if options.poll_interval < 0:
         parser.error("--poll-interval must be >= 0")
     if options.samples > -(-options.devices // PER_RACK):
-        parser.error(f"--samples must be at most the number of racks "
-                     f"({-(-options.devices // PER_RACK)} for {options.devices} devices)")
+        parser.error(
+            f"--samples must be at most the number of racks "
+            f"({-(-options.devices // PER_RACK)} for {options.devices} devices)"
+        )
     figures = asyncio.run(measure(options.devices, options.samples, options.poll_interval))
     write_figures(options.json, [figures])
 

@@ -51,9 +51,21 @@ async def measure(devices: int, database_url: str | None, expand: bool = True) -
     per_rack = math.ceil(devices / racks)
     regions = 2 if racks >= 2 else 1
     racks_per_region = math.ceil(racks / regions)
-    args = ["--regions", str(regions), "--racks-per-region", str(racks_per_region),
-            "--devices-per-rack", str(per_rack), "--hosts-per-rack", "4", "--auth", "none",
-            "--page-size", str(PAGE_SIZE), "--expand" if expand else "--no-expand"]
+    args = [
+        "--regions",
+        str(regions),
+        "--racks-per-region",
+        str(racks_per_region),
+        "--devices-per-rack",
+        str(per_rack),
+        "--hosts-per-rack",
+        "4",
+        "--auth",
+        "none",
+        "--page-size",
+        str(PAGE_SIZE),
+        "--expand" if expand else "--no-expand",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
         database = Database.connect(url)
@@ -91,26 +103,37 @@ async def measure(devices: int, database_url: str | None, expand: bool = True) -
         "nochange_sync_cpu_seconds": round(second_cpu, 3),
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "reference_cpu_seconds": round(reference, 4),
-        "first_sync_ref_units_per_1000_devices":
-            round(reference_units(first_cpu, reference) / count * 1000, 3),
-        "nochange_sync_ref_units_per_1000_devices":
-            round(reference_units(second_cpu, reference) / count * 1000, 3),
+        "first_sync_ref_units_per_1000_devices": round(
+            reference_units(first_cpu, reference) / count * 1000, 3
+        ),
+        "nochange_sync_ref_units_per_1000_devices": round(
+            reference_units(second_cpu, reference) / count * 1000, 3
+        ),
         "ok": first.ok and second.ok,
     }
 
 
 def main() -> None:
     parser = command_line(__doc__, "bench.inventory_sync")
-    parser.add_argument("--devices", type=at_least(1), nargs="+", default=[1000, 10000],
-                        help="inventory sizes to measure, each in turn")
-    parser.add_argument("--expand", action=argparse.BooleanOptionalAction, default=True,
-                        help="let the simulator offer $expand (default: yes)")
-    parser.add_argument("--database-url", default=None,
-                        help="default: a temporary SQLite file")
+    parser.add_argument(
+        "--devices",
+        type=at_least(1),
+        nargs="+",
+        default=[1000, 10000],
+        help="inventory sizes to measure, each in turn",
+    )
+    parser.add_argument(
+        "--expand",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="let the simulator offer $expand (default: yes)",
+    )
+    parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
-    results = [asyncio.run(measure(size, options.database_url, options.expand))
-               for size in options.devices]
+    results = [
+        asyncio.run(measure(size, options.database_url, options.expand)) for size in options.devices
+    ]
     write_figures(options.json, results)
 
 

@@ -33,39 +33,97 @@ DEVICES_PER_SLICE = 32
 
 
 def _slice(index: int) -> dict[str, Any]:
-    devices = [{
-        "name": f"gpu-{index}-{d}",
-        "attributes": {"model": {"string": "X100"}, "serial": {"string": f"SN{index:05d}{d:02d}"},
-                       "firmware": {"version": "1.2.3"}, "index": {"int": d}},
-        "capacity": {"memory": {"value": "80Gi"}},
-    } for d in range(DEVICES_PER_SLICE)]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"bench-{index:05d}"},
-            "spec": {"driver": DRIVER, "pool": {"name": f"rack-{index}", "generation": 1,
-                                                  "resourceSliceCount": 1},
-                     "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
-                         {"key": "fabric.example.com/rack", "operator": "In",
-                          "values": [f"rack-{index}"]}]}]},
-                     "devices": devices}}
+    devices = [
+        {
+            "name": f"gpu-{index}-{d}",
+            "attributes": {
+                "model": {"string": "X100"},
+                "serial": {"string": f"SN{index:05d}{d:02d}"},
+                "firmware": {"version": "1.2.3"},
+                "index": {"int": d},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
+        for d in range(DEVICES_PER_SLICE)
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"bench-{index:05d}"},
+        "spec": {
+            "driver": DRIVER,
+            "pool": {"name": f"rack-{index}", "generation": 1, "resourceSliceCount": 1},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "fabric.example.com/rack",
+                                "operator": "In",
+                                "values": [f"rack-{index}"],
+                            }
+                        ]
+                    }
+                ]
+            },
+            "devices": devices,
+        },
+    }
 
 
 def _claim(index: int) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": f"claim-{index:05d}", "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "fabric-gpu",
-                "selectors": [{"cel": {"expression":
-                                       'device.attributes["fabric.example.com"].model == "X100"'}}],
-            }}]}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": f"claim-{index:05d}", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "fabric-gpu",
+                            "selectors": [
+                                {
+                                    "cel": {
+                                        "expression": 'device.attributes["fabric.example.com"]'
+                                        '.model == "X100"'
+                                    }
+                                }
+                            ],
+                        },
+                    }
+                ]
+            }
+        },
+    }
 
 
 def _allocation(index: int) -> dict[str, Any]:
-    return {"allocation": {"devices": {"results": [{
-        "request": "gpu", "driver": DRIVER, "pool": f"rack-{index}",
-        "device": f"gpu-{index}-0"}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [f"node-{index}"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": f"pod-{index}", "uid": f"uid-{index:08d}"}]}
+    return {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": DRIVER,
+                        "pool": f"rack-{index}",
+                        "device": f"gpu-{index}-0",
+                    }
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [f"node-{index}"]}
+                        ]
+                    }
+                ]
+            },
+        },
+        "reservedFor": [{"resource": "pods", "name": f"pod-{index}", "uid": f"uid-{index:08d}"}],
+    }
 
 
 def _micro_now() -> str:
@@ -78,8 +136,9 @@ class Client:
     def __init__(self, http: aiohttp.ClientSession) -> None:
         self.http = http
 
-    async def call(self, method: str, path: str, body: Any = None,
-                   expect: tuple[int, ...] = (200, 201)) -> Any:
+    async def call(
+        self, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200, 201)
+    ) -> Any:
         """One request; raises RuntimeError on an unexpected status."""
         async with self.http.request(method, path, json=body) as response:
             text = await response.text()
@@ -88,8 +147,9 @@ class Client:
             return json.loads(text) if text else None
 
 
-async def _measure(cpu: Callable[[], float], count: int,
-                   step: Callable[[int], Awaitable[None]]) -> float:
+async def _measure(
+    cpu: Callable[[], float], count: int, step: Callable[[int], Awaitable[None]]
+) -> float:
     """Milliseconds of emulator CPU per call of ``step`` over ``count`` calls."""
     before = cpu()
     for index in range(count):
@@ -100,19 +160,36 @@ async def _measure(cpu: Callable[[], float], count: int,
 async def run_once(requests: int, validate: bool) -> dict[str, float]:
     """Start an emulator (rules on or off), run the mix; emulator CPU ms per request kind."""
     args = ["sim", "kube"] + ([] if validate else ["--no-validation"])
-    async with server_process("Kubernetes API emulator", args) as server, \
-            aiohttp.ClientSession(base_url=server.url) as http:
+    async with (
+        server_process("Kubernetes API emulator", args) as server,
+        aiohttp.ClientSession(base_url=server.url) as http,
+    ):
         client = Client(http)
-        await client.call("POST", "/apis/resource.k8s.io/v1/deviceclasses", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": "fabric-gpu"},
-            "spec": {"selectors": [{"cel": {"expression":
-                                            f'device.driver == "{DRIVER}"'}}]}})
-        await client.call("POST", LEASES, {
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "bench", "namespace": "default"},
-            "spec": {"holderIdentity": "bench", "leaseDurationSeconds": 15,
-                     "acquireTime": _micro_now(), "renewTime": _micro_now()}})
+        await client.call(
+            "POST",
+            "/apis/resource.k8s.io/v1/deviceclasses",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "fabric-gpu"},
+                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+            },
+        )
+        await client.call(
+            "POST",
+            LEASES,
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": "bench", "namespace": "default"},
+                "spec": {
+                    "holderIdentity": "bench",
+                    "leaseDurationSeconds": 15,
+                    "acquireTime": _micro_now(),
+                    "renewTime": _micro_now(),
+                },
+            },
+        )
         figures: dict[str, float] = {}
 
         async def create_slice(i: int) -> None:
@@ -160,8 +237,7 @@ async def run(requests: int) -> list[dict[str, Any]]:
     """Both runs; one figure line with ``<kind>_ms_rules_on`` / ``_rules_off`` pairs."""
     on = await run_once(requests, validate=True)
     off = await run_once(requests, validate=False)
-    line: dict[str, Any] = {"requests_per_kind": requests,
-                            "devices_per_slice": DEVICES_PER_SLICE}
+    line: dict[str, Any] = {"requests_per_kind": requests, "devices_per_slice": DEVICES_PER_SLICE}
     for key, value in on.items():
         line[key.replace("_ms", "_ms_rules_on")] = value
         line[key.replace("_ms", "_ms_rules_off")] = off[key]
@@ -175,8 +251,7 @@ async def run(requests: int) -> list[dict[str, Any]]:
 def main() -> None:
     """Command line: ``python -m bench.kubeapi [--requests N] [--json FILE]``."""
     parser = command_line(__doc__, "bench.kubeapi")
-    parser.add_argument("--requests", type=at_least(1), default=200,
-                        help="requests of each kind")
+    parser.add_argument("--requests", type=at_least(1), default=200, help="requests of each kind")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     write_figures(args.json, asyncio.run(run(args.requests)))

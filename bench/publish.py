@@ -46,12 +46,18 @@ def make_devices(devices: int, per_rack: int) -> list[PoolDevice]:
     """``devices`` GPUs in racks of ``per_rack``, over two regions; 1 in 50 unhealthy."""
     return [
         PoolDevice(
-            name=f"gpu-{i:06d}", device_type="gpu",
-            location=Location(region=f"region-{(i // per_rack) % 2}",
-                              rack=f"rack-{i // per_rack:04d}"),
-            vendor="Example", model="X100", serial=f"SN{i:08d}",
-            uuid=f"00000000-0000-4000-8000-{i:012d}", firmware_version="1.2.3",
-            memory_mib=81920, health="Critical" if i % 50 == 7 else "OK",
+            name=f"gpu-{i:06d}",
+            device_type="gpu",
+            location=Location(
+                region=f"region-{(i // per_rack) % 2}", rack=f"rack-{i // per_rack:04d}"
+            ),
+            vendor="Example",
+            model="X100",
+            serial=f"SN{i:08d}",
+            uuid=f"00000000-0000-4000-8000-{i:012d}",
+            firmware_version="1.2.3",
+            memory_mib=81920,
+            health="Critical" if i % 50 == 7 else "OK",
         )
         for i in range(devices)
     ]
@@ -64,7 +70,10 @@ def make_pools(items: list[PoolDevice]) -> dict[str, DesiredPool]:
 
 def settings(workers: int) -> PublisherSettings:
     return PublisherSettings(
-        debounce_s=0.05, workers=workers, write_concurrency=8, request_timeout_s=120.0,
+        debounce_s=0.05,
+        workers=workers,
+        write_concurrency=8,
+        request_timeout_s=120.0,
         informer=InformerSettings(name="resourceslices", page_size=50, list_timeout_s=600.0),
     )
 
@@ -90,8 +99,12 @@ async def measure(devices: int, per_rack: int, workers: int) -> dict[str, Any]:
     after = replace(before, health="Warning")
     keys = PoolConfig(driver_name=DRIVER).grouping_keys
     home = pool_name(before.location, keys)
-    changed_pools = {**pools, **make_pools([after if d is before else d for d in items
-                                            if pool_name(d.location, keys) == home])}
+    changed_pools = {
+        **pools,
+        **make_pools(
+            [after if d is before else d for d in items if pool_name(d.location, keys) == home]
+        ),
+    }
     del items
     slice_count = sum(len(p.slices) for p in pools.values())
     async with kube_emulator_process(["--history-size", "200000"]) as url:
@@ -102,8 +115,7 @@ async def measure(devices: int, per_rack: int, workers: int) -> dict[str, Any]:
             try:
                 first = await timed_sync(publisher, partial(publisher.set_desired, pools))
                 resync = await timed_sync(publisher, publisher.resync_all)
-                change = await timed_sync(publisher, partial(publisher.set_desired,
-                                                             changed_pools))
+                change = await timed_sync(publisher, partial(publisher.set_desired, changed_pools))
                 await timed_sync(publisher, partial(publisher.set_desired, pools))
             finally:
                 await publisher.stop()
@@ -139,25 +151,36 @@ async def measure(devices: int, per_rack: int, workers: int) -> dict[str, Any]:
         "restart_adopt_writes": adopt[2],
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "reference_cpu_seconds": round(reference, 4),
-        "first_publish_ref_units_per_1000_devices":
-            round(reference_units(first[1], reference) / devices * 1000, 3),
+        "first_publish_ref_units_per_1000_devices": round(
+            reference_units(first[1], reference) / devices * 1000, 3
+        ),
         "nochange_resync_ref_units": round(reference_units(resync[1], reference), 3),
     }
 
 
 def main() -> None:
     parser = command_line(__doc__, "bench.publish")
-    parser.add_argument("--devices", type=at_least(2), nargs="+", default=[1000, 10000],
-                        help="sizes to publish, each in turn (at least 2 devices)")
+    parser.add_argument(
+        "--devices",
+        type=at_least(2),
+        nargs="+",
+        default=[1000, 10000],
+        help="sizes to publish, each in turn (at least 2 devices)",
+    )
     parser.add_argument("--large", action="store_true", help="also run 100,000 devices")
-    parser.add_argument("--devices-per-rack", type=at_least(1), default=256,
-                        help="devices per pool (default 256: two slices a pool)")
+    parser.add_argument(
+        "--devices-per-rack",
+        type=at_least(1),
+        default=256,
+        help="devices per pool (default 256: two slices a pool)",
+    )
     parser.add_argument("--workers", type=at_least(1), default=16, help="pools synced at once")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     sizes = [*options.devices, *([100_000] if options.large else [])]
-    results = [asyncio.run(measure(size, options.devices_per_rack, options.workers))
-               for size in sizes]
+    results = [
+        asyncio.run(measure(size, options.devices_per_rack, options.workers)) for size in sizes
+    ]
     write_figures(options.json, results)
 
 

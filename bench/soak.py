@@ -90,22 +90,49 @@ class Soak:
         """
         self.seq += 1
         name = f"soak-{self.seq:06d}"
-        body = cast(Any, {
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "fabric-gpu"}}]}},
-        })
-        created = await call_json(self.resources.create_namespaced_resource_claim(
-            "default", body, _preload_content=False), "create claim")
+        body = cast(
+            Any,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}]
+                    }
+                },
+            },
+        )
+        created = await call_json(
+            self.resources.create_namespaced_resource_claim(
+                "default", body, _preload_content=False
+            ),
+            "create claim",
+        )
         uid = created["metadata"]["uid"]
         device = lane.device
-        created["status"] = {"allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER,
-                                     "pool": f"{device.region}/{device.rack}",
-                                     "device": device.name}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [lane.node]}]}]},
-        }, "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}]}
+        created["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": f"{device.region}/{device.rack}",
+                            "device": device.name,
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [lane.node]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}],
+        }
         async with asyncio.timeout(CYCLE_TIMEOUT_S):
             current = await self._write_status(name, created)
             while not _ready(current):
@@ -116,12 +143,22 @@ class Soak:
             # The journal has no change notification: poll it, as a person would.
             while await self.journal.for_claim(uid):  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
-            await call_json(self.resources.delete_namespaced_resource_claim(
-                name, "default", _preload_content=False), "delete claim")
+            await call_json(
+                self.resources.delete_namespaced_resource_claim(
+                    name, "default", _preload_content=False
+                ),
+                "delete claim",
+            )
 
     async def _read(self, name: str) -> dict[str, Any]:
-        return dict(await call_json(self.resources.read_namespaced_resource_claim(
-            name, "default", _preload_content=False), "read claim"))
+        return dict(
+            await call_json(
+                self.resources.read_namespaced_resource_claim(
+                    name, "default", _preload_content=False
+                ),
+                "read claim",
+            )
+        )
 
     async def _write_status(self, name: str, claim: dict[str, Any]) -> dict[str, Any]:
         # The reconciler writes the same status concurrently: re-read on conflict.
@@ -132,13 +169,21 @@ class Soak:
             try:
                 written = await call_json(
                     self.resources.replace_namespaced_resource_claim_status(
-                        name, "default", cast(Any, claim), _preload_content=False),
-                    "write claim status")
+                        name, "default", cast(Any, claim), _preload_content=False
+                    ),
+                    "write claim status",
+                )
                 return dict(written)
             except KubeConflict:
                 claim = await self._read(name)
-                claim["status"] = {**status, **({"devices": claim.get("status", {}).get(
-                    "devices")} if status and claim.get("status", {}).get("devices") else {})}
+                claim["status"] = {
+                    **status,
+                    **(
+                        {"devices": claim.get("status", {}).get("devices")}
+                        if status and claim.get("status", {}).get("devices")
+                        else {}
+                    ),
+                }
         raise RuntimeError(f"claim {name}: status write kept conflicting")
 
 
@@ -150,20 +195,33 @@ def _ready(claim: dict[str, Any]) -> bool:
     return False
 
 
-async def soak(cycles: int, warmup: int, lanes: int, database_url: str | None = None,
-               trace: bool = False) -> dict[str, Any]:
+async def soak(
+    cycles: int, warmup: int, lanes: int, database_url: str | None = None, trace: bool = False
+) -> dict[str, Any]:
     """Run ``cycles`` claim cycles (``warmup`` of them first, unmeasured); return figures.
     With ``trace``, tracemalloc runs and the figures name the 10 biggest growth sites."""
     if not 0 < warmup < cycles:
         raise ValueError("need 0 < warmup < cycles")
-    sim_args = ["--regions", "1", "--racks-per-region", "1", "--devices-per-rack",
-                str(max(lanes, 1)), "--hosts-per-rack", "2", "--auth", "none"]
+    sim_args = [
+        "--regions",
+        "1",
+        "--racks-per-region",
+        "1",
+        "--devices-per-rack",
+        str(max(lanes, 1)),
+        "--hosts-per-rack",
+        "2",
+        "--auth",
+        "none",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'soak.db'}"
         database = Database.connect(url)
         await upgrade(database.engine)
-        async with redfish_simulator_process(sim_args) as fabric_url, \
-                kube_emulator_process() as kube_url:
+        async with (
+            redfish_simulator_process(sim_args) as fabric_url,
+            kube_emulator_process() as kube_url,
+        ):
             backend = RedfishBackend(fabric_url, auth="none", timeout_s=30)
             client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url))
             try:
@@ -174,19 +232,35 @@ async def soak(cycles: int, warmup: int, lanes: int, database_url: str | None = 
                 await database.dispose()
 
 
-async def _run(cycles: int, warmup: int, lanes: int, database: Database,
-               backend: RedfishBackend, client: KubeClient, trace: bool) -> dict[str, Any]:
+async def _run(
+    cycles: int,
+    warmup: int,
+    lanes: int,
+    database: Database,
+    backend: RedfishBackend,
+    client: KubeClient,
+    trace: bool,
+) -> dict[str, Any]:
     await InventorySync(backend, database).sync_once()
     async with database.read() as session:
         devices = list((await session.scalars(select(Device).order_by(Device.name))).all())
     core = CoreV1Api(client.api)
     nodes = [f"node-us-east-{devices[0].rack}-{i}" for i in (1, 2)]
     for node in nodes:
-        await call_json(core.create_node(cast(Any, {"metadata": {"name": node, "labels": {
-            "kubernetes.io/hostname": node}}}), _preload_content=False), "create Node")
-    reconciler = ClaimReconciler(client, ResourceApiVersion.V1, database, backend,
-                                 ClaimSettings(driver_name=DRIVER, workers=4,
-                                               sweep_interval_s=5.0))
+        await call_json(
+            core.create_node(
+                cast(Any, {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}}),
+                _preload_content=False,
+            ),
+            "create Node",
+        )
+    reconciler = ClaimReconciler(
+        client,
+        ResourceApiVersion.V1,
+        database,
+        backend,
+        ClaimSettings(driver_name=DRIVER, workers=4, sweep_interval_s=5.0),
+    )
     await reconciler.start()
     runner = Soak(client, Journal(database))
     lane_list = [Lane(devices[i % len(devices)], nodes[i % 2]) for i in range(lanes)]
@@ -201,8 +275,9 @@ async def _run(cycles: int, warmup: int, lanes: int, database: Database,
     async def batch(count: int) -> float:
         started = time.monotonic()
         shares = [count // lanes + (1 if i < count % lanes else 0) for i in range(lanes)]
-        await asyncio.gather(*(run_lane(lane, share) for lane, share in zip(
-            lane_list, shares, strict=True)))
+        await asyncio.gather(
+            *(run_lane(lane, share) for lane, share in zip(lane_list, shares, strict=True))
+        )
         return time.monotonic() - started
 
     try:
@@ -218,8 +293,7 @@ async def _run(cycles: int, warmup: int, lanes: int, database: Database,
         if trace:
             after = tracemalloc.take_snapshot()
             tracemalloc.stop()
-            growth_sites = [str(stat) for stat in
-                            after.compare_to(before, "traceback")[:10]]
+            growth_sites = [str(stat) for stat in after.compare_to(before, "traceback")[:10]]
     finally:
         await reconciler.stop()
     growth = (rss_end - rss_warm) / rss_warm
@@ -248,11 +322,15 @@ def main() -> None:
     parser.add_argument("--max-growth", type=float, default=0.10)
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--tracemalloc", action="store_true",
-                        help="name the biggest Python allocation growth sites (slower)")
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="name the biggest Python allocation growth sites (slower)",
+    )
     args = parser.parse_args()
-    figures = asyncio.run(soak(args.cycles, args.warmup, args.lanes, args.database_url,
-                               args.tracemalloc))
+    figures = asyncio.run(
+        soak(args.cycles, args.warmup, args.lanes, args.database_url, args.tracemalloc)
+    )
     figures["max_growth"] = args.max_growth
     figures["ok"] = figures["rss_growth_after_warmup"] <= args.max_growth
     write_figures(args.json, [figures])

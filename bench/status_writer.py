@@ -25,8 +25,9 @@ import aiohttp
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 
 
-async def write(url: str, entries: list[dict[str, Any]],
-                rate: float | None = None) -> dict[str, Any]:
+async def write(
+    url: str, entries: list[dict[str, Any]], rate: float | None = None
+) -> dict[str, Any]:
     """Replace the status of each claim in ``entries`` (as fast as possible, or ``rate``
     writes per second, evenly spaced); return the timing line."""
     started = time.monotonic()

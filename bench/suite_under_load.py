@@ -41,7 +41,10 @@ def run_suite(pytest_args: Sequence[str], log: Path) -> tuple[int, float, str]:
     with log.open("w") as out:
         status = subprocess.call(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     seconds = time.monotonic() - started
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     return status, seconds, lines[-1] if lines else ""
@@ -51,16 +54,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, start the hogs, run the suite ``--runs`` times, stop the hogs."""
     parser = command_line(__doc__, "bench.suite_under_load")
     parser.add_argument("--runs", type=at_least(1), default=3, help="suite runs in a row")
-    parser.add_argument("--hogs", type=at_least(0), default=os.cpu_count() or 1,
-                        help="busy processes beside the suite (default: one per core)")
-    parser.add_argument("--logs", type=Path, default=Path("suite-under-load"),
-                        help="directory for each run's pytest output")
+    parser.add_argument(
+        "--hogs",
+        type=at_least(0),
+        default=os.cpu_count() or 1,
+        help="busy processes beside the suite (default: one per core)",
+    )
+    parser.add_argument(
+        "--logs",
+        type=Path,
+        default=Path("suite-under-load"),
+        help="directory for each run's pytest output",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("pytest_args", nargs="*", help="arguments for pytest (after --)")
     args = parser.parse_args(argv)
     args.logs.mkdir(parents=True, exist_ok=True)
-    print(f"load average before the hogs: {load_average()}; cores: {os.cpu_count()}",
-          flush=True)
+    print(f"load average before the hogs: {load_average()}; cores: {os.cpu_count()}", flush=True)
     hogs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.hogs)]
     for hog in hogs:
         hog.start()
@@ -71,9 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             log = args.logs / f"run-{run}.log"
             status, seconds, summary = run_suite(args.pytest_args, log)
             failed += status != 0
-            figure = {"run": run, "status": status, "seconds": round(seconds, 1),
-                      "summary": summary, "load_average": load_average(),
-                      "hogs": args.hogs}
+            figure = {
+                "run": run,
+                "status": status,
+                "seconds": round(seconds, 1),
+                "summary": summary,
+                "load_average": load_average(),
+                "hogs": args.hogs,
+            }
             figures.append(figure)
             print(json.dumps(figure), flush=True)
     finally:

@@ -31,8 +31,11 @@ if TYPE_CHECKING:
     from app.publisher.publisher import Publisher
     from fabric_dra_sim.kubeapi import KubeEmulator
 
-SHARED_DATA = Path(os.environ.get(
-    "FABRIC_DRA_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED_DATA = Path(
+    os.environ.get(
+        "FABRIC_DRA_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"
+    )
+)
 """The shared test data: ``../shared/data`` beside the checkout, or ``FABRIC_DRA_SHARED_DATA``.
 Every test and benchmark finds its data through this (never by an absolute machine path)."""
 
@@ -43,8 +46,9 @@ REDFISH_DATA = Path(os.environ.get("REDFISH_DATA_DIR", SHARED_DATA / "redfish"))
 REDFISH_BASIC_AUTH = aiohttp.encode_basic_auth("admin", "password")
 """The ``Authorization`` header value of the Redfish simulator's default account."""
 
-SMALL_REDFISH = InventorySpec(regions=1, racks_per_region=2, devices_per_rack=3,
-                              hosts_per_rack=2, device_mix="mixed", seed=7)
+SMALL_REDFISH = InventorySpec(
+    regions=1, racks_per_region=2, devices_per_rack=3, hosts_per_rack=2, device_mix="mixed", seed=7
+)
 """A small simulated Redfish inventory: 2 racks of 3 mixed devices and 2 hosts each."""
 
 
@@ -93,8 +97,9 @@ class MemoryBackend:
 
     kind = "memory"
 
-    def __init__(self, devices: list[FabricDevice] | None = None,
-                 hosts: list[FabricHost] | None = None) -> None:
+    def __init__(
+        self, devices: list[FabricDevice] | None = None, hosts: list[FabricHost] | None = None
+    ) -> None:
         self.devices = list(devices or [])
         self.hosts = list(hosts or [])
         self.device_rejects: list[Rejected] = []
@@ -119,8 +124,13 @@ class MemoryBackend:
                 return i
         raise FabricNotFound(f"device {device.vendor_id} not found")
 
-    async def attach(self, device: FabricDevice, host_id: str, *,
-                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
+    async def attach(
+        self,
+        device: FabricDevice,
+        host_id: str,
+        *,
+        on_operation: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Operation:
         i = self._find(device)
         holder = self.devices[i].host_id
         if holder not in (None, host_id):
@@ -128,15 +138,21 @@ class MemoryBackend:
         self.devices[i] = replace(self.devices[i], host_id=host_id)
         return Operation(None, OperationState.COMPLETED)
 
-    async def detach(self, device: FabricDevice, host_id: str, *,
-                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
+    async def detach(
+        self,
+        device: FabricDevice,
+        host_id: str,
+        *,
+        on_operation: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Operation:
         i = self._find(device)
         if self.devices[i].host_id == host_id:
             self.devices[i] = replace(self.devices[i], host_id=None)
         return Operation(None, OperationState.COMPLETED)
 
-    async def resume(self, op_id: str, device: FabricDevice, host_id: str, *,
-                     attach: bool) -> Operation:
+    async def resume(
+        self, op_id: str, device: FabricDevice, host_id: str, *, attach: bool
+    ) -> Operation:
         # Operations here are synchronous: there is never a task to follow, so the state
         # decides, as the contract says for an operation that is gone.
         if attach:
@@ -150,8 +166,12 @@ class MemoryBackend:
         self.closed = True
 
 
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 15,
-                     what: str = "condition", interval_s: float = 0.05) -> float:
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool],
+    timeout_s: float = 15,
+    what: str = "condition",
+    interval_s: float = 0.05,
+) -> float:
     """Wait until ``check()`` (a plain or an awaitable result) is true, looking every
     ``interval_s`` seconds; returns the seconds waited. Raises AssertionError naming ``what``
     after ``timeout_s``. The one way every test waits for an asynchronous outcome."""
@@ -168,22 +188,31 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: flo
         await asyncio.sleep(interval_s)
 
 
-async def publisher_caught_up(emu: KubeEmulator, publisher: Publisher,
-                              timeout_s: float = 15) -> None:
+async def publisher_caught_up(
+    emu: KubeEmulator, publisher: Publisher, timeout_s: float = 15
+) -> None:
     """Wait until ``publisher``'s watch has delivered everything up to ``emu``'s current
     resourceVersion (an event or a bookmark at or past it: every event before it was handled),
     then until the publisher is idle. Raises AssertionError after ``timeout_s``."""
     target = emu.resource_version
     (informer,) = publisher.informers()
-    await eventually(lambda: int(informer.resource_version or 0) >= target, timeout_s,
-                     f"the publisher's watch at resourceVersion {target}")
+    await eventually(
+        lambda: int(informer.resource_version or 0) >= target,
+        timeout_s,
+        f"the publisher's watch at resourceVersion {target}",
+    )
     await publisher.wait_idle(timeout_s)
 
 
-async def redfish_call(http: aiohttp.ClientSession, method: str, url: str, *,
-                       auth: str | None = REDFISH_BASIC_AUTH,
-                       headers: dict[str, str] | None = None,
-                       **kwargs: Any) -> tuple[int, Any, Any]:
+async def redfish_call(
+    http: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    auth: str | None = REDFISH_BASIC_AUTH,
+    headers: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> tuple[int, Any, Any]:
     """Send one request with an ``Authorization`` header value ``auth`` (None: none).
 
     Returns (status, parsed JSON body or raw text or None, headers).

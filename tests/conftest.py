@@ -29,8 +29,7 @@ from app.db.engine import Database, make_engine
 from app.db.migrate import upgrade
 
 # Property tests check behaviour, not speed: a loaded CI machine must not fail them on time.
-settings.register_profile(
-    "fabric-dra", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("fabric-dra", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("fabric-dra")
 
 PG_ADMIN_URL = os.environ.get(
@@ -146,7 +145,8 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     for _ in range(3):
         await asyncio.sleep(0)
     leaked = [
-        task for task in asyncio.all_tasks()
+        task
+        for task in asyncio.all_tasks()
         if task is not asyncio.current_task() and not task.done()
     ]
     for task in leaked:

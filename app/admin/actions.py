@@ -101,20 +101,27 @@ class DatabaseActions:
         """Write the cordon columns and an event; True when something changed."""
         now = self.clock()
         async with self.db.write() as session:
-            row = (await session.execute(
-                select(Device.id, Device.removed_at, Device.cordoned_at, Device.cordon_reason)
-                .where(Device.name == name)
-            )).one_or_none()
+            row = (
+                await session.execute(
+                    select(
+                        Device.id, Device.removed_at, Device.cordoned_at, Device.cordon_reason
+                    ).where(Device.name == name)
+                )
+            ).one_or_none()
             if row is None:
                 raise LookupError(f"device {name!r} is not in the inventory")
             if row.removed_at is not None:
-                raise ValueError(f"device {name!r} was removed from the fabric; "
-                                 "there is nothing to cordon or uncordon")
+                raise ValueError(
+                    f"device {name!r} was removed from the fabric; "
+                    "there is nothing to cordon or uncordon"
+                )
             if cordon:
                 if row.cordoned_at is not None and row.cordon_reason == reason:
                     return False
-                values: dict[str, Any] = {"cordoned_at": row.cordoned_at or now,
-                                          "cordon_reason": reason}
+                values: dict[str, Any] = {
+                    "cordoned_at": row.cordoned_at or now,
+                    "cordon_reason": reason,
+                }
                 event = ("cordoned", row.cordon_reason, reason)
             else:
                 if row.cordoned_at is None:
@@ -122,8 +129,11 @@ class DatabaseActions:
                 values = {"cordoned_at": None, "cordon_reason": None}
                 event = ("uncordoned", row.cordon_reason, None)
             await session.execute(update(Device).where(Device.id == row.id).values(**values))
-            await session.execute(insert(DeviceEvent).values(
-                device_id=row.id, at=now, kind=event[0], old=event[1], new=event[2]))
+            await session.execute(
+                insert(DeviceEvent).values(
+                    device_id=row.id, at=now, kind=event[0], old=event[1], new=event[2]
+                )
+            )
         return True
 
     async def cordon(self, device: str, reason: str) -> Mapping[str, Any]:
@@ -174,12 +184,18 @@ class DatabaseActions:
                 raise LookupError(f"reservation {reservation_id} does not exist")
             if current.state == RELEASED:
                 raise ValueError(f"reservation {reservation_id} is released already")
-            result = await self.ops.release_once(current, None, note=RELEASE_NOTE,
-                                                 retry_detach_failed=True)
+            result = await self.ops.release_once(
+                current, None, note=RELEASE_NOTE, retry_detach_failed=True
+            )
             done = result.reservation
             if done is not None:
-                log.info("reservation %d (device %s, claim %s) force-released by an "
-                         "administrator: %s", done.id, done.device_name, done.claim, done.state)
+                log.info(
+                    "reservation %d (device %s, claim %s) force-released by an administrator: %s",
+                    done.id,
+                    done.device_name,
+                    done.claim,
+                    done.state,
+                )
                 await self._changed()
                 return done.to_json()
             # Another worker moved it between our read and our write: read again.
@@ -206,22 +222,36 @@ class DatabaseActions:
         if current is None:
             raise LookupError(f"reservation {reservation_id} does not exist")
         if current.state == RELEASED:
-            raise ValueError(f"reservation {reservation_id} is released: there is nothing to "
-                             "forget")
+            raise ValueError(
+                f"reservation {reservation_id} is released: there is nothing to forget"
+            )
         if current.state not in FORGET_FROM:
             raise ValueError(
                 f"reservation {reservation_id} is {current.state}: only a detach-failed, failed "
                 "or detaching reservation can be forgotten (a live claim may be using this "
-                "device); release it instead, which detaches it")
+                "device); release it instead, which detaches it"
+            )
         done = await self.journal.forget(reservation_id, reason)
         if done is None:
             raise ValueError(f"reservation {reservation_id} changed state meanwhile; try again")
         async with self.db.write() as session:
-            await session.execute(insert(DeviceEvent).values(
-                device_id=done.device_id, at=self.clock(), kind="forgotten",
-                old=current.state, new=reason[:255]))
-        log.warning("reservation %d (device %s, claim %s, was %s) forgotten by an "
-                    "administrator without a detach: %s", done.id, done.device_name,
-                    done.claim, current.state, reason)
+            await session.execute(
+                insert(DeviceEvent).values(
+                    device_id=done.device_id,
+                    at=self.clock(),
+                    kind="forgotten",
+                    old=current.state,
+                    new=reason[:255],
+                )
+            )
+        log.warning(
+            "reservation %d (device %s, claim %s, was %s) forgotten by an "
+            "administrator without a detach: %s",
+            done.id,
+            done.device_name,
+            done.claim,
+            current.state,
+            reason,
+        )
         await self._changed()
         return done.to_json()

@@ -92,12 +92,17 @@ class Call:
 
 def json_answer(data: Any, status: int = 200) -> web.Response:
     """A JSON answer (values that are not JSON types are written as strings)."""
-    return web.Response(text=json.dumps(data, default=str), status=status,
-                        content_type="application/json")
+    return web.Response(
+        text=json.dumps(data, default=str), status=status, content_type="application/json"
+    )
 
 
-def error_answer(status: int, message: str, request_id: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> web.Response:
+def error_answer(
+    status: int,
+    message: str,
+    request_id: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
     """The JSON error answer every failure gets."""
     error: dict[str, Any] = {"code": status, "message": message}
     if request_id:
@@ -112,8 +117,10 @@ def _http_message(request: web.Request, exc: web.HTTPException, limit: int) -> s
     if isinstance(exc, web.HTTPNotFound):
         return f"no route {request.method} {request.path}"
     if isinstance(exc, web.HTTPMethodNotAllowed):
-        return (f"method {request.method} is not allowed on {request.path}; allowed: "
-                f"{', '.join(sorted(exc.allowed_methods))}")
+        return (
+            f"method {request.method} is not allowed on {request.path}; allowed: "
+            f"{', '.join(sorted(exc.allowed_methods))}"
+        )
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return f"request body larger than {limit} bytes"
     return exc.reason
@@ -135,10 +142,14 @@ async def _errors(
         limit = request.app[CONTEXT].max_request_bytes
         response = error_answer(exc.status, _http_message(request, exc, limit), headers=headers)
     except Exception:
-        log.exception("admin request %s %s failed (request id %s)", request.method,
-                      request.path, request_id)
-        response = error_answer(500, f"internal error (request id {request_id}); the "
-                                     "service log has the details", request_id)
+        log.exception(
+            "admin request %s %s failed (request id %s)", request.method, request.path, request_id
+        )
+        response = error_answer(
+            500,
+            f"internal error (request id {request_id}); the service log has the details",
+            request_id,
+        )
     response.headers["X-Request-Id"] = request_id
     return response
 
@@ -161,8 +172,11 @@ def _authorize(request: web.Request, context: AdminContext, access: str) -> None
         raise ApiError(403, f"{what} disabled: no token is configured (admin.token_file)")
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not presented.strip():
-        raise ApiError(401, "a bearer token is required (Authorization: Bearer <token>)",
-                       {"WWW-Authenticate": 'Bearer realm="fabric-dra"'})
+        raise ApiError(
+            401,
+            "a bearer token is required (Authorization: Bearer <token>)",
+            {"WWW-Authenticate": 'Bearer realm="fabric-dra"'},
+        )
     expected = context.token.get_secret_value().encode()
     if not hmac.compare_digest(presented.strip().encode(), expected):
         log.warning("admin request %s %s refused: wrong token", request.method, request.path)
@@ -222,8 +236,9 @@ async def _body(request: web.Request, context: AdminContext, route: Route) -> An
             raise ApiError(400, "a JSON body is required")
         return None
     if request.content_type not in JSON_TYPES:
-        raise ApiError(415, f"the body must be application/json, not "
-                            f"{request.content_type or 'unspecified'}")
+        raise ApiError(
+            415, f"the body must be application/json, not {request.content_type or 'unspecified'}"
+        )
     raw = await request.read()  # bounded by client_max_size: 413 past it
     if not raw:
         if route.body is not None and route.body_required:
@@ -283,8 +298,10 @@ async def ready(call: Call) -> web.Response:
         log.exception("readiness checks failed")
         checks = [Check("readiness", False, f"checks could not run: {type(err).__name__}")]
     ok = all(c.ok for c in checks)
-    return json_answer({"status": "ready" if ok else "not ready",
-                        "checks": _checks_json(checks)}, 200 if ok else 503)
+    return json_answer(
+        {"status": "ready" if ok else "not ready", "checks": _checks_json(checks)},
+        200 if ok else 503,
+    )
 
 
 async def metrics(call: Call) -> web.Response:
@@ -297,9 +314,13 @@ async def metrics(call: Call) -> web.Response:
 async def status(call: Call) -> web.Response:
     """The live summary and the database's counts."""
     service = await call.context.status()
-    return json_answer({"service": service, "database": await queries.counts(call.context.db),
-                        "attention": await queries.attention(call.context.db,
-                                                             call.pool_config)})
+    return json_answer(
+        {
+            "service": service,
+            "database": await queries.counts(call.context.db),
+            "attention": await queries.attention(call.context.db, call.pool_config),
+        }
+    )
 
 
 def _publisher(context: AdminContext) -> Mapping[str, Any] | None:
@@ -321,8 +342,9 @@ async def list_pools(call: Call) -> web.Response:
 async def get_pool(call: Call) -> web.Response:
     """One pool with its devices and slices."""
     name = call.query["pool"]
-    data = await queries.pool_detail(call.context.db, name, call.pool_config,
-                                     _publisher(call.context))
+    data = await queries.pool_detail(
+        call.context.db, name, call.pool_config, _publisher(call.context)
+    )
     if data is None:
         raise ApiError(404, f"pool {name!r} has no device in the inventory")
     return json_answer(data)
@@ -333,16 +355,29 @@ async def list_devices(call: Call) -> web.Response:
     limit, offset, token = _paging(call)
     q = call.query
     filters = queries.DeviceFilter(
-        pool=q["pool"], region=q["region"], rack=q["rack"], device_type=q["type"],
-        health=q["health"], state=q["state"], q=q["q"],
+        pool=q["pool"],
+        region=q["region"],
+        rack=q["rack"],
+        device_type=q["type"],
+        health=q["health"],
+        state=q["state"],
+        q=q["q"],
     )
     try:
-        page = await queries.list_devices(call.context.db, filters, call.pool_config,
-                                          limit=limit, offset=offset, token=token)
+        page = await queries.list_devices(
+            call.context.db, filters, call.pool_config, limit=limit, offset=offset, token=token
+        )
     except queries.BadToken as err:
         raise ApiError(400, str(err)) from err
-    return json_answer({"items": page.items, "total": page.total, "limit": limit,
-                        "offset": offset, "continue": page.next_token})
+    return json_answer(
+        {
+            "items": page.items,
+            "total": page.total,
+            "limit": limit,
+            "offset": offset,
+            "continue": page.next_token,
+        }
+    )
 
 
 async def get_device(call: Call) -> web.Response:
@@ -362,12 +397,20 @@ async def list_reservations(call: Call) -> web.Response:
         namespace, _, name = call.query["claim"].partition("/")
     filters = queries.ReservationFilter(call.query["state"], namespace, name)
     try:
-        page = await queries.list_reservations(call.context.db, filters, limit=limit,
-                                               offset=offset, token=token)
+        page = await queries.list_reservations(
+            call.context.db, filters, limit=limit, offset=offset, token=token
+        )
     except queries.BadToken as err:
         raise ApiError(400, str(err)) from err
-    return json_answer({"items": page.items, "total": page.total, "limit": limit,
-                        "offset": offset, "continue": page.next_token})
+    return json_answer(
+        {
+            "items": page.items,
+            "total": page.total,
+            "limit": limit,
+            "offset": offset,
+            "continue": page.next_token,
+        }
+    )
 
 
 async def get_claim(call: Call) -> web.Response:
@@ -379,16 +422,26 @@ async def get_claim(call: Call) -> web.Response:
     stored = await queries.claim_reservations(call.context.db, namespace, name)
     claim = view.get("claim") if view else None
     if claim is None and not stored["reservations"]:
-        raise ApiError(404, f"claim {namespace}/{name} is neither known to the controller nor "
-                            "in the reservation journal")
-    live_errors = [e if isinstance(e, dict) else {"message": str(e)}
-                   for e in (view.get("errors") or [] if view else [])]
-    return json_answer({
-        "namespace": namespace, "name": name, "claim": claim,
-        "live": call.context.claim_view is not None,
-        "reservations": stored["reservations"], "fabric": stored["fabric"],
-        "errors": [*live_errors, *stored["errors"]],
-    })
+        raise ApiError(
+            404,
+            f"claim {namespace}/{name} is neither known to the controller nor "
+            "in the reservation journal",
+        )
+    live_errors = [
+        e if isinstance(e, dict) else {"message": str(e)}
+        for e in (view.get("errors") or [] if view else [])
+    ]
+    return json_answer(
+        {
+            "namespace": namespace,
+            "name": name,
+            "claim": claim,
+            "live": call.context.claim_view is not None,
+            "reservations": stored["reservations"],
+            "fabric": stored["fabric"],
+            "errors": [*live_errors, *stored["errors"]],
+        }
+    )
 
 
 async def what_if(call: Call) -> web.Response:
@@ -397,8 +450,9 @@ async def what_if(call: Call) -> web.Response:
         raise ApiError(503, "what-if needs the allocator, which is not running here")
     spec = call.body
     if not isinstance(spec, dict) or not isinstance(spec.get("devices"), dict):
-        raise ApiError(400, "the body must be a ResourceClaim spec: an object with a "
-                            "'devices' object")
+        raise ApiError(
+            400, "the body must be a ResourceClaim spec: an object with a 'devices' object"
+        )
     for key in ("requests", "constraints", "config"):
         items = spec["devices"].get(key, [])
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
@@ -428,14 +482,22 @@ async def release(call: Call) -> web.Response:
     if reservation.get("state") == "released":
         return json_answer({"reservation": reservation, "message": "released"})
     if reservation.get("state") == "detach-failed":
-        return json_answer({"reservation": reservation,
-                            "message": "the detach failed for good; the reservation is "
-                                       "detach-failed: fix it on the fabric, then forget it"},
-                           202)
-    return json_answer({"reservation": reservation,
-                        "message": "the detach failed; the reservation stays "
-                                   f"{reservation.get('state')} and the controller retries it"},
-                       202)
+        return json_answer(
+            {
+                "reservation": reservation,
+                "message": "the detach failed for good; the reservation is "
+                "detach-failed: fix it on the fabric, then forget it",
+            },
+            202,
+        )
+    return json_answer(
+        {
+            "reservation": reservation,
+            "message": "the detach failed; the reservation stays "
+            f"{reservation.get('state')} and the controller retries it",
+        },
+        202,
+    )
 
 
 async def forget(call: Call) -> web.Response:
@@ -443,16 +505,23 @@ async def forget(call: Call) -> web.Response:
     ``{"reason": "..."}``, required."""
     body = call.body
     if not isinstance(body, dict) or set(body) != {"reason"}:
-        raise ApiError(400, "the body must be an object with exactly a 'reason': say what "
-                            "was fixed on the fabric")
+        raise ApiError(
+            400,
+            "the body must be an object with exactly a 'reason': say what was fixed on the fabric",
+        )
     reason = body["reason"]
     if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
-        raise ApiError(400, f"'reason' must be a non-empty string of at most {MAX_REASON} "
-                            "characters")
+        raise ApiError(
+            400, f"'reason' must be a non-empty string of at most {MAX_REASON} characters"
+        )
     reservation = await _act_value(call.context.actions.forget(call.query["id"], reason))
-    return json_answer({"reservation": reservation,
-                        "message": "released without a detach; the next inventory sync "
-                                   "reads the device's holder from the fabric"})
+    return json_answer(
+        {
+            "reservation": reservation,
+            "message": "released without a detach; the next inventory sync "
+            "reads the device's holder from the fabric",
+        }
+    )
 
 
 async def _act_value(action: Awaitable[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -503,12 +572,27 @@ async def dashboard(call: Call) -> web.Response:
 # --------------------------------------------------------------------------- route table
 def _paging_params() -> tuple[Param, ...]:
     return (
-        Param("limit", kind="integer", minimum=1, maximum=500, default=100,
-              description="rows per page, 1 to 500"),
-        Param("offset", kind="integer", minimum=0, maximum=MAX_OFFSET,
-              description="rows to skip (not with 'continue')"),
-        Param("continue", description="the token of the next page from the previous answer",
-              max_length=512, pattern=TEXT),
+        Param(
+            "limit",
+            kind="integer",
+            minimum=1,
+            maximum=500,
+            default=100,
+            description="rows per page, 1 to 500",
+        ),
+        Param(
+            "offset",
+            kind="integer",
+            minimum=0,
+            maximum=MAX_OFFSET,
+            description="rows to skip (not with 'continue')",
+        ),
+        Param(
+            "continue",
+            description="the token of the next page from the previous answer",
+            max_length=512,
+            pattern=TEXT,
+        ),
     )
 
 
@@ -520,107 +604,265 @@ def routes() -> tuple[Route, ...]:
     """Every route of the admin app (the router and the OpenAPI document are built from it)."""
     device_name = Param("name", "path", "the device name", pattern=DNS_LABEL)
     return (
-        Route("GET", "/", dashboard, "dashboard", "The HTML dashboard.", "dashboard",
-              answers={200: ("The dashboard page.", None)}, media_type="text/html"),
-        Route("GET", "/healthz", health, "health", "Liveness checks.", "probes", OPEN,
-              answers={200: ("Alive.", _json("Health")), 503: ("A check fails.",
-                                                                _json("Health"))}),
-        Route("GET", "/readyz", ready, "readiness", "Readiness checks.", "probes", OPEN,
-              answers={200: ("Ready.", _json("Readiness")),
-                       503: ("Not ready.", _json("Readiness"))}),
-        Route("GET", "/metrics", metrics, "metrics", "Prometheus metrics.", "probes", OPEN,
-              answers={200: ("Prometheus text format.", None)}, media_type=CONTENT_TYPE_LATEST),
-        Route("GET", f"{API}/openapi.json", openapi, "openapi", "This document.", "meta", OPEN,
-              answers={200: ("The OpenAPI 3.1 document.", {"type": "object"})}),
-        Route("GET", f"{API}/status", status, "get_status",
-              "Live summary and inventory/reservation counts.", "status",
-              answers={200: ("The summary.", _json("Status"))}),
-        Route("GET", f"{API}/pools", list_pools, "list_pools",
-              "Pools with counts, utilisation and publishing status.", "pools",
-              answers={200: ("The pools.", _json("PoolList"))}),
-        Route("GET", f"{API}/pools/{{pool:.+}}", get_pool, "get_pool",
-              "One pool with its devices and slices.", "pools",
-              params=(Param("pool", "path", "the pool name, e.g. us-east/rack-01",
-                            max_length=253, pattern=TEXT),),
-              answers={200: ("The pool.", _json("PoolDetail"))}, errors=(400, 404)),
-        Route("GET", f"{API}/devices", list_devices, "list_devices",
-              "Devices, filtered and paged by name.", "devices",
-              params=(
-                  Param("pool", description="pool name", max_length=253, pattern=TEXT),
-                  Param("region", description="region", max_length=255, pattern=TEXT),
-                  Param("rack", description="rack", max_length=255, pattern=TEXT),
-                  Param("type", description="device type",
-                        enum=tuple(t.value for t in DeviceType)),
-                  Param("health", description="device health",
-                        enum=tuple(h.value for h in Health)),
-                  Param("state", description="admin state", enum=queries.DEVICE_STATES),
-                  Param("q", description="substring of the name or model", max_length=255,
-                        pattern=TEXT),
-                  *_paging_params(),
-              ),
-              answers={200: ("One page of devices.", _json("DeviceList"))}, errors=(400,)),
-        Route("GET", f"{API}/devices/{{name}}", get_device, "get_device",
-              "One device with its events and reservations.", "devices",
-              params=(device_name,), answers={200: ("The device.", _json("DeviceDetail"))},
-              errors=(400, 404)),
-        Route("POST", f"{API}/devices/{{name}}/cordon", cordon, "cordon_device",
-              "Take a device out of the published slices.", "actions", ACTION,
-              params=(device_name,), body=_json("CordonRequest"), body_required=False,
-              answers={200: ("The device.", _json("Device"))}, errors=(400, 404, 409)),
-        Route("POST", f"{API}/devices/{{name}}/uncordon", uncordon, "uncordon_device",
-              "Offer a cordoned device again.", "actions", ACTION, params=(device_name,),
-              answers={200: ("The device.", _json("Device"))}, errors=(400, 404, 409)),
-        Route("GET", f"{API}/reservations", list_reservations, "list_reservations",
-              "Reservations, newest first, filtered and paged.", "reservations",
-              params=(
-                  Param("state", description="a reservation state, or active",
-                        enum=(*STATES, "active")),
-                  Param("claim", description="namespace/name of a claim",
-                        pattern=CLAIM, max_length=317),
-                  *_paging_params(),
-              ),
-              answers={200: ("One page of reservations.", _json("ReservationList"))},
-              errors=(400,)),
-        Route("POST", f"{API}/reservations/{{id}}/release", release, "release_reservation",
-              "Detach (best effort) and release a reservation.", "actions", ACTION,
-              params=(Param("id", "path", "the reservation id", kind="integer", minimum=1,
-                            maximum=MAX_OFFSET),),
-              answers={200: ("Released.", _json("ReleaseAnswer")),
-                       202: ("The detach failed; the reservation stays detaching (the "
-                             "controller retries it) or is detach-failed.",
-                             _json("ReleaseAnswer"))},
-              errors=(400, 404, 409)),
-        Route("POST", f"{API}/reservations/{{id}}/forget", forget, "forget_reservation",
-              "Release a reservation without a detach (hardware fixed by hand); a reason "
-              "is required and journalled.", "actions", ACTION,
-              params=(Param("id", "path", "the reservation id", kind="integer", minimum=1,
-                            maximum=MAX_OFFSET),),
-              body=_json("ForgetRequest"),
-              answers={200: ("Released without a detach.", _json("ReleaseAnswer"))},
-              errors=(400, 404, 409)),
-        Route("GET", f"{API}/claims/{{namespace}}/{{name}}", get_claim, "get_claim",
-              "One claim: live view, reservations, fabric state, errors.", "claims",
-              params=(Param("namespace", "path", "the claim's namespace", pattern=DNS_LABEL),
-                      Param("name", "path", "the claim's name", pattern=DNS_SUBDOMAIN,
-                            max_length=253)),
-              answers={200: ("The claim.", _json("ClaimView"))}, errors=(400, 404)),
-        Route("POST", f"{API}/allocations/what-if", what_if, "what_if",
-              "Could this claim spec be allocated now, and where.", "claims",
-              body=_json("ClaimSpec"), answers={200: ("The allocator's answer.",
-                                                      _json("WhatIf"))},
-              errors=(400, 503)),
+        Route(
+            "GET",
+            "/",
+            dashboard,
+            "dashboard",
+            "The HTML dashboard.",
+            "dashboard",
+            answers={200: ("The dashboard page.", None)},
+            media_type="text/html",
+        ),
+        Route(
+            "GET",
+            "/healthz",
+            health,
+            "health",
+            "Liveness checks.",
+            "probes",
+            OPEN,
+            answers={200: ("Alive.", _json("Health")), 503: ("A check fails.", _json("Health"))},
+        ),
+        Route(
+            "GET",
+            "/readyz",
+            ready,
+            "readiness",
+            "Readiness checks.",
+            "probes",
+            OPEN,
+            answers={200: ("Ready.", _json("Readiness")), 503: ("Not ready.", _json("Readiness"))},
+        ),
+        Route(
+            "GET",
+            "/metrics",
+            metrics,
+            "metrics",
+            "Prometheus metrics.",
+            "probes",
+            OPEN,
+            answers={200: ("Prometheus text format.", None)},
+            media_type=CONTENT_TYPE_LATEST,
+        ),
+        Route(
+            "GET",
+            f"{API}/openapi.json",
+            openapi,
+            "openapi",
+            "This document.",
+            "meta",
+            OPEN,
+            answers={200: ("The OpenAPI 3.1 document.", {"type": "object"})},
+        ),
+        Route(
+            "GET",
+            f"{API}/status",
+            status,
+            "get_status",
+            "Live summary and inventory/reservation counts.",
+            "status",
+            answers={200: ("The summary.", _json("Status"))},
+        ),
+        Route(
+            "GET",
+            f"{API}/pools",
+            list_pools,
+            "list_pools",
+            "Pools with counts, utilisation and publishing status.",
+            "pools",
+            answers={200: ("The pools.", _json("PoolList"))},
+        ),
+        Route(
+            "GET",
+            f"{API}/pools/{{pool:.+}}",
+            get_pool,
+            "get_pool",
+            "One pool with its devices and slices.",
+            "pools",
+            params=(
+                Param(
+                    "pool",
+                    "path",
+                    "the pool name, e.g. us-east/rack-01",
+                    max_length=253,
+                    pattern=TEXT,
+                ),
+            ),
+            answers={200: ("The pool.", _json("PoolDetail"))},
+            errors=(400, 404),
+        ),
+        Route(
+            "GET",
+            f"{API}/devices",
+            list_devices,
+            "list_devices",
+            "Devices, filtered and paged by name.",
+            "devices",
+            params=(
+                Param("pool", description="pool name", max_length=253, pattern=TEXT),
+                Param("region", description="region", max_length=255, pattern=TEXT),
+                Param("rack", description="rack", max_length=255, pattern=TEXT),
+                Param("type", description="device type", enum=tuple(t.value for t in DeviceType)),
+                Param("health", description="device health", enum=tuple(h.value for h in Health)),
+                Param("state", description="admin state", enum=queries.DEVICE_STATES),
+                Param(
+                    "q", description="substring of the name or model", max_length=255, pattern=TEXT
+                ),
+                *_paging_params(),
+            ),
+            answers={200: ("One page of devices.", _json("DeviceList"))},
+            errors=(400,),
+        ),
+        Route(
+            "GET",
+            f"{API}/devices/{{name}}",
+            get_device,
+            "get_device",
+            "One device with its events and reservations.",
+            "devices",
+            params=(device_name,),
+            answers={200: ("The device.", _json("DeviceDetail"))},
+            errors=(400, 404),
+        ),
+        Route(
+            "POST",
+            f"{API}/devices/{{name}}/cordon",
+            cordon,
+            "cordon_device",
+            "Take a device out of the published slices.",
+            "actions",
+            ACTION,
+            params=(device_name,),
+            body=_json("CordonRequest"),
+            body_required=False,
+            answers={200: ("The device.", _json("Device"))},
+            errors=(400, 404, 409),
+        ),
+        Route(
+            "POST",
+            f"{API}/devices/{{name}}/uncordon",
+            uncordon,
+            "uncordon_device",
+            "Offer a cordoned device again.",
+            "actions",
+            ACTION,
+            params=(device_name,),
+            answers={200: ("The device.", _json("Device"))},
+            errors=(400, 404, 409),
+        ),
+        Route(
+            "GET",
+            f"{API}/reservations",
+            list_reservations,
+            "list_reservations",
+            "Reservations, newest first, filtered and paged.",
+            "reservations",
+            params=(
+                Param(
+                    "state", description="a reservation state, or active", enum=(*STATES, "active")
+                ),
+                Param(
+                    "claim", description="namespace/name of a claim", pattern=CLAIM, max_length=317
+                ),
+                *_paging_params(),
+            ),
+            answers={200: ("One page of reservations.", _json("ReservationList"))},
+            errors=(400,),
+        ),
+        Route(
+            "POST",
+            f"{API}/reservations/{{id}}/release",
+            release,
+            "release_reservation",
+            "Detach (best effort) and release a reservation.",
+            "actions",
+            ACTION,
+            params=(
+                Param(
+                    "id",
+                    "path",
+                    "the reservation id",
+                    kind="integer",
+                    minimum=1,
+                    maximum=MAX_OFFSET,
+                ),
+            ),
+            answers={
+                200: ("Released.", _json("ReleaseAnswer")),
+                202: (
+                    "The detach failed; the reservation stays detaching (the "
+                    "controller retries it) or is detach-failed.",
+                    _json("ReleaseAnswer"),
+                ),
+            },
+            errors=(400, 404, 409),
+        ),
+        Route(
+            "POST",
+            f"{API}/reservations/{{id}}/forget",
+            forget,
+            "forget_reservation",
+            "Release a reservation without a detach (hardware fixed by hand); a reason "
+            "is required and journalled.",
+            "actions",
+            ACTION,
+            params=(
+                Param(
+                    "id",
+                    "path",
+                    "the reservation id",
+                    kind="integer",
+                    minimum=1,
+                    maximum=MAX_OFFSET,
+                ),
+            ),
+            body=_json("ForgetRequest"),
+            answers={200: ("Released without a detach.", _json("ReleaseAnswer"))},
+            errors=(400, 404, 409),
+        ),
+        Route(
+            "GET",
+            f"{API}/claims/{{namespace}}/{{name}}",
+            get_claim,
+            "get_claim",
+            "One claim: live view, reservations, fabric state, errors.",
+            "claims",
+            params=(
+                Param("namespace", "path", "the claim's namespace", pattern=DNS_LABEL),
+                Param("name", "path", "the claim's name", pattern=DNS_SUBDOMAIN, max_length=253),
+            ),
+            answers={200: ("The claim.", _json("ClaimView"))},
+            errors=(400, 404),
+        ),
+        Route(
+            "POST",
+            f"{API}/allocations/what-if",
+            what_if,
+            "what_if",
+            "Could this claim spec be allocated now, and where.",
+            "claims",
+            body=_json("ClaimSpec"),
+            answers={200: ("The allocator's answer.", _json("WhatIf"))},
+            errors=(400, 503),
+        ),
     )
 
 
 def make_app(context: AdminContext) -> web.Application:
     """The admin application for ``context`` (run it with an aiohttp runner)."""
-    app = web.Application(middlewares=[_errors], client_max_size=context.max_request_bytes,
-                          handler_args=HANDLER_ARGS)
+    app = web.Application(
+        middlewares=[_errors], client_max_size=context.max_request_bytes, handler_args=HANDLER_ARGS
+    )
     app[CONTEXT] = context
     app[POOL_CONFIG] = context.pool_config or PoolConfig(driver_name=context.driver_name)
     app[TEMPLATE_ENV] = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, enable_async=True,
-        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        enable_async=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
     )
     table = routes()
     for route in table:

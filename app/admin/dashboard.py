@@ -66,16 +66,19 @@ def recent_errors(service: Mapping[str, Any] | None, now: dt.datetime) -> list[d
                 found.append((None, f"pool {name}", str(pool["last_error"])))
     for status in _dicts((service or {}).get("inventory")):
         if status.get("last_error"):
-            found.append((parse_time(status.get("last_attempt_at")),
-                          f"inventory {status.get('backend', '')}".strip(),
-                          str(status["last_error"])))
+            found.append(
+                (
+                    parse_time(status.get("last_attempt_at")),
+                    f"inventory {status.get('backend', '')}".strip(),
+                    str(status["last_error"]),
+                )
+            )
     for loop in _dicts((service or {}).get("loops")):
         if loop.get("last_error"):
             found.append((None, f"loop {loop.get('name', '?')}", str(loop["last_error"])))
     found.sort(key=lambda e: e[0] or dt.datetime.min.replace(tzinfo=dt.UTC), reverse=True)
     return [
-        {"source": source, "message": message,
-         "age": age(now, when.isoformat()) if when else ""}
+        {"source": source, "message": message, "age": age(now, when.isoformat()) if when else ""}
         for when, source, message in found[:MAX_ERRORS]
     ]
 
@@ -97,16 +100,22 @@ def regions(pools: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         racks = sorted(grouped[name], key=lambda p: str(p["name"]))
         published = sum(int(p.get("published") or 0) for p in racks)
         reserved = sum(int(p.get("reserved") or 0) for p in racks)
-        result.append({
-            "name": name, "pools": racks, "devices": sum(int(p["devices"]) for p in racks),
-            "published": published, "reserved": reserved,
-            "percent": round(100 * reserved / published, 1) if published else 0.0,
-        })
+        result.append(
+            {
+                "name": name,
+                "pools": racks,
+                "devices": sum(int(p["devices"]) for p in racks),
+                "published": published,
+                "reserved": reserved,
+                "percent": round(100 * reserved / published, 1) if published else 0.0,
+            }
+        )
     return result
 
 
-def freshness(service: Mapping[str, Any] | None, counts: Mapping[str, Any],
-              now: dt.datetime) -> list[dict[str, str]]:
+def freshness(
+    service: Mapping[str, Any] | None, counts: Mapping[str, Any], now: dt.datetime
+) -> list[dict[str, str]]:
     """One line per live part: how fresh its view is."""
     lines: list[dict[str, str]] = []
     statuses = _dicts((service or {}).get("inventory")) or _dicts(counts.get("inventory"))
@@ -116,43 +125,58 @@ def freshness(service: Mapping[str, Any] | None, counts: Mapping[str, Any],
         detail = f"{status.get('device_count', 0)} devices, {status.get('host_count', 0)} hosts"
         if failures:
             detail += f", {failures} failed in a row"
-        lines.append({
-            "what": f"inventory ({status.get('backend', '?')})",
-            "age": age(now, status.get("last_success_at")),
-            "detail": detail, "level": "bad" if stale else "warn" if failures else "ok",
-        })
+        lines.append(
+            {
+                "what": f"inventory ({status.get('backend', '?')})",
+                "age": age(now, status.get("last_success_at")),
+                "detail": detail,
+                "level": "bad" if stale else "warn" if failures else "ok",
+            }
+        )
     if not statuses:
-        lines.append({"what": "inventory", "age": "never", "detail": "no sync yet",
-                      "level": "warn"})
+        lines.append(
+            {"what": "inventory", "age": "never", "detail": "no sync yet", "level": "warn"}
+        )
     publisher = _section(service, "publisher")
     if publisher:
         writes = publisher.get("writes") or {}
         written = ", ".join(f"{k} {v}" for k, v in sorted(dict(writes).items())) or "none"
-        lines.append({
-            "what": "publisher",
-            "age": age(now, publisher.get("last_sync_at")) if publisher.get("last_sync_at")
-            else ("synced" if publisher.get("synced") else "syncing"),
-            "detail": f"queue {publisher.get('queue_depth', 0)}, writes: {written}",
-            "level": "ok" if publisher.get("synced") else "warn",
-        })
+        lines.append(
+            {
+                "what": "publisher",
+                "age": age(now, publisher.get("last_sync_at"))
+                if publisher.get("last_sync_at")
+                else ("synced" if publisher.get("synced") else "syncing"),
+                "detail": f"queue {publisher.get('queue_depth', 0)}, writes: {written}",
+                "level": "ok" if publisher.get("synced") else "warn",
+            }
+        )
     elif service is not None:
-        lines.append({"what": "publisher", "age": "not running here",
-                      "detail": "only the leader publishes", "level": "idle"})
+        lines.append(
+            {
+                "what": "publisher",
+                "age": "not running here",
+                "detail": "only the leader publishes",
+                "level": "idle",
+            }
+        )
     claims = _section(service, "claims")
     if claims:
-        lines.append({
-            "what": "claims",
-            "age": "synced" if claims.get("synced") else "syncing",
-            "detail": f"queue {claims.get('queue_depth', 0)}, "
-                      f"{claims.get('claims_seen', 0)} claims seen",
-            "level": "ok" if claims.get("healthy", claims.get("synced")) else "warn",
-        })
+        lines.append(
+            {
+                "what": "claims",
+                "age": "synced" if claims.get("synced") else "syncing",
+                "detail": f"queue {claims.get('queue_depth', 0)}, "
+                f"{claims.get('claims_seen', 0)} claims seen",
+                "level": "ok" if claims.get("healthy", claims.get("synced")) else "warn",
+            }
+        )
     return lines
 
 
-def waiting_claims(service: Mapping[str, Any] | None,
-                   unsettled: Sequence[Mapping[str, Any]], now: dt.datetime) -> list[
-                       dict[str, str]]:
+def waiting_claims(
+    service: Mapping[str, Any] | None, unsettled: Sequence[Mapping[str, Any]], now: dt.datetime
+) -> list[dict[str, str]]:
     """Claims waiting for something: those the reconciler says wait, and reservations not yet
     attached (or stuck detaching or failed)."""
     rows = [
@@ -161,19 +185,24 @@ def waiting_claims(service: Mapping[str, Any] | None,
     ]
     for reservation in unsettled:
         claim = reservation.get("claim") or {}
-        rows.append({
-            "claim": f"{claim.get('namespace')}/{claim.get('name')}",
-            "what": f"{reservation.get('device_name')}: {reservation.get('state')}"
-                    + (f" ({reservation['last_error']})" if reservation.get("last_error")
-                       else ""),
-            "since": age(now, reservation.get("updated_at")),
-        })
+        rows.append(
+            {
+                "claim": f"{claim.get('namespace')}/{claim.get('name')}",
+                "what": f"{reservation.get('device_name')}: {reservation.get('state')}"
+                + (f" ({reservation['last_error']})" if reservation.get("last_error") else ""),
+                "since": age(now, reservation.get("updated_at")),
+            }
+        )
     return rows[:MAX_ROWS]
 
 
 def dashboard_model(
-    *, service: Mapping[str, Any] | None, counts: Mapping[str, Any],
-    pools: Sequence[Mapping[str, Any]], attention: Mapping[str, Any], driver: str,
+    *,
+    service: Mapping[str, Any] | None,
+    counts: Mapping[str, Any],
+    pools: Sequence[Mapping[str, Any]],
+    attention: Mapping[str, Any],
+    driver: str,
     now: dt.datetime,
 ) -> dict[str, Any]:
     """Everything the dashboard template shows."""
@@ -199,14 +228,26 @@ def dashboard_model(
             {"label": "free", "value": by_state.get("free", 0), "level": "ok"},
             {"label": "reserved", "value": by_state.get("reserved", 0), "level": ""},
             {"label": "attached", "value": by_state.get("attached", 0), "level": ""},
-            {"label": "cordoned", "value": by_state.get("cordoned", 0),
-             "level": "warn" if by_state.get("cordoned") else ""},
-            {"label": "held elsewhere", "value": by_state.get("held-elsewhere", 0),
-             "level": "warn" if by_state.get("held-elsewhere") else ""},
-            {"label": "detach failed", "value": len(attention.get("detach_failed") or []),
-             "level": "bad" if attention.get("detach_failed") else ""},
-            {"label": "critical", "value": by_health.get("Critical", 0),
-             "level": "bad" if by_health.get("Critical") else ""},
+            {
+                "label": "cordoned",
+                "value": by_state.get("cordoned", 0),
+                "level": "warn" if by_state.get("cordoned") else "",
+            },
+            {
+                "label": "held elsewhere",
+                "value": by_state.get("held-elsewhere", 0),
+                "level": "warn" if by_state.get("held-elsewhere") else "",
+            },
+            {
+                "label": "detach failed",
+                "value": len(attention.get("detach_failed") or []),
+                "level": "bad" if attention.get("detach_failed") else "",
+            },
+            {
+                "label": "critical",
+                "value": by_health.get("Critical", 0),
+                "level": "bad" if by_health.get("Critical") else "",
+            },
             {"label": "pools", "value": len(pools), "level": ""},
         ],
         "regions": regions(pools),
@@ -219,8 +260,9 @@ def dashboard_model(
         "errors": recent_errors(service, now),
         "freshness": freshness(service, counts, now),
         "waiting": waiting_claims(service, attention.get("unsettled_reservations") or [], now),
-        "detach_failed": [stuck_row(r, now) for r in _dicts(attention.get("detach_failed"))
-                          ][:MAX_ROWS],
+        "detach_failed": [stuck_row(r, now) for r in _dicts(attention.get("detach_failed"))][
+            :MAX_ROWS
+        ],
         "held_elsewhere": list(attention.get("held_elsewhere") or [])[:MAX_ROWS],
     }
 

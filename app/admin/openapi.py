@@ -129,192 +129,323 @@ _COUNTS = {"type": "object", "additionalProperties": {"type": "integer"}}
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {
-        "type": "object", "required": ["error"],
-        "properties": {"error": {
-            "type": "object", "required": ["code", "message"],
-            "properties": {"code": {"type": "integer"}, "message": {"type": "string"},
-                           "request_id": {"type": "string"}},
-        }},
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {"type": "integer"},
+                    "message": {"type": "string"},
+                    "request_id": {"type": "string"},
+                },
+            }
+        },
     },
     "Check": {
-        "type": "object", "required": ["name", "ok", "message"],
-        "properties": {"name": {"type": "string"}, "ok": {"type": "boolean"},
-                       "message": {"type": "string"}},
+        "type": "object",
+        "required": ["name", "ok", "message"],
+        "properties": {
+            "name": {"type": "string"},
+            "ok": {"type": "boolean"},
+            "message": {"type": "string"},
+        },
     },
     "Health": {
-        "type": "object", "required": ["status"],
-        "properties": {"status": {"enum": ["ok", "failing"]},
-                       "checks": {"type": "array", "items": _ref("Check")}},
+        "type": "object",
+        "required": ["status"],
+        "properties": {
+            "status": {"enum": ["ok", "failing"]},
+            "checks": {"type": "array", "items": _ref("Check")},
+        },
     },
     "Readiness": {
-        "type": "object", "required": ["status", "checks"],
-        "properties": {"status": {"enum": ["ready", "not ready"]},
-                       "checks": {"type": "array", "items": _ref("Check")}},
+        "type": "object",
+        "required": ["status", "checks"],
+        "properties": {
+            "status": {"enum": ["ready", "not ready"]},
+            "checks": {"type": "array", "items": _ref("Check")},
+        },
     },
     "Status": {
-        "type": "object", "required": ["service", "database"],
+        "type": "object",
+        "required": ["service", "database"],
         "properties": {
             "service": {"type": "object"},
             "database": {
-                "type": "object", "required": ["devices", "reservations", "inventory"],
+                "type": "object",
+                "required": ["devices", "reservations", "inventory"],
                 "properties": {
-                    "devices": {"type": "object", "required": ["present", "by_state", "by_type",
-                                                               "by_health"],
-                                "properties": {"present": {"type": "integer"},
-                                               "by_state": _COUNTS, "by_type": _COUNTS,
-                                               "by_health": _COUNTS}},
-                    "reservations": {"type": "object", "required": ["by_state", "active"],
-                                     "properties": {"by_state": _COUNTS,
-                                                    "active": {"type": "integer"}}},
+                    "devices": {
+                        "type": "object",
+                        "required": ["present", "by_state", "by_type", "by_health"],
+                        "properties": {
+                            "present": {"type": "integer"},
+                            "by_state": _COUNTS,
+                            "by_type": _COUNTS,
+                            "by_health": _COUNTS,
+                        },
+                    },
+                    "reservations": {
+                        "type": "object",
+                        "required": ["by_state", "active"],
+                        "properties": {"by_state": _COUNTS, "active": {"type": "integer"}},
+                    },
                     "inventory": {"type": "array", "items": {"type": "object"}},
                 },
             },
             "attention": {
                 "type": "object",
                 "description": "What needs a person: unhealthy and cordoned devices, "
-                               "unsettled and detach-failed reservations, devices held by "
-                               "another server with no reservation of ours.",
-                "properties": {key: {"type": "array", "items": {"type": "object"}}
-                               for key in ("unhealthy", "cordoned", "unsettled_reservations",
-                                           "detach_failed", "held_elsewhere")},
+                "unsettled and detach-failed reservations, devices held by "
+                "another server with no reservation of ours.",
+                "properties": {
+                    key: {"type": "array", "items": {"type": "object"}}
+                    for key in (
+                        "unhealthy",
+                        "cordoned",
+                        "unsettled_reservations",
+                        "detach_failed",
+                        "held_elsewhere",
+                    )
+                },
             },
         },
     },
     "Pool": {
         "type": "object",
-        "required": ["name", "location", "devices", "published", "healthy", "cordoned",
-                     "reserved", "attached", "utilisation", "resource_slice_count", "publisher"],
+        "required": [
+            "name",
+            "location",
+            "devices",
+            "published",
+            "healthy",
+            "cordoned",
+            "reserved",
+            "attached",
+            "utilisation",
+            "resource_slice_count",
+            "publisher",
+        ],
         "properties": {
-            "name": {"type": "string"}, "location": {"type": "object"},
-            "region": _nullable("string"), "rack": _nullable("string"),
-            "devices": {"type": "integer"}, "published": {"type": "integer"},
-            "withheld": {"type": "integer"}, "healthy": {"type": "integer"},
-            "unhealthy": {"type": "integer"}, "cordoned": {"type": "integer"},
-            "attach_failed": {"type": "integer"}, "reserved": {"type": "integer"},
-            "attached": {"type": "integer"}, "free": {"type": "integer"},
+            "name": {"type": "string"},
+            "location": {"type": "object"},
+            "region": _nullable("string"),
+            "rack": _nullable("string"),
+            "devices": {"type": "integer"},
+            "published": {"type": "integer"},
+            "withheld": {"type": "integer"},
+            "healthy": {"type": "integer"},
+            "unhealthy": {"type": "integer"},
+            "cordoned": {"type": "integer"},
+            "attach_failed": {"type": "integer"},
+            "reserved": {"type": "integer"},
+            "attached": {"type": "integer"},
+            "free": {"type": "integer"},
             "utilisation": {"type": "number", "minimum": 0},
-            "by_type": _COUNTS, "resource_slice_count": {"type": "integer"},
+            "by_type": _COUNTS,
+            "resource_slice_count": {"type": "integer"},
             "publisher": {"type": ["object", "null"]},
         },
     },
     "PoolList": {
-        "type": "object", "required": ["items"],
+        "type": "object",
+        "required": ["items"],
         "properties": {"items": {"type": "array", "items": _ref("Pool")}},
     },
     "PoolDetail": {
-        "allOf": [_ref("Pool"), {
-            "type": "object",
-            "required": ["node_selector", "slices", "device_list"],
-            "properties": {
-                "node_selector": {"type": "object"},
-                "slices": {"type": "array", "items": {
-                    "type": "object", "required": ["index", "device_count", "devices"],
-                    "properties": {"index": {"type": "integer"},
-                                   "device_count": {"type": "integer"},
-                                   "devices": {"type": "array", "items": {"type": "string"}},
-                                   "content_hash": {"type": "string"}}}},
-                "withheld_devices": {"type": "array", "items": {"type": "string"}},
-                "dropped_attributes": {"type": "array", "items": {"type": "object"}},
-                "device_list": {"type": "array", "items": _ref("Device")},
+        "allOf": [
+            _ref("Pool"),
+            {
+                "type": "object",
+                "required": ["node_selector", "slices", "device_list"],
+                "properties": {
+                    "node_selector": {"type": "object"},
+                    "slices": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["index", "device_count", "devices"],
+                            "properties": {
+                                "index": {"type": "integer"},
+                                "device_count": {"type": "integer"},
+                                "devices": {"type": "array", "items": {"type": "string"}},
+                                "content_hash": {"type": "string"},
+                            },
+                        },
+                    },
+                    "withheld_devices": {"type": "array", "items": {"type": "string"}},
+                    "dropped_attributes": {"type": "array", "items": {"type": "object"}},
+                    "device_list": {"type": "array", "items": _ref("Device")},
+                },
             },
-        }],
+        ],
     },
     "Device": {
         "type": "object",
-        "required": ["name", "pool", "state", "type", "health", "host_id", "location",
-                     "cordoned_at", "cordon_reason"],
+        "required": [
+            "name",
+            "pool",
+            "state",
+            "type",
+            "health",
+            "host_id",
+            "location",
+            "cordoned_at",
+            "cordon_reason",
+        ],
         "properties": {
-            "name": {"type": "string"}, "pool": {"type": "string"},
+            "name": {"type": "string"},
+            "pool": {"type": "string"},
             "state": {"enum": ["free", "reserved", "attached", "cordoned", "removed"]},
-            "type": {"type": "string"}, "health": {"type": "string"},
-            "vendor_id": {"type": "string"}, "vendor": _nullable("string"),
-            "model": _nullable("string"), "serial": _nullable("string"),
-            "firmware_version": _nullable("string"), "memory_mib": _nullable("integer"),
-            "shareable": {"type": "boolean"}, "fabric_state": _nullable("string"),
-            "host_id": _nullable("string"), "location": {"type": "object"},
-            "capacity": {"type": "object"}, "attributes": {"type": "object"},
-            "cordoned_at": _nullable("string"), "cordon_reason": _nullable("string"),
+            "type": {"type": "string"},
+            "health": {"type": "string"},
+            "vendor_id": {"type": "string"},
+            "vendor": _nullable("string"),
+            "model": _nullable("string"),
+            "serial": _nullable("string"),
+            "firmware_version": _nullable("string"),
+            "memory_mib": _nullable("integer"),
+            "shareable": {"type": "boolean"},
+            "fabric_state": _nullable("string"),
+            "host_id": _nullable("string"),
+            "location": {"type": "object"},
+            "capacity": {"type": "object"},
+            "attributes": {"type": "object"},
+            "cordoned_at": _nullable("string"),
+            "cordon_reason": _nullable("string"),
             "reservations": {"type": "array", "items": {"type": "string"}},
-            "first_seen": _nullable("string"), "last_seen": _nullable("string"),
-            "health_changed_at": _nullable("string"), "removed_at": _nullable("string"),
+            "first_seen": _nullable("string"),
+            "last_seen": _nullable("string"),
+            "health_changed_at": _nullable("string"),
+            "removed_at": _nullable("string"),
         },
     },
     "DeviceList": {
-        "type": "object", "required": ["items", "total", "limit", "continue"],
-        "properties": {"items": {"type": "array", "items": _ref("Device")},
-                       "total": {"type": "integer"}, "limit": {"type": "integer"},
-                       "offset": {"type": "integer"}, "continue": _nullable("string")},
+        "type": "object",
+        "required": ["items", "total", "limit", "continue"],
+        "properties": {
+            "items": {"type": "array", "items": _ref("Device")},
+            "total": {"type": "integer"},
+            "limit": {"type": "integer"},
+            "offset": {"type": "integer"},
+            "continue": _nullable("string"),
+        },
     },
     "DeviceDetail": {
-        "allOf": [_ref("Device"), {
-            "type": "object", "required": ["events", "reservation_history"],
-            "properties": {
-                "events": {"type": "array", "items": {
-                    "type": "object", "required": ["at", "kind"],
-                    "properties": {"at": _nullable("string"), "kind": {"type": "string"},
-                                   "old": _nullable("string"), "new": _nullable("string")}}},
-                "reservation_history": {"type": "array", "items": _ref("Reservation")},
+        "allOf": [
+            _ref("Device"),
+            {
+                "type": "object",
+                "required": ["events", "reservation_history"],
+                "properties": {
+                    "events": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["at", "kind"],
+                            "properties": {
+                                "at": _nullable("string"),
+                                "kind": {"type": "string"},
+                                "old": _nullable("string"),
+                                "new": _nullable("string"),
+                            },
+                        },
+                    },
+                    "reservation_history": {"type": "array", "items": _ref("Reservation")},
+                },
             },
-        }],
+        ],
     },
     "Reservation": {
         "type": "object",
         "required": ["id", "claim", "device_name", "pool", "state", "created_at"],
         "properties": {
             "id": {"type": "integer"},
-            "claim": {"type": "object", "required": ["uid", "namespace", "name"],
-                      "properties": {"uid": {"type": "string"},
-                                     "namespace": {"type": "string"},
-                                     "name": {"type": "string"}}},
-            "request": {"type": "string"}, "mode": {"type": "string"},
-            "device_id": {"type": "integer"}, "device_name": {"type": "string"},
-            "pool": {"type": "string"}, "exclusive": {"type": "boolean"},
-            "node": _nullable("string"), "host_id": _nullable("string"),
-            "state": {"enum": ["pending", "attaching", "attached", "detaching", "released",
-                               "failed"]},
-            "attempts": {"type": "integer"}, "last_error": _nullable("string"),
-            "operation_id": _nullable("string"), "created_at": {"type": "string"},
-            "updated_at": {"type": "string"}, "attached_at": _nullable("string"),
+            "claim": {
+                "type": "object",
+                "required": ["uid", "namespace", "name"],
+                "properties": {
+                    "uid": {"type": "string"},
+                    "namespace": {"type": "string"},
+                    "name": {"type": "string"},
+                },
+            },
+            "request": {"type": "string"},
+            "mode": {"type": "string"},
+            "device_id": {"type": "integer"},
+            "device_name": {"type": "string"},
+            "pool": {"type": "string"},
+            "exclusive": {"type": "boolean"},
+            "node": _nullable("string"),
+            "host_id": _nullable("string"),
+            "state": {
+                "enum": ["pending", "attaching", "attached", "detaching", "released", "failed"]
+            },
+            "attempts": {"type": "integer"},
+            "last_error": _nullable("string"),
+            "operation_id": _nullable("string"),
+            "created_at": {"type": "string"},
+            "updated_at": {"type": "string"},
+            "attached_at": _nullable("string"),
             "released_at": _nullable("string"),
         },
     },
     "ReservationList": {
-        "type": "object", "required": ["items", "total", "limit", "continue"],
-        "properties": {"items": {"type": "array", "items": _ref("Reservation")},
-                       "total": {"type": "integer"}, "limit": {"type": "integer"},
-                       "offset": {"type": "integer"}, "continue": _nullable("string")},
+        "type": "object",
+        "required": ["items", "total", "limit", "continue"],
+        "properties": {
+            "items": {"type": "array", "items": _ref("Reservation")},
+            "total": {"type": "integer"},
+            "limit": {"type": "integer"},
+            "offset": {"type": "integer"},
+            "continue": _nullable("string"),
+        },
     },
     "ReleaseAnswer": {
-        "type": "object", "required": ["reservation", "message"],
+        "type": "object",
+        "required": ["reservation", "message"],
         "properties": {"reservation": _ref("Reservation"), "message": {"type": "string"}},
     },
     "ClaimView": {
         "type": "object",
         "required": ["namespace", "name", "claim", "live", "reservations", "fabric", "errors"],
         "properties": {
-            "namespace": {"type": "string"}, "name": {"type": "string"},
-            "claim": {"type": ["object", "null"]}, "live": {"type": "boolean"},
+            "namespace": {"type": "string"},
+            "name": {"type": "string"},
+            "claim": {"type": ["object", "null"]},
+            "live": {"type": "boolean"},
             "reservations": {"type": "array", "items": _ref("Reservation")},
             "fabric": {"type": "array", "items": {"type": "object"}},
             "errors": {"type": "array", "items": {"type": "object"}},
         },
     },
     "ClaimSpec": {
-        "type": "object", "required": ["devices"],
+        "type": "object",
+        "required": ["devices"],
         "description": "A ResourceClaim spec in the resource.k8s.io/v1 JSON shape.",
-        "properties": {"devices": {"type": "object", "properties": {
-            "requests": {"type": "array", "items": {"type": "object"}},
-            "constraints": {"type": "array", "items": {"type": "object"}},
-            "config": {"type": "array", "items": {"type": "object"}},
-        }}},
+        "properties": {
+            "devices": {
+                "type": "object",
+                "properties": {
+                    "requests": {"type": "array", "items": {"type": "object"}},
+                    "constraints": {"type": "array", "items": {"type": "object"}},
+                    "config": {"type": "array", "items": {"type": "object"}},
+                },
+            }
+        },
     },
     "WhatIf": {"type": "object"},
     "CordonRequest": {
-        "type": "object", "additionalProperties": False,
+        "type": "object",
+        "additionalProperties": False,
         "properties": {"reason": {"type": "string", "maxLength": 255}},
     },
     "ForgetRequest": {
-        "type": "object", "additionalProperties": False, "required": ["reason"],
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["reason"],
         "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 255}},
     },
 }
@@ -322,12 +453,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 
 def _operation(route: Route) -> dict[str, Any]:
     operation: dict[str, Any] = {
-        "operationId": route.operation_id, "summary": route.summary, "tags": [route.tag],
+        "operationId": route.operation_id,
+        "summary": route.summary,
+        "tags": [route.tag],
     }
     if route.params:
         operation["parameters"] = [
-            {"name": p.name, "in": p.where, "required": p.where == "path",
-             "description": p.description, "schema": p.schema()}
+            {
+                "name": p.name,
+                "in": p.where,
+                "required": p.where == "path",
+                "description": p.description,
+                "schema": p.schema(),
+            }
             for p in route.params
         ]
     if route.body is not None:
@@ -346,12 +484,17 @@ def _operation(route: Route) -> dict[str, Any]:
     if route.method == "POST":
         errors |= {413, 415}
     for status in sorted(errors):
-        responses.setdefault(str(status), {
-            "description": ERROR_CODES.get(status, "Error."),
-            "content": {"application/json": {"schema": _ref("Error")}},
-        })
-    responses["500"] = {"description": "Unexpected failure (logged with the request id).",
-                        "content": {"application/json": {"schema": _ref("Error")}}}
+        responses.setdefault(
+            str(status),
+            {
+                "description": ERROR_CODES.get(status, "Error."),
+                "content": {"application/json": {"schema": _ref("Error")}},
+            },
+        )
+    responses["500"] = {
+        "description": "Unexpected failure (logged with the request id).",
+        "content": {"application/json": {"schema": _ref("Error")}},
+    }
     operation["responses"] = responses
     if route.access == ACTION:
         operation["security"] = [{"bearer": []}]
@@ -368,10 +511,13 @@ def document(routes: Sequence[Route], *, title: str, version: str) -> dict[str, 
         paths.setdefault(route.openapi_path, {})[route.method.lower()] = _operation(route)
     return {
         "openapi": "3.1.0",
-        "info": {"title": title, "version": version,
-                 "description": "Health, metrics, inventory, pools, reservations, claims and "
-                                "operator actions of fabric-dra. Errors are "
-                                "{\"error\": {\"code\", \"message\"}}."},
+        "info": {
+            "title": title,
+            "version": version,
+            "description": "Health, metrics, inventory, pools, reservations, claims and "
+            "operator actions of fabric-dra. Errors are "
+            '{"error": {"code", "message"}}.',
+        },
         "paths": paths,
         "components": {
             "schemas": SCHEMAS,

@@ -45,8 +45,17 @@ DEVICE_STATES = ("free", "reserved", "attached", "held-elsewhere", "cordoned", "
 """Admin states of a device. ``held-elsewhere``: the fabric shows it attached to a server while
 no reservation of ours holds it (someone else's); it is not offered."""
 MAX_DETAIL_ROWS = 100
-LOCATION_KEYS = ("region", "zone", "site", "row", "rack", "chassis", "slot", "fabric",
-                 "fabric_zone")
+LOCATION_KEYS = (
+    "region",
+    "zone",
+    "site",
+    "row",
+    "rack",
+    "chassis",
+    "slot",
+    "fabric",
+    "fabric_zone",
+)
 
 
 class BadToken(ValueError):
@@ -123,8 +132,9 @@ def decode_token(scope: str, filters: object, token: str) -> str | int:
 
 # --------------------------------------------------------------------------- devices
 def _active() -> ColumnElement[bool]:
-    return exists().where(Reservation.device_id == Device.id,
-                          Reservation.state.in_(ACTIVE_RESERVATION_STATES))
+    return exists().where(
+        Reservation.device_id == Device.id, Reservation.state.in_(ACTIVE_RESERVATION_STATES)
+    )
 
 
 def _attached() -> ColumnElement[bool]:
@@ -151,9 +161,7 @@ def _state_condition(state: str | None) -> ColumnElement[bool]:
     raise ValueError(f"unknown device state {state!r}; one of {', '.join(DEVICE_STATES)}")
 
 
-async def _pool_condition(
-    db: Database, pool: str, config: PoolConfig
-) -> ColumnElement[bool]:
+async def _pool_condition(db: Database, pool: str, config: PoolConfig) -> ColumnElement[bool]:
     """Devices whose location makes ``pool``. Pool names are computed in Python (segments may be
     sanitised and hashed), so the distinct locations are read first: there are few of them."""
     columns = [getattr(Device, key) for key in config.grouping_keys]
@@ -163,10 +171,14 @@ async def _pool_condition(
     for row in rows:
         location = Location(**dict(zip(config.grouping_keys, row, strict=True)))
         if pool_name(location, config.grouping_keys) == pool:
-            terms.append(and_(*(
-                column.is_(None) if value is None else column == value
-                for column, value in zip(columns, row, strict=True)
-            )))
+            terms.append(
+                and_(
+                    *(
+                        column.is_(None) if value is None else column == value
+                        for column, value in zip(columns, row, strict=True)
+                    )
+                )
+            )
     return or_(*terms) if terms else false()
 
 
@@ -185,8 +197,12 @@ async def _device_conditions(
     if filters.health is not None:
         conditions.append(Device.health == filters.health)
     if filters.q:
-        conditions.append(or_(Device.name.icontains(filters.q, autoescape=True),
-                              Device.model.icontains(filters.q, autoescape=True)))
+        conditions.append(
+            or_(
+                Device.name.icontains(filters.q, autoescape=True),
+                Device.model.icontains(filters.q, autoescape=True),
+            )
+        )
     return conditions
 
 
@@ -207,9 +223,9 @@ def device_state(row: Device, reservation_states: Sequence[str]) -> str:
     return "held-elsewhere" if row.host_id is not None else "free"
 
 
-def device_json(row: Device, reservation_states: Sequence[str], config: PoolConfig) -> dict[
-    str, Any
-]:
+def device_json(
+    row: Device, reservation_states: Sequence[str], config: PoolConfig
+) -> dict[str, Any]:
     """A device row as JSON, with its pool and admin state."""
     location = Location(**{key: getattr(row, key) for key in LOCATION_KEYS})
     return {
@@ -245,19 +261,28 @@ async def _reservation_states(db: Database, device_ids: Sequence[int]) -> dict[i
     if not device_ids:
         return states
     async with db.read() as session:
-        rows = (await session.execute(
-            select(Reservation.device_id, Reservation.state)
-            .where(Reservation.device_id.in_(device_ids),
-                   Reservation.state.in_(ACTIVE_RESERVATION_STATES))
-            .order_by(Reservation.id)
-        )).all()
+        rows = (
+            await session.execute(
+                select(Reservation.device_id, Reservation.state)
+                .where(
+                    Reservation.device_id.in_(device_ids),
+                    Reservation.state.in_(ACTIVE_RESERVATION_STATES),
+                )
+                .order_by(Reservation.id)
+            )
+        ).all()
     for device_id, state in rows:
         states.setdefault(device_id, []).append(state)
     return states
 
 
 async def list_devices(
-    db: Database, filters: DeviceFilter, config: PoolConfig, *, limit: int, offset: int = 0,
+    db: Database,
+    filters: DeviceFilter,
+    config: PoolConfig,
+    *,
+    limit: int,
+    offset: int = 0,
     token: str | None = None,
 ) -> Page:
     """One page of devices matching ``filters``, by name.
@@ -271,10 +296,14 @@ async def list_devices(
         after = decode_token("devices", filters, token)
         query = query.where(Device.name > str(after))
     async with db.read() as session:
-        total = int(await session.scalar(
-            select(func.count()).select_from(Device).where(*conditions)) or 0)
-        rows = list((await session.scalars(
-            query.order_by(Device.name).limit(limit + 1).offset(offset))).all())
+        total = int(
+            await session.scalar(select(func.count()).select_from(Device).where(*conditions)) or 0
+        )
+        rows = list(
+            (
+                await session.scalars(query.order_by(Device.name).limit(limit + 1).offset(offset))
+            ).all()
+        )
     more = len(rows) > limit
     rows = rows[:limit]
     states = await _reservation_states(db, [r.id for r in rows])
@@ -289,16 +318,27 @@ async def device_detail(db: Database, name: str, config: PoolConfig) -> dict[str
         row = (await session.scalars(select(Device).where(Device.name == name))).first()
         if row is None:
             return None
-        events = (await session.scalars(
-            select(DeviceEvent).where(DeviceEvent.device_id == row.id)
-            .order_by(DeviceEvent.id.desc()).limit(MAX_DETAIL_ROWS)
-        )).all()
-        reservations = (await session.scalars(
-            select(Reservation).where(Reservation.device_id == row.id)
-            .order_by(Reservation.id.desc()).limit(MAX_DETAIL_ROWS)
-        )).all()
-    active = [r.state for r in sorted(reservations, key=lambda r: r.id)
-              if r.state in ACTIVE_RESERVATION_STATES]
+        events = (
+            await session.scalars(
+                select(DeviceEvent)
+                .where(DeviceEvent.device_id == row.id)
+                .order_by(DeviceEvent.id.desc())
+                .limit(MAX_DETAIL_ROWS)
+            )
+        ).all()
+        reservations = (
+            await session.scalars(
+                select(Reservation)
+                .where(Reservation.device_id == row.id)
+                .order_by(Reservation.id.desc())
+                .limit(MAX_DETAIL_ROWS)
+            )
+        ).all()
+    active = [
+        r.state
+        for r in sorted(reservations, key=lambda r: r.id)
+        if r.state in ACTIVE_RESERVATION_STATES
+    ]
     data = device_json(row, active, config)
     data["events"] = [
         {"at": _iso(e.at), "kind": e.kind, "old": e.old, "new": e.new} for e in events
@@ -321,12 +361,24 @@ async def device_summary(db: Database, name: str, config: PoolConfig) -> dict[st
 def reservation_json(row: Reservation) -> dict[str, Any]:
     """A reservation row in the journal's JSON shape (:meth:`ReservationView.to_json`)."""
     return ReservationView(
-        id=row.id, claim=ClaimRef(row.claim_uid, row.claim_namespace, row.claim_name),
-        request=row.request, mode=row.mode, device_id=row.device_id,
-        device_name=row.device_name, pool=row.pool, exclusive=row.exclusive, node=row.node,
-        host_id=row.host_id, state=row.state, attempts=row.attempts, last_error=row.last_error,
-        operation_id=row.operation_id, created_at=row.created_at, updated_at=row.updated_at,
-        attached_at=row.attached_at, released_at=row.released_at,
+        id=row.id,
+        claim=ClaimRef(row.claim_uid, row.claim_namespace, row.claim_name),
+        request=row.request,
+        mode=row.mode,
+        device_id=row.device_id,
+        device_name=row.device_name,
+        pool=row.pool,
+        exclusive=row.exclusive,
+        node=row.node,
+        host_id=row.host_id,
+        state=row.state,
+        attempts=row.attempts,
+        last_error=row.last_error,
+        operation_id=row.operation_id,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        attached_at=row.attached_at,
+        released_at=row.released_at,
     ).to_json()
 
 
@@ -344,7 +396,11 @@ def _reservation_conditions(filters: ReservationFilter) -> list[ColumnElement[bo
 
 
 async def list_reservations(
-    db: Database, filters: ReservationFilter, *, limit: int, offset: int = 0,
+    db: Database,
+    filters: ReservationFilter,
+    *,
+    limit: int,
+    offset: int = 0,
     token: str | None = None,
 ) -> Page:
     """One page of reservations matching ``filters``, newest first.
@@ -360,10 +416,17 @@ async def list_reservations(
             raise BadToken("parameter 'continue': not a token this API gave out")
         query = query.where(Reservation.id < after)
     async with db.read() as session:
-        total = int(await session.scalar(
-            select(func.count()).select_from(Reservation).where(*conditions)) or 0)
-        rows = list((await session.scalars(
-            query.order_by(Reservation.id.desc()).limit(limit + 1).offset(offset))).all())
+        total = int(
+            await session.scalar(select(func.count()).select_from(Reservation).where(*conditions))
+            or 0
+        )
+        rows = list(
+            (
+                await session.scalars(
+                    query.order_by(Reservation.id.desc()).limit(limit + 1).offset(offset)
+                )
+            ).all()
+        )
     more = len(rows) > limit
     rows = rows[:limit]
     next_token = encode_token("reservations", filters, rows[-1].id) if more and rows else None
@@ -374,33 +437,49 @@ async def claim_reservations(db: Database, namespace: str, name: str) -> dict[st
     """A claim's reservations (newest first, released ones too) and the fabric state of their
     devices as the inventory knows it."""
     async with db.read() as session:
-        rows = (await session.scalars(
-            select(Reservation).where(Reservation.claim_namespace == namespace,
-                                      Reservation.claim_name == name)
-            .order_by(Reservation.id.desc()).limit(MAX_DETAIL_ROWS)
-        )).all()
+        rows = (
+            await session.scalars(
+                select(Reservation)
+                .where(Reservation.claim_namespace == namespace, Reservation.claim_name == name)
+                .order_by(Reservation.id.desc())
+                .limit(MAX_DETAIL_ROWS)
+            )
+        ).all()
         device_ids = sorted({r.device_id for r in rows})
-        devices = (await session.scalars(
-            select(Device).where(Device.id.in_(device_ids)).order_by(Device.name)
-        )).all() if device_ids else []
+        devices = (
+            (
+                await session.scalars(
+                    select(Device).where(Device.id.in_(device_ids)).order_by(Device.name)
+                )
+            ).all()
+            if device_ids
+            else []
+        )
     wanted_host = {r.device_id: r.host_id for r in rows if r.state in ACTIVE_RESERVATION_STATES}
     fabric = [
         {
-            "device": d.name, "host_id": d.host_id, "health": d.health,
+            "device": d.name,
+            "host_id": d.host_id,
+            "health": d.health,
             "removed": d.removed_at is not None,
             "reserved_for_host": wanted_host.get(d.id),
-            "attached_as_reserved": d.id in wanted_host and d.host_id is not None
+            "attached_as_reserved": d.id in wanted_host
+            and d.host_id is not None
             and d.host_id == wanted_host[d.id],
         }
         for d in devices
     ]
     errors = [
-        {"reservation": r.id, "device": r.device_name, "at": _iso(r.updated_at),
-         "message": r.last_error}
-        for r in rows if r.last_error
+        {
+            "reservation": r.id,
+            "device": r.device_name,
+            "at": _iso(r.updated_at),
+            "message": r.last_error,
+        }
+        for r in rows
+        if r.last_error
     ]
-    return {"reservations": [reservation_json(r) for r in rows], "fabric": fabric,
-            "errors": errors}
+    return {"reservations": [reservation_json(r) for r in rows], "fabric": fabric, "errors": errors}
 
 
 # --------------------------------------------------------------------------- counts
@@ -415,26 +494,54 @@ async def counts(db: Database) -> dict[str, Any]:
     the host identities shared by several hosts (``ambiguousHosts``, see
     :func:`ambiguous_hosts`)."""
     async with db.read() as session:
-        by_type = {key: int(n) for key, n in (await session.execute(
-            select(Device.device_type, func.count()).where(Device.removed_at.is_(None))
-            .group_by(Device.device_type))).all()}
-        by_health = {key: int(n) for key, n in (await session.execute(
-            select(Device.health, func.count()).where(Device.removed_at.is_(None))
-            .group_by(Device.health))).all()}
+        by_type = {
+            key: int(n)
+            for key, n in (
+                await session.execute(
+                    select(Device.device_type, func.count())
+                    .where(Device.removed_at.is_(None))
+                    .group_by(Device.device_type)
+                )
+            ).all()
+        }
+        by_health = {
+            key: int(n)
+            for key, n in (
+                await session.execute(
+                    select(Device.health, func.count())
+                    .where(Device.removed_at.is_(None))
+                    .group_by(Device.health)
+                )
+            ).all()
+        }
         by_state: dict[str, int] = {}
         for state in DEVICE_STATES:
-            by_state[state] = int(await session.scalar(
-                select(func.count()).select_from(Device).where(_state_condition(state))) or 0)
-        reservations = {key: int(n) for key, n in (await session.execute(
-            select(Reservation.state, func.count()).group_by(Reservation.state))).all()}
+            by_state[state] = int(
+                await session.scalar(
+                    select(func.count()).select_from(Device).where(_state_condition(state))
+                )
+                or 0
+            )
+        reservations = {
+            key: int(n)
+            for key, n in (
+                await session.execute(
+                    select(Reservation.state, func.count()).group_by(Reservation.state)
+                )
+            ).all()
+        }
     present = sum(by_type.values())
     return {
-        "devices": {"present": present, "by_state": by_state,
-                    "by_type": dict(sorted(by_type.items())),
-                    "by_health": dict(sorted(by_health.items()))},
-        "reservations": {"by_state": dict(sorted(reservations.items())),
-                         "active": sum(n for s, n in reservations.items()
-                                       if s in ACTIVE_RESERVATION_STATES)},
+        "devices": {
+            "present": present,
+            "by_state": by_state,
+            "by_type": dict(sorted(by_type.items())),
+            "by_health": dict(sorted(by_health.items())),
+        },
+        "reservations": {
+            "by_state": dict(sorted(reservations.items())),
+            "active": sum(n for s, n in reservations.items() if s in ACTIVE_RESERVATION_STATES),
+        },
         "inventory": [s.to_json() for s in await list_status(db)],
         "ambiguousHosts": await ambiguous_hosts(db),
     }
@@ -464,29 +571,49 @@ async def _tallies(
     """Per-pool counts, grouped in the database: one row per location, type, health and
     reservation flags, however many devices there are, so a dashboard refresh stays cheap."""
     keys = config.grouping_keys
-    failed = exists().where(Reservation.device_id == Device.id,
-                            Reservation.state.in_((FAILED, DETACH_FAILED)))
-    per_device = select(
-        *(getattr(Device, key).label(key) for key in keys),
-        Device.device_type.label("device_type"), Device.health.label("health"),
-        Device.cordoned_at.is_not(None).label("is_cordoned"), _active().label("is_held"),
-        _attached().label("is_attached"), failed.label("is_failed"),
-        Device.host_id.is_not(None).label("has_host"),
-    ).where(Device.removed_at.is_(None), condition if condition is not None else true()
-            ).subquery()
-    columns = [per_device.c[name] for name in (*keys, "device_type", "health", "is_cordoned",
-                                               "is_held", "is_attached", "is_failed",
-                                               "has_host")]
+    failed = exists().where(
+        Reservation.device_id == Device.id, Reservation.state.in_((FAILED, DETACH_FAILED))
+    )
+    per_device = (
+        select(
+            *(getattr(Device, key).label(key) for key in keys),
+            Device.device_type.label("device_type"),
+            Device.health.label("health"),
+            Device.cordoned_at.is_not(None).label("is_cordoned"),
+            _active().label("is_held"),
+            _attached().label("is_attached"),
+            failed.label("is_failed"),
+            Device.host_id.is_not(None).label("has_host"),
+        )
+        .where(Device.removed_at.is_(None), condition if condition is not None else true())
+        .subquery()
+    )
+    columns = [
+        per_device.c[name]
+        for name in (
+            *keys,
+            "device_type",
+            "health",
+            "is_cordoned",
+            "is_held",
+            "is_attached",
+            "is_failed",
+            "has_host",
+        )
+    ]
     async with db.read() as session:
-        rows = (await session.execute(
-            select(*columns, func.count()).group_by(*columns).order_by(*columns[:len(keys)])
-        )).all()
+        rows = (
+            await session.execute(
+                select(*columns, func.count()).group_by(*columns).order_by(*columns[: len(keys)])
+            )
+        ).all()
     tallies: dict[str, _Tally] = {}
     for row in rows:
         values = tuple(row)
-        location = dict(zip(keys, values[:len(keys)], strict=True))
+        location = dict(zip(keys, values[: len(keys)], strict=True))
         device_type, health, cordoned, held, attached, failed_, has_host, count = values[
-            len(keys):]
+            len(keys) :
+        ]
         name = pool_name(Location(**location), keys)
         tally = tallies.setdefault(name, _Tally(location))
         unhealthy = health in UNHEALTHY
@@ -544,8 +671,9 @@ async def pools(
     published) and the publisher's status of it."""
     publisher = publisher or {}
     tallies = await _tallies(db, config)
-    return [_pool_json(name, tallies[name], config, publisher.get(name))
-            for name in sorted(tallies)]
+    return [
+        _pool_json(name, tallies[name], config, publisher.get(name)) for name in sorted(tallies)
+    ]
 
 
 async def pool_detail(
@@ -556,15 +684,20 @@ async def pool_detail(
     tally = (await _tallies(db, config, condition)).get(name)
     if tally is None:
         return None
-    devices = [d for d in await pool_devices(db)
-               if pool_name(d.location, config.grouping_keys) == name]
+    devices = [
+        d for d in await pool_devices(db) if pool_name(d.location, config.grouping_keys) == name
+    ]
     pool = desired_pools(devices, config)[name]
     data = _pool_json(name, tally, config, (publisher or {}).get(name))
     page = await list_devices(db, DeviceFilter(pool=name), config, limit=max(1, tally.devices))
     data["node_selector"] = pool.node_selector
     data["slices"] = [
-        {"index": s.index, "device_count": len(s.devices),
-         "devices": [d["name"] for d in s.devices], "content_hash": s.content_hash}
+        {
+            "index": s.index,
+            "device_count": len(s.devices),
+            "devices": [d["name"] for d in s.devices],
+            "content_hash": s.content_hash,
+        }
         for s in pool.slices
     ]
     data["withheld_devices"] = list(pool.withheld)
@@ -581,22 +714,50 @@ async def attention(db: Database, config: PoolConfig, limit: int = 50) -> dict[s
     hardware, then forgets them), and devices held by another server with no reservation of
     ours (``held_elsewhere``, not offered). At most ``limit`` of each."""
     async with db.read() as session:
-        unhealthy = (await session.scalars(
-            select(Device).where(Device.removed_at.is_(None), Device.health != "OK")
-            .order_by(Device.name).limit(limit))).all()
-        cordoned = (await session.scalars(
-            select(Device).where(Device.removed_at.is_(None), Device.cordoned_at.is_not(None))
-            .order_by(Device.name).limit(limit))).all()
-        waiting = (await session.scalars(
-            select(Reservation).where(Reservation.state.in_(
-                [s for s in ACTIVE_RESERVATION_STATES if s not in (ATTACHED, DETACH_FAILED)]))
-            .order_by(Reservation.id).limit(limit))).all()
-        stuck = (await session.scalars(
-            select(Reservation).where(Reservation.state == DETACH_FAILED)
-            .order_by(Reservation.id).limit(limit))).all()
-        elsewhere = (await session.scalars(
-            select(Device).where(_state_condition("held-elsewhere"))
-            .order_by(Device.name).limit(limit))).all()
+        unhealthy = (
+            await session.scalars(
+                select(Device)
+                .where(Device.removed_at.is_(None), Device.health != "OK")
+                .order_by(Device.name)
+                .limit(limit)
+            )
+        ).all()
+        cordoned = (
+            await session.scalars(
+                select(Device)
+                .where(Device.removed_at.is_(None), Device.cordoned_at.is_not(None))
+                .order_by(Device.name)
+                .limit(limit)
+            )
+        ).all()
+        waiting = (
+            await session.scalars(
+                select(Reservation)
+                .where(
+                    Reservation.state.in_(
+                        [s for s in ACTIVE_RESERVATION_STATES if s not in (ATTACHED, DETACH_FAILED)]
+                    )
+                )
+                .order_by(Reservation.id)
+                .limit(limit)
+            )
+        ).all()
+        stuck = (
+            await session.scalars(
+                select(Reservation)
+                .where(Reservation.state == DETACH_FAILED)
+                .order_by(Reservation.id)
+                .limit(limit)
+            )
+        ).all()
+        elsewhere = (
+            await session.scalars(
+                select(Device)
+                .where(_state_condition("held-elsewhere"))
+                .order_by(Device.name)
+                .limit(limit)
+            )
+        ).all()
     states = await _reservation_states(db, [r.id for r in [*unhealthy, *cordoned]])
     return {
         "unhealthy": [device_json(r, states.get(r.id, []), config) for r in unhealthy],

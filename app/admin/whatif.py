@@ -19,9 +19,14 @@ from app.pools import DesiredPool, resource_slice_spec
 
 
 def what_if_answer(
-    spec: Mapping[str, Any], *, driver_name: str, device_classes: Iterable[Mapping[str, Any]],
-    nodes: Iterable[Mapping[str, Any]], pools: Iterable[DesiredPool],
-    in_use: Collection[DeviceId], allocator: Allocator | None = None,
+    spec: Mapping[str, Any],
+    *,
+    driver_name: str,
+    device_classes: Iterable[Mapping[str, Any]],
+    nodes: Iterable[Mapping[str, Any]],
+    pools: Iterable[DesiredPool],
+    in_use: Collection[DeviceId],
+    allocator: Allocator | None = None,
 ) -> dict[str, Any]:
     """The what-if answer for the claim ``spec`` (resource.k8s.io/v1 JSON).
 
@@ -48,10 +53,12 @@ def what_if_answer(
         classes[parsed.name] = parsed
     slices = [
         {"spec": resource_slice_spec(driver_name, pool, content, 0)}
-        for pool in pools for content in pool.slices
+        for pool in pools
+        for content in pool.slices
     ]
-    answers = what_if(spec, classes, gather_pools(slices), in_use,
-                      [node_from_json(n) for n in nodes], allocator)
+    answers = what_if(
+        spec, classes, gather_pools(slices), in_use, [node_from_json(n) for n in nodes], allocator
+    )
     return {"nodes": [_answer_json(a) for a in answers]}
 
 

@@ -118,9 +118,13 @@ class CompiledExpression:
 
 def _quantity_op(fn: Callable[[Fraction, Fraction], Any]) -> Callable[[Any, Any], Any]:
     def apply(left: Any, right: Any) -> Any:
-        other = Fraction(right) if isinstance(right, int) and not isinstance(right, bool) else (
-            values.quantity_of(right))
+        other = (
+            Fraction(right)
+            if isinstance(right, int) and not isinstance(right, bool)
+            else (values.quantity_of(right))
+        )
         return values.quantity_value(fn(values.quantity_of(left), other))
+
     return apply
 
 
@@ -128,19 +132,25 @@ def _semver_part(index: int) -> Callable[[Any], int]:
     def part(value: Any) -> int:
         major, minor, patch, _ = values.semver_of(value)
         return (major, minor, patch)[index]
+
     return part
 
 
 def _overload(
     name: str, params: Sequence[Any], result: Any, impl: Callable[..., Any], member: bool = False
 ) -> cel.Overload:
-    return cel.Overload(name, return_type=result, parameters=list(params), is_member=member,
-                        impl=impl)
+    return cel.Overload(
+        name, return_type=result, parameters=list(params), is_member=member, impl=impl
+    )
 
 
 def _functions() -> list[cel.FunctionDecl]:
-    string, boolean, integer, double = (cel.Type.STRING, cel.Type.BOOL, cel.Type.INT,
-                                        cel.Type.DOUBLE)
+    string, boolean, integer, double = (
+        cel.Type.STRING,
+        cel.Type.BOOL,
+        cel.Type.INT,
+        cel.Type.DOUBLE,
+    )
 
     def quantity(text: str) -> Any:
         return values.quantity_value(values.parse_quantity(text))
@@ -151,53 +161,139 @@ def _functions() -> list[cel.FunctionDecl]:
 
     return [
         cel.FunctionDecl("quantity", [_overload("string_to_quantity", [string], _MAP, quantity)]),
-        cel.FunctionDecl("isQuantity", [
-            _overload("is_quantity_string", [string], boolean, values.is_quantity)]),
-        cel.FunctionDecl("semver", [
-            _overload("string_to_semver", [string], _MAP, values.semver_value),
-            _overload("string_bool_to_semver", [string, boolean], _MAP, values.semver_value),
-        ]),
-        cel.FunctionDecl("isSemver", [
-            _overload("is_semver_string", [string], boolean, values.is_semver),
-            _overload("is_semver_string_bool", [string, boolean], boolean, values.is_semver),
-        ]),
-        cel.FunctionDecl("compareTo", [
-            _overload("dra_compare_to", [_MAP, _MAP], integer, values.compare, member=True)]),
-        cel.FunctionDecl("isGreaterThan", [
-            _overload("dra_is_greater_than", [_MAP, _MAP], boolean,
-                      lambda a, b: values.compare(a, b) > 0, member=True)]),
-        cel.FunctionDecl("isLessThan", [
-            _overload("dra_is_less_than", [_MAP, _MAP], boolean,
-                      lambda a, b: values.compare(a, b) < 0, member=True)]),
-        cel.FunctionDecl("major", [
-            _overload("semver_major", [_MAP], integer, _semver_part(0), member=True)]),
-        cel.FunctionDecl("minor", [
-            _overload("semver_minor", [_MAP], integer, _semver_part(1), member=True)]),
-        cel.FunctionDecl("patch", [
-            _overload("semver_patch", [_MAP], integer, _semver_part(2), member=True)]),
-        cel.FunctionDecl("asInteger", [
-            _overload("quantity_as_integer", [_MAP], integer,
-                      lambda v: values.as_integer(values.quantity_of(v)), member=True)]),
-        cel.FunctionDecl("asApproximateFloat", [
-            _overload("quantity_as_float", [_MAP], double,
-                      lambda v: float(values.quantity_of(v)), member=True)]),
-        cel.FunctionDecl("isInteger", [
-            _overload("quantity_is_integer", [_MAP], boolean,
-                      lambda v: values.quantity_of(v).denominator == 1, member=True)]),
+        cel.FunctionDecl(
+            "isQuantity", [_overload("is_quantity_string", [string], boolean, values.is_quantity)]
+        ),
+        cel.FunctionDecl(
+            "semver",
+            [
+                _overload("string_to_semver", [string], _MAP, values.semver_value),
+                _overload("string_bool_to_semver", [string, boolean], _MAP, values.semver_value),
+            ],
+        ),
+        cel.FunctionDecl(
+            "isSemver",
+            [
+                _overload("is_semver_string", [string], boolean, values.is_semver),
+                _overload("is_semver_string_bool", [string, boolean], boolean, values.is_semver),
+            ],
+        ),
+        cel.FunctionDecl(
+            "compareTo",
+            [_overload("dra_compare_to", [_MAP, _MAP], integer, values.compare, member=True)],
+        ),
+        cel.FunctionDecl(
+            "isGreaterThan",
+            [
+                _overload(
+                    "dra_is_greater_than",
+                    [_MAP, _MAP],
+                    boolean,
+                    lambda a, b: values.compare(a, b) > 0,
+                    member=True,
+                )
+            ],
+        ),
+        cel.FunctionDecl(
+            "isLessThan",
+            [
+                _overload(
+                    "dra_is_less_than",
+                    [_MAP, _MAP],
+                    boolean,
+                    lambda a, b: values.compare(a, b) < 0,
+                    member=True,
+                )
+            ],
+        ),
+        cel.FunctionDecl(
+            "major", [_overload("semver_major", [_MAP], integer, _semver_part(0), member=True)]
+        ),
+        cel.FunctionDecl(
+            "minor", [_overload("semver_minor", [_MAP], integer, _semver_part(1), member=True)]
+        ),
+        cel.FunctionDecl(
+            "patch", [_overload("semver_patch", [_MAP], integer, _semver_part(2), member=True)]
+        ),
+        cel.FunctionDecl(
+            "asInteger",
+            [
+                _overload(
+                    "quantity_as_integer",
+                    [_MAP],
+                    integer,
+                    lambda v: values.as_integer(values.quantity_of(v)),
+                    member=True,
+                )
+            ],
+        ),
+        cel.FunctionDecl(
+            "asApproximateFloat",
+            [
+                _overload(
+                    "quantity_as_float",
+                    [_MAP],
+                    double,
+                    lambda v: float(values.quantity_of(v)),
+                    member=True,
+                )
+            ],
+        ),
+        cel.FunctionDecl(
+            "isInteger",
+            [
+                _overload(
+                    "quantity_is_integer",
+                    [_MAP],
+                    boolean,
+                    lambda v: values.quantity_of(v).denominator == 1,
+                    member=True,
+                )
+            ],
+        ),
         cel.FunctionDecl("sign", [_overload("quantity_sign", [_MAP], integer, q_sign, True)]),
-        cel.FunctionDecl(_LOOKUP_FUNCTION, [
-            _overload("dra_domain_or_empty", [_MAP, string], _MAP,
-                      lambda domains, domain: domains.get(domain, {}), member=True)]),
-        cel.FunctionDecl("add", [
-            _overload("quantity_add", [_MAP, _MAP], _MAP, _quantity_op(lambda a, b: a + b), True),
-            _overload("quantity_add_int", [_MAP, integer], _MAP,
-                      _quantity_op(lambda a, b: a + b), True),
-        ]),
-        cel.FunctionDecl("sub", [
-            _overload("quantity_sub", [_MAP, _MAP], _MAP, _quantity_op(lambda a, b: a - b), True),
-            _overload("quantity_sub_int", [_MAP, integer], _MAP,
-                      _quantity_op(lambda a, b: a - b), True),
-        ]),
+        cel.FunctionDecl(
+            _LOOKUP_FUNCTION,
+            [
+                _overload(
+                    "dra_domain_or_empty",
+                    [_MAP, string],
+                    _MAP,
+                    lambda domains, domain: domains.get(domain, {}),
+                    member=True,
+                )
+            ],
+        ),
+        cel.FunctionDecl(
+            "add",
+            [
+                _overload(
+                    "quantity_add", [_MAP, _MAP], _MAP, _quantity_op(lambda a, b: a + b), True
+                ),
+                _overload(
+                    "quantity_add_int",
+                    [_MAP, integer],
+                    _MAP,
+                    _quantity_op(lambda a, b: a + b),
+                    True,
+                ),
+            ],
+        ),
+        cel.FunctionDecl(
+            "sub",
+            [
+                _overload(
+                    "quantity_sub", [_MAP, _MAP], _MAP, _quantity_op(lambda a, b: a - b), True
+                ),
+                _overload(
+                    "quantity_sub_int",
+                    [_MAP, integer],
+                    _MAP,
+                    _quantity_op(lambda a, b: a - b),
+                    True,
+                ),
+            ],
+        ),
     ]
 
 
@@ -206,8 +302,8 @@ def _is_string_start(text: str, i: int) -> bool:
         return True
     if text[i] not in "rRbB" or (i and (text[i - 1].isalnum() or text[i - 1] == "_")):
         return False
-    rest = text[i + 1:i + 3]
-    return bool(rest) and (rest[0] in "\"'" or (rest[0] in "rRbB" and rest[1:] in ("\"", "'")))
+    rest = text[i + 1 : i + 3]
+    return bool(rest) and (rest[0] in "\"'" or (rest[0] in "rRbB" and rest[1:] in ('"', "'")))
 
 
 def _skip_string(text: str, i: int) -> int:
@@ -282,11 +378,11 @@ def _rewrite_lookups(expression: str) -> str:
             i += 1
             continue
         close = _closing_bracket(expression, match.end())
-        index = expression[match.end():close] if close is not None else ""
+        index = expression[match.end() : close] if close is not None else ""
         if close is None or index.lstrip().startswith("?") or _literal_domain(index):
             i = match.end()
             continue
-        out.append(expression[start:match.end() - 1])
+        out.append(expression[start : match.end() - 1])
         out.append(f".{_LOOKUP_FUNCTION}({_rewrite_lookups(index)})")
         i = start = close + 1
     if not out:
@@ -313,9 +409,13 @@ class CelEnvironment:
     def __init__(self) -> None:
         self._env = cel.NewEnv(
             variables={"device": _MAP},
-            extensions=[ext_bindings.ExtBindings(), ext_strings.ExtStrings(),
-                        ext_math.ExtMath(), ext_optional.ExtOptional(),
-                        ext_encoders.ExtEncoders()],
+            extensions=[
+                ext_bindings.ExtBindings(),
+                ext_strings.ExtStrings(),
+                ext_math.ExtMath(),
+                ext_optional.ExtOptional(),
+                ext_encoders.ExtEncoders(),
+            ],
             functions=_functions(),
         )
         self._compiled: dict[str, CompiledExpression | CompileError] = {}
@@ -343,8 +443,11 @@ class CelEnvironment:
         if not expression.strip():
             return CompileError(expression, "expression is empty")
         if len(expression) > MAX_EXPRESSION_LENGTH:
-            return CompileError(expression, f"expression is {len(expression)} bytes long, more "
-                                f"than the limit of {MAX_EXPRESSION_LENGTH}")
+            return CompileError(
+                expression,
+                f"expression is {len(expression)} bytes long, more "
+                f"than the limit of {MAX_EXPRESSION_LENGTH}",
+            )
         try:
             program = self._env.compile(_rewrite_lookups(expression))
         except RuntimeError as err:
@@ -364,8 +467,11 @@ class CelEnvironment:
         if not expressions:
             return True
         data = device.cel_device
-        wanted = expressions[0].domains if len(expressions) == 1 else frozenset().union(
-            *(e.domains for e in expressions))
+        wanted = (
+            expressions[0].domains
+            if len(expressions) == 1
+            else frozenset().union(*(e.domains for e in expressions))
+        )
         attributes, capacity = data["attributes"], data["capacity"]
         missing = [d for d in wanted if d not in attributes or d not in capacity]
         if missing:
@@ -382,8 +488,9 @@ class CelEnvironment:
                 raise EvaluationError(expression.text, str(result.value()))
             value = result.value()
             if not isinstance(value, bool):
-                raise EvaluationError(expression.text, f"CEL result of type "
-                                      f"{result.type().name()} is not a bool")
+                raise EvaluationError(
+                    expression.text, f"CEL result of type {result.type().name()} is not a bool"
+                )
             if not value:
                 return False
         return True
@@ -409,8 +516,12 @@ class SelectorCache:
         self.evaluations = 0
 
     def select(
-        self, owner: str, selectors: tuple[str, ...], pool_key: tuple[str, str, str],
-        devices: Sequence[Device], within: tuple[int, ...] | None = None,
+        self,
+        owner: str,
+        selectors: tuple[str, ...],
+        pool_key: tuple[str, str, str],
+        devices: Sequence[Device],
+        within: tuple[int, ...] | None = None,
         within_key: Any = None,
     ) -> tuple[int, ...]:
         """Indexes of the devices of a pool that pass every selector, looking only at the
@@ -436,7 +547,9 @@ class SelectorCache:
         return cached
 
     def _evaluate(
-        self, compiled: list[CompiledExpression], devices: Sequence[Device],
+        self,
+        compiled: list[CompiledExpression],
+        devices: Sequence[Device],
         within: tuple[int, ...] | None,
     ) -> tuple[int, ...] | EvaluationError:
         indexes = range(len(devices)) if within is None else within

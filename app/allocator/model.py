@@ -179,8 +179,9 @@ class Constraint:
     def applies_to(self, request: DeviceRequest) -> bool:
         """True when devices for ``request`` fall under this constraint (a parent name covers
         its subrequests)."""
-        return not self.requests or request.name in self.requests or (
-            request.parent in self.requests)
+        return (
+            not self.requests or request.name in self.requests or (request.parent in self.requests)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,9 +236,7 @@ def _cel_attribute(kind: str, value: Any) -> Any:
     return value
 
 
-def device_from_json(
-    driver: str, pool: str, device: Mapping[str, Any], reach: Reach
-) -> Device:
+def device_from_json(driver: str, pool: str, device: Mapping[str, Any], reach: Reach) -> Device:
     """A :class:`Device` from a v1 ResourceSlice device.
 
     Raises:
@@ -267,14 +266,18 @@ def device_from_json(
         json.dumps([driver, body], sort_keys=True, separators=(",", ":"), default=str).encode()
     ).hexdigest()
     return Device(
-        driver=driver, pool=pool, name=name, attributes=attributes,
+        driver=driver,
+        pool=pool,
+        name=name,
+        attributes=attributes,
         cel_device={
             "driver": driver,
             "allowMultipleAllocations": bool(device.get("allowMultipleAllocations", False)),
             "attributes": cel_attributes,
             "capacity": cel_capacity,
         },
-        fingerprint=fingerprint, reach=reach,
+        fingerprint=fingerprint,
+        reach=reach,
         binds_to_node=device.get("bindsToNode") is True,
         binding_conditions=tuple(device.get("bindingConditions") or ()),
         binding_failure_conditions=tuple(device.get("bindingFailureConditions") or ()),
@@ -302,8 +305,7 @@ def _toleration_seconds(request: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"request {request!r}: tolerationSeconds must be an integer, "
-                        f"not {value!r}")
+        raise SpecError(f"request {request!r}: tolerationSeconds must be an integer, not {value!r}")
     return value
 
 
@@ -319,16 +321,24 @@ def _device_request(name: str, parent: str, body: Mapping[str, Any]) -> DeviceRe
     if not class_name:
         raise SpecError(f"request {name!r}: deviceClassName is required")
     return DeviceRequest(
-        name=name, parent=parent, device_class_name=class_name,
+        name=name,
+        parent=parent,
+        device_class_name=class_name,
         selectors=tuple(
             str(((s or {}).get("cel") or {}).get("expression") or "")
             for s in body.get("selectors") or ()
         ),
-        allocation_mode=mode, count=count, admin_access=body.get("adminAccess") is True,
+        allocation_mode=mode,
+        count=count,
+        admin_access=body.get("adminAccess") is True,
         tolerations=tuple(
-            Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"),
-                       str(t.get("value") or ""), str(t.get("effect") or ""),
-                       _toleration_seconds(name, t.get("tolerationSeconds")))
+            Toleration(
+                str(t.get("key") or ""),
+                str(t.get("operator") or "Equal"),
+                str(t.get("value") or ""),
+                str(t.get("effect") or ""),
+                _toleration_seconds(name, t.get("tolerationSeconds")),
+            )
             for t in body.get("tolerations") or ()
         ),
     )
@@ -353,8 +363,10 @@ def claim_from_json(
         request_name = str(raw.get("name") or "")
         exactly, first = raw.get("exactly"), raw.get("firstAvailable")
         if (exactly is None) == (not first):
-            raise SpecError(f"request {request_name!r}: exactly one of `exactly` or "
-                            "`firstAvailable` is required")
+            raise SpecError(
+                f"request {request_name!r}: exactly one of `exactly` or "
+                "`firstAvailable` is required"
+            )
         alternatives: tuple[DeviceRequest, ...]
         if exactly is not None:
             alternatives = (_device_request(request_name, request_name, exactly),)
@@ -369,24 +381,34 @@ def claim_from_json(
     for raw in devices.get("constraints") or ():
         match, distinct = raw.get("matchAttribute"), raw.get("distinctAttribute")
         if bool(match) == bool(distinct):
-            raise SpecError("constraint: exactly one of matchAttribute or distinctAttribute "
-                            "is required")
+            raise SpecError(
+                "constraint: exactly one of matchAttribute or distinctAttribute is required"
+            )
         listed = tuple(str(r) for r in raw.get("requests") or ())
         unknown = [r for r in listed if r not in names]
         if unknown:
             raise SpecError(f"constraint on {match or distinct}: unknown requests {unknown}")
         constraints.append(Constraint(listed, match or None, distinct or None))
     config = tuple(c for c in devices.get("config") or () if (c or {}).get("opaque"))
-    return Claim(uid=uid, namespace=namespace, name=name, requests=tuple(requests),
-                 constraints=tuple(constraints), config=config)
+    return Claim(
+        uid=uid,
+        namespace=namespace,
+        name=name,
+        requests=tuple(requests),
+        constraints=tuple(constraints),
+        config=config,
+    )
 
 
 def claim_from_object(obj: Mapping[str, Any]) -> Claim:
     """A :class:`Claim` from a whole ResourceClaim object (metadata and spec)."""
     meta = obj.get("metadata") or {}
-    return claim_from_json(obj.get("spec") or {}, uid=str(meta.get("uid") or ""),
-                           namespace=str(meta.get("namespace") or ""),
-                           name=str(meta.get("name") or ""))
+    return claim_from_json(
+        obj.get("spec") or {},
+        uid=str(meta.get("uid") or ""),
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+    )
 
 
 def node_from_json(obj: Mapping[str, Any]) -> Node:

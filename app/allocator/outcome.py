@@ -61,10 +61,12 @@ class RequestReport:
 
     def summary(self) -> str:
         """One line with the counts."""
-        return (f"request {self.request!r} (class {self.device_class!r}, "
-                f"{self.allocation_mode} {self.needed}): {self.considered} devices reachable, "
-                f"{self.matched} matched the selectors, {self.in_use} in use, "
-                f"{self.tainted} tainted, {self.available} available")
+        return (
+            f"request {self.request!r} (class {self.device_class!r}, "
+            f"{self.allocation_mode} {self.needed}): {self.considered} devices reachable, "
+            f"{self.matched} matched the selectors, {self.in_use} in use, "
+            f"{self.tainted} tainted, {self.available} available"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,8 +129,10 @@ def gather_pools(resource_slices: Iterable[Mapping[str, Any]]) -> tuple[Pool, ..
             newest[key] = []
         if generation == generations[key]:
             newest[key].append(obj)
-    pools = [_pool(driver, name, generations[(driver, name)], objs)
-             for (driver, name), objs in newest.items()]
+    pools = [
+        _pool(driver, name, generations[(driver, name)], objs)
+        for (driver, name), objs in newest.items()
+    ]
     pools.sort(key=lambda p: (p.has_binding_conditions, p.name, p.driver))
     return tuple(pools)
 
@@ -151,10 +153,12 @@ def _count_disagreement(generation: int, counts: Mapping[int, list[str]]) -> str
     for count in sorted(counts):
         labels = counts[count]
         shown = ", ".join(repr(n) for n in labels[:3]) + (
-            f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+            f" and {len(labels) - 3} more" if len(labels) > 3 else ""
+        )
         parts.append(f"{count} (slice{'s' if len(labels) > 1 else ''} {shown})")
-    return (f"the slices of generation {generation} disagree on resourceSliceCount: "
-            + "; ".join(parts))
+    return f"the slices of generation {generation} disagree on resourceSliceCount: " + "; ".join(
+        parts
+    )
 
 
 def _pool(driver: str, name: str, generation: int, objs: list[Mapping[str, Any]]) -> Pool:
@@ -170,8 +174,7 @@ def _pool(driver: str, name: str, generation: int, objs: list[Mapping[str, Any]]
 
     def distinct(reach: Reach) -> Reach:
         # Devices sharing a reach share one object, so reach checks can be memoised by id.
-        marker = json.dumps([reach.node_name, reach.node_selector, reach.all_nodes],
-                            sort_keys=True)
+        marker = json.dumps([reach.node_name, reach.node_selector, reach.all_nodes], sort_keys=True)
         return reaches.setdefault(marker, reach)
 
     for spec in specs:
@@ -195,11 +198,19 @@ def _pool(driver: str, name: str, generation: int, objs: list[Mapping[str, Any]]
     digest = hashlib.sha256()
     for device in devices:
         digest.update(f"{device.name}\x00{device.fingerprint}\x00".encode())
-    return Pool(driver=driver, name=name, generation=generation, resource_slice_count=count,
-                slices_seen=len(specs), devices=() if invalid else tuple(devices),
-                reaches=tuple(reaches.values()), invalid_reason=invalid,
-                uniform_reach=len(reaches) == 1 and not per_device_seen,
-                fingerprint=digest.hexdigest(), consistent=consistent)
+    return Pool(
+        driver=driver,
+        name=name,
+        generation=generation,
+        resource_slice_count=count,
+        slices_seen=len(specs),
+        devices=() if invalid else tuple(devices),
+        reaches=tuple(reaches.values()),
+        invalid_reason=invalid,
+        uniform_reach=len(reaches) == 1 and not per_device_seen,
+        fingerprint=digest.hexdigest(),
+        consistent=consistent,
+    )
 
 
 def _requirement_matches(requirement: Mapping[str, Any], value: str | None) -> bool:

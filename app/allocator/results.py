@@ -39,8 +39,12 @@ Pick = tuple[DeviceRequest, Device]
 
 def result_entry(request: DeviceRequest, device: Device) -> dict[str, Any]:
     """One ``devices.results[]`` entry (v1 DeviceRequestAllocationResult)."""
-    entry: dict[str, Any] = {"request": request.name, "driver": device.driver,
-                             "pool": device.pool, "device": device.name}
+    entry: dict[str, Any] = {
+        "request": request.name,
+        "driver": device.driver,
+        "pool": device.pool,
+        "device": device.name,
+    }
     if request.admin_access:
         entry["adminAccess"] = True
     if request.tolerations:
@@ -68,8 +72,9 @@ def config_entries(
     for class_name, request_names in by_class.items():
         device_class = classes.get(class_name)
         for entry in device_class.config if device_class else ():
-            out.append({"source": "FromClass", "requests": list(request_names),
-                        "opaque": entry["opaque"]})
+            out.append(
+                {"source": "FromClass", "requests": list(request_names), "opaque": entry["opaque"]}
+            )
     chosen = {r.name for r in used} | {r.parent for r in used}
     for entry in claim.config:
         item: dict[str, Any] = {"source": "FromClaim"}
@@ -86,8 +91,11 @@ def node_selector(devices: Sequence[Device], node: Node) -> dict[str, Any] | Non
     """The allocation's ``nodeSelector`` for the chosen ``devices`` on ``node`` (see the
     module docstring), or None."""
     if any(d.binds_to_node or d.reach.node_name is not None for d in devices):
-        return {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node.name]}]}]}
+        return {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node.name]}]}
+            ]
+        }
     expressions: list[Any] = []
     fields: list[Any] = []
     seen: set[str] = set()
@@ -99,8 +107,10 @@ def node_selector(devices: Sequence[Device], node: Node) -> dict[str, Any] | Non
         # matches the node is the one that made the device usable there.
         terms = selector.get("nodeSelectorTerms") or [{}]
         term = next((t for t in terms if term_matches(t, node)), terms[0])
-        for target, items in ((expressions, term.get("matchExpressions") or ()),
-                              (fields, term.get("matchFields") or ())):
+        for target, items in (
+            (expressions, term.get("matchExpressions") or ()),
+            (fields, term.get("matchFields") or ()),
+        ):
             for item in items:
                 marker = json.dumps([target is fields, item], sort_keys=True)
                 if marker not in seen:
@@ -117,17 +127,22 @@ def node_selector(devices: Sequence[Device], node: Node) -> dict[str, Any] | Non
 
 
 def allocation(
-    claim: Claim, used: Sequence[DeviceRequest], picks: Sequence[Pick],
-    classes: Mapping[str, DeviceClass], node: Node,
+    claim: Claim,
+    used: Sequence[DeviceRequest],
+    picks: Sequence[Pick],
+    classes: Mapping[str, DeviceClass],
+    node: Node,
 ) -> dict[str, Any]:
     """The claim's ``status.allocation`` (v1 AllocationResult JSON, without the timestamp).
 
     ``picks`` are (request alternative, device) pairs in allocation order.
     """
-    result: dict[str, Any] = {"devices": {
-        "results": [result_entry(request, device) for request, device in picks],
-        "config": config_entries(claim, used, classes),
-    }}
+    result: dict[str, Any] = {
+        "devices": {
+            "results": [result_entry(request, device) for request, device in picks],
+            "config": config_entries(claim, used, classes),
+        }
+    }
     selector = node_selector([device for _, device in picks], node)
     if selector is not None:
         result["nodeSelector"] = selector

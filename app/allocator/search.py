@@ -56,8 +56,15 @@ _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 # resourceapi.AllocationResultsMaxSize: results one claim's allocation may hold.
 MAX_RESULTS = 32
 # Failures a skipped pool may explain: their messages name the skipped pools.
-_SHORTAGES = frozenset({oc.NOT_ENOUGH_DEVICES, oc.DEVICES_CONTENDED, oc.CONSTRAINT_FAILED,
-                        oc.DEVICES_NOT_FREE, oc.DEVICES_TAINTED})
+_SHORTAGES = frozenset(
+    {
+        oc.NOT_ENOUGH_DEVICES,
+        oc.DEVICES_CONTENDED,
+        oc.CONSTRAINT_FAILED,
+        oc.DEVICES_NOT_FREE,
+        oc.DEVICES_TAINTED,
+    }
+)
 
 
 class _Abort(Exception):
@@ -102,8 +109,12 @@ class Allocator:
         self.max_steps = max_steps
 
     def allocate(
-        self, claims: Sequence[Claim], classes: Mapping[str, DeviceClass],
-        pools: Sequence[Pool], in_use: Collection[DeviceId], node: Node,
+        self,
+        claims: Sequence[Claim],
+        classes: Mapping[str, DeviceClass],
+        pools: Sequence[Pool],
+        in_use: Collection[DeviceId],
+        node: Node,
     ) -> oc.Outcome:
         """Allocations for all ``claims`` of one pod on ``node``, or a :class:`Failure`.
 
@@ -138,8 +149,13 @@ class _Run:
     """One allocation attempt: candidate gathering, search, failure analysis."""
 
     def __init__(
-        self, allocator: Allocator, claims: Sequence[Claim], classes: Mapping[str, DeviceClass],
-        pools: Sequence[Pool], in_use: Collection[DeviceId], node: Node,
+        self,
+        allocator: Allocator,
+        claims: Sequence[Claim],
+        classes: Mapping[str, DeviceClass],
+        pools: Sequence[Pool],
+        in_use: Collection[DeviceId],
+        node: Node,
     ) -> None:
         self.allocator = allocator
         self.claims = claims
@@ -150,10 +166,10 @@ class _Run:
         reaching = [p for p in pools if p.reaches_node(node)]
         self.pools = [p for p in reaching if p.usable]
         # A pool whose slices disagree on their count is reported as invalid only.
-        self.incomplete = tuple(p.describe() for p in reaching
-                                if not p.complete and p.consistent)
-        self.invalid = tuple(f"{p.describe()} ({p.invalid_reason})" for p in reaching
-                             if p.invalid_reason is not None)
+        self.incomplete = tuple(p.describe() for p in reaching if not p.complete and p.consistent)
+        self.invalid = tuple(
+            f"{p.describe()} ({p.invalid_reason})" for p in reaching if p.invalid_reason is not None
+        )
         self.candidates: dict[tuple[int, str], _Candidates] = {}
 
     def reports(self) -> list[oc.RequestReport]:
@@ -165,26 +181,45 @@ class _Run:
             # why devices it may expect were not offered.
             skipped = [f"{p} (incomplete)" for p in self.incomplete] + list(self.invalid)
             message += "; pools reaching the node that were skipped: " + ", ".join(skipped)
-        return _Abort(oc.Failure(reason, message, incomplete_pools=self.incomplete,
-                                 invalid_pools=self.invalid, **details))
+        return _Abort(
+            oc.Failure(
+                reason,
+                message,
+                incomplete_pools=self.incomplete,
+                invalid_pools=self.invalid,
+                **details,
+            )
+        )
 
     def execute(self) -> oc.Outcome:
         for claim in self.claims:
-            least = sum(min(1 if a.allocation_mode == ALLOCATION_MODE_ALL else a.count
-                            for a in r.alternatives) for r in claim.requests)
+            least = sum(
+                min(
+                    1 if a.allocation_mode == ALLOCATION_MODE_ALL else a.count
+                    for a in r.alternatives
+                )
+                for r in claim.requests
+            )
             if least > MAX_RESULTS:
-                raise self._fail(oc.TOO_MANY_DEVICES, f"claim {claim.ref}: its requests need "
-                                 f"at least {least} devices; an allocation holds at most "
-                                 f"{MAX_RESULTS}", claim=claim.ref)
+                raise self._fail(
+                    oc.TOO_MANY_DEVICES,
+                    f"claim {claim.ref}: its requests need "
+                    f"at least {least} devices; an allocation holds at most "
+                    f"{MAX_RESULTS}",
+                    claim=claim.ref,
+                )
         for ci, request in self.slots:
             for alternative in request.alternatives:
                 self.gather(ci, alternative)
         try:
             picks = _Search(self, self.allocator.max_steps, None).run()
         except _Limit:
-            raise self._fail(oc.SEARCH_LIMIT, f"no allocation found within "
-                             f"{self.allocator.max_steps} steps; the claims' requests and "
-                             "constraints leave too many combinations") from None
+            raise self._fail(
+                oc.SEARCH_LIMIT,
+                f"no allocation found within "
+                f"{self.allocator.max_steps} steps; the claims' requests and "
+                "constraints leave too many combinations",
+            ) from None
         if picks is None:
             raise self.explain()
         allocations: dict[str, Any] = {}
@@ -194,8 +229,9 @@ class _Run:
             for alt, _ in mine:
                 if alt not in used:
                     used.append(alt)
-            allocations[claim.uid or claim.ref] = allocation(claim, used, mine, self.classes,
-                                                             self.node)
+            allocations[claim.uid or claim.ref] = allocation(
+                claim, used, mine, self.classes, self.node
+            )
         return oc.Outcome(allocations=allocations, reports=tuple(self.reports()))
 
     def gather(self, ci: int, request: DeviceRequest) -> _Candidates:
@@ -205,12 +241,19 @@ class _Run:
             return self.candidates[key]
         claim = self.claims[ci]
         device_class = self.classes.get(request.device_class_name)
-        where = {"claim": claim.ref, "request": request.name,
-                 "device_class": request.device_class_name}
+        where = {
+            "claim": claim.ref,
+            "request": request.name,
+            "device_class": request.device_class_name,
+        }
         if device_class is None:
-            raise self._fail(oc.CLASS_NOT_FOUND, f"claim {claim.ref}, request "
-                             f"{request.name!r}: device class {request.device_class_name!r} "
-                             "does not exist", **where)
+            raise self._fail(
+                oc.CLASS_NOT_FOUND,
+                f"claim {claim.ref}, request "
+                f"{request.name!r}: device class {request.device_class_name!r} "
+                "does not exist",
+                **where,
+            )
         considered = matched = in_use = tainted = 0
         devices: list[Device] = []
         pools: list[str] = []
@@ -220,20 +263,31 @@ class _Run:
             try:
                 owner = class_owner
                 selected = self.allocator.selectors.select(
-                    owner, device_class.selectors, pool.key, pool.devices)
+                    owner, device_class.selectors, pool.key, pool.devices
+                )
                 owner = "request"
                 selected = self.allocator.selectors.select(
-                    owner, request.selectors, pool.key, pool.devices,
-                    within=selected, within_key=(device_class.name, device_class.selectors))
+                    owner,
+                    request.selectors,
+                    pool.key,
+                    pool.devices,
+                    within=selected,
+                    within_key=(device_class.name, device_class.selectors),
+                )
             except CompileError as err:
-                raise self._selector_failure(oc.SELECTOR_INVALID, owner, claim, request,
-                                             err) from err
+                raise self._selector_failure(
+                    oc.SELECTOR_INVALID, owner, claim, request, err
+                ) from err
             except EvaluationError as err:
-                raise self._selector_failure(oc.SELECTOR_FAILED, owner, claim, request,
-                                             err, pool) from err
+                raise self._selector_failure(
+                    oc.SELECTOR_FAILED, owner, claim, request, err, pool
+                ) from err
             uniform = pool.uniform_reach
-            considered += len(pool.devices) if uniform else sum(
-                1 for d in pool.devices if self._reaches(d, reach_memo))
+            considered += (
+                len(pool.devices)
+                if uniform
+                else sum(1 for d in pool.devices if self._reaches(d, reach_memo))
+            )
             before = len(devices)
             for index in selected:
                 device = pool.devices[index]
@@ -243,9 +297,10 @@ class _Run:
                 if not request.admin_access and device.device_id in self.in_use:
                     in_use += 1
                 elif device.taints and any(
-                        t.effect in _BLOCKING_EFFECTS
-                        and not any(tol.tolerates(t) for tol in request.tolerations)
-                        for t in device.taints):
+                    t.effect in _BLOCKING_EFFECTS
+                    and not any(tol.tolerates(t) for tol in request.tolerations)
+                    for t in device.taints
+                ):
                     tainted += 1
                 else:
                     devices.append(device)
@@ -266,10 +321,19 @@ class _Run:
         if needed > MAX_RESULTS:
             blocked = oc.TOO_MANY_DEVICES
         report = oc.RequestReport(
-            claim=claim.ref, request=request.name, device_class=device_class.name,
-            allocation_mode=request.allocation_mode, needed=needed, considered=considered,
-            matched=matched, in_use=in_use, tainted=tainted, available=len(devices),
-            pools=tuple(pools), blocked=blocked)
+            claim=claim.ref,
+            request=request.name,
+            device_class=device_class.name,
+            allocation_mode=request.allocation_mode,
+            needed=needed,
+            considered=considered,
+            matched=matched,
+            in_use=in_use,
+            tainted=tainted,
+            available=len(devices),
+            pools=tuple(pools),
+            blocked=blocked,
+        )
         self.candidates[key] = _Candidates(devices, report)
         return self.candidates[key]
 
@@ -280,46 +344,65 @@ class _Run:
         return known
 
     def _selector_failure(
-        self, reason: str, owner: str, claim: Claim, request: DeviceRequest,
-        err: CompileError | EvaluationError, pool: Pool | None = None,
+        self,
+        reason: str,
+        owner: str,
+        claim: Claim,
+        request: DeviceRequest,
+        err: CompileError | EvaluationError,
+        pool: Pool | None = None,
     ) -> _Abort:
-        whose = (f"device class {request.device_class_name!r}" if owner != "request"
-                 else f"claim {claim.ref}, request {request.name!r}")
+        whose = (
+            f"device class {request.device_class_name!r}"
+            if owner != "request"
+            else f"claim {claim.ref}, request {request.name!r}"
+        )
         device = getattr(err, "device", None)
         on = f" on device {pool.describe()}/{device}" if pool is not None and device else ""
         verb = "cannot be compiled" if reason == oc.SELECTOR_INVALID else "failed"
-        return self._fail(reason, f"{whose}: selector {err.expression[:200]!r} {verb}{on}: "
-                          f"{err.detail}", claim=claim.ref, request=request.name,
-                          device_class=request.device_class_name, expression=err.expression,
-                          device=device)
+        return self._fail(
+            reason,
+            f"{whose}: selector {err.expression[:200]!r} {verb}{on}: {err.detail}",
+            claim=claim.ref,
+            request=request.name,
+            device_class=request.device_class_name,
+            expression=err.expression,
+            device=device,
+        )
 
     def explain(self) -> _Abort:
         """The failure of a search that found nothing: first a request that cannot be met on
         its own, then a constraint that cannot hold, then contention between requests."""
         for ci, request in self.slots:
             candidates = [self.candidates[(ci, a.name)] for a in request.alternatives]
-            if any(c.report.blocked is None and c.report.available >= c.report.needed
-                   for c in candidates):
+            if any(
+                c.report.blocked is None and c.report.available >= c.report.needed
+                for c in candidates
+            ):
                 continue
             report = candidates[0].report
             reason = report.blocked or oc.NOT_ENOUGH_DEVICES
             if reason == oc.POOLS_NOT_READY:
                 why = "it asks for all devices, but pools reaching the node are not ready: " + (
-                    ", ".join(self.incomplete + self.invalid))
+                    ", ".join(self.incomplete + self.invalid)
+                )
             elif reason == oc.DEVICES_NOT_FREE:
                 why = "it asks for all devices, but some of them are in use"
             elif reason == oc.DEVICES_TAINTED:
-                why = ("it asks for all devices, but some of them have taints it does not "
-                       "tolerate")
+                why = "it asks for all devices, but some of them have taints it does not tolerate"
             elif reason == oc.TOO_MANY_DEVICES:
                 why = f"an allocation holds at most {MAX_RESULTS} devices"
             else:
                 why = "not enough devices"
             details = "; ".join(c.report.summary() for c in candidates)
-            return self._fail(reason, f"claim {report.claim}, request {request.name!r}: {why}: "
-                              f"{details}", claim=report.claim, request=request.name,
-                              device_class=report.device_class,
-                              requests=tuple(c.report for c in candidates))
+            return self._fail(
+                reason,
+                f"claim {report.claim}, request {request.name!r}: {why}: {details}",
+                claim=report.claim,
+                request=request.name,
+                device_class=report.device_class,
+                requests=tuple(c.report for c in candidates),
+            )
         steps = self.allocator.max_steps
         try:
             if _Search(self, steps, frozenset()).run() is not None:
@@ -328,28 +411,39 @@ class _Run:
                         if _Search(self, steps, frozenset({id(constraint)})).run() is None:
                             return self._constraint_failure(claim, constraint)
                 claim = next(c for c in self.claims if c.constraints)
-                return self._fail(oc.CONSTRAINT_FAILED, f"claim {claim.ref}: its constraints "
-                                  "cannot all hold together on this node", claim=claim.ref,
-                                  requests=tuple(self.reports()))
+                return self._fail(
+                    oc.CONSTRAINT_FAILED,
+                    f"claim {claim.ref}: its constraints cannot all hold together on this node",
+                    claim=claim.ref,
+                    requests=tuple(self.reports()),
+                )
         except _Limit:
-            return self._fail(oc.SEARCH_LIMIT, "no allocation found, and the search for the "
-                              f"reason gave up after {steps} steps")
+            return self._fail(
+                oc.SEARCH_LIMIT,
+                f"no allocation found, and the search for the reason gave up after {steps} steps",
+            )
         names = ", ".join(f"{self.claims[ci].ref}:{r.name}" for ci, r in self.slots)
-        return self._fail(oc.DEVICES_CONTENDED, f"requests {names} cannot all get distinct "
-                          "free devices on this node: "
-                          + "; ".join(r.summary() for r in self.reports()),
-                          requests=tuple(self.reports()))
+        return self._fail(
+            oc.DEVICES_CONTENDED,
+            f"requests {names} cannot all get distinct "
+            "free devices on this node: " + "; ".join(r.summary() for r in self.reports()),
+            requests=tuple(self.reports()),
+        )
 
     def _constraint_failure(self, claim: Claim, constraint: Constraint) -> _Abort:
         attribute = constraint.match_attribute or constraint.distinct_attribute or ""
         kind = "matchAttribute" if constraint.match_attribute else "distinctAttribute"
         scope = ", ".join(repr(r) for r in constraint.requests) or "all requests"
-        return self._fail(oc.CONSTRAINT_FAILED, f"claim {claim.ref}: constraint {kind} "
-                          f"{attribute!r} over {scope} cannot hold: no devices with "
-                          f"{'one common' if constraint.match_attribute else 'distinct'} value "
-                          "of it (a device lacking the attribute is refused)",
-                          claim=claim.ref, constraint=attribute,
-                          requests=tuple(self.reports()))
+        return self._fail(
+            oc.CONSTRAINT_FAILED,
+            f"claim {claim.ref}: constraint {kind} "
+            f"{attribute!r} over {scope} cannot hold: no devices with "
+            f"{'one common' if constraint.match_attribute else 'distinct'} value "
+            "of it (a device lacking the attribute is refused)",
+            claim=claim.ref,
+            constraint=attribute,
+            requests=tuple(self.reports()),
+        )
 
 
 class _Search:
@@ -368,8 +462,7 @@ class _Search:
         self.values: dict[int, list[tuple[str, Any]]] = {}
         self.per_claim = [0] * len(run.claims)
         self.active = [
-            [c for c in claim.constraints if only is None or id(c) in only]
-            for claim in run.claims
+            [c for c in claim.constraints if only is None or id(c) in only] for claim in run.claims
         ]
 
     def run(self) -> list[tuple[int, DeviceRequest, Device]] | None:
@@ -407,8 +500,13 @@ class _Search:
         return False
 
     def _pick(
-        self, slot: int, ci: int, request: DeviceRequest, devices: Sequence[Device],
-        start: int, remaining: int,
+        self,
+        slot: int,
+        ci: int,
+        request: DeviceRequest,
+        devices: Sequence[Device],
+        start: int,
+        remaining: int,
     ) -> bool:
         if remaining == 0:
             return self._solve(slot + 1)
@@ -432,8 +530,9 @@ class _Search:
         applicable = [c for c in self.active[ci] if c.applies_to(request)]
         found: list[tuple[str, Any]] = []
         for constraint in applicable:
-            value = _attribute(device, constraint.match_attribute
-                               or constraint.distinct_attribute or "")
+            value = _attribute(
+                device, constraint.match_attribute or constraint.distinct_attribute or ""
+            )
             if value is None:
                 return False
             seen = self.values.get(id(constraint), [])

@@ -51,8 +51,10 @@ def parse_quantity(text: str) -> Fraction:
     """
     match = _QUANTITY.match(text.strip()) if isinstance(text, str) else None
     if match is None or not text or text != text.strip():
-        raise CelValueError(f"quantities must match the regular expression "
-                            f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}")
+        raise CelValueError(
+            f"quantities must match the regular expression "
+            f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}"
+        )
     value = Fraction(match.group("number"))
     suffix = match.group("suffix") or ""
     if suffix in _BINARY:

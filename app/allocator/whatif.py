@@ -1,4 +1,4 @@
-""""Could this claim be satisfied now, and where?": the allocator run once per node.
+""" "Could this claim be satisfied now, and where?": the allocator run once per node.
 
 Used by the admin API. Nothing is reserved: each node is answered as if the claim were the
 only new one, against the same devices in use.
@@ -38,8 +38,12 @@ class NodeAnswer:
 
 
 def what_if(
-    claim_spec: Mapping[str, Any], classes: Mapping[str, DeviceClass], pools: Sequence[Pool],
-    in_use: Collection[DeviceId], nodes: Sequence[Node], allocator: Allocator | None = None,
+    claim_spec: Mapping[str, Any],
+    classes: Mapping[str, DeviceClass],
+    pools: Sequence[Pool],
+    in_use: Collection[DeviceId],
+    nodes: Sequence[Node],
+    allocator: Allocator | None = None,
 ) -> tuple[NodeAnswer, ...]:
     """For a ResourceClaim ``spec`` (v1 JSON), one answer per node, in the order given.
 
@@ -67,6 +71,5 @@ def what_if(
         for report in result.reports or (result.failure.requests if result.failure else ()):
             usable.extend(p for p in report.pools if p not in usable)
         allocation = next(iter(result.allocations.values()), None)
-        answers.append(NodeAnswer(node.name, result.ok, tuple(usable), allocation,
-                                  result.failure))
+        answers.append(NodeAnswer(node.name, result.ok, tuple(usable), allocation, result.failure))
     return tuple(answers)

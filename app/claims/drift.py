@@ -69,7 +69,9 @@ class Drift:
 
 
 def find_drift(
-    attached: Iterable[ReservationView], fabric: Mapping[int, FabricView], since: dt.datetime,
+    attached: Iterable[ReservationView],
+    fabric: Mapping[int, FabricView],
+    since: dt.datetime,
 ) -> list[Drift]:
     """Compare ``attached`` reservations with the fabric's view of their devices.
 
@@ -84,8 +86,12 @@ def find_drift(
     """
     found: list[Drift] = []
     for reservation in sorted(attached, key=lambda r: r.id):
-        if (reservation.state != ATTACHED or not reservation.exclusive
-                or reservation.host_id is None or reservation.updated_at >= since):
+        if (
+            reservation.state != ATTACHED
+            or not reservation.exclusive
+            or reservation.host_id is None
+            or reservation.updated_at >= since
+        ):
             continue
         view = fabric.get(reservation.device_id)
         if view is None or view.removed:
@@ -93,8 +99,14 @@ def find_drift(
         elif view.host_id is None:
             found.append(Drift(reservation, "lost", "the fabric shows it attached to no host"))
         elif view.host_id != reservation.host_id:
-            found.append(Drift(reservation, "moved", f"the fabric shows it on host "
-                                                     f"{view.host_id}", view.host_id))
+            found.append(
+                Drift(
+                    reservation,
+                    "moved",
+                    f"the fabric shows it on host {view.host_id}",
+                    view.host_id,
+                )
+            )
     return found
 
 
@@ -123,8 +135,7 @@ class DriftWatch:
             reservations of a mode not listed are only counted in :attr:`last`.
     """
 
-    def __init__(self, journal: Journal, db: Database,
-                 targets: Mapping[str, DriftTarget]) -> None:
+    def __init__(self, journal: Journal, db: Database, targets: Mapping[str, DriftTarget]) -> None:
         self.journal = journal
         self.db = db
         self.targets = dict(targets)
@@ -165,18 +176,22 @@ class DriftWatch:
         return drifts
 
 
-async def _fabric_views(db: Database, device_ids: Sequence[int] | set[int]) -> dict[
-        int, FabricView]:
+async def _fabric_views(
+    db: Database, device_ids: Sequence[int] | set[int]
+) -> dict[int, FabricView]:
     # Imported here so that importing this module (find_drift) loads no database library.
     from sqlalchemy import select
 
     from app.db.models import Device
 
     async with db.read() as session:
-        rows = (await session.execute(
-            select(Device.id, Device.host_id, Device.removed_at)
-            .where(Device.id.in_(sorted(device_ids)))
-        )).all()
+        rows = (
+            await session.execute(
+                select(Device.id, Device.host_id, Device.removed_at).where(
+                    Device.id.in_(sorted(device_ids))
+                )
+            )
+        ).all()
     return {id_: FabricView(host_id, removed_at is not None) for id_, host_id, removed_at in rows}
 
 

@@ -84,7 +84,6 @@ DEFAULT_DETACH_ATTEMPTS = 15
 backoff (5 ms doubling) about 160 s of trying, on top of the backend's own retries per call."""
 
 
-
 class EventRecorder:
     """Records core/v1 Events on ResourceClaims, in the background.
 
@@ -103,8 +102,15 @@ class EventRecorder:
         max_queued: how many Events may wait to be sent.
     """
 
-    def __init__(self, core: CoreV1Api, identity: str, claim_api_version: str,
-                 clock: Callable[[], dt.datetime] = utcnow, *, max_queued: int = 1000) -> None:
+    def __init__(
+        self,
+        core: CoreV1Api,
+        identity: str,
+        claim_api_version: str,
+        clock: Callable[[], dt.datetime] = utcnow,
+        *,
+        max_queued: int = 1000,
+    ) -> None:
         self.core = core
         self.identity = identity
         self.claim_api_version = claim_api_version
@@ -115,25 +121,32 @@ class EventRecorder:
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def record(self, claim: Mapping[str, Any], type_: str, reason: str,
-                     message: str) -> None:
+    async def record(self, claim: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """Queue one Event (``type_`` Normal or Warning; ``reason`` CamelCase; the message is
         cut to 1,024 characters). Never raises and never waits for the API server."""
         metadata = claim.get("metadata") or {}
         namespace = str(metadata.get("namespace") or "default")
         now = rfc3339(self.clock())
         body: Any = {
-            "apiVersion": "v1", "kind": "Event",
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
             "involvedObject": {
                 "apiVersion": claim.get("apiVersion", self.claim_api_version),
-                "kind": "ResourceClaim", "name": metadata.get("name"), "namespace": namespace,
+                "kind": "ResourceClaim",
+                "name": metadata.get("name"),
+                "namespace": namespace,
                 "uid": metadata.get("uid"),
             },
-            "reason": reason, "message": message[:1024], "type": type_,
-            "source": {"component": "fabric-dra"}, "reportingComponent": "fabric-dra",
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": "fabric-dra"},
+            "reportingComponent": "fabric-dra",
             "reportingInstance": self.identity,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
         }
         what = f"{reason} on ResourceClaim {namespace}/{metadata.get('name')}"
         if self._closed:
@@ -143,8 +156,9 @@ class EventRecorder:
             self._queue.put_nowait((namespace, what, body))
         except asyncio.QueueFull:
             self.dropped += 1
-            log.info("dropped event %s: %d events are waiting to be sent", what,
-                     self._queue.qsize())
+            log.info(
+                "dropped event %s: %d events are waiting to be sent", what, self._queue.qsize()
+            )
             return
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_loop(), name="event-recorder")
@@ -274,8 +288,9 @@ class FabricOps:
         if self.checkpoint is not None:
             await self.checkpoint(step)
 
-    async def _record(self, claim: Mapping[str, Any], type_: str, reason: str,
-                      message: str) -> None:
+    async def _record(
+        self, claim: Mapping[str, Any], type_: str, reason: str, message: str
+    ) -> None:
         if self.events is not None:
             await self.events.record(claim, type_, reason, message)
 
@@ -293,18 +308,25 @@ class FabricOps:
         if self.on_failed_device:
             self.on_failed_device()
 
-    def _journal_operation(self, reservation_id: int,
-                           state: str) -> Callable[[str], Awaitable[None]]:
+    def _journal_operation(
+        self, reservation_id: int, state: str
+    ) -> Callable[[str], Awaitable[None]]:
         """A backend ``on_operation`` callback: store the task monitor in the journal before
         the backend polls it, so that a restarted controller follows that monitor instead of
         sending the operation a second time (which could attach twice)."""
+
         async def record(op_id: str) -> None:
             await self.journal.transition(reservation_id, [state], state, operation_id=op_id)
+
         return record
 
     async def attach(
-        self, reservation: ReservationView, claim: Mapping[str, Any] | None,
-        config: EffectiveConfig, *, device: FabricDevice | None = None,
+        self,
+        reservation: ReservationView,
+        claim: Mapping[str, Any] | None,
+        config: EffectiveConfig,
+        *,
+        device: FabricDevice | None = None,
     ) -> tuple[DeviceReport, bool]:
         """Attach a ``pending`` (or, after a crash, ``attaching``) reservation.
 
@@ -341,9 +363,12 @@ class FabricOps:
         try:
             call = (
                 self.backend.resume(moving.operation_id, device, moving.host_id, attach=True)
-                if moving.operation_id else
-                self.backend.attach(device, moving.host_id,
-                                    on_operation=self._journal_operation(moving.id, ATTACHING))
+                if moving.operation_id
+                else self.backend.attach(
+                    device,
+                    moving.host_id,
+                    on_operation=self._journal_operation(moving.id, ATTACHING),
+                )
             )
             if config.attach_timeout_s is not None:
                 async with asyncio.timeout(config.attach_timeout_s):
@@ -361,17 +386,27 @@ class FabricOps:
             keep_operation = isinstance(getattr(err, "op_id", None), str)
             self._metric("attach", "retry" if again else "failed")
             if again:
-                await self.journal.transition(moving.id, [ATTACHING], ATTACHING, error=message,
-                                              clear_operation=not keep_operation)
+                await self.journal.transition(
+                    moving.id,
+                    [ATTACHING],
+                    ATTACHING,
+                    error=message,
+                    clear_operation=not keep_operation,
+                )
                 self._error(moving.claim.uid, message)
-                log.warning("claim %s: %s (attempt %d of %d; tried again with backoff)",
-                            moving.claim, message, moving.attempts, config.max_attach_attempts)
+                log.warning(
+                    "claim %s: %s (attempt %d of %d; tried again with backoff)",
+                    moving.claim,
+                    message,
+                    moving.attempts,
+                    config.max_attach_attempts,
+                )
                 if moving.attached_at is not None:
-                    return DeviceReport(key, False, REASON_DEVICE_LOST, message,
-                                        failed=False), True
+                    return DeviceReport(key, False, REASON_DEVICE_LOST, message, failed=False), True
                 return DeviceReport(key, None, "", ""), True
-            await self.journal.transition(moving.id, [ATTACHING], FAILED, error=message,
-                                          clear_operation=True)
+            await self.journal.transition(
+                moving.id, [ATTACHING], FAILED, error=message, clear_operation=True
+            )
             self._error(moving.claim.uid, message)
             log.warning("claim %s: %s", moving.claim, message)
             if claim is not None:
@@ -379,33 +414,42 @@ class FabricOps:
             self._terminal(FAILED)
             return DeviceReport(key, False, REASON_ATTACH_FAILED, message), False
         await self._at("after-attach")
-        done = await self.journal.transition(moving.id, [ATTACHING], ATTACHED,
-                                             clear_operation=True)
+        done = await self.journal.transition(moving.id, [ATTACHING], ATTACHED, clear_operation=True)
         self._metric("attach", "ok")
         if self.metrics:
             self.metrics.attach_seconds.observe(time.monotonic() - started)
         if claim is not None:
             once_more = " again" if moving.attached_at is not None else ""
-            await self._record(claim, "Normal", REASON_ATTACHED,
-                                     f"device {reservation.device_name} attached{once_more} to "
-                                     f"node {moving.node} (fabric host {moving.host_id})")
+            await self._record(
+                claim,
+                "Normal",
+                REASON_ATTACHED,
+                f"device {reservation.device_name} attached{once_more} to "
+                f"node {moving.node} (fabric host {moving.host_id})",
+            )
         return self.ready_report(key, done or moving, device.uuid), False
 
-    def ready_report(self, key: WantedDevice, reservation: ReservationView,
-                     uuid: str | None = None) -> DeviceReport:
+    def ready_report(
+        self, key: WantedDevice, reservation: ReservationView, uuid: str | None = None
+    ) -> DeviceReport:
         """The report of an attached device (``data``: host, node, attachedAt, and the
         device's uuid as the fabric reports it, when known)."""
-        data = {"host": reservation.host_id, "node": reservation.node,
-                "attachedAt": rfc3339(reservation.attached_at or self.clock())}
+        data = {
+            "host": reservation.host_id,
+            "node": reservation.node,
+            "attachedAt": rfc3339(reservation.attached_at or self.clock()),
+        }
         if uuid:
             data["uuid"] = uuid
         return DeviceReport(
-            key, True, REASON_ATTACHED,
-            f"attached to node {reservation.node} (fabric host {reservation.host_id})", data,
+            key,
+            True,
+            REASON_ATTACHED,
+            f"attached to node {reservation.node} (fabric host {reservation.host_id})",
+            data,
         )
 
-    async def release(self, reservation: ReservationView,
-                      claim: Mapping[str, Any] | None) -> bool:
+    async def release(self, reservation: ReservationView, claim: Mapping[str, Any] | None) -> bool:
         """Detach (when anything may have been sent) and release.
 
         Returns:
@@ -420,9 +464,14 @@ class FabricOps:
         """
         return (await self.release_once(reservation, claim)).done
 
-    async def release_once(self, reservation: ReservationView, claim: Mapping[str, Any] | None,
-                           *, note: str | None = None,
-                           retry_detach_failed: bool = False) -> ReleaseResult:
+    async def release_once(
+        self,
+        reservation: ReservationView,
+        claim: Mapping[str, Any] | None,
+        *,
+        note: str | None = None,
+        retry_detach_failed: bool = False,
+    ) -> ReleaseResult:
         """One pass of :meth:`release`, the one release routine of both modes and of the
         admin API's force-release, telling what it left in the journal.
 
@@ -448,74 +497,116 @@ class FabricOps:
             done = await self.journal.transition(reservation.id, [PENDING], RELEASED, error=note)
             return ReleaseResult(done is not None, done)
         begun = await self.journal.begin_detach(
-            reservation.id, error=f"{note}: detaching" if note else None,
-            from_detach_failed=retry_detach_failed)
+            reservation.id,
+            error=f"{note}: detaching" if note else None,
+            from_detach_failed=retry_detach_failed,
+        )
         if begun is None:
             return ReleaseResult(False, None)
         moving, device = begun
         if moving.host_id is None:
             done = await self.journal.transition(
-                moving.id, [DETACHING], RELEASED,
-                error=f"{note} (no host was attached)" if note else None)
+                moving.id,
+                [DETACHING],
+                RELEASED,
+                error=f"{note} (no host was attached)" if note else None,
+            )
             return ReleaseResult(True, done)
         try:
             if device is None:
                 raise UnknownDevice(f"device {moving.device_name} is not in the inventory")
             if moving.operation_id:
-                await self.backend.resume(moving.operation_id, device, moving.host_id,
-                                          attach=False)
+                await self.backend.resume(moving.operation_id, device, moving.host_id, attach=False)
             else:
                 await self.backend.detach(
-                    device, moving.host_id,
-                    on_operation=self._journal_operation(moving.id, DETACHING))
+                    device,
+                    moving.host_id,
+                    on_operation=self._journal_operation(moving.id, DETACHING),
+                )
         except (UnknownDevice, FabricNotFound) as err:
             # The device or host is gone from the fabric: nothing is attached any more.
             done = await self.journal.transition(
-                moving.id, [DETACHING], RELEASED, error=f"{note or 'released'} without detach: "
-                f"{err}", clear_operation=True)
+                moving.id,
+                [DETACHING],
+                RELEASED,
+                error=f"{note or 'released'} without detach: {err}",
+                clear_operation=True,
+            )
             self._metric("detach", "gone")
             return ReleaseResult(True, done)
         except FabricConflict as err:
             # The device is held by another host now: it is not attached to ours.
             done = await self.journal.transition(
-                moving.id, [DETACHING], RELEASED, clear_operation=True,
-                error=f"{note}; the device is held elsewhere: {err}" if note else str(err))
+                moving.id,
+                [DETACHING],
+                RELEASED,
+                clear_operation=True,
+                error=f"{note}; the device is held elsewhere: {err}" if note else str(err),
+            )
             self._metric("detach", "conflict")
             return ReleaseResult(True, done)
         except FabricError as err:
             return await self._detach_failed(moving, claim, err, note)
         done = await self.journal.transition(
-            moving.id, [DETACHING], RELEASED, detached=True, clear_operation=True,
-            error=f"{note}; detached from host {moving.host_id}" if note else None)
+            moving.id,
+            [DETACHING],
+            RELEASED,
+            detached=True,
+            clear_operation=True,
+            error=f"{note}; detached from host {moving.host_id}" if note else None,
+        )
         self._metric("detach", "ok")
         if claim is not None:
-            await self._record(claim, "Normal", REASON_DETACHED,
-                               f"device {moving.device_name} detached from fabric host "
-                               f"{moving.host_id}")
+            await self._record(
+                claim,
+                "Normal",
+                REASON_DETACHED,
+                f"device {moving.device_name} detached from fabric host {moving.host_id}",
+            )
         return ReleaseResult(True, done)
 
-    async def _detach_failed(self, moving: ReservationView, claim: Mapping[str, Any] | None,
-                             err: FabricError, note: str | None) -> ReleaseResult:
+    async def _detach_failed(
+        self,
+        moving: ReservationView,
+        claim: Mapping[str, Any] | None,
+        err: FabricError,
+        note: str | None,
+    ) -> ReleaseResult:
         message = f"detach {moving.device_name} from host {moving.host_id}: {err}"
         keep_operation = isinstance(getattr(err, "op_id", None), str)
         if err.retryable and moving.attempts < self.max_detach_attempts:
-            journalled = (f"{note}, but detach from host {moving.host_id} failed: {err}"
-                          if note else message)
-            again = await self.journal.transition(moving.id, [DETACHING], DETACHING,
-                                                  error=journalled,
-                                                  clear_operation=not keep_operation)
+            journalled = (
+                f"{note}, but detach from host {moving.host_id} failed: {err}" if note else message
+            )
+            again = await self.journal.transition(
+                moving.id,
+                [DETACHING],
+                DETACHING,
+                error=journalled,
+                clear_operation=not keep_operation,
+            )
             self._error(moving.claim.uid, message)
             self._metric("detach", "retry")
-            log.warning("claim %s: %s (attempt %d of %d; tried again with backoff)",
-                        moving.claim, message, moving.attempts, self.max_detach_attempts)
+            log.warning(
+                "claim %s: %s (attempt %d of %d; tried again with backoff)",
+                moving.claim,
+                message,
+                moving.attempts,
+                self.max_detach_attempts,
+            )
             return ReleaseResult(False, again)
-        why = ("the fabric manager refused it" if not err.retryable
-               else f"it failed {moving.attempts} times in a row")
+        why = (
+            "the fabric manager refused it"
+            if not err.retryable
+            else f"it failed {moving.attempts} times in a row"
+        )
         final = (f"{note}, but " if note else "") + (
             f"{message}; {why}. The device stays held and is not offered; fix it on the "
-            "fabric, then forget the reservation (fabric-dra forget)")
-        done = await self.journal.transition(moving.id, [DETACHING], DETACH_FAILED,
-                                             error=final, clear_operation=True)
+            "fabric, then forget the reservation (fabric-dra forget)"
+        )
+        done = await self.journal.transition(
+            moving.id, [DETACHING], DETACH_FAILED, error=final, clear_operation=True
+        )
         if done is None:
             return ReleaseResult(False, None)
         self._error(moving.claim.uid, final)
@@ -525,8 +616,9 @@ class FabricOps:
         self._terminal(DETACH_FAILED)
         return ReleaseResult(True, done)
 
-    async def lost(self, reservation: ReservationView, reason: str,
-                   claim: Mapping[str, Any] | None = None) -> bool:
+    async def lost(
+        self, reservation: ReservationView, reason: str, claim: Mapping[str, Any] | None = None
+    ) -> bool:
         """An ``attached`` device the fabric no longer shows on its host (a fabric manager
         that restarted and forgot it, a detach by hand, a device gone from the fabric).
 
@@ -541,30 +633,37 @@ class FabricOps:
             True when the journal was moved (False: someone else moved it first).
         """
         if reservation.attempts >= self.max_attach_tries_with_losses:
-            message = (f"device {reservation.device_name} lost its attachment to host "
-                       f"{reservation.host_id} again ({reason}) after "
-                       f"{reservation.attempts} attach tries; it is given up")
+            message = (
+                f"device {reservation.device_name} lost its attachment to host "
+                f"{reservation.host_id} again ({reason}) after "
+                f"{reservation.attempts} attach tries; it is given up"
+            )
             target = FAILED
         else:
-            message = (f"device {reservation.device_name} lost its attachment to host "
-                       f"{reservation.host_id}: {reason}; attaching it again")
+            message = (
+                f"device {reservation.device_name} lost its attachment to host "
+                f"{reservation.host_id}: {reason}; attaching it again"
+            )
             target = PENDING
-        moved = await self.journal.transition(reservation.id, [ATTACHED], target,
-                                              error=message, clear_operation=True)
+        moved = await self.journal.transition(
+            reservation.id, [ATTACHED], target, error=message, clear_operation=True
+        )
         if moved is None:
             return False
         if self.metrics:
             self.metrics.drift.labels("lost").inc()
         self._error(reservation.claim.uid, message)
         log.warning("claim %s: %s", reservation.claim, message)
-        await self._record(claim or _claim_stub(reservation), "Warning",
-                                 REASON_DEVICE_LOST, message)
+        await self._record(
+            claim or _claim_stub(reservation), "Warning", REASON_DEVICE_LOST, message
+        )
         if target == FAILED:
             self._terminal(FAILED)
         return True
 
-    async def moved(self, reservation: ReservationView, holder: str,
-                    claim: Mapping[str, Any] | None = None) -> bool:
+    async def moved(
+        self, reservation: ReservationView, holder: str, claim: Mapping[str, Any] | None = None
+    ) -> bool:
         """An ``attached`` device the fabric shows on ANOTHER host: it is not ours to use
         or to take back. The reservation ends ``failed`` (the claim gets its failure
         condition and the device is tainted), with a Warning ``DeviceMoved`` Event and the
@@ -573,18 +672,22 @@ class FabricOps:
         Returns:
             True when the journal was moved.
         """
-        message = (f"device {reservation.device_name} was attached to host "
-                   f"{reservation.host_id} but {MOVED_MARK} {holder}")
-        moved = await self.journal.transition(reservation.id, [ATTACHED], FAILED,
-                                              error=message, clear_operation=True)
+        message = (
+            f"device {reservation.device_name} was attached to host "
+            f"{reservation.host_id} but {MOVED_MARK} {holder}"
+        )
+        moved = await self.journal.transition(
+            reservation.id, [ATTACHED], FAILED, error=message, clear_operation=True
+        )
         if moved is None:
             return False
         if self.metrics:
             self.metrics.drift.labels("moved").inc()
         self._error(reservation.claim.uid, message)
         log.warning("claim %s: %s", reservation.claim, message)
-        await self._record(claim or _claim_stub(reservation), "Warning",
-                                 REASON_DEVICE_MOVED, message)
+        await self._record(
+            claim or _claim_stub(reservation), "Warning", REASON_DEVICE_MOVED, message
+        )
         self._terminal(FAILED)
         return True
 
@@ -601,7 +704,8 @@ class FabricOps:
             Counts of what was done: ``{"attached": n, "pending": n, "released": n}``.
         """
         unfinished = [
-            r for r in await self.journal.active([ATTACHING, DETACHING])
+            r
+            for r in await self.journal.active([ATTACHING, DETACHING])
             if modes is None or r.mode in modes
         ]
         counts = {"attached": 0, "pending": 0, "released": 0}
@@ -610,8 +714,12 @@ class FabricOps:
         try:
             listing = await self.backend.list_devices()
         except FabricError as err:
-            log.warning("recovery: cannot list the fabric (%s); %d unfinished operations will "
-                        "be driven again", err, len(unfinished))
+            log.warning(
+                "recovery: cannot list the fabric (%s); %d unfinished operations will "
+                "be driven again",
+                err,
+                len(unfinished),
+            )
             return counts
         holder = {d.vendor_id: d.host_id for d in listing.items}
         for reservation in unfinished:
@@ -628,10 +736,14 @@ class FabricOps:
                 if on_host:
                     continue
                 target = RELEASED
-            if await self.journal.transition(reservation.id, [reservation.state], target,
-                                             error="recovered after restart",
-                                             clear_operation=True,
-                                             detached=target == RELEASED):
+            if await self.journal.transition(
+                reservation.id,
+                [reservation.state],
+                target,
+                error="recovered after restart",
+                clear_operation=True,
+                detached=target == RELEASED,
+            ):
                 counts[target] += 1
         log.info("recovery: %s", ", ".join(f"{n} {k}" for k, n in counts.items()))
         return counts
@@ -652,10 +764,21 @@ def failed_report(key: WantedDevice, reservation: ReservationView) -> DeviceRepo
 
 def _claim_stub(reservation: ReservationView) -> dict[str, Any]:
     """Enough of a claim for an Event about it when the claim object is not at hand."""
-    return {"metadata": {"name": reservation.claim.name,
-                         "namespace": reservation.claim.namespace,
-                         "uid": reservation.claim.uid}}
+    return {
+        "metadata": {
+            "name": reservation.claim.name,
+            "namespace": reservation.claim.namespace,
+            "uid": reservation.claim.uid,
+        }
+    }
 
 
-__all__ = ["DEFAULT_DETACH_ATTEMPTS", "MOVED_MARK", "REASON_DETACHED", "EventRecorder", "FabricOps",
-           "ReleaseResult", "failed_report"]
+__all__ = [
+    "DEFAULT_DETACH_ATTEMPTS",
+    "MOVED_MARK",
+    "REASON_DETACHED",
+    "EventRecorder",
+    "FabricOps",
+    "ReleaseResult",
+    "failed_report",
+]

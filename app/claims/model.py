@@ -115,7 +115,8 @@ def consumer_pods(claim: Mapping[str, Any]) -> list[str]:
     """Names of the pods in ``status.reservedFor`` (same namespace as the claim)."""
     reserved = (claim.get("status") or {}).get("reservedFor") or []
     return [
-        str(r["name"]) for r in reserved
+        str(r["name"])
+        for r in reserved
         if isinstance(r, Mapping) and r.get("resource") == "pods" and r.get("name")
     ]
 
@@ -147,8 +148,7 @@ def effective_config(
         if opaque.get("driver") != driver_name:
             continue
         scope = list(entry.get("requests") or []) or wanted
-        where = (f"config[{index}] ({entry.get('source', 'unknown source')}) for requests "
-                 f"{scope}")
+        where = f"config[{index}] ({entry.get('source', 'unknown source')}) for requests {scope}"
         try:
             parsed = FabricDeviceConfig.model_validate(opaque.get("parameters"))
         except ValidationError as err:
@@ -157,8 +157,9 @@ def effective_config(
             raise InvalidClaimConfig(f"{where}: {field}: {first['msg']}") from None
         for request in scope:
             if request in merged:
-                merged[request].update(parsed.model_dump(exclude_none=True, exclude={"apiVersion",
-                                                                                   "kind"}))
+                merged[request].update(
+                    parsed.model_dump(exclude_none=True, exclude={"apiVersion", "kind"})
+                )
     return {
         request: EffectiveConfig(
             attach_timeout_s=values.get("attachTimeoutSeconds"),
@@ -174,7 +175,11 @@ def rfc3339(moment: dt.datetime) -> str:
 
 
 def condition(
-    type_: str, status: bool, reason: str, message: str, now: dt.datetime,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: dt.datetime,
     previous: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """A metav1.Condition; ``lastTransitionTime`` is kept from ``previous`` when the status is
@@ -184,8 +189,13 @@ def condition(
     for old in previous:
         if old.get("type") == type_ and old.get("status") == text and old.get("lastTransitionTime"):
             when = str(old["lastTransitionTime"])
-    return {"type": type_, "status": text, "reason": reason, "message": message[:32768],
-            "lastTransitionTime": when}
+    return {
+        "type": type_,
+        "status": text,
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": when,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +239,8 @@ def device_status_entries(
     kept = [dict(e) for e in old_entries if e.get("driver") != driver_name]
     previous = {
         (e.get("pool"), e.get("device")): list(e.get("conditions") or [])
-        for e in old_entries if e.get("driver") == driver_name
+        for e in old_entries
+        if e.get("driver") == driver_name
     }
     ours: list[dict[str, Any]] = []
     for report in sorted(reports, key=lambda r: r.wanted):
@@ -240,12 +251,20 @@ def device_status_entries(
             condition(t, report.ready, report.reason, report.message, now, before)
             for t in binding_conditions
         ] + [
-            condition(t, not report.ready if report.failed is None else report.failed,
-                      report.reason, report.message, now, before)
+            condition(
+                t,
+                not report.ready if report.failed is None else report.failed,
+                report.reason,
+                report.message,
+                now,
+                before,
+            )
             for t in binding_failure_conditions
         ]
         entry: dict[str, Any] = {
-            "driver": driver_name, "pool": report.wanted.pool, "device": report.wanted.device,
+            "driver": driver_name,
+            "pool": report.wanted.pool,
+            "device": report.wanted.device,
             "conditions": conditions,
         }
         if report.data is not None:
@@ -256,6 +275,7 @@ def device_status_entries(
 
 def same_device_status(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
     """True when two ``status.devices`` lists say the same (order of entries ignored)."""
+
     def key(entry: Mapping[str, Any]) -> tuple[str, str, str]:
         return (str(entry.get("driver")), str(entry.get("pool")), str(entry.get("device")))
 

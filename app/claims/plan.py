@@ -153,9 +153,15 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
         elif held.state == FAILED:
             failed.append(held)
     return ClaimPlan(
-        release=tuple(release), reserve=tuple(reserve), attach=tuple(attach),
-        ready=tuple(ready), failed=tuple(failed), refuse=tuple(refuse),
-        waiting=tuple(waiting), stuck=tuple(stuck), requeue=requeue,
+        release=tuple(release),
+        reserve=tuple(reserve),
+        attach=tuple(attach),
+        ready=tuple(ready),
+        failed=tuple(failed),
+        refuse=tuple(refuse),
+        waiting=tuple(waiting),
+        stuck=tuple(stuck),
+        requeue=requeue,
     )
 
 
@@ -178,8 +184,9 @@ class HeldWait:
     message: str
 
 
-def wait_for_holder(device: str, holder: ReservationView | None, *, holder_keeps: bool,
-                    mode: str) -> HeldWait:
+def wait_for_holder(
+    device: str, holder: ReservationView | None, *, holder_keeps: bool, mode: str
+) -> HeldWait:
     """Decide whether a claim waits for ``device``, held by the ``holder`` reservation.
 
     The scheduler may allocate a device whose previous claim let go of it before that claim's
@@ -204,8 +211,11 @@ def wait_for_holder(device: str, holder: ReservationView | None, *, holder_keeps
         picks another.
     """
     if holder is None:
-        return HeldWait(True, False, f"waiting for device {device}: another reservation held "
-                                     "it a moment ago; trying again")
+        return HeldWait(
+            True,
+            False,
+            f"waiting for device {device}: another reservation held it a moment ago; trying again",
+        )
     who = f"claim {holder.claim}"
     if holder.mode != mode:
         who += f" ({holder.mode} mode)"
@@ -213,18 +223,38 @@ def wait_for_holder(device: str, holder: ReservationView | None, *, holder_keeps
     if holder.host_id:
         what += f", host {holder.host_id}"
     if holder.state == DETACH_FAILED:
-        return HeldWait(False, False, (
-            f"device {device} cannot be reserved: {who} still holds it ({what}): its detach "
-            "failed for good and only an operator's forget releases it"))
+        return HeldWait(
+            False,
+            False,
+            (
+                f"device {device} cannot be reserved: {who} still holds it ({what}): its detach "
+                "failed for good and only an operator's forget releases it"
+            ),
+        )
     if holder.state == DETACHING:
-        return HeldWait(True, False, (
-            f"waiting for device {device}: {who} holds it ({what}) and is detaching it; it is "
-            "attached here once that detach completes"))
+        return HeldWait(
+            True,
+            False,
+            (
+                f"waiting for device {device}: {who} holds it ({what}) and is detaching it; it is "
+                "attached here once that detach completes"
+            ),
+        )
     if holder_keeps:
-        return HeldWait(True, True, (
-            f"waiting for device {device}: {who} holds it ({what}) and still has it in its "
-            "allocation, so the device is allocated twice; waiting until that claim lets go "
-            "of it or the scheduler's binding timeout gives this allocation back"))
-    return HeldWait(True, False, (
-        f"waiting for device {device}: {who} holds it ({what}) but no longer has it in its "
-        "allocation; it is attached here once that release completes"))
+        return HeldWait(
+            True,
+            True,
+            (
+                f"waiting for device {device}: {who} holds it ({what}) and still has it in its "
+                "allocation, so the device is allocated twice; waiting until that claim lets go "
+                "of it or the scheduler's binding timeout gives this allocation back"
+            ),
+        )
+    return HeldWait(
+        True,
+        False,
+        (
+            f"waiting for device {device}: {who} holds it ({what}) but no longer has it in its "
+            "allocation; it is attached here once that release completes"
+        ),
+    )

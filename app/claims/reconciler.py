@@ -103,7 +103,6 @@ MODE = "structured"
 STATUS_WRITE_ATTEMPTS = 4
 
 
-
 @dataclass(frozen=True)
 class ClaimSettings:
     """Settings of the claim reconciler.
@@ -194,10 +193,17 @@ class ClaimReconciler:
         self._resources = resource_api(client.api, version)
         self._core = CoreV1Api(client.api)
         self.events = EventRecorder(self._core, settings.identity, version.api_version, clock)
-        self.ops = FabricOps(self.journal, backend, self.events, metrics=metrics, clock=clock,
-                             on_error=self._error, on_failed_device=on_failed_device,
-                             checkpoint=self._at,
-                             max_detach_attempts=settings.max_detach_attempts)
+        self.ops = FabricOps(
+            self.journal,
+            backend,
+            self.events,
+            metrics=metrics,
+            clock=clock,
+            on_error=self._error,
+            on_failed_device=on_failed_device,
+            checkpoint=self._at,
+            max_detach_attempts=settings.max_detach_attempts,
+        )
         self.claims = Informer(
             self._resources.list_resource_claim_for_all_namespaces,
             replace(settings.informer, name="resourceclaims"),
@@ -218,12 +224,20 @@ class ClaimReconciler:
         self._host_index_at = -1e9
         self._retry_reason: dict[str, str] = {}
         self.recent_errors: ErrorRing[ClaimError] = ErrorRing(
-            ClaimError, lambda: self.clock(), MAX_RECENT_ERRORS)
+            ClaimError, lambda: self.clock(), MAX_RECENT_ERRORS
+        )
         self.runtime: Controller[str] = Controller(
-            self, RuntimeSettings("claims", settings.workers, MAX_RECENT_ERRORS), self.queue,
-            informers=(self.claims, self.nodes), errors=self.recent_errors, describe=self._name,
-            on_error=self._failed, on_requeue=self._requeued,
-            on_done=self._settled, observe=self._observe)
+            self,
+            RuntimeSettings("claims", settings.workers, MAX_RECENT_ERRORS),
+            self.queue,
+            informers=(self.claims, self.nodes),
+            errors=self.recent_errors,
+            describe=self._name,
+            on_error=self._failed,
+            on_requeue=self._requeued,
+            on_done=self._settled,
+            observe=self._observe,
+        )
         self.runtime.add_loop("claims-sweep", self._sweep_loop)
         self.unmanaged: list[dict[str, str]] = []
         self.node_from_pod_claims: set[str] = set()
@@ -269,7 +283,8 @@ class ClaimReconciler:
         if event == "DELETED":
             self.queue.add(uid)
         elif (self._concerns_us(obj) or (old and self._concerns_us(old))) and (
-            old is None or _what_we_act_on(old, self.settings.driver_name)
+            old is None
+            or _what_we_act_on(old, self.settings.driver_name)
             != _what_we_act_on(obj, self.settings.driver_name)
         ):
             # Our own status writes come back as events; they change nothing we act on.
@@ -316,14 +331,23 @@ class ClaimReconciler:
     def _failed(self, uid: str, err: Exception) -> None:
         # Any failure is recorded and retried with backoff; a worker never dies of it.
         self._error(uid, f"reconcile failed: {type(err).__name__}: {err}")
-        log.warning("claim %s: reconcile failed: %s", self._name(uid), err,
-                    exc_info=not isinstance(err, FabricError | KubeError))
+        log.warning(
+            "claim %s: reconcile failed: %s",
+            self._name(uid),
+            err,
+            exc_info=not isinstance(err, FabricError | KubeError),
+        )
 
     def _requeued(self, uid: str, delay: float) -> None:
         retry = self._retry_reason.pop(uid, None)
         if retry is not None:
-            log.info("claim %s: trying again in %.2f s (retry %d): %s",
-                     self._name(uid), delay, self.queue.num_requeues(uid), retry)
+            log.info(
+                "claim %s: trying again in %.2f s (retry %d): %s",
+                self._name(uid),
+                delay,
+                self.queue.num_requeues(uid),
+                retry,
+            )
 
     def _settled(self, uid: str) -> None:
         self._retry_reason.pop(uid, None)
@@ -353,15 +377,16 @@ class ClaimReconciler:
         try:
             raw = await call_json(
                 self._resources.read_namespaced_resource_claim(
-                    ref.name, ref.namespace, _preload_content=False),
-                f"read ResourceClaim {ref}")
+                    ref.name, ref.namespace, _preload_content=False
+                ),
+                f"read ResourceClaim {ref}",
+            )
         except KubeNotFound:
             return None
         claim = claim_from_wire(raw, self.version, owned=True)
         if (claim.get("metadata") or {}).get("uid") != uid:
             return None
-        log.info("claim %s: the watch reported it deleted, but it exists: nothing released",
-                 ref)
+        log.info("claim %s: the watch reported it deleted, but it exists: nothing released", ref)
         return claim
 
     # ------------------------------------------------------------------ reconcile
@@ -389,8 +414,7 @@ class ClaimReconciler:
 
         for reservation in plan.release:
             requeue |= not await self._release(reservation, claim)
-        attach: list[tuple[ReservationView, FabricDevice | None]] = [
-            (r, None) for r in plan.attach]
+        attach: list[tuple[ReservationView, FabricDevice | None]] = [(r, None) for r in plan.attach]
         # One device: reserved with its attach journalled in one transaction. Several: every
         # one is held first (pending), then each attach is journalled as it is sent, so that
         # no attempt is counted for an attach that a failure before it never sent.
@@ -412,19 +436,29 @@ class ClaimReconciler:
         for reservation in plan.failed:
             key = WantedDevice(reservation.request, reservation.pool, reservation.device_name)
             reports[key] = failed_report(key, reservation)
-        lost = {reservation_key(r): DeviceReport(reservation_key(r), False, REASON_DEVICE_LOST,
-                                      r.last_error or "the device lost its attachment",
-                                      failed=False)
-                for r, _ in attach if r.attached_at is not None}
+        lost = {
+            reservation_key(r): DeviceReport(
+                reservation_key(r),
+                False,
+                REASON_DEVICE_LOST,
+                r.last_error or "the device lost its attachment",
+                failed=False,
+            )
+            for r, _ in attach
+            if r.attached_at is not None
+        }
         if lost and claim is not None:
             # The device was attached and the fabric lost it: say so before attaching it
             # again, so that nothing reads the claim as ready meanwhile.
-            claim = await self._write_status(claim, [*reports.values(), *lost.values()]
-                                             ) or claim
+            claim = await self._write_status(claim, [*reports.values(), *lost.values()]) or claim
         for reservation, device in attach:
             key = reservation_key(reservation)
-            report, retry = await self.ops.attach(reservation, claim, configs.get(
-                reservation.request, EffectiveConfig()), device=device)
+            report, retry = await self.ops.attach(
+                reservation,
+                claim,
+                configs.get(reservation.request, EffectiveConfig()),
+                device=device,
+            )
             requeue |= retry
             reports[key] = report
         for wanted, reason in plan.refuse:
@@ -453,9 +487,7 @@ class ClaimReconciler:
             for e in (claim.get("status") or {}).get("devices") or []
         )
 
-    async def _wants(
-        self, claim: JsonDict | None
-    ) -> tuple[ClaimWants, dict[str, EffectiveConfig]]:
+    async def _wants(self, claim: JsonDict | None) -> tuple[ClaimWants, dict[str, EffectiveConfig]]:
         if claim is None or not self._concerns_us(claim):
             return ClaimWants(), {}
         wanted = tuple(wanted_devices(claim, self.settings.driver_name))
@@ -464,8 +496,9 @@ class ClaimReconciler:
         configs: dict[str, EffectiveConfig] = {}
         config_error = None
         try:
-            configs = effective_config(claim, self.settings.driver_name,
-                                       {w.request for w in wanted})
+            configs = effective_config(
+                claim, self.settings.driver_name, {w.request for w in wanted}
+            )
         except InvalidClaimConfig as err:
             config_error = f"invalid configuration for {self.settings.driver_name}: {err}"
         node = node_from_allocation(claim)
@@ -496,7 +529,11 @@ class ClaimReconciler:
                         "claim %s/%s: the allocation does not name one node (binding "
                         "conditions are off on this cluster); attaching to node %s of pod %s "
                         "as fast as possible, but the pod may start before its device is "
-                        "attached", namespace, metadata.get("name"), node, pod_name,
+                        "attached",
+                        namespace,
+                        metadata.get("name"),
+                        node,
+                        pod_name,
                     )
                     if self.metrics:
                         self.metrics.node_from_pod.inc()
@@ -511,8 +548,9 @@ class ClaimReconciler:
         node = self.nodes.get(node_name)
         if node is None:
             return None
-        return host_for_node(node, self._host_index, self.settings.host_match,
-                             self.settings.host_key)
+        return host_for_node(
+            node, self._host_index, self.settings.host_match, self.settings.host_key
+        )
 
     async def _reserve(
         self, claim: JsonDict | None, wanted: WantedDevice, wants: ClaimWants, attach_now: bool
@@ -531,25 +569,36 @@ class ClaimReconciler:
         assert wants.node is not None
         assert wants.host_id is not None
         metadata = claim.get("metadata") or {}
-        ref = ClaimRef(str(metadata.get("uid")), str(metadata.get("namespace")),
-                       str(metadata.get("name")))
+        ref = ClaimRef(
+            str(metadata.get("uid")), str(metadata.get("namespace")), str(metadata.get("name"))
+        )
         seen = self.journal.feed.version
         try:
             if not attach_now:
                 return await self.journal.reserve(
-                    ref, wanted.request, wanted.device, wanted.pool, MODE, wants.node,
-                    wants.host_id), None
+                    ref, wanted.request, wanted.device, wanted.pool, MODE, wants.node, wants.host_id
+                ), None
             return await self.journal.reserve_for_attach(
-                ref, wanted.request, wanted.device, wanted.pool, MODE, wants.node,
+                ref,
+                wanted.request,
+                wanted.device,
+                wanted.pool,
+                MODE,
+                wants.node,
                 wants.host_id,
             )
         except DeviceHeld as err:
-            verdict = wait_for_holder(wanted.device, err.reservation, mode=MODE,
-                                      holder_keeps=self._holder_keeps(err.reservation))
+            verdict = wait_for_holder(
+                wanted.device,
+                err.reservation,
+                mode=MODE,
+                holder_keeps=self._holder_keeps(err.reservation),
+            )
             if verdict.wait:
                 await self._wait_for_release(claim, ref.uid, wanted.device, verdict, seen)
-                return DeviceReport(wanted, False, REASON_WAITING_FOR_DETACH, verdict.message,
-                                    failed=False)
+                return DeviceReport(
+                    wanted, False, REASON_WAITING_FOR_DETACH, verdict.message, failed=False
+                )
             message = verdict.message
         except UnknownDevice as err:
             message = f"device {wanted.device} cannot be reserved: {err}"
@@ -565,11 +614,14 @@ class ClaimReconciler:
         claim = self.claim_by_uid(holder.claim.uid)
         if claim is None or (claim.get("metadata") or {}).get("deletionTimestamp"):
             return False
-        return any(w.device == holder.device_name and w.pool == holder.pool
-                   for w in wanted_devices(claim, self.settings.driver_name))
+        return any(
+            w.device == holder.device_name and w.pool == holder.pool
+            for w in wanted_devices(claim, self.settings.driver_name)
+        )
 
-    async def _wait_for_release(self, claim: JsonDict, uid: str, device: str, verdict: HeldWait,
-                                seen: int) -> None:
+    async def _wait_for_release(
+        self, claim: JsonDict, uid: str, device: str, verdict: HeldWait, seen: int
+    ) -> None:
         """Register claim ``uid`` as waiting for ``device`` (one Event when the wait starts,
         Warning for a double allocation); ``seen`` is the journal feed's version before the
         reserve, so that a release committed meanwhile queues the claim again at once."""
@@ -580,23 +632,27 @@ class ClaimReconciler:
             log.info("claim %s: %s", self._name(uid), verdict.message)
             if verdict.live:
                 self._error(uid, verdict.message)
-            await self._event(claim, "Warning" if verdict.live else "Normal",
-                              REASON_WAITING_FOR_DETACH, verdict.message)
+            await self._event(
+                claim,
+                "Warning" if verdict.live else "Normal",
+                REASON_WAITING_FOR_DETACH,
+                verdict.message,
+            )
         changes = self.journal.feed.since(seen)
         if changes is None or any(not held and d.device_name == device for held, d in changes):
             self.queue.add(uid)
 
     def _end_release_waits(self, uid: str, keep: Collection[str] = ()) -> None:
         """Claim ``uid`` no longer waits for any device but those in ``keep``."""
-        for device in [d for d, uids in self._release_waiters.items()
-                       if uid in uids and d not in keep]:
+        for device in [
+            d for d, uids in self._release_waiters.items() if uid in uids and d not in keep
+        ]:
             waiters = self._release_waiters[device]
             waiters.discard(uid)
             if not waiters:
                 del self._release_waiters[device]
 
-    async def _ready_report(self, key: WantedDevice,
-                            reservation: ReservationView) -> DeviceReport:
+    async def _ready_report(self, key: WantedDevice, reservation: ReservationView) -> DeviceReport:
         try:
             uuid = (await self.journal.fabric_device(reservation)).uuid
         except UnknownDevice:
@@ -608,8 +664,7 @@ class ClaimReconciler:
         return await self.ops.release(reservation, claim)
 
     # ------------------------------------------------------------------ writes to the claim
-    async def _write_status(self, claim: JsonDict,
-                            reports: list[DeviceReport]) -> JsonDict | None:
+    async def _write_status(self, claim: JsonDict, reports: list[DeviceReport]) -> JsonDict | None:
         """Write our ``status.devices`` entries. Returns the claim as the API server answered
         the write (a later write in the same pass compares with it, not with the cache), or
         None when nothing was written."""
@@ -622,11 +677,16 @@ class ClaimReconciler:
 
         async def read() -> JsonDict | None:
             try:
-                return claim_from_wire(await call_json(
-                    self._resources.read_namespaced_resource_claim(
-                        name, namespace, _preload_content=False),
-                    f"read ResourceClaim {namespace}/{name}",
-                ), self.version, owned=True)
+                return claim_from_wire(
+                    await call_json(
+                        self._resources.read_namespaced_resource_claim(
+                            name, namespace, _preload_content=False
+                        ),
+                        f"read ResourceClaim {namespace}/{name}",
+                    ),
+                    self.version,
+                    owned=True,
+                )
             except KubeNotFound:
                 return None
 
@@ -634,9 +694,11 @@ class ClaimReconciler:
             current = list((fresh.get("status") or {}).get("devices") or [])
             wanted = set(wanted_devices(fresh, self.settings.driver_name))
             entries = device_status_entries(
-                fresh, self.settings.driver_name,
+                fresh,
+                self.settings.driver_name,
                 [r for r in reports if r.wanted in wanted],
-                self.settings.binding_conditions, self.settings.binding_failure_conditions,
+                self.settings.binding_conditions,
+                self.settings.binding_failure_conditions,
                 self.clock(),
             )
             if same_device_status(entries, current):
@@ -647,8 +709,12 @@ class ClaimReconciler:
             # leaves the pod waiting with nobody told.
             written = await call_json(
                 self._resources.replace_namespaced_resource_claim_status(
-                    name, namespace, claim_to_wire(fresh, self.version),
-                    field_validation=FIELD_VALIDATION_STRICT, _preload_content=False),
+                    name,
+                    namespace,
+                    claim_to_wire(fresh, self.version),
+                    field_validation=FIELD_VALIDATION_STRICT,
+                    _preload_content=False,
+                ),
                 f"update ResourceClaim {namespace}/{name} status",
             )
             return claim_from_wire(written, self.version, owned=True)
@@ -658,12 +724,17 @@ class ClaimReconciler:
             if self.metrics:
                 self.metrics.status_conflicts.inc()
 
-        return await update_with_retry(first, write, read, gone=None,
-                                       attempts=STATUS_WRITE_ATTEMPTS,
-                                       uid=str(metadata.get("uid")), on_conflict=conflict)
+        return await update_with_retry(
+            first,
+            write,
+            read,
+            gone=None,
+            attempts=STATUS_WRITE_ATTEMPTS,
+            uid=str(metadata.get("uid")),
+            on_conflict=conflict,
+        )
 
-    async def _event(self, claim: Mapping[str, Any], type_: str, reason: str,
-                     message: str) -> None:
+    async def _event(self, claim: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         await self.events.record(claim, type_, reason, message)
 
     # ------------------------------------------------------------------ recovery and sweep
@@ -710,7 +781,8 @@ class ClaimReconciler:
             for state in STATES:
                 if state != RELEASED:
                     self.metrics.reservations.labels(state).set(
-                        sum(1 for r in active if r.state == state))
+                        sum(1 for r in active if r.state == state)
+                    )
         self.unmanaged = await unmanaged_attachments(self.db)
         if self.metrics:
             self.metrics.unmanaged_attachments.set(len(self.unmanaged))
@@ -726,18 +798,28 @@ class ClaimReconciler:
     async def _detach_unmanaged(self, item: Mapping[str, str]) -> None:
         from app.fabric.types import DeviceType, FabricDevice
 
-        device = FabricDevice(vendor_id=item["vendor_id"], attach_unit=item["attach_unit"],
-                              device_type=DeviceType(item["device_type"]))
+        device = FabricDevice(
+            vendor_id=item["vendor_id"],
+            attach_unit=item["attach_unit"],
+            device_type=DeviceType(item["device_type"]),
+        )
         if not await still_unmanaged(self.db, item["vendor_id"], item["host_id"]):
             return  # reserved, or moved, since the sweep listed it
         try:
             await self.backend.detach(device, item["host_id"])
         except FabricError as err:
-            log.warning("could not detach unmanaged device %s from host %s: %s",
-                        item["name"], item["host_id"], err)
+            log.warning(
+                "could not detach unmanaged device %s from host %s: %s",
+                item["name"],
+                item["host_id"],
+                err,
+            )
             return
-        log.warning("detached unmanaged device %s from host %s (no reservation held it)",
-                    item["name"], item["host_id"])
+        log.warning(
+            "detached unmanaged device %s from host %s (no reservation held it)",
+            item["name"],
+            item["host_id"],
+        )
         self._unmanaged_since.pop(item["vendor_id"], None)
 
     # ------------------------------------------------------------------ status
@@ -748,8 +830,10 @@ class ClaimReconciler:
             "healthy": self.is_healthy(),
             "queue_depth": len(self.queue),
             "claims_seen": len(self.claims.uids()),
-            "waiting": [{"claim": self._name(uid), "reason": reason}
-                        for uid, reason in sorted(self._waiting.items())],
+            "waiting": [
+                {"claim": self._name(uid), "reason": reason}
+                for uid, reason in sorted(self._waiting.items())
+            ],
             "unmanaged_attachments": list(self.unmanaged),
             "node_learnt_from_pod": len(self.node_from_pod_claims),
             "recent_errors": [

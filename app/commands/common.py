@@ -34,14 +34,22 @@ def settings_options_with(extra: Callable[..., dict[str, Any]]) -> Callable[[F],
 
 def _with_settings(command: F, extra: Callable[..., dict[str, Any]] | None) -> F:
 
-    @click.option("--config", "config_file", type=click.Path(path_type=Path),
-                  help="YAML settings file (default: $FABRIC_DRA_CONFIG).")
+    @click.option(
+        "--config",
+        "config_file",
+        type=click.Path(path_type=Path),
+        help="YAML settings file (default: $FABRIC_DRA_CONFIG).",
+    )
     @click.option("--driver-name", help="DRA driver name [fabric.example.com].")
-    @click.option("--database-url",
-                  help="SQLAlchemy database URL [sqlite+aiosqlite:///fabric-dra.db].")
+    @click.option(
+        "--database-url", help="SQLAlchemy database URL [sqlite+aiosqlite:///fabric-dra.db]."
+    )
     @click.option("--fabric-url", help="Fabric manager origin, e.g. https://fm.example:443.")
-    @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
-                                                   case_sensitive=False), help="Log level [INFO].")
+    @click.option(
+        "--log-level",
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+        help="Log level [INFO].",
+    )
     @click.option("--log-json/--no-log-json", default=None, help="Log JSON lines.")
     @functools.wraps(command)
     def wrapper(

@@ -44,23 +44,22 @@ def render_table(devices: Sequence[DeviceView], status: Sequence[StatusView]) ->
     racks = {(d.region, d.rack) for d in devices}
     lines.append(f"{len(devices)} devices in {len(racks)} racks")
     columns = _COLUMNS if any(d.removed_at for d in devices) else _COLUMNS[:-1]
-    widths = [
-        max([len(title)] + [len(str(get(d))) for d in devices]) for title, get in columns
-    ]
+    widths = [max([len(title)] + [len(str(get(d))) for d in devices]) for title, get in columns]
     for (region, rack), group in groupby(devices, key=lambda d: (d.region, d.rack)):
         members = list(group)
         lines.append("")
-        lines.append(
-            f"{region or '(no region)'} / {rack or '(no rack)'}: {len(members)} devices"
-        )
+        lines.append(f"{region or '(no region)'} / {rack or '(no rack)'}: {len(members)} devices")
         pairs = list(zip(columns, widths, strict=True))
         lines.append("  " + "  ".join(title.ljust(w) for (title, _), w in pairs))
         for device in members:
             cells = [str(get(device)).ljust(w) for (_, get), w in pairs]
             lines.append("  " + "  ".join(cells).rstrip())
     for item in status:
-        when = item.last_success_at.strftime("%Y-%m-%d %H:%M:%S UTC") if item.last_success_at \
+        when = (
+            item.last_success_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+            if item.last_success_at
             else "never"
+        )
         state = "STALE" if item.stale else ("failing" if item.consecutive_failures else "ok")
         lines.append("")
         lines.append(
@@ -90,7 +89,8 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> I
             backend = backend_from_settings(settings.fabric)
             try:
                 result = await InventorySync(
-                    backend, database,
+                    backend,
+                    database,
                     stale_after_failures=settings.inventory.stale_after_failures,
                 ).sync_once()
             finally:
@@ -128,13 +128,22 @@ def inventory(sync: bool, as_json: bool, include_removed: bool, settings: Settin
     """
     read = run(_inventory(settings, sync, include_removed))
     if read.sync_error is not None:
-        click.echo(f"Warning: sync failed, showing the last known inventory (may be stale): "
-                   f"{read.sync_error}", err=True)
+        click.echo(
+            f"Warning: sync failed, showing the last known inventory (may be stale): "
+            f"{read.sync_error}",
+            err=True,
+        )
     if as_json:
-        click.echo(json.dumps({
-            "devices": [d.to_json() for d in read.devices],
-            "backends": [s.to_json() for s in read.status],
-        }, indent=2, ensure_ascii=False))
+        click.echo(
+            json.dumps(
+                {
+                    "devices": [d.to_json() for d in read.devices],
+                    "backends": [s.to_json() for s in read.status],
+                },
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
     else:
         click.echo(render_table(read.devices, read.status))
     if read.sync_error is not None:

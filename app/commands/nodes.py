@@ -145,10 +145,15 @@ class NodesReport:
         shared = {h for a in self.ambiguous if a.key != SHORT_HOSTNAME for h in a.hosts}
         return (
             [f"{a.message}: {a.hint}" for a in self.ambiguous]
-            + [f"node {n} maps to no fabric host" + (f": {reasons[n]}" if n in reasons else "")
-               for n in self.unmapped_nodes]
-            + [f"host {h} is not a node of this cluster" for h in self.unmatched_hosts
-               if h not in shared]
+            + [
+                f"node {n} maps to no fabric host" + (f": {reasons[n]}" if n in reasons else "")
+                for n in self.unmapped_nodes
+            ]
+            + [
+                f"host {h} is not a node of this cluster"
+                for h in self.unmatched_hosts
+                if h not in shared
+            ]
             + [
                 f"pool {p} is reachable from no node; label its nodes "
                 + (" ".join(self.pool_labels.get(p, ())) or "as its node selector asks")
@@ -159,8 +164,10 @@ class NodesReport:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {
-            "nodes": [{"node": r.node, "host": r.host, "pools": list(r.pools),
-                       "reason": r.reason} for r in self.rows],
+            "nodes": [
+                {"node": r.node, "host": r.host, "pools": list(r.pools), "reason": r.reason}
+                for r in self.rows
+            ],
             "unmapped_nodes": list(self.unmapped_nodes),
             "unmatched_hosts": list(self.unmatched_hosts),
             "unreachable_pools": list(self.unreachable_pools),
@@ -203,8 +210,13 @@ def build_report(
             mapped_hosts.add(host)
         elif (ambiguity := ambiguity_for_node(node, index, match, key)) is not None:
             reason = ambiguity.message
-        reachable = tuple(sorted(p for p, pool in pools.items()
-                                 if node_selector_matches(pool.node_selector, labels, name)))
+        reachable = tuple(
+            sorted(
+                p
+                for p, pool in pools.items()
+                if node_selector_matches(pool.node_selector, labels, name)
+            )
+        )
         reached.update(reachable)
         rows.append(NodeRow(name, host, reachable, reason))
     return NodesReport(
@@ -280,9 +292,12 @@ async def _read_nodes(settings: Settings) -> list[JsonDict]:
             kwargs: dict[str, Any] = {"limit": 500}
             if token:
                 kwargs["_continue"] = token
-            page = await call_json(api.list_node(
-                _preload_content=False, _request_timeout=_REQUEST_TIMEOUT_S, **kwargs),
-                "list Nodes")
+            page = await call_json(
+                api.list_node(
+                    _preload_content=False, _request_timeout=_REQUEST_TIMEOUT_S, **kwargs
+                ),
+                "list Nodes",
+            )
             nodes.extend(item for item in page.get("items") or [] if isinstance(item, dict))
             token = (page.get("metadata") or {}).get("continue") or None
             if not token:

@@ -17,8 +17,13 @@ from app.kube.errors import KubeError
 log = logging.getLogger(__name__)
 
 
-def _flags(admin_port: int | None, mode: str | None, migrate: bool | None,
-           leader_election: bool | None, **_: Any) -> dict[str, Any]:
+def _flags(
+    admin_port: int | None,
+    mode: str | None,
+    migrate: bool | None,
+    leader_election: bool | None,
+    **_: Any,
+) -> dict[str, Any]:
     return {
         "admin": {"port": admin_port},
         "controller": {"mode": mode},
@@ -27,8 +32,9 @@ def _flags(admin_port: int | None, mode: str | None, migrate: bool | None,
     }
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None,
-                shutdown_deadline_s: float = 20.0) -> None:
+async def serve(
+    settings: Settings, stop: asyncio.Event | None = None, shutdown_deadline_s: float = 20.0
+) -> None:
     """Run the service until SIGTERM/SIGINT (or ``stop`` is set), then shut down cleanly.
 
     Raises:
@@ -58,19 +64,43 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None,
 
 
 @click.command()
-@click.option("--admin-port", type=click.IntRange(0, 65535), default=None,
-              help="Admin HTTP port (admin.port) [8080].")
-@click.option("--mode", type=click.Choice(["structured", "control-plane", "auto"]),
-              default=None, help="Claim handling mode (controller.mode) [structured]; auto: "
-                                 "the one the API server serves.")
-@click.option("--migrate/--no-migrate", default=None,
-              help="Upgrade the database schema on start (database.migrate_on_start) [on].")
-@click.option("--leader-election/--no-leader-election", default=None,
-              help="Campaign for the Lease; off means this replica always leads [on].")
-@click.option("--shutdown-deadline", type=click.FloatRange(0, 600), default=20.0,
-              show_default=True, help="Seconds in-flight work may take after SIGTERM.")
+@click.option(
+    "--admin-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Admin HTTP port (admin.port) [8080].",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["structured", "control-plane", "auto"]),
+    default=None,
+    help="Claim handling mode (controller.mode) [structured]; auto: the one the API server serves.",
+)
+@click.option(
+    "--migrate/--no-migrate",
+    default=None,
+    help="Upgrade the database schema on start (database.migrate_on_start) [on].",
+)
+@click.option(
+    "--leader-election/--no-leader-election",
+    default=None,
+    help="Campaign for the Lease; off means this replica always leads [on].",
+)
+@click.option(
+    "--shutdown-deadline",
+    type=click.FloatRange(0, 600),
+    default=20.0,
+    show_default=True,
+    help="Seconds in-flight work may take after SIGTERM.",
+)
 @settings_options_with(_flags)
-def run(admin_port: int | None, mode: str | None, migrate: bool | None,
-        leader_election: bool | None, shutdown_deadline: float, settings: Settings) -> None:
+def run(
+    admin_port: int | None,
+    mode: str | None,
+    migrate: bool | None,
+    leader_election: bool | None,
+    shutdown_deadline: float,
+    settings: Settings,
+) -> None:
     """Run the controller: inventory, publishing, claims, admin endpoint, leader election."""
     asyncio.run(serve(settings, shutdown_deadline_s=shutdown_deadline))

@@ -92,12 +92,16 @@ class ClaimPass:
             configs = effective_config(claim, driver, {w.request for w in wanted})
         except InvalidClaimConfig as err:
             config_error = f"invalid configuration for {driver}: {err}"
-        node = next((r.node for r in reservations if r.node), None) or node_from_allocation(
-            claim) or self._consumer_node(claim)
+        node = (
+            next((r.node for r in reservations if r.node), None)
+            or node_from_allocation(claim)
+            or self._consumer_node(claim)
+        )
         host = None
         if node is not None:
-            host = next((r.host_id for r in reservations if r.node == node and r.host_id),
-                        None) or (await c.snapshots.host_map()).get(node)
+            host = next(
+                (r.host_id for r in reservations if r.node == node and r.host_id), None
+            ) or (await c.snapshots.host_map()).get(node)
         plan = plan_claim(ClaimWants(wanted, node, host, config_error), reservations)
         requeue = plan.requeue
         for reservation in plan.release:
@@ -107,14 +111,19 @@ class ClaimPass:
         ref = ClaimRef(str(metadata["uid"]), str(metadata["namespace"]), str(metadata["name"]))
         for item in plan.reserve:
             try:
-                attach.append(await c.journal.reserve(ref, item.request, item.device,
-                                                      item.pool, MODE, node, host))
+                attach.append(
+                    await c.journal.reserve(
+                        ref, item.request, item.device, item.pool, MODE, node, host
+                    )
+                )
             except (DeviceHeld, UnknownDevice) as err:
-                await c.warn(claim, REASON_DEVICE_TAKEN,
-                             f"device {item.device} cannot be reserved: {err}")
+                await c.warn(
+                    claim, REASON_DEVICE_TAKEN, f"device {item.device} cannot be reserved: {err}"
+                )
         for reservation in attach:
             _, retry = await c.ops.attach(
-                reservation, claim, configs.get(reservation.request, EffectiveConfig()))
+                reservation, claim, configs.get(reservation.request, EffectiveConfig())
+            )
             requeue |= retry
         for _, reason in plan.refuse[:1]:
             await c.warn(claim, "InvalidConfig", reason)
@@ -150,28 +159,55 @@ class ClaimPass:
             if cp.claim_phase(current, c.settings.driver_name) != "deallocate":
                 return True  # a consumer came back meanwhile: look again
             if cp.needs_status_clear(current):
-                current = c.remember(await call_json(
-                    c.custom.replace_namespaced_custom_object_status(
-                        GROUP, VERSION.value, namespace, "resourceclaims", name,
-                        claim_to_wire(cp.cleared_status(current), VERSION),
-                        _preload_content=False),
-                    f"update ResourceClaim {namespace}/{name} status"))
+                current = c.remember(
+                    await call_json(
+                        c.custom.replace_namespaced_custom_object_status(
+                            GROUP,
+                            VERSION.value,
+                            namespace,
+                            "resourceclaims",
+                            name,
+                            claim_to_wire(cp.cleared_status(current), VERSION),
+                            _preload_content=False,
+                        ),
+                        f"update ResourceClaim {namespace}/{name} status",
+                    )
+                )
                 if reservations:
-                    await c.events.record(current, "Normal", REASON_DEALLOCATED,
-                                          "devices released; allocation cleared")
+                    await c.events.record(
+                        current,
+                        "Normal",
+                        REASON_DEALLOCATED,
+                        "devices released; allocation cleared",
+                    )
             patch = cp.remove_finalizer_patch(current, c.finalizer)
             if patch is not None:
-                await call_json(c.custom.patch_namespaced_custom_object(
-                    GROUP, VERSION.value, namespace, "resourceclaims", name, patch,
-                    _content_type=JSON_PATCH, _preload_content=False),
-                    f"remove finalizer {c.finalizer} from ResourceClaim {namespace}/{name}")
+                await call_json(
+                    c.custom.patch_namespaced_custom_object(
+                        GROUP,
+                        VERSION.value,
+                        namespace,
+                        "resourceclaims",
+                        name,
+                        patch,
+                        _content_type=JSON_PATCH,
+                        _preload_content=False,
+                    ),
+                    f"remove finalizer {c.finalizer} from ResourceClaim {namespace}/{name}",
+                )
             c.warned.pop(uid, None)
             return False
 
         # A stale resourceVersion (409) or a failed `test` (422): read again, decide again.
         return await update_with_retry(
-            claim, give_back, lambda: c.read_claim(namespace, name), gone=False,
-            attempts=WRITE_ATTEMPTS, uid=uid, retry_on=(KubeConflict, KubeBadRequest))
+            claim,
+            give_back,
+            lambda: c.read_claim(namespace, name),
+            gone=False,
+            attempts=WRITE_ATTEMPTS,
+            uid=uid,
+            retry_on=(KubeConflict, KubeBadRequest),
+        )
 
 
 __all__ = ["ClaimPass"]

@@ -88,7 +88,8 @@ class ControlPlaneSettings:
     refresh_delay_s: float = 0.05
     max_detach_attempts: int = DEFAULT_DETACH_ATTEMPTS
     informer: InformerSettings = field(
-        default_factory=lambda: InformerSettings(name="control-plane"))
+        default_factory=lambda: InformerSettings(name="control-plane")
+    )
     queue: WorkQueueSettings = field(default_factory=WorkQueueSettings)
     identity: str = "fabric-dra"
 
@@ -145,18 +146,26 @@ class ControlPlaneController:
         self._core = CoreV1Api(client.api)
         self.custom: Any = CustomObjectsApi(client.api)
         self.events = EventRecorder(self._core, settings.identity, VERSION.api_version, clock)
-        self.ops = FabricOps(self.journal, backend, self.events, metrics=metrics, clock=clock,
-                             on_error=self._claim_error, checkpoint=self.at,
-                             max_detach_attempts=settings.max_detach_attempts)
+        self.ops = FabricOps(
+            self.journal,
+            backend,
+            self.events,
+            metrics=metrics,
+            clock=clock,
+            on_error=self._claim_error,
+            checkpoint=self.at,
+            max_detach_attempts=settings.max_detach_attempts,
+        )
         self.queue: WorkQueue[Key] = WorkQueue(replace(settings.queue, name="control-plane"))
-        self.claims = self._informer("resourceclaims",
-                                     lambda obj: claim_from_wire(obj, VERSION, owned=True))
+        self.claims = self._informer(
+            "resourceclaims", lambda obj: claim_from_wire(obj, VERSION, owned=True)
+        )
         self.contexts = self._informer("podschedulingcontexts")
-        self.slices = self._informer("resourceslices",
-                                     lambda obj: _slice_from_wire(obj, VERSION))
+        self.slices = self._informer("resourceslices", lambda obj: _slice_from_wire(obj, VERSION))
         self.classes = self._informer("deviceclasses")
-        self.pods = Informer(self._core.list_pod_for_all_namespaces,
-                             replace(settings.informer, name="pods"))
+        self.pods = Informer(
+            self._core.list_pod_for_all_namespaces, replace(settings.informer, name="pods")
+        )
         self.nodes = Informer(self._core.list_node, replace(settings.informer, name="nodes"))
         self.claims.add_handler(self._on_claim)
         self.contexts.add_handler(self._on_context)
@@ -168,29 +177,47 @@ class ControlPlaneController:
         # The claims our last writes returned, by uid (see cached_claim).
         self._written: dict[str, JsonDict] = {}
         self.snapshots = SnapshotCache(
-            self.slices, self.classes, self.nodes, driver_name=settings.driver_name,
-            host_refs=lambda: host_refs(db), held=self.journal.held, feed=self.journal.feed,
-            host_match=settings.host_match, host_key=settings.host_key,
-            hosts_refresh_s=settings.hosts_refresh_s, answers=self.answers)
+            self.slices,
+            self.classes,
+            self.nodes,
+            driver_name=settings.driver_name,
+            host_refs=lambda: host_refs(db),
+            held=self.journal.held,
+            feed=self.journal.feed,
+            host_match=settings.host_match,
+            host_key=settings.host_key,
+            hosts_refresh_s=settings.hosts_refresh_s,
+            answers=self.answers,
+        )
         self.scheduling = SchedulingPass(self)
         self.claim_pass = ClaimPass(self)
         self.warned: dict[str, str] = {}
         self.recent_errors: ErrorRing[ControlPlaneError] = ErrorRing(
-            ControlPlaneError, lambda: self.clock(), MAX_RECENT_ERRORS)
+            ControlPlaneError, lambda: self.clock(), MAX_RECENT_ERRORS
+        )
         self.runtime: Controller[Key] = Controller(
-            self, RuntimeSettings("control-plane", settings.workers, MAX_RECENT_ERRORS),
-            self.queue, informers=self._informers, errors=self.recent_errors,
-            describe=self._subject, expected=(FabricError, KubeError), observe=self._observe)
+            self,
+            RuntimeSettings("control-plane", settings.workers, MAX_RECENT_ERRORS),
+            self.queue,
+            informers=self._informers,
+            errors=self.recent_errors,
+            describe=self._subject,
+            expected=(FabricError, KubeError),
+            observe=self._observe,
+        )
         self.runtime.add_loop("control-plane-resync", self._resync_loop)
         self.allocations = 0
         self.started = self.runtime.started
 
-    def _informer(self, plural: str,
-                  converter: Callable[[JsonDict], JsonDict] | None = None) -> Informer:
-        list_function = functools.partial(self.custom.list_cluster_custom_object, GROUP,
-                                          VERSION.value, plural)
-        return Informer(list_function, replace(self.settings.informer, name=plural),
-                        converter=converter)
+    def _informer(
+        self, plural: str, converter: Callable[[JsonDict], JsonDict] | None = None
+    ) -> Informer:
+        list_function = functools.partial(
+            self.custom.list_cluster_custom_object, GROUP, VERSION.value, plural
+        )
+        return Informer(
+            list_function, replace(self.settings.informer, name=plural), converter=converter
+        )
 
     @property
     def _informers(self) -> tuple[Informer, ...]:
@@ -237,8 +264,12 @@ class ControlPlaneController:
             "claims_seen": len(self._our_claim_uids()),
             "allocations": self.allocations,
             "answers": [
-                {"context": f"{ns}/{name}", "claims": [
-                    {"name": claim, "unsuitableNodes": nodes} for claim, nodes in answer.items()]}
+                {
+                    "context": f"{ns}/{name}",
+                    "claims": [
+                        {"name": claim, "unsuitableNodes": nodes} for claim, nodes in answer.items()
+                    ],
+                }
                 for (ns, name), answer in sorted(self.scheduling.last_answers.items())
             ],
             "recent_errors": [
@@ -265,16 +296,19 @@ class ControlPlaneController:
 
     def _our_claim_uids(self) -> list[str]:
         driver = self.settings.driver_name
-        return [uid for uid in self.claims.uids()
-                if cp.is_ours(self.claims.by_uid(uid) or {}, driver)]
+        return [
+            uid for uid in self.claims.uids() if cp.is_ours(self.claims.by_uid(uid) or {}, driver)
+        ]
 
     async def _on_claim(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
         metadata = obj.get("metadata") or {}
         uid = str(metadata.get("uid") or "")
         if not uid:
             return
-        self.in_use.set_claim(uid, frozenset() if event == "DELETED" else cp.claim_devices(
-            obj, self.settings.driver_name))
+        self.in_use.set_claim(
+            uid,
+            frozenset() if event == "DELETED" else cp.claim_devices(obj, self.settings.driver_name),
+        )
         if event == "DELETED":
             self._written.pop(uid, None)
             lock = self._claim_locks.get(uid)
@@ -286,14 +320,23 @@ class ControlPlaneController:
         # an allocation that stopped halfway left behind is released by the pass that follows
         # the failed write, or after a restart, by the start); the periodic resync still
         # looks at every claim.
-        if event == "DELETED" or (mine and (
-                cp.claim_phase(obj, self.settings.driver_name) != "pending" if old is None
-                else _claim_work(obj) != _claim_work(old))):
+        if event == "DELETED" or (
+            mine
+            and (
+                cp.claim_phase(obj, self.settings.driver_name) != "pending"
+                if old is None
+                else _claim_work(obj) != _claim_work(old)
+            )
+        ):
             self.queue.add(("claim", uid, ""))
         # An allocation made or given back changes what is free for every open context; a
         # claim that appears or goes away may be one a pod waits for.
-        if old is None or event == "DELETED" or cp.allocation_of(obj) != cp.allocation_of(
-                old) or cp.being_deleted(obj) != cp.being_deleted(old):
+        if (
+            old is None
+            or event == "DELETED"
+            or cp.allocation_of(obj) != cp.allocation_of(old)
+            or cp.being_deleted(obj) != cp.being_deleted(old)
+        ):
             self._enqueue_contexts()
 
     async def _on_context(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
@@ -306,9 +349,14 @@ class ControlPlaneController:
         # drivers' answers. Our own answer coming back needs no new pass; any other change
         # (another driver's answer, ours overwritten or cleared) gets one.
         written = self.scheduling.written.get(key)
-        if old is None or obj.get("spec") != old.get("spec") or (
+        if (
+            old is None
+            or obj.get("spec") != old.get("spec")
+            or (
                 obj.get("status") != old.get("status")
-                and (written is None or resource_version(obj) != resource_version(written))):
+                and (written is None or resource_version(obj) != resource_version(written))
+            )
+        ):
             self.queue.add(("context", *key))
 
     async def _on_slice(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
@@ -406,8 +454,9 @@ class ControlPlaneController:
     def drift_target(self) -> DriftTarget:
         """How drift found by the inventory reaches this controller (:mod:`app.claims.drift`):
         a lost device's claim is queued and attached again."""
-        return DriftTarget(self.ops, self.claim_by_uid,
-                           lambda uid: self.queue.add(("claim", uid, "")))
+        return DriftTarget(
+            self.ops, self.claim_by_uid, lambda uid: self.queue.add(("claim", uid, ""))
+        )
 
     # ------------------------------------------------------------------ claim reads and writes
     def cached_claim(self, name: str, namespace: str) -> JsonDict | None:
@@ -440,9 +489,12 @@ class ControlPlaneController:
             KubeError: the read failed.
         """
         try:
-            return await call_json(self.custom.get_namespaced_custom_object(
-                GROUP, VERSION.value, namespace, plural, name, _preload_content=False),
-                f"read {plural} {namespace}/{name}")
+            return await call_json(
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION.value, namespace, plural, name, _preload_content=False
+                ),
+                f"read {plural} {namespace}/{name}",
+            )
         except KubeNotFound:
             return None
 
@@ -462,8 +514,12 @@ class ControlPlaneController:
         if self.warned.get(uid) == message:
             return
         self.warned[uid] = message
-        log.warning("claim %s/%s: %s", (claim.get("metadata") or {}).get("namespace"),
-                    (claim.get("metadata") or {}).get("name"), message)
+        log.warning(
+            "claim %s/%s: %s",
+            (claim.get("metadata") or {}).get("namespace"),
+            (claim.get("metadata") or {}).get("name"),
+            message,
+        )
         await self.events.record(claim, "Warning", reason, message)
 
 
@@ -472,9 +528,13 @@ def _claim_work(claim: Mapping[str, Any]) -> tuple[Any, ...]:
     :class:`app.controlplane.allocation.ClaimPass`): who allocates it, its allocation, its
     consumers, deallocation and deletion."""
     status = claim.get("status") or {}
-    return ((claim.get("spec") or {}).get("controller"), status.get("allocation"),
-            status.get("reservedFor"), status.get("deallocationRequested"),
-            (claim.get("metadata") or {}).get("deletionTimestamp"))
+    return (
+        (claim.get("spec") or {}).get("controller"),
+        status.get("allocation"),
+        status.get("reservedFor"),
+        status.get("deallocationRequested"),
+        (claim.get("metadata") or {}).get("deletionTimestamp"),
+    )
 
 
 __all__ = ["ControlPlaneController", "ControlPlaneError", "ControlPlaneSettings"]

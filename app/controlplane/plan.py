@@ -66,7 +66,8 @@ def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
             continue
         name = str(entry["name"])
         claim_name = entry.get("resourceClaimName") or (
-            statuses.get(name) if entry.get("resourceClaimTemplateName") else None)
+            statuses.get(name) if entry.get("resourceClaimTemplateName") else None
+        )
         out.append(PodClaim(name, str(claim_name) if claim_name else None))
     return out
 
@@ -89,8 +90,9 @@ def being_deleted(obj: Mapping[str, Any]) -> bool:
 
 def reserved_for(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """``status.reservedFor`` entries."""
-    return [r for r in (claim.get("status") or {}).get("reservedFor") or []
-            if isinstance(r, Mapping)]
+    return [
+        r for r in (claim.get("status") or {}).get("reservedFor") or [] if isinstance(r, Mapping)
+    ]
 
 
 def claim_phase(claim: Mapping[str, Any] | None, driver_name: str) -> Phase:
@@ -136,13 +138,19 @@ def cleared_status(claim: Mapping[str, Any]) -> JsonDict:
 
 def node_selector_for(node_name: str) -> JsonDict:
     """A NodeSelector naming one node (``matchFields`` ``metadata.name`` In)."""
-    return {"nodeSelectorTerms": [{"matchFields": [
-        {"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}
+    return {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+        ]
+    }
 
 
 def allocated_status(
-    claim: Mapping[str, Any], allocation: Mapping[str, Any], driver_name: str,
-    consumer: Mapping[str, str], node_name: str,
+    claim: Mapping[str, Any],
+    allocation: Mapping[str, Any],
+    driver_name: str,
+    consumer: Mapping[str, str],
+    node_name: str,
 ) -> JsonDict:
     """The claim with ``status.allocation`` (``controller`` set to our driver) and the pod in
     ``reservedFor``, to be written in one status update (a new dict; ``claim`` is not
@@ -160,9 +168,11 @@ def allocated_status(
     # A new top level and status; the rest is shared with ``claim`` (it is sent, not changed).
     result = dict(claim)
     status = dict(result.get("status") or {})
-    status["allocation"] = {**copy.deepcopy(dict(allocation)),
-                            "nodeSelector": node_selector_for(node_name),
-                            "controller": driver_name}
+    status["allocation"] = {
+        **copy.deepcopy(dict(allocation)),
+        "nodeSelector": node_selector_for(node_name),
+        "controller": driver_name,
+    }
     consumers = [dict(r) for r in reserved_for(claim) if r.get("uid") != consumer.get("uid")]
     status["reservedFor"] = [*consumers, dict(consumer)]
     status.pop("deallocationRequested", None)
@@ -181,11 +191,18 @@ def add_finalizer_patch(claim: Mapping[str, Any], finalizer: str) -> list[JsonDi
     if finalizer in current:
         return None
     if current:
-        return [{"op": "test", "path": "/metadata/finalizers", "value": current},
-                {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}]
-    return [{"op": "test", "path": "/metadata/resourceVersion",
-             "value": metadata.get("resourceVersion")},
-            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}]
+        return [
+            {"op": "test", "path": "/metadata/finalizers", "value": current},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
+        ]
+    return [
+        {
+            "op": "test",
+            "path": "/metadata/resourceVersion",
+            "value": metadata.get("resourceVersion"),
+        },
+        {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
+    ]
 
 
 def remove_finalizer_patch(claim: Mapping[str, Any], finalizer: str) -> list[JsonDict] | None:
@@ -194,8 +211,10 @@ def remove_finalizer_patch(claim: Mapping[str, Any], finalizer: str) -> list[Jso
     current = list((claim.get("metadata") or {}).get("finalizers") or [])
     if finalizer not in current:
         return None
-    return [{"op": "test", "path": "/metadata/finalizers", "value": current},
-            {"op": "remove", "path": f"/metadata/finalizers/{current.index(finalizer)}"}]
+    return [
+        {"op": "test", "path": "/metadata/finalizers", "value": current},
+        {"op": "remove", "path": f"/metadata/finalizers/{current.index(finalizer)}"},
+    ]
 
 
 def claim_devices(claim: Mapping[str, Any], driver_name: str) -> frozenset[DeviceId]:
@@ -205,13 +224,16 @@ def claim_devices(claim: Mapping[str, Any], driver_name: str) -> frozenset[Devic
     return frozenset(
         (driver_name, str(result.get("pool")), str(result.get("device")))
         for result in results
-        if isinstance(result, Mapping) and result.get("driver") == driver_name
+        if isinstance(result, Mapping)
+        and result.get("driver") == driver_name
         and not result.get("adminAccess")
     )
 
 
 def devices_in_use(
-    claims: Iterable[Mapping[str, Any]], held: Iterable[HeldDevice], driver_name: str,
+    claims: Iterable[Mapping[str, Any]],
+    held: Iterable[HeldDevice],
+    driver_name: str,
     exclude_uids: Collection[str] = (),
 ) -> set[DeviceId]:
     """(driver, pool, device) of our devices allocated to a claim (:func:`claim_devices`) or
@@ -254,7 +276,8 @@ class InUse:
         grouped: dict[str, set[DeviceId]] = {}
         for device in held:
             grouped.setdefault(device.claim_uid, set()).add(
-                (driver_name, device.pool, device.device_name))
+                (driver_name, device.pool, device.device_name)
+            )
         for uid in [u for u in self._journal if u not in grouped]:
             self._replace(self._journal, uid, frozenset())
         for uid, devices in grouped.items():
@@ -263,17 +286,24 @@ class InUse:
     def hold(self, device: HeldDevice, driver_name: str) -> None:
         """One more device held in the journal."""
         current = self._journal.get(device.claim_uid, frozenset())
-        self._replace(self._journal, device.claim_uid,
-                      current | {(driver_name, device.pool, device.device_name)})
+        self._replace(
+            self._journal,
+            device.claim_uid,
+            current | {(driver_name, device.pool, device.device_name)},
+        )
 
     def release(self, device: HeldDevice, driver_name: str) -> None:
         """A device no longer held in the journal for that claim."""
         current = self._journal.get(device.claim_uid, frozenset())
-        self._replace(self._journal, device.claim_uid,
-                      current - {(driver_name, device.pool, device.device_name)})
+        self._replace(
+            self._journal,
+            device.claim_uid,
+            current - {(driver_name, device.pool, device.device_name)},
+        )
 
-    def _replace(self, part: dict[str, frozenset[DeviceId]], uid: str,
-                 devices: frozenset[DeviceId]) -> None:
+    def _replace(
+        self, part: dict[str, frozenset[DeviceId]], uid: str, devices: frozenset[DeviceId]
+    ) -> None:
         old = part.get(uid, frozenset())
         if old == devices:
             return
@@ -307,9 +337,12 @@ class InUse:
         ``pool`` (with ``exclude_uids`` left out) are the same: the pool's version (its
         holders) and the devices only the left-out claims hold."""
         freed = frozenset(
-            d for uid in exclude_uids for part in (self._claims, self._journal)
+            d
+            for uid in exclude_uids
+            for part in (self._claims, self._journal)
             for d in part.get(uid, ())
-            if d[1] == pool and all(h in exclude_uids for h in self._holders.get(d, ())))
+            if d[1] == pool and all(h in exclude_uids for h in self._holders.get(d, ()))
+        )
         return (self._versions.get(pool, 0), freed)
 
     def holders(self, device: DeviceId) -> frozenset[str]:
@@ -389,10 +422,17 @@ class NodeAnswers:
             key = self._specs[spec] = len(self._specs)
         return key
 
-    def fits(self, allocator: Allocator, claims: Sequence[Claim],
-             classes: Mapping[str, DeviceClass], usable: Sequence[Pool],
-             in_use_by_pool: Mapping[str, frozenset[DeviceId]], in_use: Collection[DeviceId],
-             node: Node, spec_key: int | None = None) -> bool:
+    def fits(
+        self,
+        allocator: Allocator,
+        claims: Sequence[Claim],
+        classes: Mapping[str, DeviceClass],
+        usable: Sequence[Pool],
+        in_use_by_pool: Mapping[str, frozenset[DeviceId]],
+        in_use: Collection[DeviceId],
+        node: Node,
+        spec_key: int | None = None,
+    ) -> bool:
         """True when ``claims`` can be allocated together on ``node`` (see
         :meth:`Allocator.allocate`), from memory when the same question was answered.
         ``spec_key``: :meth:`spec_key` of ``claims``, when the caller has it."""
@@ -462,8 +502,9 @@ def unsuitable_nodes(
     ``answers`` remembers answers across calls (see :class:`NodeAnswers`).
     """
     claims = [p.claim for p in pending]
-    grouped = (in_use_by_pool(in_use)
-               if answers is not None and not isinstance(in_use, InUseView) else {})
+    grouped = (
+        in_use_by_pool(in_use) if answers is not None and not isinstance(in_use, InUseView) else {}
+    )
     spec_key = answers.spec_key(claims) if answers is not None else None
     failed: list[str] = []
     for node_name in potential[:MAX_NODES]:
@@ -471,11 +512,11 @@ def unsuitable_nodes(
         if node is None or node_name not in hosts:
             failed.append(node_name)
             continue
-        usable = reachable[node_name] if reachable is not None and node_name in reachable else (
-            pools)
+        usable = (
+            reachable[node_name] if reachable is not None and node_name in reachable else (pools)
+        )
         if answers is not None:
-            fits = answers.fits(allocator, claims, classes, usable, grouped, in_use, node,
-                                spec_key)
+            fits = answers.fits(allocator, claims, classes, usable, grouped, in_use, node, spec_key)
         else:
             fits = allocator.allocate(claims, classes, usable, in_use, node).ok
         if not fits:
@@ -484,7 +525,8 @@ def unsuitable_nodes(
 
 
 def merged_claim_entries(
-    existing: Sequence[Mapping[str, Any]], answers: Mapping[str, Sequence[str]],
+    existing: Sequence[Mapping[str, Any]],
+    answers: Mapping[str, Sequence[str]],
 ) -> list[JsonDict]:
     """The new ``status.resourceClaims`` list: every existing entry kept (other drivers
     answer for their claims), ours replaced in place, new ones appended in ``answers`` order.
@@ -518,6 +560,7 @@ def _entry(name: str, nodes: Sequence[str]) -> JsonDict:
 def same_claim_entries(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
     """True when two ``status.resourceClaims`` lists say the same (an absent and an empty
     ``unsuitableNodes`` are equal)."""
+
     def norm(entries: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[str]]]:
         return [(str(e.get("name")), list(e.get("unsuitableNodes") or [])) for e in entries]
 
@@ -532,12 +575,12 @@ def wanted_results(claim: Mapping[str, Any], driver_name: str) -> tuple[WantedDe
 def consumer_ref(pod: Mapping[str, Any]) -> dict[str, str]:
     """The ``reservedFor`` entry of a pod."""
     metadata = pod.get("metadata") or {}
-    return {"resource": "pods", "name": str(metadata.get("name")),
-            "uid": str(metadata.get("uid"))}
+    return {"resource": "pods", "name": str(metadata.get("name")), "uid": str(metadata.get("uid"))}
 
 
 def stale_reservations(
-    reservations: Sequence[ReservationView], chosen: Collection[tuple[str, str, str]],
+    reservations: Sequence[ReservationView],
+    chosen: Collection[tuple[str, str, str]],
 ) -> list[ReservationView]:
     """A pending claim's reservations that the new allocation does not use:
     (request, pool, device) not in ``chosen``. Left over from an attempt that stopped between
@@ -548,8 +591,11 @@ def stale_reservations(
 def chosen_devices(allocation: Mapping[str, Any], driver_name: str) -> list[WantedDevice]:
     """Our (request, pool, device) results in an allocation, in result order."""
     results = (allocation.get("devices") or {}).get("results") or []
-    return [WantedDevice(str(r.get("request")), str(r.get("pool")), str(r.get("device")))
-            for r in results if isinstance(r, Mapping) and r.get("driver") == driver_name]
+    return [
+        WantedDevice(str(r.get("request")), str(r.get("pool")), str(r.get("device")))
+        for r in results
+        if isinstance(r, Mapping) and r.get("driver") == driver_name
+    ]
 
 
 __all__ = [

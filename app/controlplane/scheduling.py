@@ -125,15 +125,18 @@ class SchedulingPass:
         pending: list[tuple[str, JsonDict]] = []
         for ref in cp.pod_claims(pod):
             claim = c.cached_claim(ref.claim_name, namespace) if ref.claim_name else None
-            if (claim is not None and cp.is_ours(claim, c.settings.driver_name)
-                    and cp.allocation_of(claim) is None and not cp.being_deleted(claim)):
+            if (
+                claim is not None
+                and cp.is_ours(claim, c.settings.driver_name)
+                and cp.allocation_of(claim) is None
+                and not cp.being_deleted(claim)
+            ):
                 pending.append((ref.name, claim))
         if not pending:
             return False
         spec = context.get("spec") or {}
         selected = str(spec.get("selectedNode") or "")
-        potential = cp.answer_nodes([str(n) for n in spec.get("potentialNodes") or []],
-                                    selected)
+        potential = cp.answer_nodes([str(n) for n in spec.get("potentialNodes") or []], selected)
         uids = {str(claim["metadata"]["uid"]) for _, claim in pending}
         async with contextlib.AsyncExitStack() as stack:
             if selected:
@@ -141,8 +144,9 @@ class SchedulingPass:
                 for uid in sorted(uids):
                     await stack.enter_async_context(c.claim_lock(uid))
             try:
-                return await self._answer_or_allocate(namespace, name, pod, pending,
-                                                      selected, potential, uids)
+                return await self._answer_or_allocate(
+                    namespace, name, pod, pending, selected, potential, uids
+                )
             except BaseException:
                 if selected:
                     # An allocation that stopped halfway may have left reservations behind:
@@ -152,8 +156,14 @@ class SchedulingPass:
                 raise
 
     async def _answer_or_allocate(
-        self, namespace: str, name: str, pod: JsonDict, pending: list[tuple[str, JsonDict]],
-        selected: str, potential: list[str], uids: set[str],
+        self,
+        namespace: str,
+        name: str,
+        pod: JsonDict,
+        pending: list[tuple[str, JsonDict]],
+        selected: str,
+        potential: list[str],
+        uids: set[str],
     ) -> bool:
         c = self.controller
         if selected:
@@ -180,16 +190,23 @@ class SchedulingPass:
                 answers = {p: list(potential[: cp.MAX_NODES]) for p, _ in pending}
             else:
                 if selected:
-                    outcome = await self._allocate_and_reserve(pending, parsed, selected,
-                                                               snapshot)
+                    outcome = await self._allocate_and_reserve(pending, parsed, selected, snapshot)
                     if isinstance(outcome, Taken):
                         requeue = True
                         snapshot = await c.snapshots.snapshot(uids)
                 if not isinstance(outcome, Reserved):
                     answers = cp.unsuitable_nodes(
-                        c.allocator, parsed, snapshot.classes, snapshot.pools,
-                        snapshot.in_use, potential, self._suitable_nodes(parsed, snapshot),
-                        snapshot.hosts, snapshot.reachable, c.answers)
+                        c.allocator,
+                        parsed,
+                        snapshot.classes,
+                        snapshot.pools,
+                        snapshot.in_use,
+                        potential,
+                        self._suitable_nodes(parsed, snapshot),
+                        snapshot.hosts,
+                        snapshot.reachable,
+                        c.answers,
+                    )
         if isinstance(outcome, Reserved):
             await c.at("after-reserve")
             return not await self._write_allocations(pod, pending, outcome, selected)
@@ -201,16 +218,26 @@ class SchedulingPass:
     def _suitable_nodes(pending: list[cp.Pending], snapshot: Snapshot) -> dict[str, Node]:
         """Nodes that every class of the pending requests accepts (v1alpha3 DeviceClass
         ``suitableNodes``, a core NodeSelector)."""
-        selectors = [snapshot.class_selectors[a.device_class_name]
-                     for p in pending for r in p.claim.requests for a in r.alternatives
-                     if a.device_class_name in snapshot.class_selectors]
+        selectors = [
+            snapshot.class_selectors[a.device_class_name]
+            for p in pending
+            for r in p.claim.requests
+            for a in r.alternatives
+            if a.device_class_name in snapshot.class_selectors
+        ]
         if not selectors:
             return dict(snapshot.nodes)
-        return {name: node for name, node in snapshot.nodes.items()
-                if all(selector_matches(s, node) for s in selectors)}
+        return {
+            name: node
+            for name, node in snapshot.nodes.items()
+            if all(selector_matches(s, node) for s in selectors)
+        }
 
     async def _allocate_and_reserve(
-        self, pending: list[tuple[str, JsonDict]], parsed: list[cp.Pending], node_name: str,
+        self,
+        pending: list[tuple[str, JsonDict]],
+        parsed: list[cp.Pending],
+        node_name: str,
         snapshot: Snapshot,
     ) -> AllocationOutcome:
         """Allocate the pending claims for exactly ``node_name`` and reserve every device of
@@ -230,39 +257,53 @@ class SchedulingPass:
         host = snapshot.hosts.get(node_name)
         if node is None or host is None:
             return Unsuitable()
-        outcome = c.allocator.allocate([p.claim for p in parsed], snapshot.classes,
-                                       snapshot.reachable.get(node_name, snapshot.pools),
-                                       snapshot.in_use, node)
+        outcome = c.allocator.allocate(
+            [p.claim for p in parsed],
+            snapshot.classes,
+            snapshot.reachable.get(node_name, snapshot.pools),
+            snapshot.in_use,
+            node,
+        )
         if outcome.failure is not None:
             for _, claim in pending:
-                await c.warn(claim, REASON_ALLOCATION_FAILED,
-                             f"node {node_name}: {outcome.failure.message}")
+                await c.warn(
+                    claim, REASON_ALLOCATION_FAILED, f"node {node_name}: {outcome.failure.message}"
+                )
             return Unsuitable()
         taken: list[ReservationView] = []
         try:
             for _, claim in pending:
                 metadata = claim["metadata"]
-                ref = ClaimRef(str(metadata["uid"]), str(metadata["namespace"]),
-                               str(metadata["name"]))
+                ref = ClaimRef(
+                    str(metadata["uid"]), str(metadata["namespace"]), str(metadata["name"])
+                )
                 chosen = cp.chosen_devices(outcome.allocations[ref.uid], driver)
                 for wanted in chosen:
-                    taken.append(await c.journal.reserve(
-                        ref, wanted.request, wanted.device, wanted.pool, MODE, node_name, host))
+                    taken.append(
+                        await c.journal.reserve(
+                            ref, wanted.request, wanted.device, wanted.pool, MODE, node_name, host
+                        )
+                    )
                 leftovers = [r for r in await c.journal.for_claim(ref.uid) if r.mode == MODE]
                 for stale in cp.stale_reservations(
-                        leftovers, {(w.request, w.pool, w.device) for w in chosen}):
+                    leftovers, {(w.request, w.pool, w.device) for w in chosen}
+                ):
                     await c.ops.release(stale, claim)
         except (DeviceHeld, UnknownDevice) as err:
             for reservation in taken:
                 await c.ops.release(reservation, None)
             for _, claim in pending:
-                await c.warn(claim, REASON_DEVICE_TAKEN,
-                             f"node {node_name}: {err}; answering the scheduler again")
+                await c.warn(
+                    claim,
+                    REASON_DEVICE_TAKEN,
+                    f"node {node_name}: {err}; answering the scheduler again",
+                )
             return Taken()
         return Reserved(outcome.allocations, tuple(taken))
 
-    async def _write_allocations(self, pod: JsonDict, pending: list[tuple[str, JsonDict]],
-                                 reserved: Reserved, node_name: str) -> bool:
+    async def _write_allocations(
+        self, pod: JsonDict, pending: list[tuple[str, JsonDict]], reserved: Reserved, node_name: str
+    ) -> bool:
         """One status update per claim: allocation (with controller) and the pod reserved.
         A claim that cannot be written has its new reservations released. True when all
         were written."""
@@ -271,8 +312,7 @@ class SchedulingPass:
         complete = True
         for _, claim in pending:
             uid = str(claim["metadata"]["uid"])
-            if await self._write_allocation(claim, reserved.allocations[uid], consumer,
-                                            node_name):
+            if await self._write_allocation(claim, reserved.allocations[uid], consumer, node_name):
                 c.allocations += 1
             else:
                 complete = False
@@ -282,8 +322,9 @@ class SchedulingPass:
             c.queue.add(("claim", uid, ""))
         return complete
 
-    async def _write_answers(self, namespace: str, name: str,
-                             answers: Mapping[str, list[str]]) -> None:
+    async def _write_answers(
+        self, namespace: str, name: str, answers: Mapping[str, list[str]]
+    ) -> None:
         c = self.controller
         cached = c.contexts.get(name, namespace)
         written = self.written.get((namespace, name))
@@ -296,7 +337,8 @@ class SchedulingPass:
                 del self.written[(namespace, name)]
         current = list(((cached or {}).get("status") or {}).get("resourceClaims") or [])
         if cached is not None and cp.same_claim_entries(
-                cp.merged_claim_entries(current, answers), current):
+            cp.merged_claim_entries(current, answers), current
+        ):
             return
 
         async def write(context: JsonDict) -> None:
@@ -307,13 +349,24 @@ class SchedulingPass:
             body = {**context, "status": {**status, "resourceClaims": entries}}
             self.written[(namespace, name)] = await call_json(
                 c.custom.replace_namespaced_custom_object_status(
-                    GROUP, VERSION.value, namespace, "podschedulingcontexts", name, body,
-                    _preload_content=False),
-                f"update PodSchedulingContext {namespace}/{name} status")
+                    GROUP,
+                    VERSION.value,
+                    namespace,
+                    "podschedulingcontexts",
+                    name,
+                    body,
+                    _preload_content=False,
+                ),
+                f"update PodSchedulingContext {namespace}/{name} status",
+            )
 
         await update_with_retry(
-            cached, write, lambda: c.read_object("podschedulingcontexts", namespace, name),
-            gone=None, attempts=WRITE_ATTEMPTS)
+            cached,
+            write,
+            lambda: c.read_object("podschedulingcontexts", namespace, name),
+            gone=None,
+            attempts=WRITE_ATTEMPTS,
+        )
 
     async def _ensure_finalizer(self, claim: JsonDict) -> JsonDict | None:
         """The claim with our finalizer (added by a guarded JSON patch), or None when it is
@@ -328,19 +381,40 @@ class SchedulingPass:
             patch = cp.add_finalizer_patch(current, c.finalizer)
             if patch is None:
                 return current
-            return c.remember(await call_json(c.custom.patch_namespaced_custom_object(
-                GROUP, VERSION.value, namespace, "resourceclaims", name, patch,
-                _content_type=JSON_PATCH, _preload_content=False),
-                f"add finalizer {c.finalizer} to ResourceClaim {namespace}/{name}"))
+            return c.remember(
+                await call_json(
+                    c.custom.patch_namespaced_custom_object(
+                        GROUP,
+                        VERSION.value,
+                        namespace,
+                        "resourceclaims",
+                        name,
+                        patch,
+                        _content_type=JSON_PATCH,
+                        _preload_content=False,
+                    ),
+                    f"add finalizer {c.finalizer} to ResourceClaim {namespace}/{name}",
+                )
+            )
 
         # A stale resourceVersion (409) or a failed `test` (422): read again, decide again.
         return await update_with_retry(
-            claim, add, lambda: c.read_claim(namespace, name), gone=None,
-            attempts=WRITE_ATTEMPTS, uid=str(metadata.get("uid")),
-            retry_on=(KubeConflict, KubeBadRequest))
+            claim,
+            add,
+            lambda: c.read_claim(namespace, name),
+            gone=None,
+            attempts=WRITE_ATTEMPTS,
+            uid=str(metadata.get("uid")),
+            retry_on=(KubeConflict, KubeBadRequest),
+        )
 
-    async def _write_allocation(self, claim: JsonDict, allocation: Mapping[str, Any],
-                                consumer: Mapping[str, str], node_name: str) -> bool:
+    async def _write_allocation(
+        self,
+        claim: JsonDict,
+        allocation: Mapping[str, Any],
+        consumer: Mapping[str, str],
+        node_name: str,
+    ) -> bool:
         """Write allocation and reservedFor in one status update. False when the claim is
         gone, being deleted, or allocated otherwise meanwhile."""
         c = self.controller
@@ -350,23 +424,39 @@ class SchedulingPass:
         async def write(current: JsonDict) -> bool:
             if cp.being_deleted(current):
                 return False
-            body = cp.allocated_status(current, allocation, c.settings.driver_name, consumer,
-                                       node_name)
+            body = cp.allocated_status(
+                current, allocation, c.settings.driver_name, consumer, node_name
+            )
             if cp.allocation_of(current) is not None:
                 # Ours already (an earlier write whose answer was lost), or someone else's.
                 return cp.allocation_of(current) == cp.allocation_of(body)
             # Strict: an allocation field the server drops would be a silent bug.
-            c.remember(await call_json(c.custom.replace_namespaced_custom_object_status(
-                GROUP, VERSION.value, namespace, "resourceclaims", name,
-                claim_to_wire(body, VERSION), field_validation=FIELD_VALIDATION_STRICT,
-                _preload_content=False),
-                f"update ResourceClaim {namespace}/{name} status"))
+            c.remember(
+                await call_json(
+                    c.custom.replace_namespaced_custom_object_status(
+                        GROUP,
+                        VERSION.value,
+                        namespace,
+                        "resourceclaims",
+                        name,
+                        claim_to_wire(body, VERSION),
+                        field_validation=FIELD_VALIDATION_STRICT,
+                        _preload_content=False,
+                    ),
+                    f"update ResourceClaim {namespace}/{name} status",
+                )
+            )
             c.warned.pop(str(metadata.get("uid")), None)
             return True
 
         return await update_with_retry(
-            claim, write, lambda: c.read_claim(namespace, name), gone=False,
-            attempts=WRITE_ATTEMPTS, uid=str(metadata.get("uid")))
+            claim,
+            write,
+            lambda: c.read_claim(namespace, name),
+            gone=False,
+            attempts=WRITE_ATTEMPTS,
+            uid=str(metadata.get("uid")),
+        )
 
 
 __all__ = [

@@ -166,8 +166,11 @@ class SnapshotCache:
         if old is not None and fresh("slices"):
             pools = old.pools
         else:
-            pools = gather_pools(s for s in self._slices.objects()
-                                 if (s.get("spec") or {}).get("driver") == self.driver_name)
+            pools = gather_pools(
+                s
+                for s in self._slices.objects()
+                if (s.get("spec") or {}).get("driver") == self.driver_name
+            )
         if old is not None and fresh("classes"):
             classes, selectors = old.classes, old.class_selectors
         else:
@@ -180,8 +183,10 @@ class SnapshotCache:
             reachable = old.reachable
         else:
             # Which pools reach which node changes only with slices or nodes: worked out once.
-            reachable = {name: tuple(p for p in pools if p.reaches_node(node))
-                         for name, node in nodes.items()}
+            reachable = {
+                name: tuple(p for p in pools if p.reaches_node(node))
+                for name, node in nodes.items()
+            }
         if not fresh("slices", "classes", "nodes"):
             self.answers.clear()
         self._parts = _Parts(versions, pools, classes, selectors, nodes, reachable)
@@ -196,8 +201,11 @@ class SnapshotCache:
         """
         now = self._now()
         current = self._host_map
-        if (current is None or current.version != self._changes["hosts"]
-                or now - current.built_at > self.hosts_refresh_s):
+        if (
+            current is None
+            or current.version != self._changes["hosts"]
+            or now - current.built_at > self.hosts_refresh_s
+        ):
             index = HostIndex.build(await self._host_refs())
             # Built from the nodes as they are after the await, so a change during it is in.
             version = self._changes["hosts"]
@@ -222,8 +230,9 @@ class SnapshotCache:
         """
         now = self._now()
         feed = self._feed
-        changes = None if now - self._held_read_at >= HELD_MAX_AGE_S else feed.since(
-            self._held_version)
+        changes = (
+            None if now - self._held_read_at >= HELD_MAX_AGE_S else feed.since(self._held_version)
+        )
         if changes is None:
             version = feed.version
             self.in_use.set_held(await self._held(), self.driver_name)

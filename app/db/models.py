@@ -164,9 +164,7 @@ class DeviceEvent(Base):
     __tablename__ = "device_events"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    device_id: Mapped[int] = mapped_column(
-        ForeignKey("devices.id", ondelete="CASCADE"), index=True
-    )
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), index=True)
     at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), index=True)
     kind: Mapped[str] = mapped_column(String(16))
     old: Mapped[str | None] = mapped_column(String(VENDOR_ID_LENGTH))
@@ -195,8 +193,14 @@ class InventoryStatus(Base):
     last_rejects: Mapped[list[dict[str, str]]] = mapped_column(JSON, default=list)
 
 
-ACTIVE_RESERVATION_STATES = ("pending", "attaching", "attached", "detaching", "failed",
-                             "detach-failed")
+ACTIVE_RESERVATION_STATES = (
+    "pending",
+    "attaching",
+    "attached",
+    "detaching",
+    "failed",
+    "detach-failed",
+)
 """States in which a reservation holds its device (everything but ``released``)."""
 
 

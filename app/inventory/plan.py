@@ -191,7 +191,10 @@ def _removals(
     # A rejected item is not "gone": its vendor data was bad this time, so it keeps its row.
     # A backend that cannot read a whole attach unit rejects the unit, covering its devices.
     return tuple(
-        s for s in stored
-        if not s.removed and s.key not in listed and s.key not in rejected_keys
+        s
+        for s in stored
+        if not s.removed
+        and s.key not in listed
+        and s.key not in rejected_keys
         and (s.unit is None or s.unit not in rejected_keys)
     )

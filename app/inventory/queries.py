@@ -86,15 +86,29 @@ async def list_devices(db: Database, *, include_removed: bool = False) -> list[D
         rows = (await session.scalars(query)).all()
     views = [
         DeviceView(
-            name=r.name, vendor_id=r.vendor_id, device_type=r.device_type, vendor=r.vendor,
-            model=r.model, memory_mib=r.memory_mib, region=r.region, zone=r.zone, row=r.row,
-            rack=r.rack, chassis=r.chassis, slot=r.slot, fabric=r.fabric, health=r.health,
-            state=r.state, host_id=r.host_id, removed_at=r.removed_at,
+            name=r.name,
+            vendor_id=r.vendor_id,
+            device_type=r.device_type,
+            vendor=r.vendor,
+            model=r.model,
+            memory_mib=r.memory_mib,
+            region=r.region,
+            zone=r.zone,
+            row=r.row,
+            rack=r.rack,
+            chassis=r.chassis,
+            slot=r.slot,
+            fabric=r.fabric,
+            health=r.health,
+            state=r.state,
+            host_id=r.host_id,
+            removed_at=r.removed_at,
         )
         for r in rows
     ]
-    views.sort(key=lambda v: (v.region is None, v.region or "", v.rack is None, v.rack or "",
-                              v.name))
+    views.sort(
+        key=lambda v: (v.region is None, v.region or "", v.rack is None, v.rack or "", v.name)
+    )
     return views
 
 
@@ -104,10 +118,15 @@ async def list_status(db: Database) -> list[StatusView]:
         rows = (await session.scalars(select(InventoryStatus))).all()
     return [
         StatusView(
-            backend=r.backend, last_attempt_at=r.last_attempt_at,
-            last_success_at=r.last_success_at, consecutive_failures=r.consecutive_failures,
-            stale=r.stale, last_error=r.last_error, device_count=r.device_count,
-            host_count=r.host_count, rejected_count=r.rejected_count,
+            backend=r.backend,
+            last_attempt_at=r.last_attempt_at,
+            last_success_at=r.last_success_at,
+            consecutive_failures=r.consecutive_failures,
+            stale=r.stale,
+            last_error=r.last_error,
+            device_count=r.device_count,
+            host_count=r.host_count,
+            rejected_count=r.rejected_count,
             last_rejects=tuple(r.last_rejects or ()),
         )
         for r in rows
@@ -127,10 +146,13 @@ async def pool_devices(db: Database, backend: str | None = None) -> list[PoolDev
     async with db.read() as session:
         rows = (await session.scalars(query)).all()
         states: dict[int, set[str]] = {}
-        for device_id, state in (await session.execute(
-            select(Reservation.device_id, Reservation.state)
-            .where(Reservation.state.in_(ACTIVE_RESERVATION_STATES))
-        )).all():
+        for device_id, state in (
+            await session.execute(
+                select(Reservation.device_id, Reservation.state).where(
+                    Reservation.state.in_(ACTIVE_RESERVATION_STATES)
+                )
+            )
+        ).all():
             states.setdefault(device_id, set()).add(state)
     failed = {d for d, held in states.items() if "failed" in held}
     detach_failed = {d for d, held in states.items() if "detach-failed" in held}
@@ -139,8 +161,15 @@ async def pool_devices(db: Database, backend: str | None = None) -> list[PoolDev
             name=r.name,
             device_type=r.device_type,
             location=Location(
-                region=r.region, zone=r.zone, site=r.site, row=r.row, rack=r.rack,
-                chassis=r.chassis, slot=r.slot, fabric=r.fabric, fabric_zone=r.fabric_zone,
+                region=r.region,
+                zone=r.zone,
+                site=r.site,
+                row=r.row,
+                rack=r.rack,
+                chassis=r.chassis,
+                slot=r.slot,
+                fabric=r.fabric,
+                fabric_zone=r.fabric_zone,
             ),
             health=r.health,
             vendor=r.vendor,
@@ -164,9 +193,11 @@ async def pool_devices(db: Database, backend: str | None = None) -> list[PoolDev
 async def host_refs(db: Database) -> list[HostRef]:
     """Every present host as a :class:`app.hostmap.HostRef`."""
     async with db.read() as session:
-        rows = (await session.execute(
-            select(Host.host_id, Host.hostname).where(Host.removed_at.is_(None))
-        )).all()
+        rows = (
+            await session.execute(
+                select(Host.host_id, Host.hostname).where(Host.removed_at.is_(None))
+            )
+        ).all()
     return [HostRef(host_id, hostname) for host_id, hostname in rows]
 
 
@@ -182,17 +213,23 @@ async def unmanaged_attachments(db: Database) -> list[dict[str, str]]:
     Returns:
         ``[{"name", "vendor_id", "attach_unit", "device_type", "host_id"}]`` by name.
     """
-    held = select(Reservation.device_id).where(
-        Reservation.state.in_(ACTIVE_RESERVATION_STATES)
-    )
+    held = select(Reservation.device_id).where(Reservation.state.in_(ACTIVE_RESERVATION_STATES))
     async with db.read() as session:
-        rows = (await session.execute(
-            select(Device.name, Device.vendor_id, Device.attach_unit, Device.device_type,
-                   Device.host_id)
-            .where(Device.removed_at.is_(None), Device.host_id.is_not(None),
-                   Device.id.not_in(held))
-            .order_by(Device.name)
-        )).all()
+        rows = (
+            await session.execute(
+                select(
+                    Device.name,
+                    Device.vendor_id,
+                    Device.attach_unit,
+                    Device.device_type,
+                    Device.host_id,
+                )
+                .where(
+                    Device.removed_at.is_(None), Device.host_id.is_not(None), Device.id.not_in(held)
+                )
+                .order_by(Device.name)
+            )
+        ).all()
     return [
         {"name": n, "vendor_id": v, "attach_unit": u, "device_type": t, "host_id": str(h)}
         for n, v, u, t, h in rows
@@ -203,12 +240,16 @@ async def still_unmanaged(db: Database, vendor_id: str, host_id: str) -> bool:
     """True when the present device ``vendor_id`` is still shown on ``host_id`` with no active
     reservation: read again right before an unmanaged device is detached, so that a device
     reserved (or a holder changed) since the sweep listed it is left alone."""
-    held = select(Reservation.device_id).where(
-        Reservation.state.in_(ACTIVE_RESERVATION_STATES))
+    held = select(Reservation.device_id).where(Reservation.state.in_(ACTIVE_RESERVATION_STATES))
     async with db.read() as session:
-        found = (await session.execute(
-            select(Device.id).where(Device.vendor_id == vendor_id, Device.host_id == host_id,
-                                    Device.removed_at.is_(None), Device.id.not_in(held))
-        )).first()
+        found = (
+            await session.execute(
+                select(Device.id).where(
+                    Device.vendor_id == vendor_id,
+                    Device.host_id == host_id,
+                    Device.removed_at.is_(None),
+                    Device.id.not_in(held),
+                )
+            )
+        ).first()
     return found is not None
-

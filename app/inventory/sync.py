@@ -37,7 +37,6 @@ MAX_STORED_REJECTS = 100
 _CHUNK = 500
 
 
-
 @dataclass(frozen=True)
 class SyncResult:
     """The outcome of one sync.
@@ -202,7 +201,10 @@ class InventorySync:
         hosts, host_rejects = split_valid_hosts(hosts_listing.items)
         devices, device_rejects = split_valid_devices(devices_listing.items)
         rejected = (
-            *hosts_listing.rejected, *host_rejects, *devices_listing.rejected, *device_rejects
+            *hosts_listing.rejected,
+            *host_rejects,
+            *devices_listing.rejected,
+            *device_rejects,
         )
         result = await self._apply(now, hosts, devices, rejected)
         self._log_rejects(rejected)
@@ -222,22 +224,39 @@ class InventorySync:
             previous_success = status.last_success_at if status else None
 
             stored_hosts = [
-                StoredItem(row.id, row.host_id, row.content_hash, row.removed_at is not None,
-                           row.health)
+                StoredItem(
+                    row.id, row.host_id, row.content_hash, row.removed_at is not None, row.health
+                )
                 for row in await session.execute(
-                    select(Host.id, Host.host_id, Host.content_hash, Host.removed_at, Host.health)
-                    .where(Host.backend == kind)
+                    select(
+                        Host.id, Host.host_id, Host.content_hash, Host.removed_at, Host.health
+                    ).where(Host.backend == kind)
                 )
             ]
             host_plan = plan_hosts(stored_hosts, hosts, rejected_keys)
 
             stored_devices = [
-                StoredItem(row.id, row.vendor_id, row.content_hash, row.removed_at is not None,
-                           row.health, row.host_id, row.name, row.attach_unit)
+                StoredItem(
+                    row.id,
+                    row.vendor_id,
+                    row.content_hash,
+                    row.removed_at is not None,
+                    row.health,
+                    row.host_id,
+                    row.name,
+                    row.attach_unit,
+                )
                 for row in await session.execute(
-                    select(Device.id, Device.vendor_id, Device.content_hash, Device.removed_at,
-                           Device.health, Device.host_id, Device.name, Device.attach_unit)
-                    .where(Device.backend == kind)
+                    select(
+                        Device.id,
+                        Device.vendor_id,
+                        Device.content_hash,
+                        Device.removed_at,
+                        Device.health,
+                        Device.host_id,
+                        Device.name,
+                        Device.attach_unit,
+                    ).where(Device.backend == kind)
                 )
             ]
             devices = await self._keep_journal_holders(session, now, stored_devices, devices)
@@ -253,7 +272,8 @@ class InventorySync:
             removed_keys = {s.key for s in device_plan.removals}
             listed_keys = {d.vendor_id for d in devices}
             present = len(devices) + sum(
-                1 for s in stored_devices
+                1
+                for s in stored_devices
                 if not s.removed and s.key not in listed_keys and s.key not in removed_keys
             )
             status = status or InventoryStatus(backend=kind)
@@ -271,7 +291,8 @@ class InventorySync:
                 for r in rejected[:MAX_STORED_REJECTS]
             ]
             removed_total = await session.scalar(
-                select(func.count()).select_from(Device)
+                select(func.count())
+                .select_from(Device)
                 .where(Device.backend == kind, Device.removed_at.is_not(None))
             )
 
@@ -300,7 +321,9 @@ class InventorySync:
 
     @staticmethod
     async def _keep_journal_holders(
-        session: Any, listed_from: dt.datetime, stored: Sequence[StoredItem],
+        session: Any,
+        listed_from: dt.datetime,
+        stored: Sequence[StoredItem],
         devices: list[FabricDevice],
     ) -> list[FabricDevice]:
         """The listing, with the stored holder kept for each device whose reservation moved
@@ -310,15 +333,22 @@ class InventorySync:
         listing taken before it would otherwise write the old holder back (a free device shown
         as held by another server, an attached one as free) until the next sync.
         """
-        moved = set((await session.scalars(
-            select(Reservation.device_id).where(Reservation.updated_at >= listed_from)
-        )).all())
+        moved = set(
+            (
+                await session.scalars(
+                    select(Reservation.device_id).where(Reservation.updated_at >= listed_from)
+                )
+            ).all()
+        )
         if not moved:
             return devices
         holder = {s.key: s.host_id for s in stored if s.id in moved}
-        return [dataclasses.replace(d, host_id=holder[d.vendor_id])
-                if d.vendor_id in holder and holder[d.vendor_id] != d.host_id else d
-                for d in devices]
+        return [
+            dataclasses.replace(d, host_id=holder[d.vendor_id])
+            if d.vendor_id in holder and holder[d.vendor_id] != d.host_id
+            else d
+            for d in devices
+        ]
 
     async def _write_hosts(
         self, session: Any, plan: Plan, now: dt.datetime, previous_success: dt.datetime | None
@@ -327,26 +357,38 @@ class InventorySync:
         rows = []
         for new in plan.inserts:
             assert isinstance(new.item, FabricHost)
-            rows.append({
-                "backend": kind, "host_id": new.item.host_id, "content_hash": new.content_hash,
-                "first_seen": now, "last_seen": now, "removed_at": None,
-                **host_values(new.item),
-            })
+            rows.append(
+                {
+                    "backend": kind,
+                    "host_id": new.item.host_id,
+                    "content_hash": new.content_hash,
+                    "first_seen": now,
+                    "last_seen": now,
+                    "removed_at": None,
+                    **host_values(new.item),
+                }
+            )
         for chunk in _chunks(rows):
             await session.execute(insert(Host), list(chunk))
         updates = []
         for changed in plan.updates:
             assert isinstance(changed.item, FabricHost)
-            updates.append({
-                "id": changed.stored.id, "content_hash": changed.content_hash,
-                "last_seen": now, "removed_at": None, **host_values(changed.item),
-            })
+            updates.append(
+                {
+                    "id": changed.stored.id,
+                    "content_hash": changed.content_hash,
+                    "last_seen": now,
+                    "removed_at": None,
+                    **host_values(changed.item),
+                }
+            )
         for chunk in _chunks(updates):
             await session.execute(update(Host), list(chunk))
         removed_ids = [s.id for s in plan.removals]
         for chunk in _chunks(removed_ids):
             await session.execute(
-                update(Host).where(Host.id.in_(chunk))
+                update(Host)
+                .where(Host.id.in_(chunk))
                 .values(removed_at=now, last_seen=previous_success or now)
                 .execution_options(synchronize_session=False)
             )
@@ -360,11 +402,19 @@ class InventorySync:
         rows = []
         for new in plan.inserts:
             assert isinstance(new.item, FabricDevice)
-            rows.append({
-                "backend": kind, "vendor_id": new.item.vendor_id, "name": new.name,
-                "content_hash": new.content_hash, "first_seen": now, "last_seen": now,
-                "health_changed_at": None, "removed_at": None, **device_values(new.item),
-            })
+            rows.append(
+                {
+                    "backend": kind,
+                    "vendor_id": new.item.vendor_id,
+                    "name": new.name,
+                    "content_hash": new.content_hash,
+                    "first_seen": now,
+                    "last_seen": now,
+                    "health_changed_at": None,
+                    "removed_at": None,
+                    **device_values(new.item),
+                }
+            )
         for chunk in _chunks(rows):
             result = await session.execute(
                 insert(Device).returning(Device.id, Device.vendor_id), list(chunk)
@@ -376,8 +426,11 @@ class InventorySync:
         for changed in plan.updates:
             assert isinstance(changed.item, FabricDevice)
             values = {
-                "id": changed.stored.id, "content_hash": changed.content_hash,
-                "last_seen": now, "removed_at": None, **device_values(changed.item),
+                "id": changed.stored.id,
+                "content_hash": changed.content_hash,
+                "last_seen": now,
+                "removed_at": None,
+                **device_values(changed.item),
             }
             if changed.stored.key in health_moved:
                 values["health_changed_at"] = now
@@ -394,7 +447,8 @@ class InventorySync:
         removed_ids = [s.id for s in plan.removals]
         for chunk in _chunks(removed_ids):
             await session.execute(
-                update(Device).where(Device.id.in_(chunk))
+                update(Device)
+                .where(Device.id.in_(chunk))
                 .values(removed_at=now, last_seen=previous_success or now)
                 .execution_options(synchronize_session=False)
             )
@@ -412,8 +466,13 @@ class InventorySync:
             status = await session.get(InventoryStatus, kind)
             if status is None:
                 status = InventoryStatus(
-                    backend=kind, consecutive_failures=0, device_count=0, host_count=0,
-                    rejected_count=0, last_rejects=[], stale=False,
+                    backend=kind,
+                    consecutive_failures=0,
+                    device_count=0,
+                    host_count=0,
+                    rejected_count=0,
+                    last_rejects=[],
+                    stale=False,
                 )
                 session.add(status)
             status.last_attempt_at = now
@@ -424,7 +483,11 @@ class InventorySync:
             failures = status.consecutive_failures
         log.warning(
             "inventory sync of backend %s failed (%d in a row%s): %s; keeping the last known "
-            "inventory", kind, failures, ", inventory is stale" if stale else "", error,
+            "inventory",
+            kind,
+            failures,
+            ", inventory is stale" if stale else "",
+            error,
         )
         if self.metrics:
             self.metrics.stale.labels(kind).set(1 if stale else 0)
@@ -451,8 +514,15 @@ class InventorySync:
             log.info(
                 "inventory sync of backend %s: %d devices (%d added, %d changed, %d removed, "
                 "%d returned, %d rejected), %d rows written in %.2fs",
-                kind, result.devices, result.added, result.changed, result.removed,
-                result.returned, len(result.rejected), result.row_writes, seconds,
+                kind,
+                result.devices,
+                result.added,
+                result.changed,
+                result.removed,
+                result.returned,
+                len(result.rejected),
+                result.row_writes,
+                seconds,
             )
         self.last_result = result
         return result

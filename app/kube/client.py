@@ -328,7 +328,7 @@ def parse_warning_header(value: str) -> list[tuple[int, str, str]]:
             end = rest.find('"', 1)
             if end < 0:
                 break
-            rest = rest[end + 1:].strip()
+            rest = rest[end + 1 :].strip()
         if rest and not rest.startswith(","):
             break
         rest = rest[1:].strip()
@@ -363,8 +363,12 @@ class WarningLog:
                 self._seen[text] = None
                 if len(self._seen) > self._remember:
                     self._seen.popitem(last=False)
-                self._log.warning("%s: the API server warned: %s", what, text,
-                                  extra={"api_warning": text, "api_call": what})
+                self._log.warning(
+                    "%s: the API server warned: %s",
+                    what,
+                    text,
+                    extra={"api_warning": text, "api_call": what},
+                )
                 logged.append(text)
         return logged
 
@@ -373,8 +377,9 @@ class WarningLog:
 _warning_log = WarningLog()
 
 
-async def call_json(call: Awaitable[Any], what: str, *,
-                    warnings: WarningLog | None = None) -> JsonDict:
+async def call_json(
+    call: Awaitable[Any], what: str, *, warnings: WarningLog | None = None
+) -> JsonDict:
     """Await a typed API call made with ``_preload_content=False`` and return its JSON body.
 
     Working on the raw JSON keeps every field the server sent (the generated models drop fields

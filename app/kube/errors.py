@@ -208,13 +208,15 @@ def translate_error(err: BaseException, what: str) -> KubeError:
         headers = err.headers if isinstance(err.headers, Mapping) else None
         if err.status in (None, 0):
             return KubeUnavailable(f"{what}: {err.reason}")
-        return error_from_status(int(err.status), what, body=err.body or err.reason,
-                                 headers=headers)
+        return error_from_status(
+            int(err.status), what, body=err.body or err.reason, headers=headers
+        )
     if isinstance(err, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return KubeTimeout(f"{what}: timed out")
     if isinstance(err, aiohttp.ClientResponseError):
-        return error_from_status(err.status, what, body=err.message,
-                                 headers=dict(err.headers or {}))
+        return error_from_status(
+            err.status, what, body=err.message, headers=dict(err.headers or {})
+        )
     if isinstance(err, aiohttp.ClientError | ConnectionError):
         return KubeUnavailable(f"{what}: {type(err).__name__}: {err}")
     return KubeError(f"{what}: {type(err).__name__}: {err}")

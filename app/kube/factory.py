@@ -26,8 +26,11 @@ def kube_client_settings(
                 mode=KubeAuthMode.KUBECONFIG, kubeconfig=kube.kubeconfig, context=kube.context
             )
         return KubeClientSettings(
-            mode=KubeAuthMode.URL, url=kube.url, token_file=kube.token_file,
-            ca_file=kube.ca_bundle, verify_tls=kube.tls_verify,
+            mode=KubeAuthMode.URL,
+            url=kube.url,
+            token_file=kube.token_file,
+            ca_file=kube.ca_bundle,
+            verify_tls=kube.tls_verify,
         )
     except (KubeError, ValueError) as err:
         raise ConfigError(f"settings kube: {err}") from None

@@ -370,7 +370,9 @@ class Informer:
                 self._record_failure(err, listing=listing)
                 logger.warning(
                     "informer %s: %s (failure %d in a row)",
-                    self.settings.name, err, self._failures,
+                    self.settings.name,
+                    err,
+                    self._failures,
                 )
                 if self._failures >= self.settings.relist_after_failures:
                     need_list = True
@@ -487,7 +489,9 @@ class Informer:
         if not self.has_synced.is_set():
             logger.info(
                 "informer %s: synced %d objects at resourceVersion %s",
-                self.settings.name, len(self._cache), list_version,
+                self.settings.name,
+                len(self._cache),
+                list_version,
             )
             self.has_synced.set()
 
@@ -551,9 +555,7 @@ class Informer:
         event_type = event.get("type")
         obj = event.get("object")
         if not isinstance(obj, dict):
-            raise KubeInvalidResponse(
-                f"{what}: event {event_type} has no object: {line[:200]!r}"
-            )
+            raise KubeInvalidResponse(f"{what}: event {event_type} has no object: {line[:200]!r}")
         if event_type == "ERROR":
             code = obj.get("code")
             status = int(code) if isinstance(code, int) else 500
@@ -675,7 +677,9 @@ class Informer:
                 self.handler_error_count += 1
                 logger.exception(
                     "informer %s: handler failed on %s %s",
-                    self.settings.name, event_type, object_key(obj),
+                    self.settings.name,
+                    event_type,
+                    object_key(obj),
                 )
         for queue in self._queues:
             await queue.put(InformerEvent(event_type, obj, old))

@@ -148,9 +148,7 @@ def plan_acquire(
         return None
     if current.holder_identity == identity:
         return replace(current, lease_duration_s=lease_duration_s, renew_time=now)
-    return LeaseRecord(
-        identity, lease_duration_s, now, now, current.lease_transitions + 1
-    )
+    return LeaseRecord(identity, lease_duration_s, now, now, current.lease_transitions + 1)
 
 
 def plan_release(current: LeaseRecord, *, now: str) -> LeaseRecord:
@@ -192,9 +190,7 @@ class LeaderElectionSettings:
         if self.lease_duration_s <= self.renew_deadline_s:
             raise ValueError("leader election: lease_duration_s must be > renew_deadline_s")
         if self.renew_deadline_s <= _JITTER_FACTOR * self.retry_period_s:
-            raise ValueError(
-                "leader election: renew_deadline_s must be > 1.2 * retry_period_s"
-            )
+            raise ValueError("leader election: renew_deadline_s must be > 1.2 * retry_period_s")
         if self.retry_period_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("leader election: retry_period_s and request_timeout_s must be > 0")
 
@@ -297,9 +293,7 @@ class LeaderElector:
         while True:
             if await self._attempt():
                 return
-            await self._sleep(
-                self.settings.retry_period_s * self._rng.uniform(1.0, _JITTER_FACTOR)
-            )
+            await self._sleep(self.settings.retry_period_s * self._rng.uniform(1.0, _JITTER_FACTOR))
 
     async def _renew(self) -> None:
         """Renew until a renewal deadline passes without success, or another holder shows."""
@@ -323,7 +317,9 @@ class LeaderElector:
             if self._now() - last_renew >= self.settings.renew_deadline_s:
                 logger.warning(
                     "%s: no renewal for %.1f s (deadline %.1f s): %s",
-                    self._what, self._now() - last_renew, self.settings.renew_deadline_s,
+                    self._what,
+                    self._now() - last_renew,
+                    self.settings.renew_deadline_s,
                     self.last_error,
                 )
                 return
@@ -356,8 +352,11 @@ class LeaderElector:
         lease = await self._read()
         if lease is None:
             record = plan_acquire(
-                None, identity=self.settings.identity, now=now_text,
-                lease_duration_s=self.settings.lease_duration_s, held_and_valid=False,
+                None,
+                identity=self.settings.identity,
+                now=now_text,
+                lease_duration_s=self.settings.lease_duration_s,
+                held_and_valid=False,
             )
             assert record is not None
             try:
@@ -375,8 +374,11 @@ class LeaderElector:
             and self._observed_at + duration > self._now()
         )
         record = plan_acquire(
-            current, identity=self.settings.identity, now=now_text,
-            lease_duration_s=self.settings.lease_duration_s, held_and_valid=held_and_valid,
+            current,
+            identity=self.settings.identity,
+            now=now_text,
+            lease_duration_s=self.settings.lease_duration_s,
+            held_and_valid=held_and_valid,
         )
         if record is None:
             return False
@@ -431,8 +433,10 @@ class LeaderElector:
         try:
             return await call_json(
                 self._api.read_namespaced_lease(
-                    self.settings.lease_name, self.settings.namespace,
-                    _preload_content=False, _request_timeout=self._timeout(),
+                    self.settings.lease_name,
+                    self.settings.namespace,
+                    _preload_content=False,
+                    _request_timeout=self._timeout(),
                 ),
                 f"read {self._what}",
             )
@@ -454,8 +458,10 @@ class LeaderElector:
             }
             return await call_json(
                 self._api.create_namespaced_lease(
-                    self.settings.namespace, body,  # type: ignore[arg-type]
-                    _preload_content=False, _request_timeout=self._timeout(),
+                    self.settings.namespace,
+                    body,  # type: ignore[arg-type]
+                    _preload_content=False,
+                    _request_timeout=self._timeout(),
                 ),
                 f"create {self._what}",
             )
@@ -465,8 +471,11 @@ class LeaderElector:
         body["spec"] = record.to_spec(lease.get("spec"))
         return await call_json(
             self._api.replace_namespaced_lease(
-                self.settings.lease_name, self.settings.namespace, body,  # type: ignore[arg-type]
-                _preload_content=False, _request_timeout=self._timeout(),
+                self.settings.lease_name,
+                self.settings.namespace,
+                body,  # type: ignore[arg-type]
+                _preload_content=False,
+                _request_timeout=self._timeout(),
             ),
             f"update {self._what}",
         )

@@ -120,9 +120,12 @@ class ErrorRing(Generic[E]):
         maxlen: how many entries are kept (older ones are dropped).
     """
 
-    def __init__(self, entry: Callable[[dt.datetime, str, str], E],
-                 clock: Callable[[], dt.datetime],
-                 maxlen: int = DEFAULT_MAX_RECENT_ERRORS) -> None:
+    def __init__(
+        self,
+        entry: Callable[[dt.datetime, str, str], E],
+        clock: Callable[[], dt.datetime],
+        maxlen: int = DEFAULT_MAX_RECENT_ERRORS,
+    ) -> None:
         self._entry = entry
         self._clock = clock
         self._entries: deque[E] = deque(maxlen=maxlen)
@@ -191,8 +194,13 @@ class Controller(Generic[K]):
         self.settings = settings
         self.queue = queue
         self.informers = tuple(informers)
-        self.errors: ErrorRing[Any] = errors if errors is not None else ErrorRing(
-            RecentError, clock or (lambda: dt.datetime.now(dt.UTC)), settings.max_recent_errors)
+        self.errors: ErrorRing[Any] = (
+            errors
+            if errors is not None
+            else ErrorRing(
+                RecentError, clock or (lambda: dt.datetime.now(dt.UTC)), settings.max_recent_errors
+            )
+        )
         self.describe = describe
         self._on_error = on_error
         self._expected = expected
@@ -224,12 +232,15 @@ class Controller(Generic[K]):
             asyncio.create_task(self._worker(), name=f"{self.settings.name}-worker-{i}")
             for i in range(self.settings.workers)
         ]
-        self._tasks = [*self._workers,
-                       *(asyncio.create_task(loop(), name=name) for name, loop in self._loops)]
+        self._tasks = [
+            *self._workers,
+            *(asyncio.create_task(loop(), name=name) for name, loop in self._loops),
+        ]
         self.started.set()
 
-    async def stop(self, drain_s: float = 0.0,
-                   before_informers: Callable[[], Awaitable[None]] | None = None) -> None:
+    async def stop(
+        self, drain_s: float = 0.0, before_informers: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         """Stop taking work; let in-flight passes finish for up to ``drain_s`` seconds (then
         they are cancelled); cancel the loops; await ``before_informers()`` (flush what the
         passes queued, Events say); stop the informers. A task that had died is logged, and
@@ -261,7 +272,8 @@ class Controller(Generic[K]):
         """True while every informer is synced and healthy and no worker or loop has died
         (False before :meth:`start`, as the informers have not listed)."""
         return all(i.has_synced.is_set() and i.is_healthy() for i in self.informers) and not any(
-            t.done() for t in self._tasks)
+            t.done() for t in self._tasks
+        )
 
     # ------------------------------------------------------------------ workers
     async def _worker(self) -> None:
@@ -298,8 +310,9 @@ class Controller(Generic[K]):
             return
         subject = self.describe(key)
         self.errors.record(subject, f"{type(err).__name__}: {err}")
-        log.warning("%s: reconcile failed: %s", subject, err,
-                    exc_info=not isinstance(err, self._expected))
+        log.warning(
+            "%s: reconcile failed: %s", subject, err, exc_info=not isinstance(err, self._expected)
+        )
 
     def _count(self, key: K, result: Result, started: float) -> None:
         if self._observe is not None:

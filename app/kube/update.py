@@ -60,7 +60,8 @@ async def update_with_retry(
         raise ValueError("update_with_retry: attempts must be >= 1")
     for number in range(attempts):
         if current is None or (
-                uid is not None and (current.get("metadata") or {}).get("uid") != uid):
+            uid is not None and (current.get("metadata") or {}).get("uid") != uid
+        ):
             return gone
         try:
             return await attempt(current)

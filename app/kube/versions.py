@@ -33,7 +33,6 @@ from app.kube.errors import KubeError, KubeNotFound, KubeVersionError, translate
 GROUP = "resource.k8s.io"
 
 
-
 class ResourceApiVersion(StrEnum):
     """A version of the resource.k8s.io API group."""
 
@@ -61,9 +60,7 @@ CONTROL_PLANE_PREFERENCE: tuple[ResourceApiVersion, ...] = (ResourceApiVersion.V
 _WRAPPED_DEVICE_VERSIONS = frozenset({ResourceApiVersion.V1BETA1, ResourceApiVersion.V1ALPHA3})
 
 
-def choose_version(
-    served: Iterable[str], *, control_plane: bool = False
-) -> ResourceApiVersion:
+def choose_version(served: Iterable[str], *, control_plane: bool = False) -> ResourceApiVersion:
     """Pick the resource.k8s.io version to use from the versions a server serves.
 
     Args:
@@ -82,9 +79,7 @@ def choose_version(
     mode = "the control-plane (classic DRA) mode" if control_plane else "structured parameters"
     shown = ", ".join(served_list) if served_list else "no version"
     wanted = " or ".join(v.value for v in preference)
-    raise KubeVersionError(
-        f"{GROUP}: the API server serves {shown}; {mode} needs {wanted}"
-    )
+    raise KubeVersionError(f"{GROUP}: the API server serves {shown}; {mode} needs {wanted}")
 
 
 async def discover_served_versions(api_client: ApiClient) -> list[str]:
@@ -245,8 +240,9 @@ def claim_to_wire(obj_v1: Mapping[str, Any], version: ResourceApiVersion) -> Jso
     return result
 
 
-def claim_from_wire(obj: Mapping[str, Any], version: ResourceApiVersion, *,
-                    owned: bool = False) -> JsonDict:
+def claim_from_wire(
+    obj: Mapping[str, Any], version: ResourceApiVersion, *, owned: bool = False
+) -> JsonDict:
     """Convert a ResourceClaim in ``version``'s wire shape to the v1 dict shape.
 
     Args:

@@ -55,14 +55,27 @@ _SERVER_SET = {"taints": frozenset({"timeAdded"})}
 # Where a slim spec (the publisher's informer cache) keeps :func:`taint_times`.
 TAINT_TIMES = "fabric-dra.io/taintTimes"
 
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|n|u|k|M|G|T|P|E|"
-                       r"[eE][+-]?\d+)?$")
+_QUANTITY = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|n|u|k|M|G|T|P|E|"
+    r"[eE][+-]?\d+)?$"
+)
 _SUFFIX = {
-    "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
-    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-    "P": Fraction(10**15), "E": Fraction(10**18),
-    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50), "Ei": Fraction(2**60),
+    "": Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
 }
 
 Verb = Literal["delete", "update", "create"]
@@ -227,7 +240,7 @@ def expected_content(
     """The content (see :func:`content_of`) of the slice ``content`` of ``pool``, without the
     ``spec.``-relative paths in ``dropped`` that the API server is known to drop."""
     spec = resource_slice_spec("", pool, content, 0)
-    relative = frozenset(p[len("spec."):] for p in dropped if p.startswith("spec."))
+    relative = frozenset(p[len("spec.") :] for p in dropped if p.startswith("spec."))
     return strip_paths(content_of(spec), relative) if relative else content_of(spec)
 
 
@@ -267,8 +280,14 @@ class ExistingSlice:
 
 
 def _taint_id(device: str, taint: Mapping[str, Any]) -> str:
-    return "\x00".join((device, str(taint.get("key") or ""), str(taint.get("value") or ""),
-                         str(taint.get("effect") or "")))
+    return "\x00".join(
+        (
+            device,
+            str(taint.get("key") or ""),
+            str(taint.get("value") or ""),
+            str(taint.get("effect") or ""),
+        )
+    )
 
 
 def taint_times(spec: Mapping[str, Any]) -> dict[str, str]:
@@ -348,8 +367,11 @@ def existing_slice(
         index=slice_index(name, driver_name),
         content_key=key if key is not None else content_key(content_of(spec)),
         kept_metadata={k: copy.deepcopy(metadata[k]) for k in _KEPT_METADATA if metadata.get(k)},
-        taint_times=(dict(spec[TAINT_TIMES]) if isinstance(spec.get(TAINT_TIMES), dict)
-                     else taint_times(spec)),
+        taint_times=(
+            dict(spec[TAINT_TIMES])
+            if isinstance(spec.get(TAINT_TIMES), dict)
+            else taint_times(spec)
+        ),
     )
 
 
@@ -420,8 +442,9 @@ def classify(
             continue
         wanted = expected_keys[index]
         # Keep the duplicate that needs the least work: in sync, newest generation, then name.
-        found.sort(key=lambda s: (not _in_sync(s.content_key, wanted, accepted),
-                                  -s.generation, s.name))
+        found.sort(
+            key=lambda s: (not _in_sync(s.content_key, wanted, accepted), -s.generation, s.name)
+        )
         keep, *rest = found
         obsolete.extend(rest)
         in_sync = (
@@ -431,8 +454,9 @@ def classify(
         )
         (unchanged if in_sync else changed).append((index, keep))
     obsolete.sort(key=lambda s: s.name)
-    return Classification(tuple(obsolete), tuple(unchanged), tuple(changed), tuple(missing),
-                          max_generation)
+    return Classification(
+        tuple(obsolete), tuple(unchanged), tuple(changed), tuple(missing), max_generation
+    )
 
 
 # --------------------------------------------------------------------------- plan
@@ -481,8 +505,12 @@ class PoolPlan:
 
 
 def _body(
-    driver_name: str, pool: DesiredPool, content: SliceContent, generation: int,
-    metadata: dict[str, Any], times: Mapping[str, str] | None = None,
+    driver_name: str,
+    pool: DesiredPool,
+    content: SliceContent,
+    generation: int,
+    metadata: dict[str, Any],
+    times: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     spec = resource_slice_spec(driver_name, pool, content, generation)
     if times:
@@ -524,8 +552,10 @@ def plan_pool(
         raise ValueError(f"pool {pool_name!r}: desired pool is named {desired.name!r}")
     for resource_slice in existing:
         if resource_slice.pool_name != pool_name:
-            raise ValueError(f"pool {pool_name!r}: slice {resource_slice.name} belongs to "
-                             f"pool {resource_slice.pool_name!r}")
+            raise ValueError(
+                f"pool {pool_name!r}: slice {resource_slice.name} belongs to "
+                f"pool {resource_slice.pool_name!r}"
+            )
     if desired is not None and expected_keys is None:
         expected_keys = [expected_key(desired, content) for content in desired.slices]
     found = classify(desired, existing, expected_keys or (), accepted)
@@ -536,27 +566,44 @@ def plan_pool(
         return PoolPlan(pool_name, None, False, deletes, found)
     highest = found.max_generation
     floor = floor_generation if floor_generation is not None else -1
-    bumped = (highest is None or highest < floor or bool(found.missing)
-              or len(found.changed) > 1)
+    bumped = highest is None or highest < floor or bool(found.missing) or len(found.changed) > 1
     generation = max(highest or 0, floor) + 1 if bumped else (highest or 0)
     rewrite = [*found.changed, *found.unchanged] if bumped else list(found.changed)
     rewrite.sort(key=lambda pair: pair[0])
     updates = tuple(
         Write(
-            "update", index, current.name, current.uid, current.resource_version,
-            _body(driver_name, desired, desired.slices[index], generation, {
-                "name": current.name,
-                "resourceVersion": current.resource_version,
-                **copy.deepcopy(dict(current.kept_metadata)),
-            }, current.taint_times),
+            "update",
+            index,
+            current.name,
+            current.uid,
+            current.resource_version,
+            _body(
+                driver_name,
+                desired,
+                desired.slices[index],
+                generation,
+                {
+                    "name": current.name,
+                    "resourceVersion": current.resource_version,
+                    **copy.deepcopy(dict(current.kept_metadata)),
+                },
+                current.taint_times,
+            ),
         )
         for index, current in rewrite
     )
     creates = tuple(
-        Write("create", index, body=_body(
-            driver_name, desired, desired.slices[index], generation,
-            {"generateName": generate_name(driver_name, index)},
-        ))
+        Write(
+            "create",
+            index,
+            body=_body(
+                driver_name,
+                desired,
+                desired.slices[index],
+                generation,
+                {"generateName": generate_name(driver_name, index)},
+            ),
+        )
         for index in found.missing
     )
     return PoolPlan(pool_name, generation, bumped, deletes + updates + creates, found)

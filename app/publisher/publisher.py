@@ -163,9 +163,13 @@ class PoolStatus:
     def to_json(self) -> JsonDict:
         """A JSON-ready dict."""
         return {
-            "name": self.name, "desired": self.desired, "generation": self.generation,
-            "resource_slices": list(self.resource_slices), "devices": self.devices,
-            "last_error": self.last_error, "dropped_paths": list(self.dropped_paths),
+            "name": self.name,
+            "desired": self.desired,
+            "generation": self.generation,
+            "resource_slices": list(self.resource_slices),
+            "devices": self.devices,
+            "last_error": self.last_error,
+            "dropped_paths": list(self.dropped_paths),
         }
 
 
@@ -198,11 +202,15 @@ class PublisherStatus:
     def to_json(self) -> JsonDict:
         """A JSON-ready dict."""
         return {
-            "synced": self.synced, "queue_depth": self.queue_depth, "writes": dict(self.writes),
-            "dropped_paths": list(self.dropped_paths), "taints_dropped": self.taints_dropped,
+            "synced": self.synced,
+            "queue_depth": self.queue_depth,
+            "writes": dict(self.writes),
+            "dropped_paths": list(self.dropped_paths),
+            "taints_dropped": self.taints_dropped,
             "binding_conditions_dropped": self.binding_conditions_dropped,
             "pools": {name: pool.to_json() for name, pool in self.pools.items()},
-            "resyncs": self.resyncs, "resync_corrections": self.resync_corrections,
+            "resyncs": self.resyncs,
+            "resync_corrections": self.resync_corrections,
         }
 
 
@@ -275,8 +283,13 @@ class Publisher:
         self._clock = clock or QueueClock()
         self._api: Any = apis[version](client.api)
         self._queue: WorkQueue[str] = WorkQueue(
-            WorkQueueSettings(name="publisher", base_delay_s=settings.retry_base_s,
-                              max_delay_s=settings.retry_max_s, qps=1e9, burst=1_000_000),
+            WorkQueueSettings(
+                name="publisher",
+                base_delay_s=settings.retry_base_s,
+                max_delay_s=settings.retry_max_s,
+                qps=1e9,
+                burst=1_000_000,
+            ),
             clock=self._clock,
         )
         self._informer = Informer(
@@ -400,8 +413,11 @@ class Publisher:
             self._resync_corrections += wrong
             self._count_resync("ok", wrong)
             if wrong:
-                logger.warning("publisher resync: %d ResourceSlices differed from the local "
-                               "view (an event was lost?); every pool is synced", wrong)
+                logger.warning(
+                    "publisher resync: %d ResourceSlices differed from the local "
+                    "view (an event was lost?); every pool is synced",
+                    wrong,
+                )
             if self._desired is not None:
                 self._queue_all()
             return wrong
@@ -440,10 +456,13 @@ class Publisher:
             state = self._pools.get(name, _PoolState())
             pool = desired.get(name)
             pools[name] = PoolStatus(
-                name=name, desired=pool is not None,
+                name=name,
+                desired=pool is not None,
                 generation=max(generations) if generations else None,
-                resource_slices=tuple(names), devices=pool.device_count if pool else 0,
-                last_error=state.last_error, dropped_paths=tuple(sorted(state.dropped_paths)),
+                resource_slices=tuple(names),
+                devices=pool.device_count if pool else 0,
+                last_error=state.last_error,
+                dropped_paths=tuple(sorted(state.dropped_paths)),
             )
         return PublisherStatus(
             synced=self._synced and self._desired is not None,
@@ -515,8 +534,12 @@ class Publisher:
         times = taint_times(spec)
         if times:
             slim_spec[TAINT_TIMES] = times
-        return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-                "metadata": metadata, "spec": slim_spec}
+        return {
+            "apiVersion": obj.get("apiVersion"),
+            "kind": obj.get("kind"),
+            "metadata": metadata,
+            "spec": slim_spec,
+        }
 
     # ----------------------------------------------------------------- resync and events
     async def _resync_loop(self) -> None:
@@ -526,11 +549,13 @@ class Publisher:
             try:
                 await self.resync()
             except KubeError as err:
-                logger.warning("publisher resync: %s; next in %.0f s", err,
-                               self.settings.resync_period_s)
+                logger.warning(
+                    "publisher resync: %s; next in %.0f s", err, self.settings.resync_period_s
+                )
             except Exception:
-                logger.exception("publisher resync crashed; next in %.0f s",
-                                 self.settings.resync_period_s)
+                logger.exception(
+                    "publisher resync crashed; next in %.0f s", self.settings.resync_period_s
+                )
 
     def _count_resync(self, result: str, corrections: int = 0) -> None:
         if self._metrics is not None:
@@ -628,9 +653,15 @@ class Publisher:
     def _plan(self, pool_name: str) -> tuple[PoolPlan, list[str]]:
         desired = (self._desired or {}).get(pool_name)
         keys = self._expected_keys(desired) if desired is not None else []
-        plan = plan_pool(self.driver_name, pool_name, desired, self._view.existing(pool_name),
-                         expected_keys=keys, accepted=self._accepted,
-                         floor_generation=self._view.floor_generation(pool_name))
+        plan = plan_pool(
+            self.driver_name,
+            pool_name,
+            desired,
+            self._view.existing(pool_name),
+            expected_keys=keys,
+            accepted=self._accepted,
+            floor_generation=self._view.floor_generation(pool_name),
+        )
         return plan, keys
 
     # ----------------------------------------------------------------- apply
@@ -645,8 +676,12 @@ class Publisher:
                 await self._apply(plan, keys)
                 return
             except _Conflicts as conflicts:
-                logger.info("pool %r: %s; re-reading %d slices", pool_name, conflicts.first,
-                            len(conflicts.names))
+                logger.info(
+                    "pool %r: %s; re-reading %d slices",
+                    pool_name,
+                    conflicts.first,
+                    len(conflicts.names),
+                )
                 for name in conflicts.names:
                     await self._refresh(pool_name, name)
                 if attempt == attempts - 1:
@@ -686,30 +721,50 @@ class Publisher:
             try:
                 if write.verb == "delete":
                     assert write.name is not None
-                    options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {
-                        "uid": write.uid, "resourceVersion": write.resource_version}}
+                    options = {
+                        "apiVersion": "v1",
+                        "kind": "DeleteOptions",
+                        "preconditions": {
+                            "uid": write.uid,
+                            "resourceVersion": write.resource_version,
+                        },
+                    }
                     try:
-                        await call_json(self._api.delete_resource_slice(
-                            write.name, body=options, _preload_content=False,
-                            _request_timeout=timeout), what)
+                        await call_json(
+                            self._api.delete_resource_slice(
+                                write.name,
+                                body=options,
+                                _preload_content=False,
+                                _request_timeout=timeout,
+                            ),
+                            what,
+                        )
                     except KubeNotFound:
                         self._count_write("delete", "not_found")
                     else:
                         self._count_write("delete", "ok")
                         self._writes["delete"] += 1
-                    self._view.forget(write.name, parse_resource_version(write.resource_version),
-                                      tombstone=True)
+                    self._view.forget(
+                        write.name, parse_resource_version(write.resource_version), tombstone=True
+                    )
                     return
                 assert write.body is not None
                 wire = self._to_wire(write.body)
                 if write.verb == "update":
                     assert write.name is not None
-                    returned = await call_json(self._api.replace_resource_slice(
-                        write.name, wire, _preload_content=False, _request_timeout=timeout),
-                        what)
+                    returned = await call_json(
+                        self._api.replace_resource_slice(
+                            write.name, wire, _preload_content=False, _request_timeout=timeout
+                        ),
+                        what,
+                    )
                 else:
-                    returned = await call_json(self._api.create_resource_slice(
-                        wire, _preload_content=False, _request_timeout=timeout), what)
+                    returned = await call_json(
+                        self._api.create_resource_slice(
+                            wire, _preload_content=False, _request_timeout=timeout
+                        ),
+                        what,
+                    )
             except KubeConflict:
                 self._count_write(write.verb, "conflict")
                 raise
@@ -734,13 +789,23 @@ class Publisher:
             # The watch delivered this write and then a DELETED before its answer was handled:
             # storing the answer would hide the deletion and the slice would never be
             # recreated. Sync the pool again instead.
-            logger.info("ResourceSlice %s was deleted after our write (resourceVersion %s); "
-                        "pool %r is synced again", slice_name(obj), resource_version_of(obj),
-                        pool_of(obj))
+            logger.info(
+                "ResourceSlice %s was deleted after our write (resourceVersion %s); "
+                "pool %r is synced again",
+                slice_name(obj),
+                resource_version_of(obj),
+                pool_of(obj),
+            )
             self._enqueue(pool_of(obj))
 
-    def _learn(self, pool_name: str, sent: JsonDict, returned_content: JsonDict,
-               returned_key: str, key: str) -> None:
+    def _learn(
+        self,
+        pool_name: str,
+        sent: JsonDict,
+        returned_content: JsonDict,
+        returned_key: str,
+        key: str,
+    ) -> None:
         """Compare a write with what came back: record dropped paths, and accept the returned
         form of this desired content (``key``) as in sync (no rewrite loop against the
         server)."""
@@ -759,7 +824,9 @@ class Publisher:
         for path in sorted(lost - self._dropped):
             logger.warning(
                 "pool %r: the API server dropped %s from a ResourceSlice (a feature gate is "
-                "off?); it is reported, not rewritten", pool_name, path,
+                "off?); it is reported, not rewritten",
+                pool_name,
+                path,
             )
             if self._metrics is not None:
                 self._metrics.dropped_fields.labels(path).set(1)
@@ -769,9 +836,12 @@ class Publisher:
         """GET one slice after a conflict and put the fresh copy into the view."""
         what = f"pool {pool_name!r}: read ResourceSlice {name}"
         try:
-            fresh = await call_json(self._api.read_resource_slice(
-                name, _preload_content=False,
-                _request_timeout=self.settings.request_timeout_s), what)
+            fresh = await call_json(
+                self._api.read_resource_slice(
+                    name, _preload_content=False, _request_timeout=self.settings.request_timeout_s
+                ),
+                what,
+            )
         except KubeNotFound:
             self._view.forget(name, None, tombstone=True)
             return

@@ -138,8 +138,9 @@ class SliceView:
                 del self._tombstones[next(iter(self._tombstones))]
             self._tombstones[name] = resource_version
 
-    def on_event(self, event_type: Literal["ADDED", "MODIFIED", "DELETED"],
-                 obj: JsonDict) -> list[str]:
+    def on_event(
+        self, event_type: Literal["ADDED", "MODIFIED", "DELETED"], obj: JsonDict
+    ) -> list[str]:
         """Take a watch event of slim slice ``obj``.
 
         Returns:
@@ -248,9 +249,15 @@ class SliceView:
     def _deleted_since(self, name: str, resource_version: int | None) -> bool:
         """True when ``name`` was seen deleted at or after ``resource_version``."""
         deleted = self._deleted_at.get(name)
-        return deleted is not None and resource_version is not None and \
-            resource_version <= deleted
+        return deleted is not None and resource_version is not None and resource_version <= deleted
 
 
-__all__ = ["CONTENT_KEY", "MAX_NAMES", "SliceView", "parse_resource_version", "pool_of",
-           "resource_version_of", "slice_name"]
+__all__ = [
+    "CONTENT_KEY",
+    "MAX_NAMES",
+    "SliceView",
+    "parse_resource_version",
+    "pool_of",
+    "resource_version_of",
+    "slice_name",
+]

@@ -51,8 +51,9 @@ def _say(text: str) -> None:
     click.echo(click.style("==> ", fg="cyan", bold=True) + text)
 
 
-async def _until(check: Callable[[], Awaitable[Any] | Any], what: str,
-                 timeout_s: float = 60.0) -> Any:
+async def _until(
+    check: Callable[[], Awaitable[Any] | Any], what: str, timeout_s: float = 60.0
+) -> Any:
     """Poll ``check`` until it returns something truthy; that value is returned.
 
     Raises:
@@ -102,7 +103,8 @@ async def check_database(url: str) -> None:
     except (SQLAlchemyError, OSError) as err:
         raise click.ClickException(
             f"database {redact_url(url)}: {type(err).__name__}: "
-            f"{redact_url(str(err).splitlines()[0])}") from None
+            f"{redact_url(str(err).splitlines()[0])}"
+        ) from None
     finally:
         await database.dispose()
 
@@ -129,8 +131,9 @@ class DemoCluster:
 class Demo:
     """The simulated worlds and the controllers, started and stopped together."""
 
-    def __init__(self, settings: Settings, workdir: Path, regions: int, racks: int,
-                 per_rack: int) -> None:
+    def __init__(
+        self, settings: Settings, workdir: Path, regions: int, racks: int, per_rack: int
+    ) -> None:
         self.base_settings = settings
         self.workdir = workdir
         self.spec = (regions, racks, per_rack)
@@ -155,27 +158,50 @@ class Demo:
         for url in (database, classic_database(database)):
             await check_database(url)
         await self._start_cluster(
-            self.structured, KubeEmulator(kubernetes_version="1.34",
-                                          feature_gates=STRUCTURED_GATES),
-            seed=1, database=database, admin_port=admin_port,
-            what="resource.k8s.io v1, binding conditions on")
+            self.structured,
+            KubeEmulator(kubernetes_version="1.34", feature_gates=STRUCTURED_GATES),
+            seed=1,
+            database=database,
+            admin_port=admin_port,
+            what="resource.k8s.io v1, binding conditions on",
+        )
         await self._start_cluster(
-            self.classic, KubeEmulator(kubernetes_version="1.31"), seed=2,
-            database=classic_database(database), admin_port=0,
-            what="resource.k8s.io v1alpha3 with PodSchedulingContexts")
+            self.classic,
+            KubeEmulator(kubernetes_version="1.31"),
+            seed=2,
+            database=classic_database(database),
+            admin_port=0,
+            what="resource.k8s.io v1alpha3 with PodSchedulingContexts",
+        )
 
-    async def _start_cluster(self, cluster: DemoCluster, emu: Any, *, seed: int,
-                             database: str, admin_port: int, what: str) -> None:
+    async def _start_cluster(
+        self,
+        cluster: DemoCluster,
+        emu: Any,
+        *,
+        seed: int,
+        database: str,
+        admin_port: int,
+        what: str,
+    ) -> None:
         from app.fabric.redfish.backend import RedfishBackend
         from app.service import Service
         from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
         regions, racks, per_rack = self.spec
         cluster.sim = RedfishSimulator(
-            spec=InventorySpec(regions=regions, racks_per_region=racks,
-                               devices_per_rack=per_rack, hosts_per_rack=2, device_mix="mixed",
-                               seed=seed),
-            username="demo", password=self.password, auth="session")
+            spec=InventorySpec(
+                regions=regions,
+                racks_per_region=racks,
+                devices_per_rack=per_rack,
+                hosts_per_rack=2,
+                device_mix="mixed",
+                seed=seed,
+            ),
+            username="demo",
+            password=self.password,
+            auth="session",
+        )
         fabric_url = await cluster.sim.start()
         self.stack.push_async_callback(cluster.sim.stop)
         cluster.emu = emu
@@ -187,54 +213,86 @@ class Demo:
         finally:
             await backend.close()
         for host in hosts:
-            emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {
-                "name": host.hostname, "labels": {
-                    "kubernetes.io/hostname": host.hostname,
-                    "topology.kubernetes.io/region": host.location.region,
-                    "fabric-dra.io/rack": host.location.rack}}})
+            emu.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": host.hostname,
+                        "labels": {
+                            "kubernetes.io/hostname": host.hostname,
+                            "topology.kubernetes.io/region": host.location.region,
+                            "fabric-dra.io/rack": host.location.rack,
+                        },
+                    },
+                }
+            )
         namespace = STRUCTURED_NS if cluster is self.structured else CLASSIC_NS
         emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         self._device_classes(cluster)
-        _say(f"{cluster.label} (emulated, {what}) at {kube_url}: {len(hosts)} nodes, one per "
-             f"server of its Redfish fabric simulator at {fabric_url} "
-             f"({len(cluster.sim.block_uris())} resource blocks in {regions * racks} racks)")
-        cluster.service = Service(self._settings(cluster, fabric_url, kube_url, database,
-                                                 admin_port))
+        _say(
+            f"{cluster.label} (emulated, {what}) at {kube_url}: {len(hosts)} nodes, one per "
+            f"server of its Redfish fabric simulator at {fabric_url} "
+            f"({len(cluster.sim.block_uris())} resource blocks in {regions * racks} racks)"
+        )
+        cluster.service = Service(
+            self._settings(cluster, fabric_url, kube_url, database, admin_port)
+        )
         # Stopped even when its start fails half-way (its HTTP sessions are open by then).
         self.stack.push_async_callback(cluster.service.stop, 10.0)
         await cluster.service.start()
-        _say(f"fabric-dra on {cluster.label}: controller.mode {cluster.mode}, database "
-             f"{database.removeprefix('sqlite+aiosqlite:///')}")
+        _say(
+            f"fabric-dra on {cluster.label}: controller.mode {cluster.mode}, database "
+            f"{database.removeprefix('sqlite+aiosqlite:///')}"
+        )
         await self._stand_ins(cluster, kube_url)
 
-    def _settings(self, cluster: DemoCluster, fabric_url: str, kube_url: str, database: str,
-                  admin_port: int) -> Settings:
+    def _settings(
+        self, cluster: DemoCluster, fabric_url: str, kube_url: str, database: str, admin_port: int
+    ) -> Settings:
         (self.workdir / "username").write_text("demo\n")
         (self.workdir / "password").write_text(self.password + "\n")
         base = self.base_settings
-        return load_settings(environ={}, flags={
-            "driver_name": base.driver_name,
-            "database": {"url": database},
-            "fabric": {"url": fabric_url, "username_file": str(self.workdir / "username"),
-                       "password_file": str(self.workdir / "password")},
-            "kube": {"mode": "url", "url": kube_url},
-            "admin": {"host": "127.0.0.1", "port": admin_port},
-            "controller": {"mode": cluster.mode, "orphan_grace_seconds": 5},
-            "inventory": {"poll_interval_seconds": 2},
-            "leader": {"namespace": "kube-system", "lease_duration_seconds": 6,
-                       "renew_deadline_seconds": 4, "retry_period_seconds": 1},
-            "log": {"level": base.log.level, "json_format": base.log.json_format},
-        })
+        return load_settings(
+            environ={},
+            flags={
+                "driver_name": base.driver_name,
+                "database": {"url": database},
+                "fabric": {
+                    "url": fabric_url,
+                    "username_file": str(self.workdir / "username"),
+                    "password_file": str(self.workdir / "password"),
+                },
+                "kube": {"mode": "url", "url": kube_url},
+                "admin": {"host": "127.0.0.1", "port": admin_port},
+                "controller": {"mode": cluster.mode, "orphan_grace_seconds": 5},
+                "inventory": {"poll_interval_seconds": 2},
+                "leader": {
+                    "namespace": "kube-system",
+                    "lease_duration_seconds": 6,
+                    "renew_deadline_seconds": 4,
+                    "retry_period_seconds": 1,
+                },
+                "log": {"level": base.log.level, "json_format": base.log.json_format},
+            },
+        )
 
     def _device_classes(self, cluster: DemoCluster) -> None:
         driver = self.base_settings.driver_name
         kinds = ("gpu", "fpga", "nvme", "cxl-memory") if cluster is self.structured else ("gpu",)
         for kind in kinds:
-            selector = (f'device.driver == "{driver}" && '
-                        f'device.attributes["{driver}"].deviceType == "{kind}"')
-            cluster.emu.create({"apiVersion": cluster.version, "kind": "DeviceClass",
-                                "metadata": {"name": f"fabric-{kind}"},
-                                "spec": {"selectors": [{"cel": {"expression": selector}}]}})
+            selector = (
+                f'device.driver == "{driver}" && '
+                f'device.attributes["{driver}"].deviceType == "{kind}"'
+            )
+            cluster.emu.create(
+                {
+                    "apiVersion": cluster.version,
+                    "kind": "DeviceClass",
+                    "metadata": {"name": f"fabric-{kind}"},
+                    "spec": {"selectors": [{"cel": {"expression": selector}}]},
+                }
+            )
 
     async def _stand_ins(self, cluster: DemoCluster, kube_url: str) -> None:
         from app.kube.client import KubeAuthMode, KubeClientSettings, connect
@@ -246,8 +304,13 @@ class Demo:
         self.stack.push_async_callback(client.close)
         stand_in: Any
         if cluster is self.structured:
-            stand_in = StructuredScheduler(client, ResourceApiVersion.V1, StructuredSettings(
-                namespace=STRUCTURED_NS, poll_interval_s=0.5, retry_interval_s=0.5))
+            stand_in = StructuredScheduler(
+                client,
+                ResourceApiVersion.V1,
+                StructuredSettings(
+                    namespace=STRUCTURED_NS, poll_interval_s=0.5, retry_interval_s=0.5
+                ),
+            )
             what = "kube-scheduler with structured parameters"
         else:
             stand_in = ClassicScheduler(client, ClassicSchedulerSettings(namespace=CLASSIC_NS))
@@ -255,8 +318,10 @@ class Demo:
         await stand_in.start()
         self.stack.push_async_callback(stand_in.stop)
         cluster.stand_in = stand_in
-        _say(f"stand-ins on {cluster.label}: {what}, and the resourceclaim controller "
-             f"(resource.k8s.io/{cluster.version.rsplit('/', 1)[1]})")
+        _say(
+            f"stand-ins on {cluster.label}: {what}, and the resourceclaim controller "
+            f"(resource.k8s.io/{cluster.version.rsplit('/', 1)[1]})"
+        )
 
     async def stop(self) -> None:
         """Stop everything, newest first."""
@@ -275,86 +340,147 @@ class Demo:
         from app.pools import PoolConfig, desired_pools
 
         service = cluster.service
-        status = await _until(lambda: _synced(list_status(service.db)),
-                              f"the inventory of {cluster.label}")
-        expected = set(desired_pools(await pool_devices(service.db),
-                                     PoolConfig.from_settings(service.settings)))
-        await _until(lambda: {s["spec"]["pool"]["name"] for s in self._slices(cluster)}
-                     == expected, f"the slices of {cluster.label}")
-        _say(f"{cluster.label}: inventory synced ({status.device_count} devices, "
-             f"{status.host_count} servers in {len(expected)} pools); "
-             f"{len(self._slices(cluster))} ResourceSlices published "
-             f"({cluster.version.rsplit('/', 1)[1]})")
+        status = await _until(
+            lambda: _synced(list_status(service.db)), f"the inventory of {cluster.label}"
+        )
+        expected = set(
+            desired_pools(
+                await pool_devices(service.db), PoolConfig.from_settings(service.settings)
+            )
+        )
+        await _until(
+            lambda: {s["spec"]["pool"]["name"] for s in self._slices(cluster)} == expected,
+            f"the slices of {cluster.label}",
+        )
+        _say(
+            f"{cluster.label}: inventory synced ({status.device_count} devices, "
+            f"{status.host_count} servers in {len(expected)} pools); "
+            f"{len(self._slices(cluster))} ResourceSlices published "
+            f"({cluster.version.rsplit('/', 1)[1]})"
+        )
 
     def _slices(self, cluster: DemoCluster) -> list[dict[str, Any]]:
-        return [s for s in cluster.emu.list(cluster.version, "ResourceSlice")
-                if s["spec"]["driver"] == self.base_settings.driver_name]
+        return [
+            s
+            for s in cluster.emu.list(cluster.version, "ResourceSlice")
+            if s["spec"]["driver"] == self.base_settings.driver_name
+        ]
 
     async def _structured_claim(self) -> None:
         emu = self.structured.emu
-        emu.create({"apiVersion": V1, "kind": "ResourceClaimTemplate",
-                    "metadata": {"name": "one-gpu", "namespace": STRUCTURED_NS},
-                    "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                        "deviceClassName": "fabric-gpu"}}]}}}})
-        emu.create({"apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": "trainer", "namespace": STRUCTURED_NS},
-                    "spec": {"containers": [{"name": "main", "image": "trainer"}],
-                             "resourceClaims": [{"name": "gpu",
-                                                 "resourceClaimTemplateName": "one-gpu"}]}})
-        _say(f"[1.34] pod {STRUCTURED_NS}/trainer created with ResourceClaimTemplate one-gpu "
-             f"(structured parameters)")
-        name = await _until(lambda: _template_claim(emu, STRUCTURED_NS, "trainer"),
-                            "the claim made from the template")
+        emu.create(
+            {
+                "apiVersion": V1,
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "one-gpu", "namespace": STRUCTURED_NS},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}
+                            ]
+                        }
+                    }
+                },
+            }
+        )
+        emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "trainer", "namespace": STRUCTURED_NS},
+                "spec": {
+                    "containers": [{"name": "main", "image": "trainer"}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                },
+            }
+        )
+        _say(
+            f"[1.34] pod {STRUCTURED_NS}/trainer created with ResourceClaimTemplate one-gpu "
+            f"(structured parameters)"
+        )
+        name = await _until(
+            lambda: _template_claim(emu, STRUCTURED_NS, "trainer"),
+            "the claim made from the template",
+        )
         _say(f"[1.34] the claim controller made ResourceClaim {name} for the pod")
         claim = await _until(lambda: _allocated(emu, V1, STRUCTURED_NS, name), "allocation")
         result = claim["status"]["allocation"]["devices"]["results"][0]
-        _say(f"[1.34] claim allocated by the scheduler: device {result['device']} in pool "
-             f"{result['pool']}; the scheduler waits for the binding condition")
+        _say(
+            f"[1.34] claim allocated by the scheduler: device {result['device']} in pool "
+            f"{result['pool']}; the scheduler waits for the binding condition"
+        )
         await _until(lambda: _ready(emu, STRUCTURED_NS, name), "the binding condition")
-        _say("[1.34] device attached through Redfish; binding condition FabricDeviceReady is "
-             "True")
+        _say("[1.34] device attached through Redfish; binding condition FabricDeviceReady is True")
         node = await _until(lambda: _bound(emu, STRUCTURED_NS, "trainer"), "the pod's binding")
         _say(f"[1.34] pod bound to node {node}")
         emu.delete("v1", "Pod", "trainer", STRUCTURED_NS)
-        await _until(lambda: emu.get(V1, "ResourceClaim", name, STRUCTURED_NS) is None,
-                     "the claim's deletion")
+        await _until(
+            lambda: emu.get(V1, "ResourceClaim", name, STRUCTURED_NS) is None,
+            "the claim's deletion",
+        )
         await _until(lambda: _no_reservations(self.structured.service), "the detach")
         _say("[1.34] pod deleted: claim deallocated and deleted, device detached and released")
 
     async def _classic_claim(self) -> None:
         emu = self.classic.emu
         driver = self.base_settings.driver_name
-        emu.create({"apiVersion": V1ALPHA3, "kind": "ResourceClaim",
-                    "metadata": {"name": "classic-gpu", "namespace": CLASSIC_NS},
-                    "spec": {"controller": driver, "devices": {"requests": [
-                        {"name": "gpu", "deviceClassName": "fabric-gpu"}]}}})
-        emu.create({"apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": "inference", "namespace": CLASSIC_NS},
-                    "spec": {"containers": [{"name": "main", "image": "inference"}],
-                             "resourceClaims": [{"name": "gpu",
-                                                 "resourceClaimName": "classic-gpu"}]}})
-        _say(f"[1.31] pod {CLASSIC_NS}/inference created with claim classic-gpu (classic DRA: "
-             f"spec.controller {driver})")
-        claim = await _until(lambda: _allocated(emu, V1ALPHA3, CLASSIC_NS, "classic-gpu"),
-                             "the control-plane allocation")
+        emu.create(
+            {
+                "apiVersion": V1ALPHA3,
+                "kind": "ResourceClaim",
+                "metadata": {"name": "classic-gpu", "namespace": CLASSIC_NS},
+                "spec": {
+                    "controller": driver,
+                    "devices": {"requests": [{"name": "gpu", "deviceClassName": "fabric-gpu"}]},
+                },
+            }
+        )
+        emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "inference", "namespace": CLASSIC_NS},
+                "spec": {
+                    "containers": [{"name": "main", "image": "inference"}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "classic-gpu"}],
+                },
+            }
+        )
+        _say(
+            f"[1.31] pod {CLASSIC_NS}/inference created with claim classic-gpu (classic DRA: "
+            f"spec.controller {driver})"
+        )
+        claim = await _until(
+            lambda: _allocated(emu, V1ALPHA3, CLASSIC_NS, "classic-gpu"),
+            "the control-plane allocation",
+        )
         result = claim["status"]["allocation"]["devices"]["results"][0]
-        _say(f"[1.31] fabric-dra answered the PodSchedulingContext and allocated device "
-             f"{result['device']} for the selected node")
+        _say(
+            f"[1.31] fabric-dra answered the PodSchedulingContext and allocated device "
+            f"{result['device']} for the selected node"
+        )
         node = await _until(lambda: _bound(emu, CLASSIC_NS, "inference"), "the pod's binding")
         await _until(lambda: _attached_count(self.classic.service), "the attach")
         _say(f"[1.31] device attached; pod bound to node {node}")
         counters = self.classic.stand_in.claim_controller.counters
         emu.delete("v1", "Pod", "inference", CLASSIC_NS)
         await _until(lambda: counters.deallocation_requests, "the deallocation request")
-        await _until(lambda: not _claim_status(emu, "classic-gpu").get("allocation"),
-                     "the deallocation", timeout_s=90)
-        await _until(lambda: _no_reservations(self.classic.service), "the detach",
-                     timeout_s=90)
-        _say("[1.31] pod deleted: the claim controller requested deallocation, fabric-dra "
-             "detached the device and deallocated the claim")
+        await _until(
+            lambda: not _claim_status(emu, "classic-gpu").get("allocation"),
+            "the deallocation",
+            timeout_s=90,
+        )
+        await _until(lambda: _no_reservations(self.classic.service), "the detach", timeout_s=90)
+        _say(
+            "[1.31] pod deleted: the claim controller requested deallocation, fabric-dra "
+            "detached the device and deallocated the claim"
+        )
         emu.delete(V1ALPHA3, "ResourceClaim", "classic-gpu", CLASSIC_NS)
-        await _until(lambda: emu.get(V1ALPHA3, "ResourceClaim", "classic-gpu", CLASSIC_NS)
-                     is None, "the claim's removal")
+        await _until(
+            lambda: emu.get(V1ALPHA3, "ResourceClaim", "classic-gpu", CLASSIC_NS) is None,
+            "the claim's removal",
+        )
         _say("[1.31] claim deleted")
 
 
@@ -397,9 +523,11 @@ def _allocated(emu: Any, api_version: str, namespace: str, name: str) -> dict[st
 
 def _ready(emu: Any, namespace: str, name: str) -> bool:
     claim = emu.get(V1, "ResourceClaim", name, namespace) or {}
-    return any(c.get("type") == "FabricDeviceReady" and c.get("status") == "True"
-               for e in (claim.get("status") or {}).get("devices") or []
-               for c in e.get("conditions") or [])
+    return any(
+        c.get("type") == "FabricDeviceReady" and c.get("status") == "True"
+        for e in (claim.get("status") or {}).get("devices") or []
+        for c in e.get("conditions") or []
+    )
 
 
 def _bound(emu: Any, namespace: str, name: str) -> str | None:
@@ -407,16 +535,19 @@ def _bound(emu: Any, namespace: str, name: str) -> str | None:
     return (pod.get("spec") or {}).get("nodeName")
 
 
-async def _run(settings: Settings, once: bool, admin_port: int, regions: int, racks: int,
-               per_rack: int) -> None:
+async def _run(
+    settings: Settings, once: bool, admin_port: int, regions: int, racks: int, per_rack: int
+) -> None:
     with tempfile.TemporaryDirectory(prefix="fabric-dra-demo-") as tmp:
         demo = Demo(settings, Path(tmp), regions, racks, per_rack)
         try:
             await demo.start(admin_port)
             await demo.story()
-            _say(f"dashboards: http://127.0.0.1:{demo.structured.service.admin_port}/ "
-                 f"(Kubernetes 1.34), http://127.0.0.1:{demo.classic.service.admin_port}/ "
-                 f"(Kubernetes 1.31)   (API: /api/v1/status, /metrics)")
+            _say(
+                f"dashboards: http://127.0.0.1:{demo.structured.service.admin_port}/ "
+                f"(Kubernetes 1.34), http://127.0.0.1:{demo.classic.service.admin_port}/ "
+                f"(Kubernetes 1.31)   (API: /api/v1/status, /metrics)"
+            )
             if not once:
                 _say("serving until Ctrl-C")
                 await _wait_for_signal()
@@ -440,15 +571,26 @@ def _no_flags(**_: Any) -> dict[str, Any]:
 
 @click.command()
 @click.option("--once", is_flag=True, help="Tell the story, then stop everything and exit.")
-@click.option("--admin-port", default=8080, show_default=True, type=click.IntRange(0, 65535),
-              help="Port of the first cluster's dashboard and admin API (0: any free port; "
-                   "the second cluster's always takes a free one).")
+@click.option(
+    "--admin-port",
+    default=8080,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port of the first cluster's dashboard and admin API (0: any free port; "
+    "the second cluster's always takes a free one).",
+)
 @click.option("--regions", default=2, show_default=True, type=click.IntRange(1, 20))
 @click.option("--racks-per-region", default=2, show_default=True, type=click.IntRange(1, 50))
 @click.option("--devices-per-rack", default=8, show_default=True, type=click.IntRange(4, 512))
 @settings_options_with(_no_flags)
-def demo(once: bool, admin_port: int, regions: int, racks_per_region: int,
-         devices_per_rack: int, settings: Settings) -> None:
+def demo(
+    once: bool,
+    admin_port: int,
+    regions: int,
+    racks_per_region: int,
+    devices_per_rack: int,
+    settings: Settings,
+) -> None:
     """Run fabric-dra against simulated Redfish fabrics and Kubernetes clusters.
 
     No cluster or hardware needed: everything runs in this process. Two emulated clusters, as
@@ -462,11 +604,11 @@ def demo(once: bool, admin_port: int, regions: int, racks_per_region: int,
         # The story is the demo's output; the service's routine lines would drown it.
         logging.getLogger("app").setLevel(logging.WARNING)
     try:
-        asyncio.run(_run(settings, once, admin_port, regions, racks_per_region,
-                         devices_per_rack))
+        asyncio.run(_run(settings, once, admin_port, regions, racks_per_region, devices_per_rack))
     except OSError as err:
         if err.errno not in (errno.EADDRINUSE, errno.EACCES):
             raise click.ClickException(f"the demo could not start: {err}") from None
         raise click.ClickException(
             f"--admin-port {admin_port}: {os.strerror(err.errno)}; try --admin-port 0 "
-            f"(any free port)") from None
+            f"(any free port)"
+        ) from None

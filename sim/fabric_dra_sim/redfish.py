@@ -179,8 +179,15 @@ from fabric_dra_sim.redfish_tree import (
     status,
 )
 
-__all__ = ["PROFILES", "PROFILE_NAMES", "Faults", "InventorySpec", "ProfileSwitches",
-           "RedfishSimulator", "cli"]
+__all__ = [
+    "PROFILES",
+    "PROFILE_NAMES",
+    "Faults",
+    "InventorySpec",
+    "ProfileSwitches",
+    "RedfishSimulator",
+    "cli",
+]
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +195,8 @@ AuthMode = Literal["any", "session", "basic", "none"]
 MAX_EXPAND_LEVELS = 3
 _EXPAND_RE = re.compile(r"\.(?:\(\$levels=(?P<levels>[0-9]+)\))?")
 _ACTION_RE = re.compile(
-    r"^(?P<system>.+)/Actions/ComputerSystem\.(?P<verb>Add|Remove)ResourceBlock$")
+    r"^(?P<system>.+)/Actions/ComputerSystem\.(?P<verb>Add|Remove)ResourceBlock$"
+)
 
 
 @dataclass
@@ -267,11 +275,21 @@ class RedfishSimulator:
     """
 
     def __init__(
-        self, *, spec: InventorySpec | None = None, mockup_dir: Path | None = None,
-        username: str = "admin", password: str = "password", auth: AuthMode = "any",
-        task_mode: bool = False, task_polls: int = 2, page_size: int | None = None,
-        offer_actions: bool = True, faults: Faults | None = None,
-        require_if_match: bool = False, retry_after_s: int = 0, expand: bool = False,
+        self,
+        *,
+        spec: InventorySpec | None = None,
+        mockup_dir: Path | None = None,
+        username: str = "admin",
+        password: str = "password",
+        auth: AuthMode = "any",
+        task_mode: bool = False,
+        task_polls: int = 2,
+        page_size: int | None = None,
+        offer_actions: bool = True,
+        faults: Faults | None = None,
+        require_if_match: bool = False,
+        retry_after_s: int = 0,
+        expand: bool = False,
         profiles: Iterable[str] = (),
     ) -> None:
         if spec is not None and mockup_dir is not None:
@@ -282,8 +300,9 @@ class RedfishSimulator:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if task_polls < 0:
             raise ValueError(f"task_polls must be >= 0, got {task_polls}")
-        self.profiles: tuple[str, ...] = (profiles,) if isinstance(profiles, str) \
-            else tuple(profiles)
+        self.profiles: tuple[str, ...] = (
+            (profiles,) if isinstance(profiles, str) else tuple(profiles)
+        )
         self.switches = resolve_profiles(self.profiles)
         self.username = username
         self.password = password
@@ -311,8 +330,13 @@ class RedfishSimulator:
         self._add_service_resources()
         if expand:
             features = self.tree[ROOT].setdefault("ProtocolFeaturesSupported", {})
-            features["ExpandQuery"] = {"ExpandAll": False, "Levels": True, "Links": False,
-                                       "NoLinks": True, "MaxLevels": MAX_EXPAND_LEVELS}
+            features["ExpandQuery"] = {
+                "ExpandAll": False,
+                "Levels": True,
+                "Links": False,
+                "NoLinks": True,
+                "MaxLevels": MAX_EXPAND_LEVELS,
+            }
         self.state = FabricState(self.tree, builder)
         self.state.owned = owned
         self.state.etags = self.switches.etag_style != "none"
@@ -333,8 +357,11 @@ class RedfishSimulator:
         """Edit the tree once for the profiles; the owned (compute) blocks by URI -> System."""
         switches = self.switches
         # The device blocks, before any compute block joins the collection.
-        blocks = [normalise(m["@odata.id"]) for m in self.tree.get(BLOCKS, {}).get("Members", [])
-                  if isinstance(m, dict) and isinstance(m.get("@odata.id"), str)]
+        blocks = [
+            normalise(m["@odata.id"])
+            for m in self.tree.get(BLOCKS, {}).get("Members", [])
+            if isinstance(m, dict) and isinstance(m.get("@odata.id"), str)
+        ]
         blocks = [b for b in dict.fromkeys(blocks) if b in self.tree]
         if switches.null_health:
             blank_health(self.tree, blocks)
@@ -352,27 +379,33 @@ class RedfishSimulator:
         for uri in [u for u in self.tree if u.startswith(SESSIONS + "/")]:
             del self.tree[uri]
         self.tree[SESSIONS] = collection(SESSIONS, "SessionCollection", "Session Collection", [])
-        self.tree.setdefault(SESSION_SERVICE, {
-            "@odata.id": SESSION_SERVICE,
-            "@odata.type": "#SessionService.v1_2_0.SessionService",
-            "Id": "SessionService",
-            "Name": "Session Service",
-            "ServiceEnabled": True,
-            "SessionTimeout": 1800,
-            "Status": status(),
-            "Sessions": link(SESSIONS),
-        })
-        self.tree.setdefault(TASK_SERVICE, {
-            "@odata.id": TASK_SERVICE,
-            "@odata.type": "#TaskService.v1_3_0.TaskService",
-            "Id": "TaskService",
-            "Name": "Task Service",
-            "ServiceEnabled": True,
-            "CompletedTaskOverWritePolicy": "Manual",
-            "LifeCycleEventOnTaskStateChange": False,
-            "Status": status(),
-            "Tasks": link(TASKS),
-        })
+        self.tree.setdefault(
+            SESSION_SERVICE,
+            {
+                "@odata.id": SESSION_SERVICE,
+                "@odata.type": "#SessionService.v1_2_0.SessionService",
+                "Id": "SessionService",
+                "Name": "Session Service",
+                "ServiceEnabled": True,
+                "SessionTimeout": 1800,
+                "Status": status(),
+                "Sessions": link(SESSIONS),
+            },
+        )
+        self.tree.setdefault(
+            TASK_SERVICE,
+            {
+                "@odata.id": TASK_SERVICE,
+                "@odata.type": "#TaskService.v1_3_0.TaskService",
+                "Id": "TaskService",
+                "Name": "Task Service",
+                "ServiceEnabled": True,
+                "CompletedTaskOverWritePolicy": "Manual",
+                "LifeCycleEventOnTaskStateChange": False,
+                "Status": status(),
+                "Tasks": link(TASKS),
+            },
+        )
         self.tree.setdefault(TASKS, collection(TASKS, "TaskCollection", "Task Collection", []))
 
     # ----- inspection and control for tests --------------------------------------------------
@@ -526,8 +559,15 @@ class RedfishSimulator:
         self._sessions.clear()
         self._set_members(SESSIONS, [])
 
-    def fail_next(self, n: int, *, method: str = "*", path_prefix: str = "/", status: int = 500,
-                  body: str | None = None) -> None:
+    def fail_next(
+        self,
+        n: int,
+        *,
+        method: str = "*",
+        path_prefix: str = "/",
+        status: int = 500,
+        body: str | None = None,
+    ) -> None:
         """Make the next ``n`` matching requests fail, before authentication and routing.
 
         Args:
@@ -593,19 +633,23 @@ class RedfishSimulator:
         rule = self._take_fail_rule(request)
         if rule is not None:
             if rule.body is not None:
-                return web.Response(status=rule.status, text=rule.body,
-                                    content_type="application/json")
-            return self._error(RedfishError(rule.status, error_key_for(rule.status),
-                                            "Injected failure."))
+                return web.Response(
+                    status=rule.status, text=rule.body, content_type="application/json"
+                )
+            return self._error(
+                RedfishError(rule.status, error_key_for(rule.status), "Injected failure.")
+            )
         if faults.drop_rate > 0 and self._rng.random() < faults.drop_rate:
             if request.transport is not None:
                 request.transport.close()
             # The transport is gone, so aiohttp discards whatever is returned.
             return web.Response(status=500)
         if faults.error_rate > 0 and self._rng.random() < faults.error_rate:
-            return self._error(RedfishError(faults.error_status,
-                                            error_key_for(faults.error_status),
-                                            "Injected failure."))
+            return self._error(
+                RedfishError(
+                    faults.error_status, error_key_for(faults.error_status), "Injected failure."
+                )
+            )
         try:
             return await self._dispatch(request)
         except RedfishError as err:
@@ -637,8 +681,9 @@ class RedfishSimulator:
             # one quoted-string, as @odata.etag keeps.
             headers["ETag"] = f'"{etag}"'
         if result.text is not None:
-            return web.Response(status=result.status, text=result.text,
-                                content_type="text/plain", headers=headers)
+            return web.Response(
+                status=result.status, text=result.text, content_type="text/plain", headers=headers
+            )
         if result.body is None:
             return web.Response(status=result.status, headers=headers)
         return web.json_response(result.body, status=result.status, headers=headers)
@@ -653,8 +698,7 @@ class RedfishSimulator:
         if fmt == "text":
             # Public reports (REDFISH-REFERENCE.md): plain-text error bodies.
             return Result(err.status, None, dict(err.headers), text=err.text)
-        return Result(err.status, error_body(err.key, err.text, args=err.args_),
-                      dict(err.headers))
+        return Result(err.status, error_body(err.key, err.text, args=err.args_), dict(err.headers))
 
     def _error(self, err: RedfishError) -> web.Response:
         result = self._error_result(err)
@@ -667,8 +711,9 @@ class RedfishSimulator:
         if self.switches.unknown_status == 500:
             # REDFISH-REFERENCE.md, "What a real composability service did": unknown
             # resources answer 500, not 404.
-            return RedfishError(500, "InternalError",
-                                f"Internal error while serving {path}.", args=[])
+            return RedfishError(
+                500, "InternalError", f"Internal error while serving {path}.", args=[]
+            )
         return not_found(path)
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
@@ -682,12 +727,18 @@ class RedfishSimulator:
             return self._respond(Result(200, odata_service_document(self.tree)))
         if path == f"{ROOT}/$metadata":
             self._require_method(method, "GET, HEAD")
-            return web.Response(text=metadata_document(self.tree), content_type="application/xml",
-                                headers={"OData-Version": "4.0"})
+            return web.Response(
+                text=metadata_document(self.tree),
+                content_type="application/xml",
+                headers={"OData-Version": "4.0"},
+            )
         odata_version = request.headers.get("OData-Version")
         if odata_version is not None and odata_version.strip() != "4.0":
-            raise RedfishError(412, "PreconditionFailed",
-                               f"OData-Version {odata_version} is not supported; use 4.0.")
+            raise RedfishError(
+                412,
+                "PreconditionFailed",
+                f"OData-Version {odata_version} is not supported; use 4.0.",
+            )
         # DSP0266: a POST to a collection's Members property equals a POST to the collection.
         if path in (SESSIONS, f"{SESSIONS}/Members") and method == "POST":
             return self._respond(await self._login(request))
@@ -702,12 +753,18 @@ class RedfishSimulator:
         if path not in self.tree:
             # Without block actions (no-etags: "PATCH only", REDFISH-REFERENCE.md) their URIs
             # are unknown resources, as on a service that never had them.
-            if "/Actions/" in path and path.split("/Actions/")[0] in self.tree \
-                    and not system_action:
+            if (
+                "/Actions/" in path
+                and path.split("/Actions/")[0] in self.tree
+                and not system_action
+            ):
                 self._require_method(method, "POST")
-                raise RedfishError(400, "ActionNotSupported",
-                                   f"The action {path} is not supported by the resource.",
-                                   args=[path])
+                raise RedfishError(
+                    400,
+                    "ActionNotSupported",
+                    f"The action {path} is not supported by the resource.",
+                    args=[path],
+                )
             raise self._unknown(path)
         allowed = self._allowed(path)
         self._require_method(method, allowed)
@@ -731,9 +788,12 @@ class RedfishSimulator:
     @staticmethod
     def _require_method(method: str, allowed: str) -> None:
         if method not in allowed.split(", "):
-            raise RedfishError(405, "OperationNotAllowed",
-                               f"The HTTP method {method} is not allowed on this resource.",
-                               headers={"Allow": allowed})
+            raise RedfishError(
+                405,
+                "OperationNotAllowed",
+                f"The HTTP method {method} is not allowed on this resource.",
+                headers={"Allow": allowed},
+            )
 
     # ----- authentication --------------------------------------------------------------------
 
@@ -746,14 +806,18 @@ class RedfishSimulator:
         header = request.headers.get("Authorization", "")
         if self.auth in ("any", "basic") and header[:6].lower() == "basic ":
             try:
-                user, _, password = base64.b64decode(header[6:].strip(), validate=True) \
-                    .decode("utf-8").partition(":")
+                user, _, password = (
+                    base64.b64decode(header[6:].strip(), validate=True)
+                    .decode("utf-8")
+                    .partition(":")
+                )
             except (binascii.Error, UnicodeDecodeError):
                 user, password = "", ""
             if self._credentials_match(user, password):
                 return
-        raise RedfishError(401, "NoValidSession",
-                           "There is no valid session established with the implementation.")
+        raise RedfishError(
+            401, "NoValidSession", "There is no valid session established with the implementation."
+        )
 
     def _credentials_match(self, user: str, password: str) -> bool:
         # Bytes, because compare_digest refuses non-ASCII str (a client may send any).
@@ -763,30 +827,47 @@ class RedfishSimulator:
 
     async def _login(self, request: web.Request) -> Result:
         if self.auth == "basic":
-            raise RedfishError(405, "OperationNotAllowed",
-                               "Sessions are disabled: use HTTP Basic authentication.",
-                               headers={"Allow": "GET, HEAD"})
+            raise RedfishError(
+                405,
+                "OperationNotAllowed",
+                "Sessions are disabled: use HTTP Basic authentication.",
+                headers={"Allow": "GET, HEAD"},
+            )
         body = await self._json_object(request)
         for name in ("UserName", "Password"):
             if name not in body:
-                raise RedfishError(400, "PropertyMissing",
-                                   f"The property {name} is a required property and must be "
-                                   "included in the request.", args=[name])
+                raise RedfishError(
+                    400,
+                    "PropertyMissing",
+                    f"The property {name} is a required property and must be "
+                    "included in the request.",
+                    args=[name],
+                )
             if not isinstance(body[name], str):
-                raise RedfishError(400, "PropertyValueTypeError",
-                                   f"The value for the property {name} is of a different type "
-                                   "than the property can accept.",
-                                   args=[json.dumps(body[name]), name])
+                raise RedfishError(
+                    400,
+                    "PropertyValueTypeError",
+                    f"The value for the property {name} is of a different type "
+                    "than the property can accept.",
+                    args=[json.dumps(body[name]), name],
+                )
         unknown = sorted(set(body) - {"UserName", "Password"} - {k for k in body if "@" in k})
         if unknown:
-            raise RedfishError(400, "PropertyUnknown",
-                               f"The property {unknown[0]} is not in the list of valid "
-                               "properties for the resource.", args=[unknown[0]])
+            raise RedfishError(
+                400,
+                "PropertyUnknown",
+                f"The property {unknown[0]} is not in the list of valid "
+                "properties for the resource.",
+                args=[unknown[0]],
+            )
         if not self._credentials_match(body["UserName"], body["Password"]):
-            raise RedfishError(401, "ResourceAtUriUnauthorized",
-                               f"While accessing the resource at {SESSIONS}, the service "
-                               "received an authorization error: bad credentials.",
-                               args=[SESSIONS, "bad credentials"])
+            raise RedfishError(
+                401,
+                "ResourceAtUriUnauthorized",
+                f"While accessing the resource at {SESSIONS}, the service "
+                "received an authorization error: bad credentials.",
+                args=[SESSIONS, "bad credentials"],
+            )
         self._session_seq += 1
         session_id = str(self._session_seq)
         uri = f"{SESSIONS}/{session_id}"
@@ -800,8 +881,11 @@ class RedfishSimulator:
         }
         self._sessions[token] = uri
         self._set_members(SESSIONS, [*self._member_uris(SESSIONS), uri])
-        return Result(201, self.state.with_etag(uri),
-                      {"X-Auth-Token": token, "Location": uri, "ETag": self.state.etag(uri)})
+        return Result(
+            201,
+            self.state.with_etag(uri),
+            {"X-Auth-Token": token, "Location": uri, "ETag": self.state.etag(uri)},
+        )
 
     def _logout(self, path: str) -> Result:
         del self.tree[path]
@@ -838,8 +922,9 @@ class RedfishSimulator:
                 return Result(304, None, headers)
         members = self.tree[path].get("Members")
         if not (isinstance(members, list) and (skip or top is not None or self.page_size)):
-            return Result(200, self._expanded(
-                self.state.with_etag(path, etag=not levels), levels), headers)
+            return Result(
+                200, self._expanded(self.state.with_etag(path, etag=not levels), levels), headers
+            )
         total = len(members)
         limit = min(x for x in (top, self.page_size, total) if x is not None)
         body = self.state.with_etag(path, members=slice(skip, skip + limit), etag=not levels)
@@ -874,8 +959,10 @@ class RedfishSimulator:
         def inner(resource: JsonObject, depth: int) -> JsonObject:
             if depth <= 0:
                 return resource
-            return {key: value if key == "Links" or key.startswith("@") else expand(value, depth)
-                    for key, value in resource.items()}
+            return {
+                key: value if key == "Links" or key.startswith("@") else expand(value, depth)
+                for key, value in resource.items()
+            }
 
         return inner(body, levels)
 
@@ -888,21 +975,30 @@ class RedfishSimulator:
                 try:
                     number = int(value)
                 except ValueError:
-                    raise RedfishError(400, "QueryParameterValueTypeError",
-                                       f"The value {value} for the query parameter {key} is "
-                                       "of a different type than the parameter can accept.",
-                                       args=[value, key]) from None
+                    raise RedfishError(
+                        400,
+                        "QueryParameterValueTypeError",
+                        f"The value {value} for the query parameter {key} is "
+                        "of a different type than the parameter can accept.",
+                        args=[value, key],
+                    ) from None
                 if number < 0:
-                    raise RedfishError(400, "QueryParameterOutOfRange",
-                                       f"The value {value} for the query parameter {key} is "
-                                       "out of range.", args=[value, key, ">= 0"])
+                    raise RedfishError(
+                        400,
+                        "QueryParameterOutOfRange",
+                        f"The value {value} for the query parameter {key} is out of range.",
+                        args=[value, key, ">= 0"],
+                    )
                 if key == "$skip":
                     skip = number
                 else:
                     top = number
             elif key.startswith("$") or key in ("only", "excerpt"):
-                raise RedfishError(501, "QueryNotSupported",
-                                   f"Querying with {key} is not supported by the service.")
+                raise RedfishError(
+                    501,
+                    "QueryNotSupported",
+                    f"Querying with {key} is not supported by the service.",
+                )
         return skip, top, levels
 
     @staticmethod
@@ -910,19 +1006,26 @@ class RedfishSimulator:
         match = _EXPAND_RE.fullmatch(value)
         levels = 1 if match is None or match["levels"] is None else int(match["levels"])
         if match is None or not 1 <= levels <= MAX_EXPAND_LEVELS:
-            raise RedfishError(400, "QueryParameterValueFormatError",
-                               f"The value {value} for the parameter $expand is of a different "
-                               "format than the parameter can accept; this service expands "
-                               f"'.' up to $levels={MAX_EXPAND_LEVELS}.",
-                               args=[value, "$expand"])
+            raise RedfishError(
+                400,
+                "QueryParameterValueFormatError",
+                f"The value {value} for the parameter $expand is of a different "
+                "format than the parameter can accept; this service expands "
+                f"'.' up to $levels={MAX_EXPAND_LEVELS}.",
+                args=[value, "$expand"],
+            )
         return levels
 
     def _maybe_flap(self, path: str) -> None:
         rate = self.faults.flap_health_rate
         resource = self.tree[path]
         current = resource.get("Status")
-        if rate > 0 and isinstance(current, dict) and "Health" in current \
-                and self._rng.random() < rate:
+        if (
+            rate > 0
+            and isinstance(current, dict)
+            and "Health" in current
+            and self._rng.random() < rate
+        ):
             current["Health"] = "Critical" if current["Health"] == "OK" else "OK"
 
     # ----- writing ---------------------------------------------------------------------------
@@ -932,12 +1035,14 @@ class RedfishSimulator:
         try:
             body = json.loads(raw)
         except (UnicodeDecodeError, ValueError):
-            raise RedfishError(400, "MalformedJSON",
-                               "The request body submitted was malformed JSON and could not "
-                               "be parsed by the receiving service.") from None
+            raise RedfishError(
+                400,
+                "MalformedJSON",
+                "The request body submitted was malformed JSON and could not "
+                "be parsed by the receiving service.",
+            ) from None
         if not isinstance(body, dict):
-            raise RedfishError(400, "MalformedJSON",
-                               "The request body must be a JSON object.")
+            raise RedfishError(400, "MalformedJSON", "The request body must be a JSON object.")
         return body
 
     def _etag_matches(self, header: str, etag: str) -> bool:
@@ -947,8 +1052,10 @@ class RedfishSimulator:
             # one doubled pair of quotes removed, with their own "abc" (DSP0266: If-Match
             # names a strong quoted ETag), so "abc" and ""abc"" match and W/"abc" does not.
             candidates = [c.strip() for c in header.split(",")]
-            candidates = [c[1:-1] if len(c) >= 4 and c.startswith('""') and c.endswith('""')
-                          else c for c in candidates]
+            candidates = [
+                c[1:-1] if len(c) >= 4 and c.startswith('""') and c.endswith('""') else c
+                for c in candidates
+            ]
             return "*" in candidates or etag in candidates
         return etag_matches(header, etag)
 
@@ -960,14 +1067,20 @@ class RedfishSimulator:
         header = request.headers.get("If-Match")
         if header is None:
             if required:
-                raise RedfishError(428, "PreconditionRequired",
-                                   "A precondition header or annotation is required to change "
-                                   "the resource.", args=[path])
+                raise RedfishError(
+                    428,
+                    "PreconditionRequired",
+                    "A precondition header or annotation is required to change the resource.",
+                    args=[path],
+                )
             return
         if not self._etag_matches(header, self.state.etag(path)):
-            raise RedfishError(412, "PreconditionFailed",
-                               "The ETag supplied did not match the ETag required to change "
-                               "this resource.", args=[path])
+            raise RedfishError(
+                412,
+                "PreconditionFailed",
+                "The ETag supplied did not match the ETag required to change this resource.",
+                args=[path],
+            )
 
     async def _patch_system(self, request: web.Request, path: str) -> Result:
         body = await self._json_object(request)
@@ -980,9 +1093,12 @@ class RedfishSimulator:
         actions = self.tree[system].get("Actions")
         name = f"#ComputerSystem.{verb}ResourceBlock"
         if not (isinstance(actions, dict) and name in actions):
-            raise RedfishError(400, "ActionNotSupported",
-                               f"The action {name[1:]} is not supported by the resource.",
-                               args=[name[1:]])
+            raise RedfishError(
+                400,
+                "ActionNotSupported",
+                f"The action {name[1:]} is not supported by the resource.",
+                args=[name[1:]],
+            )
         body = await self._json_object(request)
         block, etags = parse_block_action(name[1:], body)
         self._check_if_match(request, system, required=False)
@@ -991,16 +1107,20 @@ class RedfishSimulator:
                 if target not in self.tree:
                     raise not_found(target)
                 if not self._etag_matches(etags[key], self.state.etag(target)):
-                    raise RedfishError(412, "PreconditionFailed",
-                                       f"The {key} supplied did not match the current ETag "
-                                       f"of {target}.", args=[target])
+                    raise RedfishError(
+                        412,
+                        "PreconditionFailed",
+                        f"The {key} supplied did not match the current ETag of {target}.",
+                        args=[target],
+                    )
         apply = self.state.apply_add if verb == "Add" else self.state.apply_remove
         return await self._run_or_queue(request, system, lambda: apply(system, block))
 
     # ----- tasks -----------------------------------------------------------------------------
 
-    async def _run_or_queue(self, request: web.Request, target: str,
-                            operation: Callable[[], Result]) -> Result:
+    async def _run_or_queue(
+        self, request: web.Request, target: str, operation: Callable[[], Result]
+    ) -> Result:
         if not self.task_mode:
             return operation()
         self._task_seq += 1
@@ -1019,18 +1139,24 @@ class RedfishSimulator:
             "StartTime": _now(),
             "TaskMonitor": monitor,
             "Messages": [],
-            "Payload": {"HttpOperation": request.method, "TargetUri": request.path,
-                        "HttpHeaders": [],
-                        "JsonBody": (await request.read()).decode("utf-8", "replace")},
+            "Payload": {
+                "HttpOperation": request.method,
+                "TargetUri": request.path,
+                "HttpHeaders": [],
+                "JsonBody": (await request.read()).decode("utf-8", "replace"),
+            },
         }
         self._set_members(TASKS, [*self._member_uris(TASKS), uri])
-        return Result(202, self.state.with_etag(uri),
-                      {"Location": monitor, "Retry-After": str(self.retry_after_s)})
+        return Result(
+            202,
+            self.state.with_etag(uri),
+            {"Location": monitor, "Retry-After": str(self.retry_after_s)},
+        )
 
     def _task_for_resource(self, path: str) -> _Task | None:
         if not path.startswith(TASKS + "/"):
             return None
-        return self._tasks.get(path[len(TASKS) + 1:])
+        return self._tasks.get(path[len(TASKS) + 1 :])
 
     def _advance(self, task: _Task) -> None:
         """Count one read of a task or its monitor; run the operation after ``task_polls``."""
@@ -1047,14 +1173,22 @@ class RedfishSimulator:
             # killed it"; the operation never ran.
             task.killed = True
             task.result = Result(200, None)
-            resource.update({"TaskState": "Killed", "TaskStatus": "Critical",
-                             "EndTime": _now(), "Messages": [{
-                                 "MessageId": "TaskEvent.1.0.TaskAborted",
-                                 "Message": f"The task with Id '{task.task_id}' has been "
-                                            "aborted.",
-                                 "MessageArgs": [task.task_id],
-                                 "MessageSeverity": "Critical",
-                                 "Resolution": "None."}]})
+            resource.update(
+                {
+                    "TaskState": "Killed",
+                    "TaskStatus": "Critical",
+                    "EndTime": _now(),
+                    "Messages": [
+                        {
+                            "MessageId": "TaskEvent.1.0.TaskAborted",
+                            "Message": f"The task with Id '{task.task_id}' has been aborted.",
+                            "MessageArgs": [task.task_id],
+                            "MessageSeverity": "Critical",
+                            "Resolution": "None.",
+                        }
+                    ],
+                }
+            )
         else:
             error: RedfishError | None = None
             try:
@@ -1062,16 +1196,22 @@ class RedfishSimulator:
             except RedfishError as err:
                 error, result = err, self._error_result(err)
             task.result = result
-            resource.update({
-                "TaskState": "Completed" if error is None else "Exception",
-                "TaskStatus": "OK" if error is None else "Critical",
-                "PercentComplete": 100,
-                "EndTime": _now(),
-            })
-            info = [message(error.key, error.text, args=error.args_)] if error is not None \
+            resource.update(
+                {
+                    "TaskState": "Completed" if error is None else "Exception",
+                    "TaskStatus": "OK" if error is None else "Critical",
+                    "PercentComplete": 100,
+                    "EndTime": _now(),
+                }
+            )
+            info = (
+                [message(error.key, error.text, args=error.args_)]
+                if error is not None
                 else (result.body or {}).get("@Message.ExtendedInfo")
-            resource["Messages"] = info or [message("Success", "The request completed "
-                                                    "successfully.", severity="OK")]
+            )
+            resource["Messages"] = info or [
+                message("Success", "The request completed successfully.", severity="OK")
+            ]
         if self.switches.task_purged:
             # Public reports (REDFISH-REFERENCE.md): task monitors that vanish once done.
             del self._tasks[task.task_id]
@@ -1079,7 +1219,7 @@ class RedfishSimulator:
             self._set_members(TASKS, [u for u in self._member_uris(TASKS) if u != uri])
 
     def _task_monitor(self, method: str, path: str) -> Result:
-        task = self._tasks.get(path[len(TASK_MONITORS) + 1:])
+        task = self._tasks.get(path[len(TASK_MONITORS) + 1 :])
         if task is None:
             raise self._unknown(path)
         self._require_method(method, "GET, HEAD")
@@ -1092,8 +1232,11 @@ class RedfishSimulator:
                 # Public reports (REDFISH-REFERENCE.md): monitors answering 200 with a Task
                 # body; DSP0266 wants 202 while the task runs.
                 return Result(200, self.state.with_etag(uri), {"ETag": self.state.etag(uri)})
-            return Result(202, self.state.with_etag(uri),
-                          {"Location": path, "Retry-After": str(self.retry_after_s)})
+            return Result(
+                202,
+                self.state.with_etag(uri),
+                {"Location": path, "Retry-After": str(self.retry_after_s)},
+            )
         if task.killed or self.switches.task_200_body:
             # A killed task has no operation answer: the Task (TaskState Killed) is the answer.
             return Result(200, self.state.with_etag(uri), {"ETag": self.state.etag(uri)})
@@ -1101,6 +1244,7 @@ class RedfishSimulator:
 
 
 # ----- command line ------------------------------------------------------------------------
+
 
 async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> None:
     stop = asyncio.Event()
@@ -1122,45 +1266,113 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
 
 @click.command("redfish")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
-              help="Port to bind (0: any free port).")
-@click.option("--regions", default=2, show_default=True, type=click.IntRange(0),
-              help="Generated regions.")
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port to bind (0: any free port).",
+)
+@click.option(
+    "--regions", default=2, show_default=True, type=click.IntRange(0), help="Generated regions."
+)
 @click.option("--racks-per-region", default=4, show_default=True, type=click.IntRange(0))
 @click.option("--devices-per-rack", default=16, show_default=True, type=click.IntRange(0))
 @click.option("--hosts-per-rack", default=4, show_default=True, type=click.IntRange(0))
-@click.option("--device-mix", default="gpu", show_default=True,
-              type=click.Choice(["gpu", "mixed"]), help="All GPUs, or GPU/FPGA/NVMe/CXL.")
-@click.option("--seed", default=0, show_default=True, type=int,
-              help="Same seed, same inventory.")
-@click.option("--mockup-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Serve this DMTF mockup folder instead of a generated inventory.")
+@click.option(
+    "--device-mix",
+    default="gpu",
+    show_default=True,
+    type=click.Choice(["gpu", "mixed"]),
+    help="All GPUs, or GPU/FPGA/NVMe/CXL.",
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="Same seed, same inventory.")
+@click.option(
+    "--mockup-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Serve this DMTF mockup folder instead of a generated inventory.",
+)
 @click.option("--username", default="admin", show_default=True)
-@click.option("--password-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="File holding the password (default password: 'password').")
-@click.option("--auth", default="any", show_default=True,
-              type=click.Choice(["any", "session", "basic", "none"]))
-@click.option("--task-mode/--no-task-mode", default=False, show_default=True,
-              help="Answer writes with 202 and a task monitor.")
-@click.option("--page-size", type=click.IntRange(1), default=None,
-              help="Page collections with this many members.")
-@click.option("--expand/--no-expand", default=False, show_default=True,
-              help="Offer $expand=. with $levels (advertised in the service root).")
-@click.option("--latency", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds added to every answer.")
-@click.option("--error-rate", default=0.0, show_default=True, type=click.FloatRange(0, 1),
-              help="Share of requests answered with 503.")
-@click.option("--require-if-match/--no-require-if-match", default=False, show_default=True,
-              help="Refuse a PATCH without If-Match (428).")
-@click.option("--profile", "profiles", multiple=True, type=click.Choice(PROFILE_NAMES),
-              metavar="NAME",
-              help="Behave like a real third-party service (repeatable; they compose): "
-                   + ", ".join(PROFILE_NAMES) + ".")
-def cli(host: str, port: int, regions: int, racks_per_region: int, devices_per_rack: int,
-        hosts_per_rack: int, device_mix: str, seed: int, mockup_dir: Path | None,
-        username: str, password_file: Path | None, auth: AuthMode, task_mode: bool,
-        page_size: int | None, expand: bool, latency: float, error_rate: float,
-        require_if_match: bool, profiles: tuple[str, ...]) -> None:
+@click.option(
+    "--password-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File holding the password (default password: 'password').",
+)
+@click.option(
+    "--auth",
+    default="any",
+    show_default=True,
+    type=click.Choice(["any", "session", "basic", "none"]),
+)
+@click.option(
+    "--task-mode/--no-task-mode",
+    default=False,
+    show_default=True,
+    help="Answer writes with 202 and a task monitor.",
+)
+@click.option(
+    "--page-size",
+    type=click.IntRange(1),
+    default=None,
+    help="Page collections with this many members.",
+)
+@click.option(
+    "--expand/--no-expand",
+    default=False,
+    show_default=True,
+    help="Offer $expand=. with $levels (advertised in the service root).",
+)
+@click.option(
+    "--latency",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds added to every answer.",
+)
+@click.option(
+    "--error-rate",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="Share of requests answered with 503.",
+)
+@click.option(
+    "--require-if-match/--no-require-if-match",
+    default=False,
+    show_default=True,
+    help="Refuse a PATCH without If-Match (428).",
+)
+@click.option(
+    "--profile",
+    "profiles",
+    multiple=True,
+    type=click.Choice(PROFILE_NAMES),
+    metavar="NAME",
+    help="Behave like a real third-party service (repeatable; they compose): "
+    + ", ".join(PROFILE_NAMES)
+    + ".",
+)
+def cli(
+    host: str,
+    port: int,
+    regions: int,
+    racks_per_region: int,
+    devices_per_rack: int,
+    hosts_per_rack: int,
+    device_mix: str,
+    seed: int,
+    mockup_dir: Path | None,
+    username: str,
+    password_file: Path | None,
+    auth: AuthMode,
+    task_mode: bool,
+    page_size: int | None,
+    expand: bool,
+    latency: float,
+    error_rate: float,
+    require_if_match: bool,
+    profiles: tuple[str, ...],
+) -> None:
     """Serve a simulated Redfish fabric manager (CompositionService) until Ctrl-C or SIGTERM.
 
     Profiles (--profile) are described in the module docstring of fabric_dra_sim.redfish.
@@ -1168,15 +1380,32 @@ def cli(host: str, port: int, regions: int, racks_per_region: int, devices_per_r
     password = "password"
     if password_file is not None:
         password = password_file.read_text(encoding="utf-8").rstrip("\r\n")
-    spec = None if mockup_dir is not None else InventorySpec(
-        regions=regions, racks_per_region=racks_per_region, devices_per_rack=devices_per_rack,
-        hosts_per_rack=hosts_per_rack, device_mix=device_mix, seed=seed)
+    spec = (
+        None
+        if mockup_dir is not None
+        else InventorySpec(
+            regions=regions,
+            racks_per_region=racks_per_region,
+            devices_per_rack=devices_per_rack,
+            hosts_per_rack=hosts_per_rack,
+            device_mix=device_mix,
+            seed=seed,
+        )
+    )
     try:
-        sim = RedfishSimulator(spec=spec, mockup_dir=mockup_dir, username=username,
-                               password=password, auth=auth, task_mode=task_mode,
-                               page_size=page_size, expand=expand,
-                               faults=Faults(latency_s=latency, error_rate=error_rate),
-                               require_if_match=require_if_match, profiles=profiles)
+        sim = RedfishSimulator(
+            spec=spec,
+            mockup_dir=mockup_dir,
+            username=username,
+            password=password,
+            auth=auth,
+            task_mode=task_mode,
+            page_size=page_size,
+            expand=expand,
+            faults=Faults(latency_s=latency, error_rate=error_rate),
+            require_if_match=require_if_match,
+            profiles=profiles,
+        )
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     asyncio.run(_serve_until_stopped(sim, host, port))

@@ -60,8 +60,15 @@ HEALTH_VARIANTS: tuple[JsonObject | None, ...] = (
 keeps its ``{"State": "Enabled", "Health": "OK"}``."""
 HEALTH_CYCLE = len(HEALTH_VARIANTS) + 1
 
-COMPONENT_KEYS = ("Processors", "Memory", "Storage", "Drives", "NetworkInterfaces",
-                  "EthernetInterfaces", "SimpleStorage")
+COMPONENT_KEYS = (
+    "Processors",
+    "Memory",
+    "Storage",
+    "Drives",
+    "NetworkInterfaces",
+    "EthernetInterfaces",
+    "SimpleStorage",
+)
 """The ResourceBlock properties that link its devices (ResourceBlock schema)."""
 
 _BLOCK_ACTIONS = ("#ComputerSystem.AddResourceBlock", "#ComputerSystem.RemoveResourceBlock")
@@ -138,76 +145,88 @@ _PROFILE_LIST = (
         "Links.ResourceBlocks (first) and the block's Links.ComputerSystems and located in "
         "the System's rack Chassis. A PATCH of Links.ResourceBlocks leaving it out, or "
         f"RemoveResourceBlock of it, answers 406 and changes nothing. Source: {_REF}.",
-        ProfileSwitches(server_owned_compute=True)),
+        ProfileSwitches(server_owned_compute=True),
+    ),
     Profile(
         "message-errors",
-        "Every error answer's body is {\"message\": \"<text>\"}, with no Redfish error "
+        'Every error answer\'s body is {"message": "<text>"}, with no Redfish error '
         f"object. Source: {_REF}.",
-        ProfileSwitches(error_format="message")),
+        ProfileSwitches(error_format="message"),
+    ),
     Profile(
         "text-errors",
         "Every error answer is a text/plain body holding the message text. Source: public "
         f"reports in {_REF}.",
-        ProfileSwitches(error_format="text")),
+        ProfileSwitches(error_format="text"),
+    ),
     Profile(
         "no-etags",
         "No ETag headers and no @odata.etag; If-Match (and require_if_match) is ignored; no "
         "AddResourceBlock/RemoveResourceBlock actions: they are not advertised and their URIs "
         f"are unknown resources (404, or 500 with unknown-500). PATCH only. Source: {_REF}.",
-        ProfileSwitches(etag_style="none", block_actions=False)),
+        ProfileSwitches(etag_style="none", block_actions=False),
+    ),
     Profile(
         "unknown-500",
         "A request for any unknown URI answers 500, not 404 (a reference to an unknown block "
         "inside a PATCH or action body still answers 404). Device blocks 0, 10, 20, ... (in "
         "collection order) link one extra Drive <block>/Drives/Dangling0 that does not exist. "
         f"Source: {_REF}.",
-        ProfileSwitches(unknown_status=500, dangling_drives=True)),
+        ProfileSwitches(unknown_status=500, dangling_drives=True),
+    ),
     Profile(
         "placeholder-identity",
         f"Every System has HostName {PLACEHOLDER_HOSTNAME!r}, UUID {PLACEHOLDER_UUID!r} and "
         f"SerialNumber {PLACEHOLDER_SERIAL!r}; only Id and the URI tell them apart. "
         f"Source: {_REF}.",
-        ProfileSwitches(placeholder_identity=True)),
+        ProfileSwitches(placeholder_identity=True),
+    ),
     Profile(
         "attach-noop",
         "An attach (a PATCH adding a block, or AddResourceBlock) answers 200 with the usual "
         "body but changes nothing; RedfishSimulator.noop_attaches says how many attaches are "
         "swallowed (None, the profile's default: all of them). Source: public reports in "
         f"{_REF}.",
-        ProfileSwitches(attach_noop=True)),
+        ProfileSwitches(attach_noop=True),
+    ),
     Profile(
         "double-quoted-etag",
-        "The ETag header is quoted twice (\"\"abc\"\") while @odata.etag is \"abc\". The "
-        "service compares If-Match with its own normalised tag, so \"abc\" and \"\"abc\"\" "
-        "both match and anything else (W/\"abc\" included) is 412. Source: public reports "
+        'The ETag header is quoted twice (""abc"") while @odata.etag is "abc". The '
+        'service compares If-Match with its own normalised tag, so "abc" and ""abc"" '
+        'both match and anything else (W/"abc" included) is 412. Source: public reports '
         f"in {_REF}; DSP0266 for If-Match.",
-        ProfileSwitches(etag_style="double-quoted")),
+        ProfileSwitches(etag_style="double-quoted"),
+    ),
     Profile(
         "task-200-body",
         "With task_mode, the task monitor answers 200 with the Task body (TaskState Running, "
         "PercentComplete) while the task runs, and 200 with the Task body in its final state "
         "(TaskState Completed, or Exception) when done; never 202. Source: public reports in "
         f"{_REF}; DSP0266 says 202 while running.",
-        ProfileSwitches(task_200_body=True)),
+        ProfileSwitches(task_200_body=True),
+    ),
     Profile(
         "task-killed",
         "With task_mode, every task ends with TaskState Killed, TaskStatus Critical and a "
         "TaskAborted message, and its change is not made; the monitor then answers 200 with "
         "the Task body. Source: the Task schema's TaskState (Killed: terminated by an "
         "operator).",
-        ProfileSwitches(task_killed=True)),
+        ProfileSwitches(task_killed=True),
+    ),
     Profile(
         "task-purged",
         "With task_mode, the task monitor and the Task resource vanish as soon as the task "
         "has run (its change is made): the read that runs it already answers as for an "
         f"unknown resource (404, or 500 with unknown-500). Source: public reports in {_REF}.",
-        ProfileSwitches(task_purged=True)),
+        ProfileSwitches(task_purged=True),
+    ),
     Profile(
         "volatile-state",
         "RedfishSimulator.restart() forgets every attachment made since start (Systems go "
         "back to their initial blocks) besides dropping sessions and tasks. "
         f"Source: {_REF} (state is in memory).",
-        ProfileSwitches(volatile_state=True)),
+        ProfileSwitches(volatile_state=True),
+    ),
     Profile(
         "null-health",
         "Device i (0-based, in block collection order) gets Status "
@@ -215,13 +234,21 @@ _PROFILE_LIST = (
         "{State: null} when 2, no Status when 3, {Health: Degraded, State: Enabled} when 4, "
         "and keeps Health OK when 5; the block holding it gets the same Status (Health null "
         f"for the Degraded one). Source: public reports in {_REF}.",
-        ProfileSwitches(null_health=True)),
+        ProfileSwitches(null_health=True),
+    ),
     Profile(
         "real-service",
         "What the real composability service did: server-owned-compute, message-errors, "
         f"no-etags, unknown-500, placeholder-identity and volatile-state. Source: {_REF}.",
-        includes=("server-owned-compute", "message-errors", "no-etags", "unknown-500",
-                  "placeholder-identity", "volatile-state")),
+        includes=(
+            "server-owned-compute",
+            "message-errors",
+            "no-etags",
+            "unknown-500",
+            "placeholder-identity",
+            "volatile-state",
+        ),
+    ),
 )
 
 PROFILES: Mapping[str, Profile] = MappingProxyType({p.name: p for p in _PROFILE_LIST})
@@ -245,8 +272,10 @@ def resolve_profiles(names: Iterable[str]) -> ProfileSwitches:
     def add(name: str) -> None:
         profile = PROFILES.get(name)
         if profile is None:
-            raise ValueError(f"unknown Redfish simulator profile {name!r}; valid profiles: "
-                             f"{', '.join(PROFILE_NAMES)}")
+            raise ValueError(
+                f"unknown Redfish simulator profile {name!r}; valid profiles: "
+                f"{', '.join(PROFILE_NAMES)}"
+            )
         for included in profile.includes:
             add(included)
         for field in dataclasses.fields(ProfileSwitches):
@@ -254,8 +283,10 @@ def resolve_profiles(names: Iterable[str]) -> ProfileSwitches:
             if value == getattr(default, field.name):
                 continue
             if field.name in merged and merged[field.name] != value:
-                raise ValueError(f"profiles {set_by[field.name]!r} and {name!r} cannot be "
-                                 f"combined: both set {field.name}")
+                raise ValueError(
+                    f"profiles {set_by[field.name]!r} and {name!r} cannot be "
+                    f"combined: both set {field.name}"
+                )
             merged[field.name] = value
             set_by[field.name] = name
 
@@ -265,8 +296,10 @@ def resolve_profiles(names: Iterable[str]) -> ProfileSwitches:
     # what one service does with every task.
     ends = [set_by[f] for f in ("task_killed", "task_purged") if merged.get(f)]
     if len(ends) > 1:
-        raise ValueError(f"profiles {ends[0]!r} and {ends[1]!r} cannot be combined: both "
-                         "decide how every task ends")
+        raise ValueError(
+            f"profiles {ends[0]!r} and {ends[1]!r} cannot be combined: both "
+            "decide how every task ends"
+        )
     return dataclasses.replace(default, **merged)
 
 
@@ -277,9 +310,17 @@ def needs_tasks(switches: ProfileSwitches) -> bool:
 
 # ----- tree edits, made once before serving -------------------------------------------------
 
+
 def _refs(value: Any) -> list[str]:
-    return [normalise(r["@odata.id"]) for r in value if isinstance(r, dict)
-            and isinstance(r.get("@odata.id"), str)] if isinstance(value, list) else []
+    return (
+        [
+            normalise(r["@odata.id"])
+            for r in value
+            if isinstance(r, dict) and isinstance(r.get("@odata.id"), str)
+        ]
+        if isinstance(value, list)
+        else []
+    )
 
 
 def _members(tree: Tree, collection_uri: str) -> list[str]:
@@ -314,8 +355,11 @@ def blank_health(tree: Tree, blocks: list[str]) -> None:
             tree[block].pop("Status", None)
             continue
         tree[device]["Status"] = dict(chosen)
-        tree[block]["Status"] = ({"Health": None, "State": "Enabled"}
-                                 if chosen.get("Health") == "Degraded" else dict(chosen))
+        tree[block]["Status"] = (
+            {"Health": None, "State": "Enabled"}
+            if chosen.get("Health") == "Degraded"
+            else dict(chosen)
+        )
 
 
 def add_dangling_drives(tree: Tree, blocks: list[str]) -> list[str]:
@@ -343,8 +387,13 @@ def placeholder_identities(tree: Tree) -> None:
     REDFISH-REFERENCE.md ("What a real composability service did"): placeholders.
     """
     for system in _members(tree, SYSTEMS):
-        tree[system].update({"HostName": PLACEHOLDER_HOSTNAME, "UUID": PLACEHOLDER_UUID,
-                             "SerialNumber": PLACEHOLDER_SERIAL})
+        tree[system].update(
+            {
+                "HostName": PLACEHOLDER_HOSTNAME,
+                "UUID": PLACEHOLDER_UUID,
+                "SerialNumber": PLACEHOLDER_SERIAL,
+            }
+        )
 
 
 def remove_block_actions(tree: Tree) -> None:
@@ -406,9 +455,13 @@ def add_compute_blocks(tree: Tree) -> dict[str, str]:
             if zone in tree:
                 zones.append(zone)
                 tree[zone].setdefault("Links", {}).setdefault("ResourceBlocks", []).append(
-                    link(uri))
-        cpu, dimm, nic = f"{uri}/Processors/CPU0", f"{uri}/Memory/DIMM0", \
-            f"{uri}/NetworkInterfaces/NIC0"
+                    link(uri)
+                )
+        cpu, dimm, nic = (
+            f"{uri}/Processors/CPU0",
+            f"{uri}/Memory/DIMM0",
+            f"{uri}/NetworkInterfaces/NIC0",
+        )
         tree[uri] = {
             "@odata.id": uri,
             "@odata.type": "#ResourceBlock.v1_4_3.ResourceBlock",
@@ -416,30 +469,51 @@ def add_compute_blocks(tree: Tree) -> dict[str, str]:
             "Name": f"Compute block of {system_id}",
             "ResourceBlockType": [],
             "Status": status(),
-            "CompositionStatus": {"Reserved": False, "CompositionState": "Composed",
-                                  "SharingCapable": False, "MaxCompositions": 1,
-                                  "NumberOfCompositions": 1},
+            "CompositionStatus": {
+                "Reserved": False,
+                "CompositionState": "Composed",
+                "SharingCapable": False,
+                "MaxCompositions": 1,
+                "NumberOfCompositions": 1,
+            },
             "Processors": [link(cpu)],
             "Memory": [link(dimm)],
             "NetworkInterfaces": [link(nic)],
-            "Links": {"Chassis": [link(c) for c in chassis],
-                      "ComputerSystems": [link(system)],
-                      "Zones": [link(z) for z in zones]},
+            "Links": {
+                "Chassis": [link(c) for c in chassis],
+                "ComputerSystems": [link(system)],
+                "Zones": [link(z) for z in zones],
+            },
         }
         tree[cpu] = {
-            "@odata.id": cpu, "@odata.type": "#Processor.v1_22_0.Processor", "Id": "CPU0",
-            "Name": "Intel Xeon Gold 6430", "ProcessorType": "CPU", "Manufacturer": "Intel",
-            "Model": "Xeon Gold 6430", "TotalCores": 32, "TotalThreads": 64,
+            "@odata.id": cpu,
+            "@odata.type": "#Processor.v1_22_0.Processor",
+            "Id": "CPU0",
+            "Name": "Intel Xeon Gold 6430",
+            "ProcessorType": "CPU",
+            "Manufacturer": "Intel",
+            "Model": "Xeon Gold 6430",
+            "TotalCores": 32,
+            "TotalThreads": 64,
             "Status": status(),
         }
         tree[dimm] = {
-            "@odata.id": dimm, "@odata.type": "#Memory.v1_23_0.Memory", "Id": "DIMM0",
-            "Name": "DDR5 RDIMM 64GB", "MemoryType": "DRAM", "MemoryDeviceType": "DDR5",
-            "MemoryMedia": ["DRAM"], "CapacityMiB": 65536, "Status": status(),
+            "@odata.id": dimm,
+            "@odata.type": "#Memory.v1_23_0.Memory",
+            "Id": "DIMM0",
+            "Name": "DDR5 RDIMM 64GB",
+            "MemoryType": "DRAM",
+            "MemoryDeviceType": "DDR5",
+            "MemoryMedia": ["DRAM"],
+            "CapacityMiB": 65536,
+            "Status": status(),
         }
         tree[nic] = {
-            "@odata.id": nic, "@odata.type": "#NetworkInterface.v1_2_3.NetworkInterface",
-            "Id": "NIC0", "Name": "Ethernet adapter", "Status": status(),
+            "@odata.id": nic,
+            "@odata.type": "#NetworkInterface.v1_2_3.NetworkInterface",
+            "Id": "NIC0",
+            "Name": "Ethernet adapter",
+            "Status": status(),
         }
         refs = links.get("ResourceBlocks")
         links["ResourceBlocks"] = [link(uri), *(refs if isinstance(refs, list) else [])]

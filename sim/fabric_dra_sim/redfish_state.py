@@ -35,8 +35,15 @@ HEALTHS = ("OK", "Warning", "Critical")
 class RedfishError(Exception):
     """An error answer: HTTP status, a Base registry message key and text, extra headers."""
 
-    def __init__(self, status: int, key: str, text: str, *, args: list[str] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        key: str,
+        text: str,
+        *,
+        args: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(text)
         self.status = status
         self.key = key
@@ -58,8 +65,12 @@ class Result:
 
 def not_found(uri: str) -> RedfishError:
     """404 ``ResourceNotFound`` for ``uri``."""
-    return RedfishError(404, "ResourceNotFound", f"The requested resource {uri} was not found.",
-                        args=["Resource", uri])
+    return RedfishError(
+        404,
+        "ResourceNotFound",
+        f"The requested resource {uri} was not found.",
+        args=["Resource", uri],
+    )
 
 
 def error_key_for(status_code: int) -> str:
@@ -78,17 +89,24 @@ def etag_matches(header: str, etag: str) -> bool:
 
 
 def _type_error(name: str, value: Any) -> RedfishError:
-    return RedfishError(400, "PropertyValueTypeError",
-                        f"The value {json.dumps(value)} for the property {name} is of a "
-                        "different type than the property can accept.",
-                        args=[json.dumps(value), name])
+    return RedfishError(
+        400,
+        "PropertyValueTypeError",
+        f"The value {json.dumps(value)} for the property {name} is of a "
+        "different type than the property can accept.",
+        args=[json.dumps(value), name],
+    )
 
 
 def _param_type_error(action: str, key: str, value: Any) -> RedfishError:
-    return RedfishError(400, "ActionParameterValueTypeError",
-                        f"The value {json.dumps(value)} for the parameter {key} in the "
-                        f"action {action} is of a different type than the parameter can "
-                        "accept.", args=[json.dumps(value), key, action])
+    return RedfishError(
+        400,
+        "ActionParameterValueTypeError",
+        f"The value {json.dumps(value)} for the parameter {key} in the "
+        f"action {action} is of a different type than the parameter can "
+        "accept.",
+        args=[json.dumps(value), key, action],
+    )
 
 
 def parse_links_patch(body: JsonObject, system: JsonObject, old: list[str]) -> list[str]:
@@ -113,31 +131,47 @@ def parse_links_patch(body: JsonObject, system: JsonObject, old: list[str]) -> l
         if key.startswith("@") or key == "Links":
             continue
         if key in system:
-            raise RedfishError(400, "PropertyNotWritable",
-                               f"The property {key} is a read-only property and cannot be "
-                               "assigned a value.", args=[key])
-        raise RedfishError(400, "PropertyUnknown",
-                           f"The property {key} is not in the list of valid properties "
-                           "for the resource.", args=[key])
+            raise RedfishError(
+                400,
+                "PropertyNotWritable",
+                f"The property {key} is a read-only property and cannot be assigned a value.",
+                args=[key],
+            )
+        raise RedfishError(
+            400,
+            "PropertyUnknown",
+            f"The property {key} is not in the list of valid properties for the resource.",
+            args=[key],
+        )
     links = body.get("Links")
     if links is None:
-        raise RedfishError(400, "PropertyMissing",
-                           "The property Links/ResourceBlocks is a required property and "
-                           "must be included in the request.", args=["Links/ResourceBlocks"])
+        raise RedfishError(
+            400,
+            "PropertyMissing",
+            "The property Links/ResourceBlocks is a required property and "
+            "must be included in the request.",
+            args=["Links/ResourceBlocks"],
+        )
     if not isinstance(links, dict):
         raise _type_error("Links", links)
     for key in links:
         if key != "ResourceBlocks":
-            raise RedfishError(400, "PropertyNotWritable",
-                               f"The property Links/{key} is a read-only property and "
-                               "cannot be assigned a value.", args=[f"Links/{key}"])
+            raise RedfishError(
+                400,
+                "PropertyNotWritable",
+                f"The property Links/{key} is a read-only property and cannot be assigned a value.",
+                args=[f"Links/{key}"],
+            )
     refs = links.get("ResourceBlocks")
     if not isinstance(refs, list):
         if refs is None:
-            raise RedfishError(400, "PropertyMissing",
-                               "The property Links/ResourceBlocks is a required property "
-                               "and must be included in the request.",
-                               args=["Links/ResourceBlocks"])
+            raise RedfishError(
+                400,
+                "PropertyMissing",
+                "The property Links/ResourceBlocks is a required property "
+                "and must be included in the request.",
+                args=["Links/ResourceBlocks"],
+            )
         raise _type_error("Links/ResourceBlocks", refs)
     new: list[str] = []
     for index, ref in enumerate(refs):
@@ -147,9 +181,13 @@ def parse_links_patch(body: JsonObject, system: JsonObject, old: list[str]) -> l
         if not ref:
             # DSP0266: an empty object in a PATCHed array keeps the element at that index.
             if index >= len(old):
-                raise RedfishError(400, "PropertyValueError",
-                                   f"The value provided for the property {name} is not "
-                                   "valid: there is no element to keep.", args=[name])
+                raise RedfishError(
+                    400,
+                    "PropertyValueError",
+                    f"The value provided for the property {name} is not "
+                    "valid: there is no element to keep.",
+                    args=[name],
+                )
             new.append(old[index])
             continue
         target = ref.get("@odata.id")
@@ -174,16 +212,23 @@ def parse_block_action(action: str, body: JsonObject) -> tuple[str, dict[str, st
     """
     for key, value in body.items():
         if key not in ("ResourceBlock", "ResourceBlockETag", "ComputerSystemETag"):
-            raise RedfishError(400, "ActionParameterUnknown",
-                               f"The action {action} was submitted with the invalid "
-                               f"parameter {key}.", args=[action, key])
+            raise RedfishError(
+                400,
+                "ActionParameterUnknown",
+                f"The action {action} was submitted with the invalid parameter {key}.",
+                args=[action, key],
+            )
         if key != "ResourceBlock" and not isinstance(value, str):
             raise _param_type_error(action, key, value)
     ref = body.get("ResourceBlock")
     if ref is None:
-        raise RedfishError(400, "ActionParameterMissing",
-                           f"The action {action} requires the parameter ResourceBlock to "
-                           "be present in the request body.", args=[action, "ResourceBlock"])
+        raise RedfishError(
+            400,
+            "ActionParameterMissing",
+            f"The action {action} requires the parameter ResourceBlock to "
+            "be present in the request body.",
+            args=[action, "ResourceBlock"],
+        )
     if not (isinstance(ref, dict) and isinstance(ref.get("@odata.id"), str)):
         raise _param_type_error(action, "ResourceBlock", ref)
     block = normalise(ref["@odata.id"])
@@ -226,14 +271,17 @@ class FabricState:
             for block in self.system_blocks(system):
                 named_by.setdefault(block, []).append(system)
         self._holders: dict[str, list[str]] = {
-            b: self._initial_holders(b, named_by.get(b, [])) for b in self.blocks}
+            b: self._initial_holders(b, named_by.get(b, [])) for b in self.blocks
+        }
         self._initial: tuple[dict[str, list[str]], dict[str, list[str]]] = ({}, {})
         self.mark_initial()
 
     def mark_initial(self) -> None:
         """Remember who holds what now, as the state :meth:`forget_attachments` goes back to."""
-        self._initial = ({b: list(h) for b, h in self._holders.items()},
-                         {s: self.system_blocks(s) for s in self.systems})
+        self._initial = (
+            {b: list(h) for b, h in self._holders.items()},
+            {s: self.system_blocks(s) for s in self.systems},
+        )
 
     def forget_attachments(self) -> None:
         """Go back to the holders of :meth:`mark_initial` (a restart of a service that keeps
@@ -251,11 +299,15 @@ class FabricState:
                 changed.append(block)
         for system in self.systems:
             # Keep references that were never blocks (a mockup's dangling ones) as they were.
-            wanted = [b for b in initial_lists.get(system, [])
-                      if b in self._holders or b not in initial_holders]
+            wanted = [
+                b
+                for b in initial_lists.get(system, [])
+                if b in self._holders or b not in initial_holders
+            ]
             if self.system_blocks(system) != wanted:
                 self.tree[system].setdefault("Links", {})["ResourceBlocks"] = [
-                    link(b) for b in wanted]
+                    link(b) for b in wanted
+                ]
         for block in changed:
             self._sync_block(block)
 
@@ -318,8 +370,9 @@ class FabricState:
         digest = hashlib.sha256(json.dumps(resource, sort_keys=True).encode()).hexdigest()
         return f'"{digest[:20]}"'
 
-    def with_etag(self, path: str, *, members: slice | None = None,
-                  etag: bool = True) -> JsonObject:
+    def with_etag(
+        self, path: str, *, members: slice | None = None, etag: bool = True
+    ) -> JsonObject:
         """A copy of the resource at ``path`` with ``@odata.etag`` set (unless ``etag`` is
         False: an expanded answer has none).
 
@@ -340,8 +393,11 @@ class FabricState:
 
     def _members_present(self, collection_uri: str) -> list[str]:
         members = self.tree.get(collection_uri, {}).get("Members", [])
-        uris = [normalise(m["@odata.id"]) for m in members
-                if isinstance(m, dict) and isinstance(m.get("@odata.id"), str)]
+        uris = [
+            normalise(m["@odata.id"])
+            for m in members
+            if isinstance(m, dict) and isinstance(m.get("@odata.id"), str)
+        ]
         return [u for u in dict.fromkeys(uris) if u in self.tree]
 
     def _initial_holders(self, block_uri: str, named_by: list[str]) -> list[str]:
@@ -360,8 +416,11 @@ class FabricState:
         """The block URIs in the System's ``Links.ResourceBlocks``, in order."""
         links = self.tree[system_uri].get("Links")
         refs = links.get("ResourceBlocks") if isinstance(links, dict) else None
-        return [normalise(r["@odata.id"]) for r in refs or []
-                if isinstance(r, dict) and isinstance(r.get("@odata.id"), str)]
+        return [
+            normalise(r["@odata.id"])
+            for r in refs or []
+            if isinstance(r, dict) and isinstance(r.get("@odata.id"), str)
+        ]
 
     def block_uris(self) -> list[str]:
         """Every ResourceBlock URI (``@odata.id``), in collection order."""
@@ -373,8 +432,9 @@ class FabricState:
 
     def attachments(self) -> dict[str, str | None]:
         """Block URI -> the ``Id`` of the System holding it (the first one if shared), or None."""
-        return {b: (self.system_id(h[0]) if (h := self._holders.get(b)) else None)
-                for b in self.blocks}
+        return {
+            b: (self.system_id(h[0]) if (h := self._holders.get(b)) else None) for b in self.blocks
+        }
 
     def holders(self, block_uri: str) -> list[str]:
         """The ``Id`` of every System holding ``block_uri`` (several for a shared block).
@@ -418,8 +478,10 @@ class FabricState:
             links = resource.get("Links")
             if isinstance(links, dict) and isinstance(links.get("ResourceBlocks"), list):
                 links["ResourceBlocks"] = [
-                    r for r in links["ResourceBlocks"]
-                    if not (isinstance(r, dict) and normalise(str(r.get("@odata.id"))) == uri)]
+                    r
+                    for r in links["ResourceBlocks"]
+                    if not (isinstance(r, dict) and normalise(str(r.get("@odata.id"))) == uri)
+                ]
 
     def add_block(self, region: str, rack: str, device_type: str = "gpu") -> str:
         """Add a device in a new ResourceBlock to an existing rack of a generated tree.
@@ -461,10 +523,14 @@ class FabricState:
         limit = state.get("MaxCompositions")
         room = not isinstance(limit, int) or len(others) < limit
         if not (shareable and room):
-            raise RedfishError(409, "ResourceInUse",
-                               f"The change to the requested resource failed because the "
-                               f"resource {block} is in use by "
-                               f"{self.system_id(others[0])}.", args=[block])
+            raise RedfishError(
+                409,
+                "ResourceInUse",
+                f"The change to the requested resource failed because the "
+                f"resource {block} is in use by "
+                f"{self.system_id(others[0])}.",
+                args=[block],
+            )
 
     def _take_noop_attach(self) -> bool:
         """True when this attach is to be swallowed (``attach-noop``), counting it."""
@@ -480,10 +546,13 @@ class FabricState:
         # Links.ResourceBlocks that leaves the System's own compute block out is refused
         # with 406 (and so, here, is RemoveResourceBlock of it).
         if self.owned.get(block) == system:
-            raise RedfishError(406, "GeneralError",
-                               f"The compute block {block} belongs to "
-                               f"{self.system_id(system)} and cannot be removed from it.",
-                               args=[block])
+            raise RedfishError(
+                406,
+                "GeneralError",
+                f"The compute block {block} belongs to "
+                f"{self.system_id(system)} and cannot be removed from it.",
+                args=[block],
+            )
 
     def _attach(self, block: str, system: str, *, record: bool = True) -> None:
         self._holders[block].append(system)
@@ -497,9 +566,11 @@ class FabricState:
     def _detach(self, block: str, system: str, *, record: bool = True) -> None:
         self._holders[block].remove(system)
         links = self.tree[system].setdefault("Links", {})
-        links["ResourceBlocks"] = [r for r in links.get("ResourceBlocks", [])
-                                   if not (isinstance(r, dict)
-                                           and normalise(str(r.get("@odata.id"))) == block)]
+        links["ResourceBlocks"] = [
+            r
+            for r in links.get("ResourceBlocks", [])
+            if not (isinstance(r, dict) and normalise(str(r.get("@odata.id"))) == block)
+        ]
         self._sync_block(block)
         if record:
             self.history.append(("detach", block, self.system_id(system)))
@@ -569,12 +640,15 @@ class FabricState:
         """
         self.check_block(block, system)
         if system in self._holders[block]:
-            return self._action_result("NoOperation", "The request body submitted contain no "
-                                       "data to act upon and no changes to the resource took "
-                                       "place.", system)
+            return self._action_result(
+                "NoOperation",
+                "The request body submitted contain no "
+                "data to act upon and no changes to the resource took "
+                "place.",
+                system,
+            )
         if self._take_noop_attach():
-            return self._action_result("Success", "The request completed successfully.",
-                                       system)
+            return self._action_result("Success", "The request completed successfully.", system)
         self._attach(block, system)
         return self._action_result("Success", "The request completed successfully.", system)
 
@@ -590,15 +664,22 @@ class FabricState:
         if system in self._holders[block]:
             self._refuse_owned(block, system)
         if system not in self._holders[block]:
-            return self._action_result("NoOperation", "The request body submitted contain no "
-                                       "data to act upon and no changes to the resource took "
-                                       "place.", system)
+            return self._action_result(
+                "NoOperation",
+                "The request body submitted contain no "
+                "data to act upon and no changes to the resource took "
+                "place.",
+                system,
+            )
         self._detach(block, system)
         return self._action_result("Success", "The request completed successfully.", system)
 
     def _action_result(self, key: str, text: str, system: str) -> Result:
-        return Result(200, {"@Message.ExtendedInfo": [message(key, text, severity="OK")]},
-                      {"ETag": self.etag(system)})
+        return Result(
+            200,
+            {"@Message.ExtendedInfo": [message(key, text, severity="OK")]},
+            {"ETag": self.etag(system)},
+        )
 
     def system_id(self, system_uri: str) -> str:
         """The System's ``Id`` (its last URI segment when the resource has none)."""

@@ -88,7 +88,8 @@ class InventorySpec:
                 raise ValueError(f"InventorySpec.{name} must be >= 0, got {getattr(self, name)}")
         if self.device_mix not in ("gpu", "mixed"):
             raise ValueError(
-                f"InventorySpec.device_mix must be 'gpu' or 'mixed', got {self.device_mix!r}")
+                f"InventorySpec.device_mix must be 'gpu' or 'mixed', got {self.device_mix!r}"
+            )
 
 
 def region_name(index: int) -> str:
@@ -115,7 +116,11 @@ def normalise(path: str) -> str:
 
 
 def message(
-    key: str, text: str, *, args: list[str] | None = None, severity: str = "Critical",
+    key: str,
+    text: str,
+    *,
+    args: list[str] | None = None,
+    severity: str = "Critical",
     resolution: str = "None.",
 ) -> JsonObject:
     """One ``@Message.ExtendedInfo`` entry with a Base registry message id.
@@ -131,8 +136,9 @@ def message(
     }
 
 
-def error_body(key: str, text: str, *, args: list[str] | None = None,
-               resolution: str = "None.") -> JsonObject:
+def error_body(
+    key: str, text: str, *, args: list[str] | None = None, resolution: str = "None."
+) -> JsonObject:
     """A Redfish error response body (DSP0266 "Error responses").
 
     Shape: ``{"error": {"code", "message", "@Message.ExtendedInfo": [message]}}``.
@@ -234,8 +240,12 @@ class TreeBuilder:
             "Product": "fabric-dra Redfish simulator",
             "Vendor": "fabric-dra",
             "ProtocolFeaturesSupported": {
-                "ExpandQuery": {"ExpandAll": False, "Levels": False, "Links": False,
-                                "NoLinks": False},
+                "ExpandQuery": {
+                    "ExpandAll": False,
+                    "Levels": False,
+                    "Links": False,
+                    "NoLinks": False,
+                },
                 "FilterQuery": False,
                 "SelectQuery": False,
                 "OnlyMemberQuery": False,
@@ -265,8 +275,9 @@ class TreeBuilder:
         t[BLOCKS] = collection(BLOCKS, "ResourceBlockCollection", "Resource Block Collection", [])
         t[ZONES] = collection(ZONES, "ZoneCollection", "Resource Zone Collection", [])
         t[CHASSIS] = collection(CHASSIS, "ChassisCollection", "Chassis Collection", [])
-        t[SYSTEMS] = collection(SYSTEMS, "ComputerSystemCollection", "Computer System Collection",
-                                [])
+        t[SYSTEMS] = collection(
+            SYSTEMS, "ComputerSystemCollection", "Computer System Collection", []
+        )
         for r in range(spec.regions):
             region = region_name(r)
             self._add_zone(region)
@@ -335,8 +346,12 @@ class TreeBuilder:
             "Status": status(),
             "Location": {
                 "PostalAddress": self._postal(region),
-                "Placement": {"Row": "row-1", "Rack": rack, "RackOffset": 20,
-                              "RackOffsetUnits": "EIA_310"},
+                "Placement": {
+                    "Row": "row-1",
+                    "Rack": rack,
+                    "RackOffset": 20,
+                    "RackOffsetUnits": "EIA_310",
+                },
             },
             "Links": {"ContainedBy": link(rack_uri), "ResourceBlocks": []},
         }
@@ -364,9 +379,11 @@ class TreeBuilder:
             "Links": {"ResourceBlocks": [], "Chassis": [link(rack_uri)]},
             "Actions": {
                 "#ComputerSystem.AddResourceBlock": {
-                    "target": f"{uri}/Actions/ComputerSystem.AddResourceBlock"},
+                    "target": f"{uri}/Actions/ComputerSystem.AddResourceBlock"
+                },
                 "#ComputerSystem.RemoveResourceBlock": {
-                    "target": f"{uri}/Actions/ComputerSystem.RemoveResourceBlock"},
+                    "target": f"{uri}/Actions/ComputerSystem.RemoveResourceBlock"
+                },
             },
         }
         self.tree[rack_uri]["Links"]["ComputerSystems"].append(link(uri))
@@ -388,8 +405,7 @@ class TreeBuilder:
             ValueError: ``kind`` is unknown.
         """
         if kind not in DEVICE_TYPES:
-            raise ValueError(
-                f"device type must be one of {', '.join(DEVICE_TYPES)}, got {kind!r}")
+            raise ValueError(f"device type must be one of {', '.join(DEVICE_TYPES)}, got {kind!r}")
         enclosure_uri = f"{CHASSIS}/{region}-{rack}-fabric"
         zone_uri = f"{ZONES}/zone-{region}"
         if enclosure_uri not in self.tree or zone_uri not in self.tree:
@@ -398,8 +414,13 @@ class TreeBuilder:
         self._next_slot[enclosure_uri] = slot + 1
         block_id = f"{region}-{rack}-{kind}-{slot:02d}"
         block_uri = f"{BLOCKS}/{block_id}"
-        part_location = {"PartLocation": {"ServiceLabel": f"slot-{slot}", "LocationType": "Slot",
-                                          "LocationOrdinalValue": slot}}
+        part_location = {
+            "PartLocation": {
+                "ServiceLabel": f"slot-{slot}",
+                "LocationType": "Slot",
+                "LocationOrdinalValue": slot,
+            }
+        }
         block: JsonObject = {
             "@odata.id": block_uri,
             "@odata.type": "#ResourceBlock.v1_4_3.ResourceBlock",
@@ -413,8 +434,11 @@ class TreeBuilder:
                 "MaxCompositions": 1,
                 "NumberOfCompositions": 0,
             },
-            "Links": {"Chassis": [link(enclosure_uri)], "ComputerSystems": [],
-                      "Zones": [link(zone_uri)]},
+            "Links": {
+                "Chassis": [link(enclosure_uri)],
+                "ComputerSystems": [],
+                "Zones": [link(zone_uri)],
+            },
         }
         if kind in ("gpu", "fpga"):
             model = self.rng.choice(_GPU_MODELS if kind == "gpu" else _FPGA_MODELS)
@@ -434,8 +458,9 @@ class TreeBuilder:
                 "PartNumber": f"{model.part_prefix}-{self.rng.randrange(1000):03d}",
                 "UUID": self._uuid(),
                 "FirmwareVersion": self._firmware(535 if kind == "gpu" else 3),
-                "ProcessorMemory": [{"CapacityMiB": model.memory_mib,
-                                     "MemoryType": model.memory_type}],
+                "ProcessorMemory": [
+                    {"CapacityMiB": model.memory_mib, "MemoryType": model.memory_type}
+                ],
                 "Location": part_location,
                 "Status": status(),
                 "Links": {"Chassis": link(enclosure_uri)},
@@ -527,10 +552,11 @@ def load_mockup(directory: Path) -> Tree:
 def odata_service_document(tree: Tree) -> JsonObject:
     """The OData service document (``/redfish/v1/odata``) naming the root's top-level links."""
     root = tree.get(ROOT, {})
-    values = [{"name": name, "kind": "Singleton", "url": value["@odata.id"]}
-              for name, value in root.items()
-              if isinstance(value, dict) and isinstance(value.get("@odata.id"), str)
-              and name != "Links"]
+    values = [
+        {"name": name, "kind": "Singleton", "url": value["@odata.id"]}
+        for name, value in root.items()
+        if isinstance(value, dict) and isinstance(value.get("@odata.id"), str) and name != "Links"
+    ]
     return {"@odata.context": f"{ROOT}/$metadata", "value": values}
 
 
@@ -543,8 +569,15 @@ def metadata_document(tree: Tree) -> str:
             qualified = odata_type[1:].rsplit(".", 1)[0]
             schema = qualified.split(".", 1)[0]
             namespaces.setdefault(schema, set()).update({schema, qualified})
-    for schema in ("ServiceRoot", "Task", "TaskCollection", "Session", "SessionCollection",
-                   "Message", "RedfishExtensions"):
+    for schema in (
+        "ServiceRoot",
+        "Task",
+        "TaskCollection",
+        "Session",
+        "SessionCollection",
+        "Message",
+        "RedfishExtensions",
+    ):
         namespaces.setdefault(schema, set()).add(schema)
     namespaces["RedfishExtensions"].add("RedfishExtensions.v1_0_0")
     namespaces["ServiceRoot"].add("ServiceRoot.v1_0_0")
@@ -553,17 +586,23 @@ def metadata_document(tree: Tree) -> str:
         file_name = f"{schema}_v1.xml"
         includes = "".join(
             f'    <edmx:Include Namespace="{ns}"'
-            + (' Alias="Redfish"' if ns == "RedfishExtensions.v1_0_0" else "") + "/>\n"
-            for ns in sorted(namespaces[schema]))
-        refs.append(f'  <edmx:Reference Uri="http://redfish.dmtf.org/schemas/v1/{file_name}">\n'
-                    f"{includes}  </edmx:Reference>\n")
-    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
-            '<edmx:Edmx xmlns:edmx="http://docs.oasis-open.org/odata/ns/edmx" Version="4.0">\n'
-            + "".join(refs)
-            + '  <edmx:DataServices>\n'
-            '    <Schema xmlns="http://docs.oasis-open.org/odata/ns/edm" Namespace="Service">\n'
-            '      <EntityContainer Name="Service"'
-            ' Extends="ServiceRoot.v1_0_0.ServiceContainer"/>\n'
-            "    </Schema>\n"
-            "  </edmx:DataServices>\n"
-            "</edmx:Edmx>\n")
+            + (' Alias="Redfish"' if ns == "RedfishExtensions.v1_0_0" else "")
+            + "/>\n"
+            for ns in sorted(namespaces[schema])
+        )
+        refs.append(
+            f'  <edmx:Reference Uri="http://redfish.dmtf.org/schemas/v1/{file_name}">\n'
+            f"{includes}  </edmx:Reference>\n"
+        )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<edmx:Edmx xmlns:edmx="http://docs.oasis-open.org/odata/ns/edmx" Version="4.0">\n'
+        + "".join(refs)
+        + "  <edmx:DataServices>\n"
+        '    <Schema xmlns="http://docs.oasis-open.org/odata/ns/edm" Namespace="Service">\n'
+        '      <EntityContainer Name="Service"'
+        ' Extends="ServiceRoot.v1_0_0.ServiceContainer"/>\n'
+        "    </Schema>\n"
+        "  </edmx:DataServices>\n"
+        "</edmx:Edmx>\n"
+    )

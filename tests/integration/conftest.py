@@ -37,8 +37,9 @@ ServeRedfish = Callable[..., Awaitable[tuple[RedfishSimulator, str]]]
 @pytest.fixture
 async def emu() -> AsyncIterator[KubeEmulator]:
     """A started Kubernetes 1.34 emulator with every DRA gate on, bookmarks every 0.2 s."""
-    emulator = KubeEmulator(kubernetes_version="1.34", feature_gates=all_gates_on("1.34"),
-                            bookmark_interval_s=0.2)
+    emulator = KubeEmulator(
+        kubernetes_version="1.34", feature_gates=all_gates_on("1.34"), bookmark_interval_s=0.2
+    )
     await emulator.start()
     try:
         yield emulator

@@ -49,8 +49,13 @@ class FabricDouble(MemoryBackend):
         self.detached: list[tuple[str, str]] = []
         self.before_detach: Callable[[], Awaitable[None]] | None = None
 
-    async def detach(self, device: FabricDevice, host_id: str, *,
-                     on_operation: Callable[[str], Awaitable[None]] | None = None) -> Operation:
+    async def detach(
+        self,
+        device: FabricDevice,
+        host_id: str,
+        *,
+        on_operation: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Operation:
         self.detached.append((device.vendor_id, host_id))
         if self.before_detach is not None:
             await self.before_detach()
@@ -67,8 +72,10 @@ def fabric() -> FabricDouble:
     devices += [gpu(i, region="us-east", rack="rack-02") for i in range(3)]
     devices[4] = replace(devices[4], health=Health.CRITICAL)
     devices[5] = replace(devices[5], model="Z900")
-    devices += [gpu(i, region="us-west", rack="rack-07", device_type=DeviceType.FPGA,
-                    model="F10") for i in range(2)]
+    devices += [
+        gpu(i, region="us-west", rack="rack-07", device_type=DeviceType.FPGA, model="F10")
+        for i in range(2)
+    ]
     hosts = [host(1, region="us-east", rack="rack-01"), host(1, region="us-east", rack="rack-02")]
     return FabricDouble(devices, hosts)
 
@@ -99,17 +106,21 @@ async def seed(db: Database) -> Seeded:
     claim_a = ClaimRef("uid-a", "team-a", "claim-a")
     claim_b = ClaimRef("uid-b", "team-b", "claim-b")
     east1, east2 = names["us-east/rack-01"], names["us-east/rack-02"]
-    attached = await journal.reserve(claim_a, "gpu", east1[0], "us-east/rack-01", "structured",
-                                     "node-1", "us-east-rack-01-1")
+    attached = await journal.reserve(
+        claim_a, "gpu", east1[0], "us-east/rack-01", "structured", "node-1", "us-east-rack-01-1"
+    )
     await journal.transition(attached.id, [PENDING], ATTACHING)
     await journal.transition(attached.id, [ATTACHING], ATTACHED)
-    pending = await journal.reserve(claim_a, "gpu2", east1[1], "us-east/rack-01", "structured",
-                                    "node-1", "us-east-rack-01-1")
-    released = await journal.reserve(claim_b, "gpu", east2[0], "us-east/rack-02", "structured",
-                                     None, None)
+    pending = await journal.reserve(
+        claim_a, "gpu2", east1[1], "us-east/rack-01", "structured", "node-1", "us-east-rack-01-1"
+    )
+    released = await journal.reserve(
+        claim_b, "gpu", east2[0], "us-east/rack-02", "structured", None, None
+    )
     await journal.transition(released.id, [PENDING], RELEASED)
-    failed = await journal.reserve(claim_b, "gpu", east2[1], "us-east/rack-02", "structured",
-                                   "node-2", "us-east-rack-02-1")
+    failed = await journal.reserve(
+        claim_b, "gpu", east2[1], "us-east/rack-02", "structured", "node-2", "us-east-rack-02-1"
+    )
     await journal.transition(failed.id, [PENDING], ATTACHING)
     await journal.transition(failed.id, [ATTACHING], FAILED, error="attach refused by fabric")
     return Seeded(backend, names, attached.id, pending.id, released.id, failed.id)
@@ -152,19 +163,43 @@ def live_status(now: dt.datetime | None = None) -> dict[str, Any]:
     """A status shaped like the service's."""
     now = now or dt.datetime.now(dt.UTC)
     return {
-        "identity": "fabric-dra-0", "driver": DRIVER, "mode": "structured",
+        "identity": "fabric-dra-0",
+        "driver": DRIVER,
+        "mode": "structured",
         "resource_api_version": "v1",
         "leader": {"enabled": True, "is_leader": True, "holder": "fabric-dra-0"},
-        "inventory": [{"backend": "memory", "last_success_at": (now - dt.timedelta(seconds=42))
-                       .isoformat(), "last_attempt_at": now.isoformat(), "stale": False,
-                       "consecutive_failures": 0, "last_error": None, "device_count": 9,
-                       "host_count": 2}],
-        "publisher": {"synced": True, "queue_depth": 0, "writes": {"create": 3},
-                      "pools": {"us-west/rack-07": {"last_error": "update ResourceSlice: 409"}}},
-        "claims": {"synced": True, "healthy": True, "queue_depth": 1, "claims_seen": 2,
-                   "waiting": [{"claim": "team-c/claim-c", "reason": "no node yet"}],
-                   "recent_errors": [{"at": now.isoformat(), "claim": "team-b/claim-b",
-                                      "message": "attach refused by fabric"}]},
+        "inventory": [
+            {
+                "backend": "memory",
+                "last_success_at": (now - dt.timedelta(seconds=42)).isoformat(),
+                "last_attempt_at": now.isoformat(),
+                "stale": False,
+                "consecutive_failures": 0,
+                "last_error": None,
+                "device_count": 9,
+                "host_count": 2,
+            }
+        ],
+        "publisher": {
+            "synced": True,
+            "queue_depth": 0,
+            "writes": {"create": 3},
+            "pools": {"us-west/rack-07": {"last_error": "update ResourceSlice: 409"}},
+        },
+        "claims": {
+            "synced": True,
+            "healthy": True,
+            "queue_depth": 1,
+            "claims_seen": 2,
+            "waiting": [{"claim": "team-c/claim-c", "reason": "no node yet"}],
+            "recent_errors": [
+                {
+                    "at": now.isoformat(),
+                    "claim": "team-b/claim-b",
+                    "message": "attach refused by fabric",
+                }
+            ],
+        },
     }
 
 
@@ -175,10 +210,18 @@ def make_context(db: Database, seeded: Seeded, live: Live, **changes: Any) -> Ad
     config = PoolConfig(driver_name=DRIVER)
     actions = DatabaseActions(db, Journal(db), seeded.backend, config, on_change=live.changed)
     context = AdminContext(
-        db=db, registry=registry, health=lambda: live.health, readiness=live.get_readiness,
-        status=live.get_status, actions=actions, driver_name=DRIVER,
-        claim_view=live.claim_view, publisher_status=lambda: live.publisher,
-        what_if=live.what_if, token=SecretStr(TOKEN), max_request_bytes=4096,
+        db=db,
+        registry=registry,
+        health=lambda: live.health,
+        readiness=live.get_readiness,
+        status=live.get_status,
+        actions=actions,
+        driver_name=DRIVER,
+        claim_view=live.claim_view,
+        publisher_status=lambda: live.publisher,
+        what_if=live.what_if,
+        token=SecretStr(TOKEN),
+        max_request_bytes=4096,
         pool_config=config,
     )
     for key, value in changes.items():
@@ -199,8 +242,9 @@ class Admin:
 async def admin(db: Database) -> AsyncIterator[Admin]:
     seeded = await seed(db)
     live = Live(status=live_status())
-    live.publisher = {"us-east/rack-01": {"generation": 3, "resource_slices": ["s-1"],
-                                          "last_error": None}}
+    live.publisher = {
+        "us-east/rack-01": {"generation": 3, "resource_slices": ["s-1"], "last_error": None}
+    }
     context = make_context(db, seeded, live)
     async with TestClient(TestServer(make_app(context), host="127.0.0.1", port=0)) as client:
         yield Admin(client, seeded, live, context, db)
@@ -231,18 +275,24 @@ async def test_healthz_is_ok_until_a_check_fails(admin: Admin) -> None:
     assert await get_json(admin, "/healthz") == {"status": "ok"}
     admin.live.health = [Check("loops", True, "running"), Check("publisher", False, "crashed")]
     body = await get_json(admin, "/healthz", 503)
-    assert body == {"status": "failing",
-                    "checks": [{"name": "publisher", "ok": False, "message": "crashed"}]}
+    assert body == {
+        "status": "failing",
+        "checks": [{"name": "publisher", "ok": False, "message": "crashed"}],
+    }
 
 
 async def test_readyz_lists_every_check_and_fails_when_one_fails(admin: Admin) -> None:
     body = await get_json(admin, "/readyz")
-    assert body == {"status": "ready",
-                    "checks": [{"name": "database", "ok": True, "message": "ok"}]}
+    assert body == {
+        "status": "ready",
+        "checks": [{"name": "database", "ok": True, "message": "ok"}],
+    }
     admin.live.readiness = [Check("database", True, "ok"), Check("leader", False, "unknown")]
     body = await get_json(admin, "/readyz", 503)
     assert body["status"] == "not ready" and [c["name"] for c in body["checks"]] == [
-        "database", "leader"]
+        "database",
+        "leader",
+    ]
 
 
 async def test_metrics_are_prometheus_text_from_the_context_registry(admin: Admin) -> None:
@@ -258,12 +308,20 @@ async def test_status_joins_the_live_summary_and_database_counts(admin: Admin) -
     assert body["service"]["identity"] == "fabric-dra-0"
     devices = body["database"]["devices"]
     assert devices["present"] == 9
-    assert devices["by_state"] == {"free": 6, "reserved": 2, "attached": 1,
-                                   "held-elsewhere": 0, "cordoned": 0, "removed": 0}
+    assert devices["by_state"] == {
+        "free": 6,
+        "reserved": 2,
+        "attached": 1,
+        "held-elsewhere": 0,
+        "cordoned": 0,
+        "removed": 0,
+    }
     assert devices["by_type"] == {"fpga": 2, "gpu": 7}
     assert devices["by_health"] == {"Critical": 1, "OK": 8}
     assert body["database"]["reservations"] == {
-        "by_state": {"attached": 1, "failed": 1, "pending": 1, "released": 1}, "active": 3}
+        "by_state": {"attached": 1, "failed": 1, "pending": 1, "released": 1},
+        "active": 3,
+    }
     assert body["database"]["inventory"][0]["device_count"] == 9
 
 
@@ -273,10 +331,13 @@ async def test_pools_have_counts_utilisation_and_publisher_status(admin: Admin) 
     assert sorted(pools) == ["us-east/rack-01", "us-east/rack-02", "us-west/rack-07"]
     east1 = pools["us-east/rack-01"]
     assert (east1["region"], east1["rack"], east1["devices"], east1["published"]) == (
-        "us-east", "rack-01", 4, 4)
+        "us-east",
+        "rack-01",
+        4,
+        4,
+    )
     assert (east1["reserved"], east1["attached"], east1["utilisation"]) == (2, 1, 0.5)
-    assert east1["publisher"] == {"generation": 3, "resource_slices": ["s-1"],
-                                  "last_error": None}
+    assert east1["publisher"] == {"generation": 3, "resource_slices": ["s-1"], "last_error": None}
     east2 = pools["us-east/rack-02"]
     assert (east2["healthy"], east2["unhealthy"], east2["attach_failed"]) == (2, 1, 1)
     assert east2["publisher"] is None
@@ -287,11 +348,13 @@ async def test_a_pool_by_its_slashed_name_has_devices_and_slices(admin: Admin) -
     body = await get_json(admin, "/api/v1/pools/us-east/rack-02")
     assert body["name"] == "us-east/rack-02"
     assert sorted(d["name"] for d in body["device_list"]) == sorted(
-        admin.seeded.names["us-east/rack-02"])
+        admin.seeded.names["us-east/rack-02"]
+    )
     tainted = {d["name"] for d in body["device_list"]} - set(body["slices"][0]["devices"])
     assert not tainted  # tainted devices are still published (taint mode)
-    assert body["node_selector"]["nodeSelectorTerms"][0]["matchExpressions"][0][
-        "values"] == ["us-east"]
+    assert body["node_selector"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [
+        "us-east"
+    ]
     body = await get_json(admin, "/api/v1/pools/us-east%2Frack-01")
     assert body["name"] == "us-east/rack-01"
 
@@ -326,10 +389,21 @@ async def test_an_unknown_pool_is_404(admin: Admin) -> None:
 
 # --------------------------------------------------------------------------- devices
 DEVICE_FILTERS = [
-    ("pool=us-east/rack-01", 4), ("region=us-west", 2), ("rack=rack-02", 3), ("type=fpga", 2),
-    ("health=Critical", 1), ("state=attached", 1), ("state=reserved", 2), ("state=free", 6),
-    ("state=cordoned", 0), ("state=removed", 0), ("q=z900", 1), ("q=RACK-07", 2),
-    ("region=us-east&state=free&type=gpu", 4), ("q=%25", 0), ("pool=unknown/unknown", 0),
+    ("pool=us-east/rack-01", 4),
+    ("region=us-west", 2),
+    ("rack=rack-02", 3),
+    ("type=fpga", 2),
+    ("health=Critical", 1),
+    ("state=attached", 1),
+    ("state=reserved", 2),
+    ("state=free", 6),
+    ("state=cordoned", 0),
+    ("state=removed", 0),
+    ("q=z900", 1),
+    ("q=RACK-07", 2),
+    ("region=us-east&state=free&type=gpu", 4),
+    ("q=%25", 0),
+    ("pool=unknown/unknown", 0),
 ]
 
 
@@ -372,8 +446,9 @@ async def test_continue_tokens_cover_the_list_exactly_once(admin: Admin) -> None
         seen += [d["name"] for d in body["items"]]
         if body["continue"] is None:
             break
-        body = await get_json(admin, "/api/v1/devices",
-                              params={"limit": "4", "continue": body["continue"]})
+        body = await get_json(
+            admin, "/api/v1/devices", params={"limit": "4", "continue": body["continue"]}
+        )
         pages += 1
     assert pages == 3
     assert seen == sorted(seen) and len(seen) == len(set(seen)) == 9
@@ -388,8 +463,9 @@ async def test_a_continue_token_is_refused_for_other_filters(admin: Admin) -> No
     body = await get_json(admin, "/api/v1/devices?limit=2&region=us-east")
     token = body["continue"]
     assert token
-    refused = await get_json(admin, "/api/v1/devices", 400,
-                             params={"limit": "2", "region": "us-west", "continue": token})
+    refused = await get_json(
+        admin, "/api/v1/devices", 400, params={"limit": "2", "region": "us-west", "continue": token}
+    )
     assert_error(refused, 400, "other filters")
 
 
@@ -404,8 +480,9 @@ async def test_a_device_has_its_events_and_reservations(admin: Admin) -> None:
 
 
 async def test_unknown_and_malformed_device_names(admin: Admin) -> None:
-    assert_error(await get_json(admin, "/api/v1/devices/no-such-device", 404), 404,
-                 "no-such-device")
+    assert_error(
+        await get_json(admin, "/api/v1/devices/no-such-device", 404), 404, "no-such-device"
+    )
     assert_error(await get_json(admin, "/api/v1/devices/Not_A_Label", 400), 400, "'name'")
 
 
@@ -413,7 +490,8 @@ async def test_unknown_and_malformed_device_names(admin: Admin) -> None:
 async def test_reservations_filter_by_state_and_claim(admin: Admin) -> None:
     body = await get_json(admin, "/api/v1/reservations")
     assert [r["id"] for r in body["items"]] == sorted(
-        (r["id"] for r in body["items"]), reverse=True)
+        (r["id"] for r in body["items"]), reverse=True
+    )
     assert body["total"] == 4
     active = await get_json(admin, "/api/v1/reservations?state=active")
     assert active["total"] == 3
@@ -449,8 +527,7 @@ async def test_a_claim_joins_the_live_view_reservations_and_fabric(admin: Admin)
     }
     body = await get_json(admin, "/api/v1/claims/team-a/claim-a")
     assert body["claim"]["metadata"]["name"] == "claim-a" and body["live"] is True
-    assert {r["id"] for r in body["reservations"]} == {admin.seeded.attached,
-                                                      admin.seeded.pending}
+    assert {r["id"] for r in body["reservations"]} == {admin.seeded.attached, admin.seeded.pending}
     fabric = {f["device"]: f for f in body["fabric"]}
     first, second = admin.seeded.names["us-east/rack-01"][:2]
     assert fabric[first]["host_id"] == "us-east-rack-01-1"
@@ -466,8 +543,7 @@ async def test_a_claim_known_only_from_the_journal_is_shown(admin: Admin) -> Non
 
 
 async def test_an_unknown_claim_is_404_and_a_malformed_one_400(admin: Admin) -> None:
-    assert_error(await get_json(admin, "/api/v1/claims/team-z/nothing", 404), 404,
-                 "team-z/nothing")
+    assert_error(await get_json(admin, "/api/v1/claims/team-z/nothing", 404), 404, "team-z/nothing")
     assert_error(await get_json(admin, "/api/v1/claims/Team_Z/x", 400), 400, "'namespace'")
 
 
@@ -499,15 +575,20 @@ BAD_WHAT_IFS = [
     (b"", {"Content-Type": "application/json"}, 400, ["body is required"]),
     (b"devices: {}", {"Content-Type": "text/plain"}, 415, ["application/json"]),
     (b"{}", {"Content-Type": "application/x-www-form-urlencoded"}, 415, ["application/json"]),
-    (b'{"devices": {"requests": []}, "pad": "' + b"x" * 5000 + b'"}',
-     {"Content-Type": "application/json"}, 413, ["4096 bytes"]),
+    (
+        b'{"devices": {"requests": []}, "pad": "' + b"x" * 5000 + b'"}',
+        {"Content-Type": "application/json"},
+        413,
+        ["4096 bytes"],
+    ),
 ]
 
 
 async def test_bad_what_if_requests(admin: Admin) -> None:
     for data, headers, status, words in BAD_WHAT_IFS:
-        body = await post_json(admin, "/api/v1/allocations/what-if", status, data=data,
-                               headers=headers)
+        body = await post_json(
+            admin, "/api/v1/allocations/what-if", status, data=data, headers=headers
+        )
         assert_error(body, status, *words)
     assert admin.live.what_if_seen == []
 
@@ -517,8 +598,9 @@ async def test_a_huge_chunked_body_is_413(admin: Admin) -> None:
         for _ in range(10):
             yield b" " * 1024
 
-    response = await admin.client.post("/api/v1/allocations/what-if", data=chunks(),
-                                       headers={"Content-Type": "application/json"})
+    response = await admin.client.post(
+        "/api/v1/allocations/what-if", data=chunks(), headers={"Content-Type": "application/json"}
+    )
     assert response.status == 413
     assert_error(await response.json(), 413)
 
@@ -555,8 +637,10 @@ async def test_actions_are_disabled_without_a_configured_token(db: Database) -> 
     seeded = await seed(db)
     context = make_context(db, seeded, Live(), token=None)
     async with TestClient(TestServer(make_app(context), host="127.0.0.1")) as client:
-        for path in (f"/api/v1/devices/{seeded.names['us-east/rack-01'][2]}/uncordon",
-                     f"/api/v1/reservations/{seeded.pending}/release"):
+        for path in (
+            f"/api/v1/devices/{seeded.names['us-east/rack-01'][2]}/uncordon",
+            f"/api/v1/reservations/{seeded.pending}/release",
+        ):
             response = await client.post(path, headers=AUTH)
             assert response.status == 403
             assert_error(await response.json(), 403, "disabled", "no token is configured")
@@ -599,22 +683,35 @@ async def test_no_answer_or_log_line_carries_the_token(
 # --------------------------------------------------------------------------- actions
 async def test_cordon_and_uncordon_change_the_database_and_republish(admin: Admin) -> None:
     name = admin.seeded.names["us-east/rack-01"][2]
-    body = await post_json(admin, f"/api/v1/devices/{name}/cordon", headers=AUTH,
-                           json={"reason": "fan noise <b>loud</b>"})
+    body = await post_json(
+        admin,
+        f"/api/v1/devices/{name}/cordon",
+        headers=AUTH,
+        json={"reason": "fan noise <b>loud</b>"},
+    )
     assert body["state"] == "cordoned" and body["cordon_reason"] == "fan noise <b>loud</b>"
     assert admin.live.changes == 1
     async with admin.db.read() as session:
         row = (await session.scalars(select(Device).where(Device.name == name))).one()
-        events = (await session.scalars(select(DeviceEvent.kind).where(
-            DeviceEvent.device_id == row.id).order_by(DeviceEvent.id))).all()
+        events = (
+            await session.scalars(
+                select(DeviceEvent.kind)
+                .where(DeviceEvent.device_id == row.id)
+                .order_by(DeviceEvent.id)
+            )
+        ).all()
     assert row.cordoned_at is not None and row.cordon_reason == "fan noise <b>loud</b>"
     assert list(events) == ["added", "cordoned"]
     pools = {p["name"]: p for p in (await get_json(admin, "/api/v1/pools"))["items"]}
     assert pools["us-east/rack-01"]["cordoned"] == 1
 
     # Cordoning again with the same reason changes nothing.
-    await post_json(admin, f"/api/v1/devices/{name}/cordon", headers=AUTH,
-                    json={"reason": "fan noise <b>loud</b>"})
+    await post_json(
+        admin,
+        f"/api/v1/devices/{name}/cordon",
+        headers=AUTH,
+        json={"reason": "fan noise <b>loud</b>"},
+    )
     assert admin.live.changes == 1
 
     body = await post_json(admin, f"/api/v1/devices/{name}/uncordon", headers=AUTH)
@@ -642,8 +739,9 @@ BAD_CORDONS = [
 async def test_bad_cordon_bodies(admin: Admin) -> None:
     name = admin.seeded.names["us-west/rack-07"][0]
     for payload, status, words in BAD_CORDONS:
-        body = await post_json(admin, f"/api/v1/devices/{name}/cordon", status, headers=AUTH,
-                               json=payload)
+        body = await post_json(
+            admin, f"/api/v1/devices/{name}/cordon", status, headers=AUTH, json=payload
+        )
         assert_error(body, status, *words)
     assert admin.live.changes == 0
     assert (await get_json(admin, f"/api/v1/devices/{name}"))["state"] == "free"
@@ -656,8 +754,9 @@ async def test_cordon_of_unknown_or_removed_devices(admin: Admin) -> None:
     gone = backend.devices.pop()
     assert (await InventorySync(backend, admin.db).sync_once()).ok
     async with admin.db.read() as session:
-        name = (await session.scalars(select(Device.name).where(
-            Device.vendor_id == gone.vendor_id))).one()
+        name = (
+            await session.scalars(select(Device.name).where(Device.vendor_id == gone.vendor_id))
+        ).one()
     body = await post_json(admin, f"/api/v1/devices/{name}/cordon", 409, headers=AUTH)
     assert_error(body, 409, "removed")
     assert (await get_json(admin, "/api/v1/devices?state=removed"))["total"] == 1
@@ -686,16 +785,18 @@ async def test_force_release_detaches_then_releases(admin: Admin) -> None:
 
 
 async def test_force_release_of_a_pending_reservation_sends_nothing(admin: Admin) -> None:
-    body = await post_json(admin, f"/api/v1/reservations/{admin.seeded.pending}/release",
-                           headers=AUTH)
+    body = await post_json(
+        admin, f"/api/v1/reservations/{admin.seeded.pending}/release", headers=AUTH
+    )
     assert body["reservation"]["state"] == "released"
     assert admin.seeded.backend.detached == []
 
 
 async def test_force_release_counts_a_vanished_device_as_detached(admin: Admin) -> None:
     admin.seeded.backend.detach_error = FabricNotFound("no such block")
-    body = await post_json(admin, f"/api/v1/reservations/{admin.seeded.failed}/release",
-                           headers=AUTH)
+    body = await post_json(
+        admin, f"/api/v1/reservations/{admin.seeded.failed}/release", headers=AUTH
+    )
     assert body["reservation"]["state"] == "released"
     assert "without detach" in body["reservation"]["last_error"]
 
@@ -728,7 +829,8 @@ async def test_force_release_goes_through_the_release_routine(admin: Admin) -> N
     assert seen == [("detaching", "released by an administrator: detaching")]
     assert body["reservation"]["state"] == "released"
     assert body["reservation"]["last_error"] == (
-        "released by an administrator; detached from host us-east-rack-01-1")
+        "released by an administrator; detached from host us-east-rack-01-1"
+    )
     row = await reservation(admin.db, rid)
     async with admin.db.read() as session:
         device = await session.get(Device, row.device_id)
@@ -757,38 +859,50 @@ async def test_force_release_refused_by_the_fabric_ends_detach_failed(admin: Adm
 
 
 async def test_force_release_of_unknown_or_malformed_ids(admin: Admin) -> None:
-    assert_error(await post_json(admin, "/api/v1/reservations/999999/release", 404,
-                                 headers=AUTH), 404, "999999")
-    assert_error(await post_json(admin, "/api/v1/reservations/abc/release", 400,
-                                 headers=AUTH), 400, "'id'")
+    assert_error(
+        await post_json(admin, "/api/v1/reservations/999999/release", 404, headers=AUTH),
+        404,
+        "999999",
+    )
+    assert_error(
+        await post_json(admin, "/api/v1/reservations/abc/release", 400, headers=AUTH), 400, "'id'"
+    )
 
 
 async def _detach_failed(admin: Admin) -> int:
     rid = admin.seeded.attached
     journal = Journal(admin.db)
     assert await journal.begin_detach(rid) is not None
-    assert await journal.transition(rid, ["detaching"], "detach-failed",
-                                    error="detach: HTTP 406: block in use") is not None
+    assert (
+        await journal.transition(
+            rid, ["detaching"], "detach-failed", error="detach: HTTP 406: block in use"
+        )
+        is not None
+    )
     return rid
 
 
-async def test_forget_releases_a_detach_failed_reservation_without_a_detach(
-        admin: Admin) -> None:
+async def test_forget_releases_a_detach_failed_reservation_without_a_detach(admin: Admin) -> None:
     rid = await _detach_failed(admin)
     status = await get_json(admin, "/api/v1/status")
     assert [r["id"] for r in status["attention"]["detach_failed"]] == [rid]
-    body = await post_json(admin, f"/api/v1/reservations/{rid}/forget",
-                           json={"reason": "pulled the cable and re-seated the GPU"},
-                           headers=AUTH)
+    body = await post_json(
+        admin,
+        f"/api/v1/reservations/{rid}/forget",
+        json={"reason": "pulled the cable and re-seated the GPU"},
+        headers=AUTH,
+    )
     assert body["reservation"]["state"] == "released"
     row = await reservation(admin.db, rid)
     assert row.state == RELEASED and "re-seated" in (row.last_error or "")
     assert admin.seeded.backend.detached == []  # nothing was sent to the fabric
     async with admin.db.read() as session:
-        events = (await session.scalars(select(DeviceEvent).where(
-            DeviceEvent.kind == "forgotten"))).all()
+        events = (
+            await session.scalars(select(DeviceEvent).where(DeviceEvent.kind == "forgotten"))
+        ).all()
     assert [(e.old, e.new) for e in events] == [
-        ("detach-failed", "pulled the cable and re-seated the GPU")]
+        ("detach-failed", "pulled the cable and re-seated the GPU")
+    ]
     assert admin.live.changes == 1
     status = await get_json(admin, "/api/v1/status")
     assert status["attention"]["detach_failed"] == []
@@ -796,41 +910,80 @@ async def test_forget_releases_a_detach_failed_reservation_without_a_detach(
 
 @pytest.mark.parametrize(
     ("payload", "status", "words"),
-    [(None, 400, ("JSON body",)), ({}, 400, ("reason",)), ({"reason": ""}, 400, ("non-empty",)),
-     ({"reason": "   "}, 400, ("non-empty",)), ({"reason": 7}, 400, ("string",)),
-     ({"reason": "x" * 256}, 400, ("255",)), ({"reason": "ok", "extra": 1}, 400, ("exactly",))],
+    [
+        (None, 400, ("JSON body",)),
+        ({}, 400, ("reason",)),
+        ({"reason": ""}, 400, ("non-empty",)),
+        ({"reason": "   "}, 400, ("non-empty",)),
+        ({"reason": 7}, 400, ("string",)),
+        ({"reason": "x" * 256}, 400, ("255",)),
+        ({"reason": "ok", "extra": 1}, 400, ("exactly",)),
+    ],
 )
-async def test_forget_needs_a_reason(admin: Admin, payload: Any, status: int,
-                                     words: tuple[str, ...]) -> None:
+async def test_forget_needs_a_reason(
+    admin: Admin, payload: Any, status: int, words: tuple[str, ...]
+) -> None:
     rid = await _detach_failed(admin)
     kwargs = {} if payload is None else {"json": payload}
-    body = await post_json(admin, f"/api/v1/reservations/{rid}/forget", status, headers=AUTH,
-                           **kwargs)
+    body = await post_json(
+        admin, f"/api/v1/reservations/{rid}/forget", status, headers=AUTH, **kwargs
+    )
     assert_error(body, status, *words)
     assert (await reservation(admin.db, rid)).state == "detach-failed"
 
 
-async def test_forget_of_released_pending_or_unknown_reservations_is_refused(
-        admin: Admin) -> None:
+async def test_forget_of_released_pending_or_unknown_reservations_is_refused(admin: Admin) -> None:
     reason = {"reason": "fixed"}
-    assert_error(await post_json(admin, "/api/v1/reservations/999999/forget", 404,
-                                 json=reason, headers=AUTH), 404, "999999")
-    assert_error(await post_json(admin, f"/api/v1/reservations/{admin.seeded.pending}/forget",
-                                 409, json=reason, headers=AUTH), 409, "release it instead")
+    assert_error(
+        await post_json(
+            admin, "/api/v1/reservations/999999/forget", 404, json=reason, headers=AUTH
+        ),
+        404,
+        "999999",
+    )
+    assert_error(
+        await post_json(
+            admin,
+            f"/api/v1/reservations/{admin.seeded.pending}/forget",
+            409,
+            json=reason,
+            headers=AUTH,
+        ),
+        409,
+        "release it instead",
+    )
     # An attached reservation's pod may be using the device: never forgotten.
-    assert_error(await post_json(admin, f"/api/v1/reservations/{admin.seeded.attached}/forget",
-                                 409, json=reason, headers=AUTH), 409, "live claim")
+    assert_error(
+        await post_json(
+            admin,
+            f"/api/v1/reservations/{admin.seeded.attached}/forget",
+            409,
+            json=reason,
+            headers=AUTH,
+        ),
+        409,
+        "live claim",
+    )
     assert (await reservation(admin.db, admin.seeded.attached)).state == ATTACHED
-    await post_json(admin, f"/api/v1/reservations/{admin.seeded.attached}/release",
-                    headers=AUTH)
-    assert_error(await post_json(admin, f"/api/v1/reservations/{admin.seeded.attached}/forget",
-                                 409, json=reason, headers=AUTH), 409, "nothing to forget")
+    await post_json(admin, f"/api/v1/reservations/{admin.seeded.attached}/release", headers=AUTH)
+    assert_error(
+        await post_json(
+            admin,
+            f"/api/v1/reservations/{admin.seeded.attached}/forget",
+            409,
+            json=reason,
+            headers=AUTH,
+        ),
+        409,
+        "nothing to forget",
+    )
 
 
 async def test_forget_needs_the_admin_token(admin: Admin) -> None:
     rid = await _detach_failed(admin)
-    body = await post_json(admin, f"/api/v1/reservations/{rid}/forget", 401,
-                           json={"reason": "fixed"})
+    body = await post_json(
+        admin, f"/api/v1/reservations/{rid}/forget", 401, json={"reason": "fixed"}
+    )
     assert_error(body, 401, "token")
     assert (await reservation(admin.db, rid)).state == "detach-failed"
 
@@ -844,41 +997,58 @@ async def test_force_release_may_try_a_detach_failed_reservation_again(admin: Ad
 
 async def _cli(*args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app", *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "app",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await process.communicate()
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
 
 
 async def test_the_forget_command_releases_through_the_admin_api(
-        admin: Admin, tmp_path: Path) -> None:
+    admin: Admin, tmp_path: Path
+) -> None:
     rid = await _detach_failed(admin)
     url = str(admin.client.make_url("")).rstrip("/")
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
-    code, out, err = await _cli("forget", str(rid), "--reason", "re-seated",
-                                "--admin-url", url)
+    code, out, err = await _cli("forget", str(rid), "--reason", "re-seated", "--admin-url", url)
     assert code == 1 and len(err.strip().splitlines()) == 1 and "401" in err
     assert (await reservation(admin.db, rid)).state == "detach-failed"
-    code, out, err = await _cli("forget", str(rid), "--reason", "re-seated",
-                                "--admin-url", url, "--token-file", str(token))
+    code, out, err = await _cli(
+        "forget", str(rid), "--reason", "re-seated", "--admin-url", url, "--token-file", str(token)
+    )
     assert code == 0, err
     assert f"reservation {rid}" in out and "without a detach" in out
     assert (await reservation(admin.db, rid)).state == RELEASED
-    code, _, err = await _cli("forget", str(rid), "--reason", "again", "--admin-url", url,
-                              "--token-file", str(token))
+    code, _, err = await _cli(
+        "forget", str(rid), "--reason", "again", "--admin-url", url, "--token-file", str(token)
+    )
     assert code == 1 and "nothing to forget" in err and len(err.strip().splitlines()) == 1
     assert "{" not in err  # the controller's message, not its JSON body
-    for args in ([str(rid), "--reason", "x" * 256, "--admin-url", url],
-                 [str(rid), "--reason", "x", "--admin-url", "ftp://127.0.0.1:1"],
-                 [str(rid), "--reason", "  ", "--admin-url", url],
-                 [str(rid), "--admin-url", url],
-                 ["abc", "--reason", "x", "--admin-url", url]):
+    for args in (
+        [str(rid), "--reason", "x" * 256, "--admin-url", url],
+        [str(rid), "--reason", "x", "--admin-url", "ftp://127.0.0.1:1"],
+        [str(rid), "--reason", "  ", "--admin-url", url],
+        [str(rid), "--admin-url", url],
+        ["abc", "--reason", "x", "--admin-url", url],
+    ):
         code, _, err = await _cli("forget", *args)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
-    code, _, err = await _cli("forget", str(rid), "--reason", "x", "--admin-url", url,
-                              "--token-file", str(tmp_path / "missing"))
+    code, _, err = await _cli(
+        "forget",
+        str(rid),
+        "--reason",
+        "x",
+        "--admin-url",
+        url,
+        "--token-file",
+        str(tmp_path / "missing"),
+    )
     assert code == 1 and "--token-file" in err and len(err.strip().splitlines()) == 1
 
 
@@ -924,15 +1094,28 @@ async def test_security_headers_on_every_answer(admin: Admin) -> None:
 
 async def test_dashboard_shows_pools_errors_freshness_and_attention(admin: Admin) -> None:
     name = admin.seeded.names["us-east/rack-01"][3]
-    await post_json(admin, f"/api/v1/devices/{name}/cordon", headers=AUTH,
-                    json={"reason": "<script>alert(1)</script>"})
+    await post_json(
+        admin,
+        f"/api/v1/devices/{name}/cordon",
+        headers=AUTH,
+        json={"reason": "<script>alert(1)</script>"},
+    )
     response = await admin.client.get("/")
     html = await response.text()
     assert response.status == 200 and response.content_type == "text/html"
-    for text in ("us-east/rack-01", "us-east/rack-02", "us-west/rack-07", "50.0 %",
-                 "update ResourceSlice: 409", "attach refused by fabric", "team-c/claim-c",
-                 "42 s ago", "fabric-dra-0", '<meta http-equiv="refresh" content="10">',
-                 admin.seeded.names["us-east/rack-02"][0]):
+    for text in (
+        "us-east/rack-01",
+        "us-east/rack-02",
+        "us-west/rack-07",
+        "50.0 %",
+        "update ResourceSlice: 409",
+        "attach refused by fabric",
+        "team-c/claim-c",
+        "42 s ago",
+        "fabric-dra-0",
+        '<meta http-equiv="refresh" content="10">',
+        admin.seeded.names["us-east/rack-02"][0],
+    ):
         assert text in html, text
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "http://" not in html and "https://" not in html

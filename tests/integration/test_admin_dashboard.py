@@ -24,14 +24,24 @@ from app.journal import Journal
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 WIDTH, HEIGHT = 1440, 1200
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-extensions", "--hide-scrollbars", "--enable-logging=stderr", "--v=0")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--enable-logging=stderr",
+    "--v=0",
+)
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
     reason="Chromium is not installed (Debian: apt-get install -y chromium); the dashboard's "
-           "server-side rendering is still tested in test_admin.py",
+    "server-side rendering is still tested in test_admin.py",
 )
 
 
@@ -42,12 +52,22 @@ async def dashboard_url(db: Database) -> AsyncIterator[str]:
     # server holds with no reservation of ours.
     journal = Journal(db)
     assert await journal.begin_detach(seeded.attached) is not None
-    assert await journal.transition(seeded.attached, ["detaching"], "detach-failed",
-                                    error="detach: HTTP 406: the block is in use") is not None
+    assert (
+        await journal.transition(
+            seeded.attached,
+            ["detaching"],
+            "detach-failed",
+            error="detach: HTTP 406: the block is in use",
+        )
+        is not None
+    )
     async with db.write() as session:
         held = select(Reservation.device_id).where(Reservation.state != "released")
-        free = (await session.scalars(select(Device).where(Device.id.not_in(held))
-                                      .order_by(Device.name).limit(1))).one()
+        free = (
+            await session.scalars(
+                select(Device).where(Device.id.not_in(held)).order_by(Device.name).limit(1)
+            )
+        ).one()
         free.host_id = "someone-elses-server"
     runner = await serve(make_context(db, seeded, Live(status=live_status())), "127.0.0.1", 0)
     try:
@@ -60,8 +80,12 @@ async def chromium(profile: Path, *args: str) -> tuple[str, str]:
     """Run headless Chromium with a fresh profile; returns (stdout, stderr)."""
     assert CHROMIUM is not None
     process = await asyncio.create_subprocess_exec(
-        CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        CHROMIUM,
+        *FLAGS,
+        f"--user-data-dir={profile}",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(process.communicate(), timeout=60)
@@ -75,16 +99,23 @@ async def chromium(profile: Path, *args: str) -> tuple[str, str]:
 
 def console_lines(stderr: str) -> list[str]:
     """Chromium's log lines for page console messages (CSP violations among them)."""
-    return [line for line in stderr.splitlines()
-            if "CONSOLE" in line or "Content Security Policy" in line]
+    return [
+        line
+        for line in stderr.splitlines()
+        if "CONSOLE" in line or "Content Security Policy" in line
+    ]
 
 
 async def test_the_dashboard_renders_in_chromium_with_a_clean_console(
     dashboard_url: str, tmp_path: Path
 ) -> None:
     screenshot = tmp_path / "dashboard.png"
-    _, stderr = await chromium(tmp_path / "profile-1", f"--window-size={WIDTH},{HEIGHT}",
-                               f"--screenshot={screenshot}", dashboard_url)
+    _, stderr = await chromium(
+        tmp_path / "profile-1",
+        f"--window-size={WIDTH},{HEIGHT}",
+        f"--screenshot={screenshot}",
+        dashboard_url,
+    )
     data = screenshot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     width, height = struct.unpack(">II", data[16:24])
@@ -92,9 +123,19 @@ async def test_the_dashboard_renders_in_chromium_with_a_clean_console(
     assert console_lines(stderr) == []
 
     dom, stderr = await chromium(tmp_path / "profile-2", "--dump-dom", dashboard_url)
-    for text in ("us-east/rack-01", "us-east/rack-02", "us-west/rack-07", "Recent errors",
-                 "update ResourceSlice: 409", "team-c/claim-c", "<svg class=\"bar\"",
-                 "banner-detach-failed", "HTTP 406: the block is in use",
-                 "banner-held-elsewhere", "someone-elses-server", "Needs an operator"):
+    for text in (
+        "us-east/rack-01",
+        "us-east/rack-02",
+        "us-west/rack-07",
+        "Recent errors",
+        "update ResourceSlice: 409",
+        "team-c/claim-c",
+        '<svg class="bar"',
+        "banner-detach-failed",
+        "HTTP 406: the block is in use",
+        "banner-held-elsewhere",
+        "someone-elses-server",
+        "Needs an operator",
+    ):
         assert text in dom, text
     assert console_lines(stderr) == []

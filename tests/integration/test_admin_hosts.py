@@ -25,27 +25,33 @@ async def status_of(db: Database, backend: FabricDouble) -> dict[str, Any]:
 
 
 async def test_status_lists_hostnames_shared_by_several_hosts(db: Database) -> None:
-    backend = FabricDouble([gpu(0)], [
-        host(1, hostname="localhost"), host(2, hostname="LocalHost"),
-        host(3, hostname="localhost"), host(4),
-    ])
+    backend = FabricDouble(
+        [gpu(0)],
+        [
+            host(1, hostname="localhost"),
+            host(2, hostname="LocalHost"),
+            host(3, hostname="localhost"),
+            host(4),
+        ],
+    )
     body = await status_of(db, backend)
     assert body["database"]["ambiguousHosts"] == [
-        {"key": "hostname", "value": "localhost",
-         "hosts": ["us-east-rack-01-1", "us-east-rack-01-2", "us-east-rack-01-3"]}]
+        {
+            "key": "hostname",
+            "value": "localhost",
+            "hosts": ["us-east-rack-01-1", "us-east-rack-01-2", "us-east-rack-01-3"],
+        }
+    ]
 
 
-async def test_status_lists_no_shared_hostname_when_every_host_has_its_own(
-    db: Database
-) -> None:
+async def test_status_lists_no_shared_hostname_when_every_host_has_its_own(db: Database) -> None:
     backend = FabricDouble([gpu(0)], [host(1), host(2), host(3, hostname=None)])
     body = await status_of(db, backend)
     assert body["database"]["ambiguousHosts"] == []
 
 
 async def test_a_host_removed_from_the_fabric_no_longer_counts(db: Database) -> None:
-    backend = FabricDouble([gpu(0)], [host(1, hostname="localhost"),
-                                      host(2, hostname="localhost")])
+    backend = FabricDouble([gpu(0)], [host(1, hostname="localhost"), host(2, hostname="localhost")])
     assert (await InventorySync(backend, db).sync_once()).ok
     backend.hosts = backend.hosts[:1]
     body = await status_of(db, backend)

@@ -33,8 +33,13 @@ from test_admin import AUTH, Live, live_status, make_context, seed
 from app.admin.app import OPENAPI, make_app, routes, serve
 from app.db.engine import Database
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_headers_conformance, response_schema_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 EXAMPLES = {GenerationMode.POSITIVE: 30, GenerationMode.NEGATIVE: 15}
 
 
@@ -50,8 +55,11 @@ def _router_table(app: web.Application) -> set[tuple[str, str]]:
 async def test_the_document_names_exactly_the_routes_the_router_serves(db: Database) -> None:
     app = make_app(make_context(db, await seed(db), Live()))
     document = app[OPENAPI]
-    documented = {(method.upper(), path) for path, operations in document["paths"].items()
-                  for method in operations}
+    documented = {
+        (method.upper(), path)
+        for path, operations in document["paths"].items()
+        for method in operations
+    }
     served = _router_table(app)
     assert documented == served
     assert len(served) == len(routes())
@@ -79,13 +87,17 @@ async def served(db: Database) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def _check(base_url: str, session: requests.Session, operation: Any,
-           mode: GenerationMode) -> None:
+def _check(base_url: str, session: requests.Session, operation: Any, mode: GenerationMode) -> None:
     """Generate ``operation``'s cases in ``mode``, send each, run the checks on the answer."""
     checks = CHECKS + ([negative_data_rejection] if mode is GenerationMode.NEGATIVE else [])
 
-    @settings(max_examples=EXAMPLES[mode], deadline=None, database=None,
-              suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(
+        max_examples=EXAMPLES[mode],
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+    )
     @given(data=st.data())
     def run(data: Any) -> None:
         case = data.draw(operation.as_strategy(generation_mode=mode))

@@ -25,9 +25,12 @@ eventually = partial(eventually, timeout_s=20)
 
 @pytest.fixture
 async def fabric() -> AsyncIterator[str]:
-    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4,
-                                              hosts_per_rack=2), username="ops",
-                           password="pw", auth="session")
+    sim = RedfishSimulator(
+        spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4, hosts_per_rack=2),
+        username="ops",
+        password="pw",
+        auth="session",
+    )
     yield await sim.start()
     await sim.stop()
 
@@ -35,27 +38,35 @@ async def fabric() -> AsyncIterator[str]:
 def settings(tmp_path: Path, fabric: str, kube_url: str, mode: str) -> Any:
     (tmp_path / "user").write_text("ops\n")
     (tmp_path / "password").write_text("pw\n")
-    return load_settings(environ={
-        "FABRIC_DRA_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path}/fd.db",
-        "FABRIC_DRA_FABRIC__URL": fabric,
-        "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
-        "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
-        "FABRIC_DRA_KUBE__MODE": "url",
-        "FABRIC_DRA_KUBE__URL": kube_url,
-        "FABRIC_DRA_ADMIN__HOST": "127.0.0.1",
-        "FABRIC_DRA_ADMIN__PORT": "0",
-        "FABRIC_DRA_INVENTORY__POLL_INTERVAL_SECONDS": "1",
-        "FABRIC_DRA_LEADER__ENABLED": "false",
-        "FABRIC_DRA_CONTROLLER__MODE": mode,
-    })
+    return load_settings(
+        environ={
+            "FABRIC_DRA_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path}/fd.db",
+            "FABRIC_DRA_FABRIC__URL": fabric,
+            "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
+            "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
+            "FABRIC_DRA_KUBE__MODE": "url",
+            "FABRIC_DRA_KUBE__URL": kube_url,
+            "FABRIC_DRA_ADMIN__HOST": "127.0.0.1",
+            "FABRIC_DRA_ADMIN__PORT": "0",
+            "FABRIC_DRA_INVENTORY__POLL_INTERVAL_SECONDS": "1",
+            "FABRIC_DRA_LEADER__ENABLED": "false",
+            "FABRIC_DRA_CONTROLLER__MODE": mode,
+        }
+    )
 
 
-@pytest.mark.parametrize(("kubernetes", "version", "control_plane"), [
-    ("1.31", ResourceApiVersion.V1ALPHA3, True),
-    ("1.34", ResourceApiVersion.V1, False),
-])
+@pytest.mark.parametrize(
+    ("kubernetes", "version", "control_plane"),
+    [
+        ("1.31", ResourceApiVersion.V1ALPHA3, True),
+        ("1.34", ResourceApiVersion.V1, False),
+    ],
+)
 async def test_auto_publishes_in_the_one_version_of_the_cluster(
-    tmp_path: Path, fabric: str, kubernetes: str, version: ResourceApiVersion,
+    tmp_path: Path,
+    fabric: str,
+    kubernetes: str,
+    version: ResourceApiVersion,
     control_plane: bool,
 ) -> None:
     emu = KubeEmulator(kubernetes_version=kubernetes)
@@ -63,11 +74,23 @@ async def test_auto_publishes_in_the_one_version_of_the_cluster(
     service = Service(settings(tmp_path, fabric, url, "auto"))
     try:
         await service.start()
-        await eventually(lambda: service.leading is not None and bool(
-            service.leading.publishers), what="the publisher")
-        await eventually(lambda: len([
-            s for s in emu.list(version.api_version, "ResourceSlice")
-            if s["spec"]["driver"] == DRIVER]) == 1, what="the pool's slice")
+        await eventually(
+            lambda: service.leading is not None and bool(service.leading.publishers),
+            what="the publisher",
+        )
+        await eventually(
+            lambda: (
+                len(
+                    [
+                        s
+                        for s in emu.list(version.api_version, "ResourceSlice")
+                        if s["spec"]["driver"] == DRIVER
+                    ]
+                )
+                == 1
+            ),
+            what="the pool's slice",
+        )
         assert service.leading is not None
         assert list(service.leading.publishers) == [version]
         assert service.control_plane_served is control_plane
@@ -79,7 +102,9 @@ async def test_auto_publishes_in_the_one_version_of_the_cluster(
 
 @pytest.mark.parametrize("kubernetes", ["1.31", "1.34"])
 async def test_mode_both_is_refused_by_the_settings_before_anything_connects(
-    tmp_path: Path, fabric: str, kubernetes: str,
+    tmp_path: Path,
+    fabric: str,
+    kubernetes: str,
 ) -> None:
     emu = KubeEmulator(kubernetes_version=kubernetes)
     url = await emu.start()
@@ -95,13 +120,16 @@ async def test_mode_both_is_refused_by_the_settings_before_anything_connects(
 
 @pytest.mark.parametrize("kubernetes", ["1.31", "1.34"])
 async def test_mode_both_given_past_the_settings_is_refused_at_start(
-    tmp_path: Path, fabric: str, kubernetes: str,
+    tmp_path: Path,
+    fabric: str,
+    kubernetes: str,
 ) -> None:
     emu = KubeEmulator(kubernetes_version=kubernetes)
     url = await emu.start()
     good = settings(tmp_path, fabric, url, "auto")
-    service = Service(good.model_copy(update={
-        "controller": good.controller.model_copy(update={"mode": "both"})}))
+    service = Service(
+        good.model_copy(update={"controller": good.controller.model_copy(update={"mode": "both"})})
+    )
     try:
         with pytest.raises(ModeError) as caught:
             await service.start()

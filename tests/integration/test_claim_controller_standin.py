@@ -27,9 +27,11 @@ DRIVER = "fabric.example.com"
 NS = "default"
 eventually = partial(eventually, interval_s=0.02)
 FAST = ClaimControllerSettings(
-    informer=InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05,
-                              backoff_max_s=0.2),
-    queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2))
+    informer=InformerSettings(
+        name="x", watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=0.2
+    ),
+    queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2),
+)
 
 
 class Cluster:
@@ -46,26 +48,53 @@ class Cluster:
         return {"name": "gpu", "deviceClassName": "gpu"}
 
     def template(self, name: str = "one-gpu", **labels: str) -> None:
-        self.emu.create({"apiVersion": self.api_version, "kind": "ResourceClaimTemplate",
-                         "metadata": {"name": name, "namespace": NS},
-                         "spec": {"metadata": {"labels": labels} if labels else {},
-                                  "spec": {"devices": {"requests": [self.request()]}}}})
+        self.emu.create(
+            {
+                "apiVersion": self.api_version,
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {
+                    "metadata": {"labels": labels} if labels else {},
+                    "spec": {"devices": {"requests": [self.request()]}},
+                },
+            }
+        )
 
     def claim(self, name: str, **spec: Any) -> dict[str, Any]:
-        return self.emu.create({"apiVersion": self.api_version, "kind": "ResourceClaim",
-                                "metadata": {"name": name, "namespace": NS},
-                                "spec": {"devices": {"requests": [self.request()]}, **spec}})
+        return self.emu.create(
+            {
+                "apiVersion": self.api_version,
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"devices": {"requests": [self.request()]}, **spec},
+            }
+        )
 
-    def pod(self, name: str, *, template: str | None = None, claim: str | None = None,
-            node: str | None = None) -> dict[str, Any]:
-        source = ({"resourceClaimTemplateName": template} if template
-                  else {"resourceClaimName": claim})
-        spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}],
-                                "resourceClaims": [{"name": "gpu", **source}]}
+    def pod(
+        self,
+        name: str,
+        *,
+        template: str | None = None,
+        claim: str | None = None,
+        node: str | None = None,
+    ) -> dict[str, Any]:
+        source = (
+            {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
+        )
+        spec: dict[str, Any] = {
+            "containers": [{"name": "c", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpu", **source}],
+        }
         if node:
             spec["nodeName"] = node
-        return self.emu.create({"apiVersion": "v1", "kind": "Pod",
-                                "metadata": {"name": name, "namespace": NS}, "spec": spec})
+        return self.emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": spec,
+            }
+        )
 
     def get_pod(self, name: str) -> dict[str, Any] | None:
         return self.emu.get("v1", "Pod", name, NS)
@@ -76,8 +105,7 @@ class Cluster:
     def claims(self) -> list[dict[str, Any]]:
         return self.emu.list(self.api_version, "ResourceClaim", NS)
 
-    def allocate(self, name: str, *, reserved_for: list[dict[str, Any]],
-                 finalizer: bool) -> None:
+    def allocate(self, name: str, *, reserved_for: list[dict[str, Any]], finalizer: bool) -> None:
         claim = self.get_claim(name)
         assert claim is not None
         if finalizer:
@@ -92,12 +120,16 @@ class Cluster:
 
     def settled(self, controller: ClaimController) -> bool:
         """The controller's caches hold what the server holds, nothing is queued or in work."""
+
         def versions(objects: list[dict[str, Any]]) -> dict[str, str]:
             return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in objects}
 
-        return (versions(controller.pods.objects()) == versions(self.emu.list("v1", "Pod", NS))
-                and versions(controller.claims.objects()) == versions(self.claims())
-                and len(controller.queue) == 0 and controller.queue.processing_count == 0)
+        return (
+            versions(controller.pods.objects()) == versions(self.emu.list("v1", "Pod", NS))
+            and versions(controller.claims.objects()) == versions(self.claims())
+            and len(controller.queue) == 0
+            and controller.queue.processing_count == 0
+        )
 
     async def quiet(self, controller: ClaimController) -> None:
         """Once the controller has settled, one more pass over every pod and claim, run here
@@ -127,11 +159,17 @@ async def _cluster(**emulator: Any) -> AsyncIterator[Cluster]:
         await emu.stop()
 
 
-@pytest.fixture(params=[
-    {"kubernetes_version": "1.34", "version": "v1"},
-    {"kubernetes_version": "1.34", "served_resource_versions": ("v1beta1",),
-     "version": "v1beta1"},
-], ids=["1.34-v1", "1.34-v1beta1"])
+@pytest.fixture(
+    params=[
+        {"kubernetes_version": "1.34", "version": "v1"},
+        {
+            "kubernetes_version": "1.34",
+            "served_resource_versions": ("v1beta1",),
+            "version": "v1beta1",
+        },
+    ],
+    ids=["1.34-v1", "1.34-v1beta1"],
+)
 async def structured(request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
     async for cluster in _cluster(**request.param):
         yield cluster
@@ -156,21 +194,31 @@ async def test_a_template_claim_is_made_named_owned_and_recorded_once(
     pod = cluster.pod("trainer", template="one-gpu")
     controller = await running(cluster.controller())
     try:
-        await eventually(lambda: (cluster.get_pod("trainer") or {}).get("status", {}).get(
-            "resourceClaimStatuses"), what="recorded in the pod status")
+        await eventually(
+            lambda: (
+                (cluster.get_pod("trainer") or {}).get("status", {}).get("resourceClaimStatuses")
+            ),
+            what="recorded in the pod status",
+        )
         await cluster.quiet(controller)
     finally:
         await controller.stop()
     (made,) = cluster.claims()
     meta = made["metadata"]
-    assert meta["name"].startswith("trainer-gpu-") and len(meta["name"]) == len(
-        "trainer-gpu-") + 5
+    assert meta["name"].startswith("trainer-gpu-") and len(meta["name"]) == len("trainer-gpu-") + 5
     assert meta["generateName"] == "trainer-gpu-"
     assert meta["labels"] == {"app": "train"}
     assert meta["annotations"] == {POD_CLAIM_NAME_ANNOTATION: "gpu"}
-    assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "trainer",
-                                        "uid": pod["metadata"]["uid"], "controller": True,
-                                        "blockOwnerDeletion": True}]
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": "trainer",
+            "uid": pod["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     template = cluster.emu.get(cluster.api_version, "ResourceClaimTemplate", "one-gpu", NS)
     assert template is not None
     assert made["spec"] == template["spec"]["spec"]  # as stored, defaults included
@@ -185,17 +233,35 @@ async def test_an_orphan_claim_from_before_a_crash_is_recorded_not_made_again(
     cluster = structured
     cluster.template()
     pod = cluster.pod("trainer", template="one-gpu")
-    cluster.emu.create({"apiVersion": cluster.api_version, "kind": "ResourceClaim",
-                        "metadata": {"name": "trainer-gpu-abcde", "namespace": NS,
-                                     "annotations": {POD_CLAIM_NAME_ANNOTATION: "gpu"},
-                                     "ownerReferences": [{
-                                         "apiVersion": "v1", "kind": "Pod", "name": "trainer",
-                                         "uid": pod["metadata"]["uid"], "controller": True}]},
-                        "spec": {"devices": {"requests": [cluster.request()]}}})
+    cluster.emu.create(
+        {
+            "apiVersion": cluster.api_version,
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": "trainer-gpu-abcde",
+                "namespace": NS,
+                "annotations": {POD_CLAIM_NAME_ANNOTATION: "gpu"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": "trainer",
+                        "uid": pod["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"devices": {"requests": [cluster.request()]}},
+        }
+    )
     controller = await running(cluster.controller())
     try:
-        await eventually(lambda: (cluster.get_pod("trainer") or {}).get("status", {}).get(
-            "resourceClaimStatuses"), what="recorded")
+        await eventually(
+            lambda: (
+                (cluster.get_pod("trainer") or {}).get("status", {}).get("resourceClaimStatuses")
+            ),
+            what="recorded",
+        )
         await cluster.quiet(controller)
     finally:
         await controller.stop()
@@ -233,11 +299,15 @@ async def test_a_deleted_pod_is_released_its_claim_deallocated_and_deleted(
         await cluster.quiet(controller)
     finally:
         await controller.stop()
-    writes = [(w.method, w.path.rsplit("/", 2)[-2:]) for w in cluster.emu.writes()
-              if name in w.path]
+    writes = [
+        (w.method, w.path.rsplit("/", 2)[-2:]) for w in cluster.emu.writes() if name in w.path
+    ]
     # Release and deallocate in one status update, drop the finalizer, then delete.
-    assert writes[-3:] == [("PUT", [name, "status"]), ("PUT", ["resourceclaims", name]),
-                           ("DELETE", ["resourceclaims", name])]
+    assert writes[-3:] == [
+        ("PUT", [name, "status"]),
+        ("PUT", ["resourceclaims", name]),
+        ("DELETE", ["resourceclaims", name]),
+    ]
     counters = controller.counters
     assert (counters.released, counters.deallocations, counters.deleted) == (1, 1, 1)
 
@@ -255,18 +325,20 @@ async def test_a_finished_pod_lets_go_of_a_shared_claim_and_its_own_claim_goes(
     try:
         await eventually(lambda: len(cluster.claims()) == 2, what="template claim made")
         own_claim = next(c for c in cluster.claims() if c["metadata"]["name"] != "shared")
-        cluster.allocate(own_claim["metadata"]["name"], reserved_for=[consumer(own)],
-                         finalizer=True)
-        cluster.allocate("shared", reserved_for=[consumer(first), consumer(second)],
-                         finalizer=True)
+        cluster.allocate(
+            own_claim["metadata"]["name"], reserved_for=[consumer(own)], finalizer=True
+        )
+        cluster.allocate("shared", reserved_for=[consumer(first), consumer(second)], finalizer=True)
         await cluster.quiet(controller)
         for name in ("first", "own"):
             done = cluster.get_pod(name)
             assert done is not None
             done["status"]["phase"] = "Succeeded"
             cluster.emu.update_status(done)
-        await eventually(lambda: [c["metadata"]["name"] for c in cluster.claims()]
-                         == ["shared"], what="the finished pod's own claim deleted")
+        await eventually(
+            lambda: [c["metadata"]["name"] for c in cluster.claims()] == ["shared"],
+            what="the finished pod's own claim deleted",
+        )
         await cluster.quiet(controller)
     finally:
         await controller.stop()
@@ -288,8 +360,10 @@ async def test_a_pod_bound_without_the_scheduler_gets_its_allocated_claim_reserv
     pod = cluster.pod("p1", claim="c1", node="n1")
     controller = await running(cluster.controller())
     try:
-        await eventually(lambda: (cluster.get_claim("c1") or {}).get("status", {}).get(
-            "reservedFor"), what="reserved")
+        await eventually(
+            lambda: (cluster.get_claim("c1") or {}).get("status", {}).get("reservedFor"),
+            what="reserved",
+        )
         await cluster.quiet(controller)
     finally:
         await controller.stop()
@@ -304,19 +378,38 @@ async def test_1_31_a_deleted_pod_asks_the_driver_to_deallocate_its_classic_clai
     cluster.claim("c1", controller=DRIVER)
     pod = cluster.pod("p1", claim="c1", node="n1")
     cluster.allocate("c1", reserved_for=[consumer(pod)], finalizer=False)
-    cluster.emu.create({"apiVersion": cluster.api_version, "kind": "PodSchedulingContext",
-                        "metadata": {"name": "p1", "namespace": NS, "ownerReferences": [{
-                            "apiVersion": "v1", "kind": "Pod", "name": "p1",
-                            "uid": pod["metadata"]["uid"], "controller": True}]},
-                        "spec": {"selectedNode": "n1"}})
+    cluster.emu.create(
+        {
+            "apiVersion": cluster.api_version,
+            "kind": "PodSchedulingContext",
+            "metadata": {
+                "name": "p1",
+                "namespace": NS,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": "p1",
+                        "uid": pod["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"selectedNode": "n1"},
+        }
+    )
     controller = await running(cluster.controller())
     try:
         await cluster.quiet(controller)
         cluster.emu.delete("v1", "Pod", "p1", NS)
-        await eventually(lambda: (cluster.get_claim("c1") or {}).get("status", {}).get(
-            "deallocationRequested"), what="deallocation requested")
-        await eventually(lambda: cluster.emu.get(cluster.api_version, "PodSchedulingContext",
-                                                 "p1", NS) is None, what="context deleted")
+        await eventually(
+            lambda: (cluster.get_claim("c1") or {}).get("status", {}).get("deallocationRequested"),
+            what="deallocation requested",
+        )
+        await eventually(
+            lambda: cluster.emu.get(cluster.api_version, "PodSchedulingContext", "p1", NS) is None,
+            what="context deleted",
+        )
         await cluster.quiet(controller)
     finally:
         await controller.stop()
@@ -335,8 +428,10 @@ async def test_1_31_a_bound_pod_with_an_unallocated_classic_claim_selects_its_no
     pod = cluster.pod("p1", claim="c1", node="n1")
     controller = await running(cluster.controller())
     try:
-        await eventually(lambda: cluster.emu.get(cluster.api_version, "PodSchedulingContext",
-                                                 "p1", NS), what="context made")
+        await eventually(
+            lambda: cluster.emu.get(cluster.api_version, "PodSchedulingContext", "p1", NS),
+            what="context made",
+        )
         await cluster.quiet(controller)
     finally:
         await controller.stop()
@@ -369,22 +464,39 @@ async def test_the_command_runs_until_interrupted_and_errors_are_one_line(
     cluster.pod("p1", template="one-gpu")
     url = cluster.emu.url
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app", "sim", "claim-controller", "--kube-url", url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "app",
+        "sim",
+        "claim-controller",
+        "--kube-url",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
-        await eventually(lambda: len(cluster.claims()) == 1, timeout_s=30,
-                         what="made by the command")
+        await eventually(
+            lambda: len(cluster.claims()) == 1, timeout_s=30, what="made by the command"
+        )
     finally:
         process.send_signal(signal.SIGINT)
         out, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0, err.decode()
     assert "resource.k8s.io/v1alpha3" in out.decode()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app", "sim", "claim-controller", "--kube-url", url,
-        "--resource-api-version", "v1", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "app",
+        "sim",
+        "claim-controller",
+        "--kube-url",
+        url,
+        "--resource-api-version",
+        "v1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(process.communicate(), 30)
     lines = err.decode().strip().splitlines()
     assert process.returncode == 1
-    assert lines == ["Error: resource.k8s.io/v1 is not served (the API server serves "
-                     "v1alpha3)"]
+    assert lines == ["Error: resource.k8s.io/v1 is not served (the API server serves v1alpha3)"]

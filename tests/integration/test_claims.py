@@ -36,6 +36,7 @@ from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 DRIVER = "fabric.example.com"
 CLAIMS = "resource.k8s.io/v1"
 
+
 @dataclass
 class Harness:
     db: Database
@@ -47,15 +48,24 @@ class Harness:
 
     def reconciler(self, **changes: Any) -> ClaimReconciler:
         values: dict[str, Any] = {
-            "driver_name": DRIVER, "workers": 4, "orphan_grace_s": 0.2, "sweep_interval_s": 0.1,
-            "informer": InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05,
-                                         backoff_max_s=0.2),
+            "driver_name": DRIVER,
+            "workers": 4,
+            "orphan_grace_s": 0.2,
+            "sweep_interval_s": 0.1,
+            "informer": InformerSettings(
+                name="x", watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=0.2
+            ),
             "queue": WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2),
         }
         settings = ClaimSettings(**{**values, **changes})
-        return ClaimReconciler(self.client, ResourceApiVersion.V1, self.db, self.backend,
-                               settings, metrics=ClaimMetrics.create(__import__(
-                                   "prometheus_client").CollectorRegistry()))
+        return ClaimReconciler(
+            self.client,
+            ResourceApiVersion.V1,
+            self.db,
+            self.backend,
+            settings,
+            metrics=ClaimMetrics.create(__import__("prometheus_client").CollectorRegistry()),
+        )
 
     def device_names(self) -> list[str]:
         return sorted(self.devices)
@@ -67,30 +77,64 @@ class Harness:
         return self.emu.get(CLAIMS, "ResourceClaim", name, "default")
 
     def create_claim(self, name: str, requests: tuple[str, ...] = ("gpu",)) -> dict[str, Any]:
-        return self.emu.create({
-            "apiVersion": CLAIMS, "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [
-                {"name": r, "exactly": {"deviceClassName": "fabric-gpu"}} for r in requests]}},
-        })
+        return self.emu.create(
+            {
+                "apiVersion": CLAIMS,
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": r, "exactly": {"deviceClassName": "fabric-gpu"}}
+                            for r in requests
+                        ]
+                    }
+                },
+            }
+        )
 
-    def allocate(self, name: str, devices: list[tuple[str, str]], node: str | None,
-                 *, config: list[dict[str, Any]] | None = None,
-                 pod: str | None = None) -> dict[str, Any]:
+    def allocate(
+        self,
+        name: str,
+        devices: list[tuple[str, str]],
+        node: str | None,
+        *,
+        config: list[dict[str, Any]] | None = None,
+        pod: str | None = None,
+    ) -> dict[str, Any]:
         claim = self.claim(name)
         assert claim is not None
-        results = [{"request": request, "driver": DRIVER, "pool": self.devices[d].pool_name,
-                    "device": d} for request, d in devices]
+        results = [
+            {"request": request, "driver": DRIVER, "pool": self.devices[d].pool_name, "device": d}
+            for request, d in devices
+        ]
         allocation: dict[str, Any] = {"devices": {"results": results, "config": config or []}}
         if node is not None:
-            allocation["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+            allocation["nodeSelector"] = {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            }
         else:
-            allocation["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "topology.kubernetes.io/region", "operator": "In",
-                 "values": ["us-east"]}]}]}
-        claim["status"] = {"allocation": allocation, "reservedFor": [
-            {"resource": "pods", "name": pod or f"{name}-pod", "uid": str(uuid.uuid4())}]}
+            allocation["nodeSelector"] = {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "topology.kubernetes.io/region",
+                                "operator": "In",
+                                "values": ["us-east"],
+                            }
+                        ]
+                    }
+                ]
+            }
+        claim["status"] = {
+            "allocation": allocation,
+            "reservedFor": [
+                {"resource": "pods", "name": pod or f"{name}-pod", "uid": str(uuid.uuid4())}
+            ],
+        }
         return self.emu.update_status(claim)
 
     def deallocate(self, name: str) -> None:
@@ -101,8 +145,9 @@ class Harness:
 
     def our_status(self, name: str) -> list[dict[str, Any]]:
         claim = self.claim(name) or {}
-        return [e for e in (claim.get("status") or {}).get("devices") or []
-                if e.get("driver") == DRIVER]
+        return [
+            e for e in (claim.get("status") or {}).get("devices") or [] if e.get("driver") == DRIVER
+        ]
 
     def condition(self, name: str, device: str, type_: str) -> str | None:
         for entry in self.our_status(name):
@@ -133,12 +178,19 @@ async def harness50(db: Database) -> AsyncIterator[Harness]:
 
 @contextlib.asynccontextmanager
 async def build_harness(db: Database, devices: int) -> AsyncIterator[Harness]:
-    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1,
-                                              devices_per_rack=devices, hosts_per_rack=2),
-                           auth="none")
+    sim = RedfishSimulator(
+        spec=InventorySpec(
+            regions=1, racks_per_region=1, devices_per_rack=devices, hosts_per_rack=2
+        ),
+        auth="none",
+    )
     url = await sim.start()
-    backend = RedfishBackend(url, auth="none", retry=RetrySettings(
-        attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02), timeout_s=5)
+    backend = RedfishBackend(
+        url,
+        auth="none",
+        retry=RetrySettings(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02),
+        timeout_s=5,
+    )
     await InventorySync(backend, db).sync_once()
     async with db.read() as session:
         rows = {d.name: d for d in (await session.scalars(select(Device))).all()}
@@ -147,8 +199,13 @@ async def build_harness(db: Database, devices: int) -> AsyncIterator[Harness]:
     emu = KubeEmulator(served_resource_versions=("v1",))
     emu_url = await emu.start()
     for node in NODES:
-        emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": node, "labels": {"kubernetes.io/hostname": node}}})
+        emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+            }
+        )
     client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu_url))
     yield Harness(db, sim, backend, emu, client, rows)
     await client.close()
@@ -171,16 +228,17 @@ async def test_full_cycle_attach_ready_then_detach_on_deallocation(harness: Harn
     harness.create_claim("c1")
     async with running(harness.reconciler()) as reconciler:
         harness.allocate("c1", [("gpu", device)], NODES[0])
-        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
-                         what="binding condition True")
+        await eventually(
+            lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
+            what="binding condition True",
+        )
         assert harness.condition("c1", device, "FabricDeviceFailed") == "False"
         assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
         entry = harness.our_status("c1")[0]
         assert entry["data"]["node"] == NODES[0] and entry["data"]["host"] == NODES[0]
         assert entry["data"]["uuid"] == harness.devices[device].uuid
         # Events go out through the background recorder: wait for them, then count.
-        await eventually(lambda: len(harness.events("Attached")) >= 1,
-                         what="Attached event")
+        await eventually(lambda: len(harness.events("Attached")) >= 1, what="Attached event")
         assert len(harness.events("Attached")) == 1
         (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])
         assert held.state == ATTACHED and held.node == NODES[0]
@@ -193,12 +251,15 @@ async def test_full_cycle_attach_ready_then_detach_on_deallocation(harness: Harn
         assert len(harness.emu.writes()) == writes and len(harness.sim.history) == history
 
         harness.deallocate("c1")
-        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
-                         what="detach")
+        await eventually(
+            lambda: harness.sim.attachments()[harness.block_of(device)] is None, what="detach"
+        )
         await eventually(lambda: len(harness.events("Detached")) == 1, what="Detached event")
         assert await reconciler.journal.for_claim(held.claim.uid) == []
-        assert harness.sim.history == [("attach", harness.block_of(device), NODES[0]),
-                                       ("detach", harness.block_of(device), NODES[0])]
+        assert harness.sim.history == [
+            ("attach", harness.block_of(device), NODES[0]),
+            ("detach", harness.block_of(device), NODES[0]),
+        ]
 
 
 async def test_many_concurrent_claims_attach_each_device_once(harness: Harness) -> None:
@@ -208,9 +269,13 @@ async def test_many_concurrent_claims_attach_each_device_once(harness: Harness) 
     async with running(harness.reconciler()):
         for i, device in enumerate(names):
             harness.allocate(f"c{i}", [("gpu", device)], NODES[i % 2])
-        await eventually(lambda: all(
-            harness.condition(f"c{i}", d, "FabricDeviceReady") == "True"
-            for i, d in enumerate(names)), what="all ready")
+        await eventually(
+            lambda: all(
+                harness.condition(f"c{i}", d, "FabricDeviceReady") == "True"
+                for i, d in enumerate(names)
+            ),
+            what="all ready",
+        )
     attaches = [h for h in harness.sim.history if h[0] == "attach"]
     assert len(attaches) == len(names) == len({h[1] for h in attaches})
 
@@ -226,8 +291,10 @@ async def test_two_claims_given_one_device_only_the_first_gets_it_the_second_wai
         await eventually(lambda: harness.condition("a", device, "FabricDeviceReady") == "True")
         harness.allocate("b", [("gpu", device)], NODES[1])
         # A double allocation: b waits (no failure condition), and says why.
-        await eventually(lambda: _reason(harness, "b", device) == "WaitingForDetach",
-                         what="the second claim waiting")
+        await eventually(
+            lambda: _reason(harness, "b", device) == "WaitingForDetach",
+            what="the second claim waiting",
+        )
         assert harness.condition("b", device, "FabricDeviceReady") == "False"
         assert harness.condition("b", device, "FabricDeviceFailed") == "False"
         message = harness.our_status("b")[0]["conditions"][0]["message"]
@@ -239,8 +306,10 @@ async def test_two_claims_given_one_device_only_the_first_gets_it_the_second_wai
         assert event["type"] == "Warning" and event["involvedObject"]["name"] == "b"
         # The scheduler's binding timeout gives b's allocation back: the wait ends.
         harness.deallocate("b")
-        await eventually(lambda: harness.our_status("b") == [] and not reconciler.status()[
-            "waiting"], what="the wait ended")
+        await eventually(
+            lambda: harness.our_status("b") == [] and not reconciler.status()["waiting"],
+            what="the wait ended",
+        )
         assert reconciler._release_waiters == {}
     assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
     assert harness.events("AttachFailed") == []
@@ -267,14 +336,17 @@ async def test_a_device_still_detaching_is_waited_for_then_attached_to_the_new_c
         # Every write to the old claim's server fails (503, transient) until the test lets the
         # detach through.
         for method in ("POST", "PATCH"):
-            harness.sim.fail_next(10**9, method=method, path_prefix=f"/redfish/v1/Systems/"
-                                  f"{NODES[0]}", status=503)
+            harness.sim.fail_next(
+                10**9, method=method, path_prefix=f"/redfish/v1/Systems/{NODES[0]}", status=503
+            )
         harness.deallocate("old")
         await eventually(lambda: _state_is(reconciler, old_uid, DETACHING), what="detaching")
         # The scheduler gives the device to a new claim on the other node meanwhile.
         harness.allocate("new", [("gpu", device)], NODES[1])
-        await eventually(lambda: _reason(harness, "new", device) == "WaitingForDetach",
-                         what="the new claim waiting for the detach")
+        await eventually(
+            lambda: _reason(harness, "new", device) == "WaitingForDetach",
+            what="the new claim waiting for the detach",
+        )
         assert harness.condition("new", device, "FabricDeviceReady") == "False"
         assert harness.condition("new", device, "FabricDeviceFailed") == "False"
         message = harness.our_status("new")[0]["conditions"][0]["message"]
@@ -282,16 +354,17 @@ async def test_a_device_still_detaching_is_waited_for_then_attached_to_the_new_c
         assert "state detaching" in message and f"host {NODES[0]}" in message
         new_uid = harness.claim("new")["metadata"]["uid"]
         await eventually(lambda: reconciler.queue.num_requeues(new_uid) >= 3, what="retries")
-        assert reconciler.status()["waiting"] == [
-            {"claim": "default/new", "reason": message}]
+        assert reconciler.status()["waiting"] == [{"claim": "default/new", "reason": message}]
         await reconciler.events.flush()
         (event,) = harness.events("WaitingForDetach")
         assert event["type"] == "Normal" and event["involvedObject"]["name"] == "new"
         assert harness.sim.attachments()[block] == NODES[0]
 
         harness.sim.clear_failures()
-        await eventually(lambda: harness.condition("new", device, "FabricDeviceReady")
-                         == "True", what="the new claim ready after the detach")
+        await eventually(
+            lambda: harness.condition("new", device, "FabricDeviceReady") == "True",
+            what="the new claim ready after the detach",
+        )
         assert harness.condition("new", device, "FabricDeviceFailed") == "False"
         assert harness.sim.attachments()[block] == NODES[1]
         assert await reconciler.journal.for_claim(old_uid) == []
@@ -299,7 +372,10 @@ async def test_a_device_still_detaching_is_waited_for_then_attached_to_the_new_c
         assert held.state == ATTACHED and held.host_id == NODES[1]
         assert reconciler.status()["waiting"] == [] and reconciler._release_waiters == {}
     assert [h for h in harness.sim.history if h[1] == block] == [
-        ("attach", block, NODES[0]), ("detach", block, NODES[0]), ("attach", block, NODES[1])]
+        ("attach", block, NODES[0]),
+        ("detach", block, NODES[0]),
+        ("attach", block, NODES[1]),
+    ]
     assert harness.events("AttachFailed") == []
     assert len(harness.events("WaitingForDetach")) == 1
 
@@ -317,17 +393,21 @@ async def test_a_waiting_claim_is_queued_when_the_release_completes_not_after_it
         harness.allocate("a", [("gpu", device)], NODES[0])
         await eventually(lambda: harness.condition("a", device, "FabricDeviceReady") == "True")
         harness.allocate("b", [("gpu", device)], NODES[1])
-        await eventually(lambda: _reason(harness, "b", device) == "WaitingForDetach",
-                         what="b waiting")
+        await eventually(
+            lambda: _reason(harness, "b", device) == "WaitingForDetach", what="b waiting"
+        )
         # a's release had not run yet when b was allocated; now it does.
         harness.deallocate("a")
-        await eventually(lambda: harness.condition("b", device, "FabricDeviceReady") == "True",
-                         what="b ready as soon as a's detach completed")
+        await eventually(
+            lambda: harness.condition("b", device, "FabricDeviceReady") == "True",
+            what="b ready as soon as a's detach completed",
+        )
     assert harness.sim.attachments()[harness.block_of(device)] == NODES[1]
 
 
 async def test_a_release_written_by_another_process_is_found_by_the_sweep(
-    harness: Harness, database_url: str,
+    harness: Harness,
+    database_url: str,
 ) -> None:
     # Another process (its own Database, so its own journal feed) holds the device for a
     # control-plane claim, then releases it: this process hears of it from the sweep.
@@ -335,20 +415,29 @@ async def test_a_release_written_by_another_process_is_found_by_the_sweep(
     other = Database.connect(database_url)
     try:
         journal = Journal(other)
-        held = await journal.reserve(ClaimRef("classic-uid", "default", "classic"), "gpu",
-                                     device, "us-east/rack-01", "control-plane", NODES[0],
-                                     NODES[0])
+        held = await journal.reserve(
+            ClaimRef("classic-uid", "default", "classic"),
+            "gpu",
+            device,
+            "us-east/rack-01",
+            "control-plane",
+            NODES[0],
+            NODES[0],
+        )
         harness.create_claim("b")
         slow = WorkQueueSettings(base_delay_s=120, max_delay_s=120)
         async with running(harness.reconciler(queue=slow, sweep_interval_s=0.1)):
             harness.allocate("b", [("gpu", device)], NODES[1])
-            await eventually(lambda: _reason(harness, "b", device) == "WaitingForDetach",
-                             what="b waiting")
+            await eventually(
+                lambda: _reason(harness, "b", device) == "WaitingForDetach", what="b waiting"
+            )
             message = harness.our_status("b")[0]["conditions"][0]["message"]
             assert "claim default/classic (control-plane mode) holds it" in message
             assert await journal.transition(held.id, ["pending"], "released") is not None
-            await eventually(lambda: harness.condition("b", device, "FabricDeviceReady")
-                             == "True", what="b ready after the other process's release")
+            await eventually(
+                lambda: harness.condition("b", device, "FabricDeviceReady") == "True",
+                what="b ready after the other process's release",
+            )
         assert harness.sim.attachments()[harness.block_of(device)] == NODES[1]
     finally:
         await other.dispose()
@@ -358,7 +447,8 @@ async def test_fabric_conflict_fails_the_device_and_stops_offering_it(harness: H
     device = harness.device_names()[1]
     # Someone attached the block to the other server behind our back.
     await harness.backend.attach(
-        (await Journal(harness.db).fabric_device_by_name(device)), NODES[1])
+        (await Journal(harness.db).fabric_device_by_name(device)), NODES[1]
+    )
     harness.create_claim("c1")
     failed_before = [d for d in await pool_devices(harness.db) if d.attach_failed]
     assert failed_before == []
@@ -367,8 +457,9 @@ async def test_fabric_conflict_fails_the_device_and_stops_offering_it(harness: H
         await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True")
         assert harness.condition("c1", device, "FabricDeviceReady") == "False"
         # Events go out through the background recorder: wait for them, then count.
-        await eventually(lambda: len(harness.events("AttachFailed")) >= 1,
-                         what="AttachFailed event")
+        await eventually(
+            lambda: len(harness.events("AttachFailed")) >= 1, what="AttachFailed event"
+        )
         assert len(harness.events("AttachFailed")) == 1
         assert harness.events("AttachFailed")[0]["type"] == "Warning"
         (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])
@@ -377,8 +468,9 @@ async def test_fabric_conflict_fails_the_device_and_stops_offering_it(harness: H
         assert [d.name for d in await pool_devices(harness.db) if d.attach_failed] == [device]
         # The scheduler gives the device back: the failed reservation is released.
         harness.deallocate("c1")
-        await eventually(lambda: _no_reservations(reconciler, held.claim.uid),
-                         what="failed reservation released")
+        await eventually(
+            lambda: _no_reservations(reconciler, held.claim.uid), what="failed reservation released"
+        )
     # It was never ours: the other server still holds it.
     assert harness.sim.attachments()[harness.block_of(device)] == NODES[1]
 
@@ -401,9 +493,20 @@ async def test_transient_fabric_errors_are_retried(harness: Harness) -> None:
 async def test_bad_opaque_config_refuses_without_attaching(harness: Harness) -> None:
     device = harness.device_names()[0]
     harness.create_claim("c1")
-    config = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
-        "driver": DRIVER, "parameters": {"apiVersion": "fabric-dra.io/v1alpha1",
-                                         "kind": "FabricDeviceConfig", "maxAttachAttempts": 500}}}]
+    config = [
+        {
+            "source": "FromClaim",
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "fabric-dra.io/v1alpha1",
+                    "kind": "FabricDeviceConfig",
+                    "maxAttachAttempts": 500,
+                },
+            },
+        }
+    ]
     async with running(harness.reconciler()):
         harness.allocate("c1", [("gpu", device)], NODES[0], config=config)
         await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True")
@@ -423,8 +526,9 @@ async def test_claim_deleted_during_a_slow_attach_ends_detached(harness: Harness
         uid = harness.claim("c1")["metadata"]["uid"]
         await eventually(lambda: _state_is(reconciler, uid, ATTACHING), what="attaching")
         harness.emu.delete(CLAIMS, "ResourceClaim", "c1", "default")
-        await eventually(lambda: _no_reservations(reconciler, uid), timeout_s=20,
-                         what="released after deletion")
+        await eventually(
+            lambda: _no_reservations(reconciler, uid), timeout_s=20, what="released after deletion"
+        )
     harness.sim.faults.latency_s = 0
     assert harness.sim.attachments()[harness.block_of(device)] is None
 
@@ -438,9 +542,14 @@ async def test_node_is_learnt_from_the_pod_when_binding_conditions_are_absent(
 ) -> None:
     device = harness.device_names()[4]
     harness.create_claim("c1")
-    harness.emu.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": "consumer", "namespace": "default"}, "spec": {
-        "containers": [{"name": "c", "image": "busybox"}]}})
+    harness.emu.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "consumer", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }
+    )
     async with running(harness.reconciler()) as reconciler:
         harness.allocate("c1", [("gpu", device)], None, pod="consumer")
         await eventually(lambda: bool(reconciler.status()["waiting"]), what="waiting")
@@ -465,8 +574,15 @@ async def test_restart_recovery_finishes_or_rolls_back_unfinished_intents(
     uids = [harness.claim(f"c{i}")["metadata"]["uid"] for i in range(3)]
 
     async def intent(i: int, state: str) -> int:
-        held = await journal.reserve(ClaimRef(uids[i], "default", f"c{i}"), "gpu", names[i],
-                                     "us-east/rack-01", "structured", NODES[0], NODES[0])
+        held = await journal.reserve(
+            ClaimRef(uids[i], "default", f"c{i}"),
+            "gpu",
+            names[i],
+            "us-east/rack-01",
+            "structured",
+            NODES[0],
+            NODES[0],
+        )
         moved = await journal.transition(held.id, ["pending"], state)
         assert moved is not None
         return held.id
@@ -485,9 +601,12 @@ async def test_restart_recovery_finishes_or_rolls_back_unfinished_intents(
     harness.emu.delete(CLAIMS, "ResourceClaim", "c2", "default")
 
     async with running(harness.reconciler()) as reconciler:
-        await eventually(lambda: all(
-            harness.condition(f"c{i}", names[i], "FabricDeviceReady") == "True"
-            for i in (0, 1)), what="c0 and c1 ready")
+        await eventually(
+            lambda: all(
+                harness.condition(f"c{i}", names[i], "FabricDeviceReady") == "True" for i in (0, 1)
+            ),
+            what="c0 and c1 ready",
+        )
         await eventually(lambda: _no_reservations(reconciler, uids[2]), what="c2 released")
     attachments = harness.sim.attachments()
     assert attachments[harness.block_of(names[0])] == NODES[0]
@@ -495,7 +614,8 @@ async def test_restart_recovery_finishes_or_rolls_back_unfinished_intents(
     assert attachments[harness.block_of(names[2])] is None
     # c1's attach was not sent twice.
     assert [h for h in harness.sim.history if h[1] == harness.block_of(names[1])] == [
-        ("attach", harness.block_of(names[1]), NODES[0])]
+        ("attach", harness.block_of(names[1]), NODES[0])
+    ]
 
 
 async def test_orphans_of_claims_that_vanished_while_down_are_detached(
@@ -503,8 +623,15 @@ async def test_orphans_of_claims_that_vanished_while_down_are_detached(
 ) -> None:
     device = harness.device_names()[5]
     journal = Journal(harness.db)
-    held = await journal.reserve(ClaimRef("gone-uid", "default", "gone"), "gpu", device,
-                                 "us-east/rack-01", "structured", NODES[1], NODES[1])
+    held = await journal.reserve(
+        ClaimRef("gone-uid", "default", "gone"),
+        "gpu",
+        device,
+        "us-east/rack-01",
+        "structured",
+        NODES[1],
+        NODES[1],
+    )
     await journal.transition(held.id, ["pending"], ATTACHING)
     await harness.backend.attach(await journal.fabric_device_by_name(device), NODES[1])
     await journal.transition(held.id, [ATTACHING], ATTACHED)
@@ -525,8 +652,10 @@ async def test_unmanaged_attachments_are_reported_and_detached_only_when_asked(
         await asyncio.sleep(0.4)
         assert harness.sim.attachments()[harness.block_of(device)] == NODES[0]
     async with running(harness.reconciler(detach_unmanaged=True)):
-        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
-                         what="unmanaged device detached")
+        await eventually(
+            lambda: harness.sim.attachments()[harness.block_of(device)] is None,
+            what="unmanaged device detached",
+        )
 
 
 class Killed(BaseException):
@@ -591,18 +720,28 @@ async def test_fifty_concurrent_claims_attach_each_device_exactly_once(harness50
     async with running(harness50.reconciler(workers=8)):
         for i, device in enumerate(names):
             harness50.allocate(f"c{i}", [("gpu", device)], NODES[i % 2])
-        await eventually(lambda: all(
-            harness50.condition(f"c{i}", d, "FabricDeviceReady") == "True"
-            for i, d in enumerate(names)), timeout_s=60, what="fifty claims ready")
+        await eventually(
+            lambda: all(
+                harness50.condition(f"c{i}", d, "FabricDeviceReady") == "True"
+                for i, d in enumerate(names)
+            ),
+            timeout_s=60,
+            what="fifty claims ready",
+        )
         for i in range(50):
             harness50.deallocate(f"c{i}")
-        await eventually(lambda: all(v is None for v in harness50.sim.attachments().values()),
-                         timeout_s=60, what="fifty detaches")
+        await eventually(
+            lambda: all(v is None for v in harness50.sim.attachments().values()),
+            timeout_s=60,
+            what="fifty detaches",
+        )
     history = harness50.sim.history
     assert sorted(h[1] for h in history if h[0] == "attach") == sorted(
-        harness50.block_of(d) for d in names)
+        harness50.block_of(d) for d in names
+    )
     assert sorted(h[1] for h in history if h[0] == "detach") == sorted(
-        harness50.block_of(d) for d in names)
+        harness50.block_of(d) for d in names
+    )
     held: dict[str, str] = {}
     for operation, block, system in history:
         if operation == "attach":
@@ -617,15 +756,29 @@ async def test_an_attach_that_times_out_is_retried_then_reported_failed(
 ) -> None:
     device = harness.device_names()[0]
     harness.create_claim("c1")
-    config = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {
-        "driver": DRIVER, "parameters": {"apiVersion": "fabric-dra.io/v1alpha1",
-                                         "kind": "FabricDeviceConfig",
-                                         "attachTimeoutSeconds": 1, "maxAttachAttempts": 2}}}]
+    config = [
+        {
+            "source": "FromClaim",
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {
+                    "apiVersion": "fabric-dra.io/v1alpha1",
+                    "kind": "FabricDeviceConfig",
+                    "attachTimeoutSeconds": 1,
+                    "maxAttachAttempts": 2,
+                },
+            },
+        }
+    ]
     harness.sim.faults.latency_s = 1.5
     async with running(harness.reconciler()) as reconciler:
         harness.allocate("c1", [("gpu", device)], NODES[0], config=config)
-        await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True",
-                         timeout_s=30, what="failure after two timed-out attempts")
+        await eventually(
+            lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True",
+            timeout_s=30,
+            what="failure after two timed-out attempts",
+        )
         (held,) = await reconciler.journal.for_claim(harness.claim("c1")["metadata"]["uid"])
         assert held.state == FAILED and held.attempts == 2
         assert "no answer within 1s" in (held.last_error or "")
@@ -633,16 +786,18 @@ async def test_an_attach_that_times_out_is_retried_then_reported_failed(
         harness.deallocate("c1")
         await eventually(lambda: _no_reservations(reconciler, held.claim.uid), timeout_s=20)
     # Whatever the slow attaches did in the end, nothing stays attached.
-    await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
-                     timeout_s=10)
+    await eventually(
+        lambda: harness.sim.attachments()[harness.block_of(device)] is None, timeout_s=10
+    )
 
 
 async def test_events_are_sent_in_the_background_and_dropped_only_past_the_limit(
     harness: Harness,
 ) -> None:
     claim = harness.create_claim("c1")
-    recorder = EventRecorder(CoreV1Api(harness.client.api), "test", "resource.k8s.io/v1",
-                             max_queued=3)
+    recorder = EventRecorder(
+        CoreV1Api(harness.client.api), "test", "resource.k8s.io/v1", max_queued=3
+    )
     harness.emu.latency_s = 0.05
     for i in range(5):
         # Returns at once: nothing is sent before the caller yields.
@@ -650,7 +805,10 @@ async def test_events_are_sent_in_the_background_and_dropped_only_past_the_limit
     assert (recorder.pending(), recorder.dropped, harness.events("Probe")) == (3, 2, [])
     await recorder.close()
     assert sorted(e["message"] for e in harness.events("Probe")) == [
-        "message 0", "message 1", "message 2"]
+        "message 0",
+        "message 1",
+        "message 2",
+    ]
     assert (recorder.sent, recorder.pending()) == (3, 0)
     # After close an Event is sent at once, in the caller's task; opened again, it queues.
     await recorder.record(claim, "Warning", "Probe", "late")
@@ -681,8 +839,9 @@ async def test_events_left_at_a_timed_out_close_are_dropped_and_later_ones_still
     harness: Harness,
 ) -> None:
     claim = harness.create_claim("c1")
-    recorder = EventRecorder(CoreV1Api(harness.client.api), "test", "resource.k8s.io/v1",
-                             max_queued=2)
+    recorder = EventRecorder(
+        CoreV1Api(harness.client.api), "test", "resource.k8s.io/v1", max_queued=2
+    )
     harness.emu.latency_s = 0.5  # the API server is slow
     for i in range(4):
         await recorder.record(claim, "Normal", "Probe", f"old {i}")
@@ -718,8 +877,10 @@ async def test_an_attach_never_sent_is_never_counted(harness: Harness) -> None:
         harness.allocate("c1", [("a", names[0]), ("b", names[1])], NODES[0])
         await eventually(stopped.is_set, what="the cut")
         uid = harness.claim("c1")["metadata"]["uid"]
-        await eventually(lambda: harness.condition("c1", names[1], "FabricDeviceReady")
-                         == "True", what="both attached by the next pass")
+        await eventually(
+            lambda: harness.condition("c1", names[1], "FabricDeviceReady") == "True",
+            what="both attached by the next pass",
+        )
         held = {r.device_name: r for r in await reconciler.journal.for_claim(uid)}
     # The first device had its attempt counted twice (the cut one and the real one), the
     # second once: it was never counted before it was sent.
@@ -733,24 +894,28 @@ async def test_claim_status_is_written_with_strict_field_validation(harness: Har
     harness.create_claim("c1")
     async with running(harness.reconciler()):
         harness.allocate("c1", [("gpu", device)], NODES[0])
-        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
-                         what="binding condition True")
-    status_writes = [r for r in harness.emu.writes("/resourceclaims/c1/status")
-                     if r.method == "PUT"]
+        await eventually(
+            lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
+            what="binding condition True",
+        )
+    status_writes = [
+        r for r in harness.emu.writes("/resourceclaims/c1/status") if r.method == "PUT"
+    ]
     assert status_writes
     assert all("fieldValidation=Strict" in r.query for r in status_writes)
 
 
-async def test_a_deleted_event_for_a_claim_that_exists_detaches_nothing(
-        harness: Harness) -> None:
+async def test_a_deleted_event_for_a_claim_that_exists_detaches_nothing(harness: Harness) -> None:
     # A replayed or out-of-order DELETED: the cache says the claim is gone, the API server
     # still has it. The devices stay attached until the server confirms the deletion.
     device = harness.device_names()[0]
     harness.create_claim("c1")
     async with running(harness.reconciler()) as reconciler:
         harness.allocate("c1", [("gpu", device)], NODES[0])
-        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
-                         what="binding condition True")
+        await eventually(
+            lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
+            what="binding condition True",
+        )
         claim = harness.claim("c1")
         uid = claim["metadata"]["uid"]
         cached = reconciler.claim_by_uid

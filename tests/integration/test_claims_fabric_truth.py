@@ -28,12 +28,15 @@ async def harness(db: Database) -> Any:
         yield built
 
 
-async def _attached(harness: Harness, reconciler: ClaimReconciler, claim: str,
-                    device: str, node: str = NODES[0]) -> str:
+async def _attached(
+    harness: Harness, reconciler: ClaimReconciler, claim: str, device: str, node: str = NODES[0]
+) -> str:
     harness.create_claim(claim)
     harness.allocate(claim, [("gpu", device)], node)
-    await eventually(lambda: harness.condition(claim, device, "FabricDeviceReady") == "True",
-                     what=f"{claim} ready")
+    await eventually(
+        lambda: harness.condition(claim, device, "FabricDeviceReady") == "True",
+        what=f"{claim} ready",
+    )
     return str(harness.claim(claim)["metadata"]["uid"])  # type: ignore[index]
 
 
@@ -41,8 +44,7 @@ async def _sync_and_check(harness: Harness, reconciler: ClaimReconciler) -> list
     listed_from = dt.datetime.now(dt.UTC)
     result = await InventorySync(harness.backend, harness.db).sync_once()
     assert result.ok, result.error
-    watch = DriftWatch(Journal(harness.db), harness.db,
-                       {"structured": reconciler.drift_target()})
+    watch = DriftWatch(Journal(harness.db), harness.db, {"structured": reconciler.drift_target()})
     return await watch.check(listed_from)
 
 
@@ -56,7 +58,8 @@ def _reason(harness: Harness, claim: str, device: str, type_: str) -> str | None
 
 
 async def test_a_device_detached_behind_our_back_is_reported_lost_and_attached_again(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[0]
     block = harness.block_of(device)
     reconciler = harness.reconciler()
@@ -68,14 +71,18 @@ async def test_a_device_detached_behind_our_back_is_reported_lost_and_attached_a
         harness.sim.faults.latency_s = 1.0  # the attach again takes a while: look meanwhile
         drifts = await _sync_and_check(harness, reconciler)
         assert [(d.kind, d.reservation.device_name) for d in drifts] == [("lost", device)]
-        await eventually(lambda: _reason(harness, "c1", device, "FabricDeviceReady")
-                         == "DeviceLost", what="ready condition False with DeviceLost")
+        await eventually(
+            lambda: _reason(harness, "c1", device, "FabricDeviceReady") == "DeviceLost",
+            what="ready condition False with DeviceLost",
+        )
         assert harness.condition("c1", device, "FabricDeviceReady") == "False"
         # Not given up: the failure condition stays False, the scheduler keeps the device.
         assert harness.condition("c1", device, "FabricDeviceFailed") == "False"
         harness.sim.faults.latency_s = 0.0
-        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
-                         what="ready again")
+        await eventually(
+            lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
+            what="ready again",
+        )
         assert harness.sim.attachments()[block] == NODES[0]
         assert [e["type"] for e in harness.events("DeviceLost")] == ["Warning"]
         assert reconciler.metrics is not None
@@ -87,7 +94,8 @@ async def test_a_device_detached_behind_our_back_is_reported_lost_and_attached_a
 
 
 async def test_a_device_the_fabric_keeps_losing_is_given_up_after_its_attach_tries(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[4]
     block = harness.block_of(device)
     reconciler = harness.reconciler()
@@ -100,20 +108,21 @@ async def test_a_device_the_fabric_keeps_losing_is_given_up_after_its_attach_tri
         assert harness.sim.holders(block) == [NODES[0]]
         harness.sim.detach_out_of_band(block)
         assert [d.kind for d in await _sync_and_check(harness, reconciler)] == ["lost"]
-        await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed")
-                         == "True", what="given up")
+        await eventually(
+            lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True", what="given up"
+        )
         assert _reason(harness, "c1", device, "FabricDeviceFailed") == "DeviceLost"
         (held,) = await reconciler.journal.for_claim(uid)
         assert held.state == FAILED and "given up" in (held.last_error or "")
         assert harness.sim.holders(block) == []
         # Events go out through the background recorder: wait for them, then count.
-        await eventually(lambda: len(harness.events("DeviceLost")) >= 2,
-                         what="DeviceLost event")
+        await eventually(lambda: len(harness.events("DeviceLost")) >= 2, what="DeviceLost event")
         assert len(harness.events("DeviceLost")) == 2
 
 
 async def test_a_fabric_manager_restart_that_forgets_attachments_is_noticed(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[1]
     reconciler = harness.reconciler()
     async with running(reconciler):
@@ -123,12 +132,15 @@ async def test_a_fabric_manager_restart_that_forgets_attachments_is_noticed(
         assert await _sync_and_check(harness, reconciler) == []
         harness.sim.detach_out_of_band(harness.block_of(device))
         assert [d.kind for d in await _sync_and_check(harness, reconciler)] == ["lost"]
-        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)]
-                         == NODES[0], what="attached again after the restart")
+        await eventually(
+            lambda: harness.sim.attachments()[harness.block_of(device)] == NODES[0],
+            what="attached again after the restart",
+        )
 
 
 async def test_a_device_found_on_another_host_fails_the_claim_and_is_not_taken_back(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[2]
     block = harness.block_of(device)
     reconciler = harness.reconciler()
@@ -138,8 +150,10 @@ async def test_a_device_found_on_another_host_fails_the_claim_and_is_not_taken_b
         harness.sim.attach_out_of_band(block, NODES[1])
         drifts = await _sync_and_check(harness, reconciler)
         assert [(d.kind, d.holder) for d in drifts] == [("moved", NODES[1])]
-        await eventually(lambda: harness.condition("c1", device, "FabricDeviceFailed")
-                         == "True", what="failure condition")
+        await eventually(
+            lambda: harness.condition("c1", device, "FabricDeviceFailed") == "True",
+            what="failure condition",
+        )
         assert _reason(harness, "c1", device, "FabricDeviceFailed") == "DeviceMoved"
         assert [e["type"] for e in harness.events("DeviceMoved")] == ["Warning"]
         (held,) = await reconciler.journal.for_claim(uid)
@@ -155,17 +169,20 @@ async def _no_active(reconciler: ClaimReconciler, uid: str) -> bool:
 
 
 async def test_a_device_held_by_another_server_is_published_tainted_with_its_holder(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[3]
     harness.sim.attach_out_of_band(harness.block_of(device), NODES[1])
     assert (await InventorySync(harness.backend, harness.db).sync_once()).ok
     [pool_device] = [d for d in await pool_devices(harness.db) if d.name == device]
     assert pool_device.held_by == NODES[1]
     pools = desired_pools(await pool_devices(harness.db), PoolConfig(driver_name=DRIVER))
-    entries = [e for p in pools.values() for s in p.slices for e in s.devices
-               if e["name"] == device]
-    assert entries[0]["taints"] == [{"key": f"{DRIVER}/held-by-other-host",
-                                     "value": NODES[1], "effect": "NoSchedule"}]
+    entries = [
+        e for p in pools.values() for s in p.slices for e in s.devices if e["name"] == device
+    ]
+    assert entries[0]["taints"] == [
+        {"key": f"{DRIVER}/held-by-other-host", "value": NODES[1], "effect": "NoSchedule"}
+    ]
     # Our own attachments are not "elsewhere".
     other = harness.device_names()[4]
     reconciler = harness.reconciler()
@@ -177,7 +194,8 @@ async def test_a_device_held_by_another_server_is_published_tainted_with_its_hol
 
 
 async def test_our_verified_detach_frees_the_device_in_the_inventory_at_once(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[0]
     reconciler = harness.reconciler()
     async with running(reconciler):
@@ -207,7 +225,8 @@ class _StaleListing:
 
 
 async def test_a_listing_taken_before_our_detach_does_not_write_the_old_holder_back(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[5]
     reconciler = harness.reconciler()
     async with running(reconciler):
@@ -218,8 +237,11 @@ async def test_a_listing_taken_before_our_detach_does_not_write_the_old_holder_b
         harness.deallocate("c1")
         await eventually(lambda: _no_active(reconciler, uid), what="released")
         assert await _device_free(harness, device)
-        result = await InventorySync(_StaleListing(harness.backend, stale),  # type: ignore[arg-type]
-                                     harness.db, clock=lambda: listed_from).sync_once()
+        result = await InventorySync(
+            _StaleListing(harness.backend, stale),  # type: ignore[arg-type]
+            harness.db,
+            clock=lambda: listed_from,
+        ).sync_once()
         assert result.ok
         [row] = [d for d in await pool_devices(harness.db) if d.name == device]
         assert row.held_by is None, "the old listing wrote the old holder back"
@@ -234,19 +256,18 @@ async def _device_free(harness: Harness, device: str) -> bool:
 
 
 async def test_a_detach_refused_for_good_ends_detach_failed_once_then_an_operator_forgets_it(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[1]
     reconciler = harness.reconciler()
     async with running(reconciler):
         uid = await _attached(harness, reconciler, "c1", device)
         # The fabric manager refuses every detach with 406, as a real one does for a block it
         # will not give up.
-        harness.sim.fail_next(1000, method="POST", path_prefix="/redfish/v1/Systems/",
-                              status=406)
+        harness.sim.fail_next(1000, method="POST", path_prefix="/redfish/v1/Systems/", status=406)
         before = len(harness.sim.history)
         harness.deallocate("c1")
-        await eventually(lambda: _state_is(reconciler, uid, DETACH_FAILED),
-                         what="detach-failed")
+        await eventually(lambda: _state_is(reconciler, uid, DETACH_FAILED), what="detach-failed")
         (held,) = await reconciler.journal.for_claim(uid)
         assert "406" in (held.last_error or "") and "forget" in (held.last_error or "")
         await eventually(lambda: len(harness.events("DetachFailed")) == 1, what="Event")
@@ -274,22 +295,25 @@ async def _state_is(reconciler: ClaimReconciler, uid: str, state: str) -> bool:
 
 
 async def test_transient_detach_failures_end_detach_failed_after_the_limit(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[2]
     reconciler = harness.reconciler(max_detach_attempts=3)
     async with running(reconciler):
         uid = await _attached(harness, reconciler, "c1", device)
-        harness.sim.fail_next(1000, method="POST", path_prefix="/redfish/v1/Systems/",
-                              status=503)
+        harness.sim.fail_next(1000, method="POST", path_prefix="/redfish/v1/Systems/", status=503)
         harness.deallocate("c1")
-        await eventually(lambda: _state_is(reconciler, uid, DETACH_FAILED),
-                         what="detach-failed after 3 transient failures")
+        await eventually(
+            lambda: _state_is(reconciler, uid, DETACH_FAILED),
+            what="detach-failed after 3 transient failures",
+        )
         (held,) = await reconciler.journal.for_claim(uid)
         assert held.attempts == 3 and "3 times in a row" in (held.last_error or "")
 
 
 async def test_an_attach_task_journals_its_monitor_before_polling_and_is_followed_after_a_restart(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[3]
     harness.sim.task_mode = True
     harness.sim.task_polls = 1000  # the task does not finish while the first controller runs
@@ -306,8 +330,10 @@ async def test_an_attach_task_journals_its_monitor_before_polling_and_is_followe
     # A new controller follows the same monitor instead of sending a second attach.
     harness.sim.task_polls = 1
     async with running(harness.reconciler()):
-        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
-                         what="ready after the restart")
+        await eventually(
+            lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
+            what="ready after the restart",
+        )
     (done,) = await journal.for_claim(uid)
     assert done.state == ATTACHED and done.operation_id is None
     assert harness.sim.tasks_created == 1
@@ -320,7 +346,8 @@ async def _has_operation(journal: Journal, uid: str) -> bool:
 
 
 async def test_an_unmanaged_device_reserved_since_the_sweep_listed_it_is_not_detached(
-        harness: Harness) -> None:
+    harness: Harness,
+) -> None:
     device = harness.device_names()[3]
     block = harness.block_of(device)
     harness.sim.attach_out_of_band(block, NODES[0])
@@ -328,8 +355,14 @@ async def test_an_unmanaged_device_reserved_since_the_sweep_listed_it_is_not_det
     reconciler = harness.reconciler(detach_unmanaged=True, orphan_grace_s=3600)
     [item] = await unmanaged_attachments(harness.db)
     # Meanwhile a claim takes it (the scheduler gave it to a pod on that node).
-    await Journal(harness.db).reserve(ClaimRef("u1", "default", "c1"), "gpu", device,
-                                      "us-east/rack-01", "structured", NODES[0], NODES[0])
+    await Journal(harness.db).reserve(
+        ClaimRef("u1", "default", "c1"),
+        "gpu",
+        device,
+        "us-east/rack-01",
+        "structured",
+        NODES[0],
+        NODES[0],
+    )
     await reconciler._detach_unmanaged(item)
     assert harness.sim.holders(block) == [NODES[0]]
-

@@ -73,14 +73,24 @@ class Cycle:
 
     def reconciler(self) -> ClaimReconciler:
         return ClaimReconciler(
-            self.client, ResourceApiVersion.V1, self.db, self.backend,
+            self.client,
+            ResourceApiVersion.V1,
+            self.db,
+            self.backend,
             ClaimSettings(
-                driver_name=DRIVER, workers=2, orphan_grace_s=0.2, sweep_interval_s=0.1,
-                host_match=self.case.match, host_key=HOST_LABEL,
-                informer=InformerSettings(name="x", watch_timeout_s=30,
-                                          backoff_initial_s=0.05, backoff_max_s=0.2),
-                queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2)),
-            metrics=ClaimMetrics.create(prometheus_client.CollectorRegistry()))
+                driver_name=DRIVER,
+                workers=2,
+                orphan_grace_s=0.2,
+                sweep_interval_s=0.1,
+                host_match=self.case.match,
+                host_key=HOST_LABEL,
+                informer=InformerSettings(
+                    name="x", watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=0.2
+                ),
+                queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2),
+            ),
+            metrics=ClaimMetrics.create(prometheus_client.CollectorRegistry()),
+        )
 
     def claim(self) -> dict[str, Any]:
         found = self.emu.get(CLAIMS, "ResourceClaim", "c1", "default")
@@ -104,18 +114,35 @@ async def cycle_for(db: Database, profile: str) -> AsyncIterator[Cycle]:
     case = CASES.get(profile, Case())
     sim = RedfishSimulator(
         spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4, hosts_per_rack=2),
-        auth="none", profiles=(profile,), **case.sim_options)
+        auth="none",
+        profiles=(profile,),
+        **case.sim_options,
+    )
     sim.noop_attaches = case.noop_attaches
     url = await sim.start()
     # Built before anything can fail, so that the finally below closes everything.
-    backend = RedfishBackend(url, auth="none", retry=RetrySettings(
-        attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02), timeout_s=5,
-        task_poll_interval_s=0.05, verify_poll_s=0.05, verify_timeout_s=1.0)
+    backend = RedfishBackend(
+        url,
+        auth="none",
+        retry=RetrySettings(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02),
+        timeout_s=5,
+        task_poll_interval_s=0.05,
+        verify_poll_s=0.05,
+        verify_timeout_s=1.0,
+    )
     emu = KubeEmulator(served_resource_versions=("v1",))
     emu_url = await emu.start()
     for node in NODES:
-        emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": node, "labels": {"kubernetes.io/hostname": node, HOST_LABEL: node}}})
+        emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": node,
+                    "labels": {"kubernetes.io/hostname": node, HOST_LABEL: node},
+                },
+            }
+        )
     client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu_url))
     try:
         yield Cycle(db, sim, backend, emu, client, case)
@@ -137,32 +164,61 @@ async def test_the_claim_cycle_works_on_every_profile(db: Database, profile: str
         device = devices[0]
         journal = Journal(db)
         block = (await journal.fabric_device_by_name(device)).attach_unit
-        own_blocks = {s: [b for b, h in cycle.sim.attachments().items() if h == s]
-                      for s in NODES}
-        cycle.emu.create({
-            "apiVersion": CLAIMS, "kind": "ResourceClaim",
-            "metadata": {"name": "c1", "namespace": "default"},
-            "spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}]}}})
+        own_blocks = {s: [b for b, h in cycle.sim.attachments().items() if h == s] for s in NODES}
+        cycle.emu.create(
+            {
+                "apiVersion": CLAIMS,
+                "kind": "ResourceClaim",
+                "metadata": {"name": "c1", "namespace": "default"},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}]
+                    }
+                },
+            }
+        )
         claim = cycle.claim()
         pool = next(d for d in await pool_devices(db) if d.name == device)
         claim["status"] = {
-            "allocation": {"devices": {"results": [{
-                "request": "gpu", "driver": DRIVER, "device": device,
-                "pool": f"{pool.location.region}/{pool.location.rack}"}], "config": []},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [NODES[0]]}]}]}},
-            "reservedFor": [{"resource": "pods", "name": "p1", "uid": str(uuid.uuid4())}]}
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "device": device,
+                            "pool": f"{pool.location.region}/{pool.location.rack}",
+                        }
+                    ],
+                    "config": [],
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [NODES[0]]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": "p1", "uid": str(uuid.uuid4())}],
+        }
         cycle.emu.update_status(claim)
         uid = str(claim["metadata"]["uid"])
         reconciler = cycle.reconciler()
         await reconciler.start()
         try:
             if cycle.case.fails_with is not None:
-                await eventually(lambda: (cycle.condition(device, "FabricDeviceFailed")
-                                          or "").startswith("True"), what="failure condition")
-                assert cycle.case.fails_with in (cycle.condition(device, "FabricDeviceFailed")
-                                                 or "")
+                await eventually(
+                    lambda: (cycle.condition(device, "FabricDeviceFailed") or "").startswith(
+                        "True"
+                    ),
+                    what="failure condition",
+                )
+                assert cycle.case.fails_with in (
+                    cycle.condition(device, "FabricDeviceFailed") or ""
+                )
                 (held,) = await journal.for_claim(uid)
                 assert held.state == FAILED
                 assert cycle.sim.holders(block) == []
@@ -177,8 +233,10 @@ async def test_the_claim_cycle_works_on_every_profile(db: Database, profile: str
                 assert (await InventorySync(cycle.backend, db).sync_once()).ok
                 watch = DriftWatch(journal, db, {"structured": reconciler.drift_target()})
                 assert [d.kind for d in await watch.check(since)] == ["lost"]
-                await eventually(lambda: cycle.sim.holders(block) == [NODES[0]],
-                                 what="attached again after the restart")
+                await eventually(
+                    lambda: cycle.sim.holders(block) == [NODES[0]],
+                    what="attached again after the restart",
+                )
                 await eventually(lambda: cycle.ready(device), what="ready again", timeout_s=5)
             claim = cycle.claim()
             claim["status"] = {}

@@ -17,12 +17,17 @@ from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 FABRIC_DRA = [sys.executable, "-m", "app"]
 
 
-async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
-              limit_s: float = 90) -> tuple[int, str, str]:
+async def cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, limit_s: float = 90
+) -> tuple[int, str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
     process = await asyncio.create_subprocess_exec(
-        *FABRIC_DRA, *args, cwd=cwd, env={**clean, **(env or {})},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        *FABRIC_DRA,
+        *args,
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), limit_s)
     assert process.returncode is not None
@@ -33,7 +38,8 @@ async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
 async def simulator() -> AsyncIterator[str]:
     sim = RedfishSimulator(
         spec=InventorySpec(regions=1, racks_per_region=2, devices_per_rack=3, hosts_per_rack=1),
-        username="operator", password="pa55-word-XYZ",
+        username="operator",
+        password="pa55-word-XYZ",
     )
     yield await sim.start()
     await sim.stop()
@@ -53,19 +59,26 @@ async def test_help_lists_every_command(tmp_path: Path) -> None:
     assert code == 0
     for command in ("db", "demo", "inventory", "sim"):
         assert command in out
-    for sub in (["db", "upgrade"], ["db", "current"], ["inventory"], ["sim", "redfish"],
-                ["demo"]):
+    for sub in (["db", "upgrade"], ["db", "current"], ["inventory"], ["sim", "redfish"], ["demo"]):
         code, out, err = await cli(*sub, "--help", cwd=tmp_path)
         assert code == 0, err
         assert "Usage:" in out
 
 
-@pytest.mark.parametrize("args", [
-    ["nope"], ["inventory", "--no-such-flag"], ["db"], ["forget"],
-    ["sim", "redfish", "--profile", "nope"], ["nodes", "--log-level", "LOUD"],
-])
-async def test_every_usage_error_is_one_line_naming_the_help(tmp_path: Path,
-                                                             args: list[str]) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["nope"],
+        ["inventory", "--no-such-flag"],
+        ["db"],
+        ["forget"],
+        ["sim", "redfish", "--profile", "nope"],
+        ["nodes", "--log-level", "LOUD"],
+    ],
+)
+async def test_every_usage_error_is_one_line_naming_the_help(
+    tmp_path: Path, args: list[str]
+) -> None:
     code, _, err = await cli(*args, cwd=tmp_path)
     assert code == 2, err
     lines = err.strip().splitlines()
@@ -142,12 +155,14 @@ def sync_warnings(err: str) -> list[str]:
 
 
 async def test_inventory_sync_with_nothing_listening_exits_1_with_one_warning(
-    tmp_path: Path
+    tmp_path: Path,
 ) -> None:
-    env = {"FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9",
-           "FABRIC_DRA_FABRIC__RETRY_ATTEMPTS": "1",
-           "FABRIC_DRA_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}",
-           **credentials(tmp_path)}
+    env = {
+        "FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9",
+        "FABRIC_DRA_FABRIC__RETRY_ATTEMPTS": "1",
+        "FABRIC_DRA_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}",
+        **credentials(tmp_path),
+    }
     code, out, err = await cli("inventory", "--sync", cwd=tmp_path, env=env)
     assert code == 1
     [warning] = sync_warnings(err)
@@ -166,15 +181,26 @@ async def test_inventory_sync_with_nothing_listening_exits_1_with_one_warning(
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (["inventory"], {"FABRIC_DRA_DRIVER_NAME": "Not_Valid"},
-         "setting driver_name (from environment FABRIC_DRA_DRIVER_NAME)"),
+        (
+            ["inventory"],
+            {"FABRIC_DRA_DRIVER_NAME": "Not_Valid"},
+            "setting driver_name (from environment FABRIC_DRA_DRIVER_NAME)",
+        ),
         (["inventory", "--sync"], {}, "setting fabric.url is not set"),
-        (["inventory", "--sync"], {"FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9"},
-         "settings fabric.username_file and fabric.password_file are needed"),
-        (["inventory", "--sync"], {"FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9",
-                                   "FABRIC_DRA_FABRIC__USERNAME_FILE": "/nonexistent/u",
-                                   "FABRIC_DRA_FABRIC__PASSWORD_FILE": "/nonexistent/p"},
-         "setting fabric.username_file: cannot read '/nonexistent/u'"),
+        (
+            ["inventory", "--sync"],
+            {"FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9"},
+            "settings fabric.username_file and fabric.password_file are needed",
+        ),
+        (
+            ["inventory", "--sync"],
+            {
+                "FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9",
+                "FABRIC_DRA_FABRIC__USERNAME_FILE": "/nonexistent/u",
+                "FABRIC_DRA_FABRIC__PASSWORD_FILE": "/nonexistent/p",
+            },
+            "setting fabric.username_file: cannot read '/nonexistent/u'",
+        ),
         (["inventory", "--config", "missing.yaml"], {}, "config file 'missing.yaml'"),
         (["inventory", "--database-url", "mysql://x@y/z"], {}, "unsupported scheme 'mysql'"),
         (["inventory"], {}, "has no schema yet: run `fabric-dra db upgrade`"),

@@ -24,13 +24,18 @@ from fabric_dra_sim.kubeapi.cluster import PROFILES, resolve_gates
 FABRIC_DRA = [sys.executable, "-m", "app"]
 
 
-async def cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
-              limit_s: float = 60) -> tuple[int, str, str]:
+async def cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, limit_s: float = 60
+) -> tuple[int, str, str]:
     """Run ``fabric-dra args``; returns the exit status, stdout and stderr."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
     process = await asyncio.create_subprocess_exec(
-        *FABRIC_DRA, *args, cwd=cwd, env={**clean, **(env or {})},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        *FABRIC_DRA,
+        *args,
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), limit_s)
     assert process.returncode is not None
@@ -78,8 +83,14 @@ async def serving_line(*args: str, cwd: Path) -> str:
     once: the line means it is serving and stops cleanly on a signal, exit status 0)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
     process = await asyncio.create_subprocess_exec(
-        *FABRIC_DRA, "sim", "kube", *args, cwd=cwd, env=clean,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        *FABRIC_DRA,
+        "sim",
+        "kube",
+        *args,
+        cwd=cwd,
+        env=clean,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         assert process.stdout is not None
@@ -99,19 +110,27 @@ async def serving_line(*args: str, cwd: Path) -> str:
 
 # -- fabric-dra sim kube ---------------------------------------------------------------------
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--port", "-1"], ["'--port'", "-1 is not in the range"]),
-    (["--port", "70000"], ["'--port'", "70000 is not in the range"]),
-    (["--host", "999.1.1.1", "--port", "0"], ["--host", "999.1.1.1"]),
-    (["--history-size", "-5"], ["'--history-size'", "x>=1"]),
-    (["--history-size", "0"], ["'--history-size'"]),
-    (["--feature-gates", "AllAlpha=true"], ["--feature-gates", "AllAlpha is not supported"]),
-    (["--feature-gates", "AllBeta=false"], ["--feature-gates", "AllBeta is not supported"]),
-    (["--kubernetes-version", "1.35", "--feature-gates", "DynamicResourceAllocation=false"],
-     ["--feature-gates", "locked to true"]),
-])
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--port", "-1"], ["'--port'", "-1 is not in the range"]),
+        (["--port", "70000"], ["'--port'", "70000 is not in the range"]),
+        (["--host", "999.1.1.1", "--port", "0"], ["--host", "999.1.1.1"]),
+        (["--history-size", "-5"], ["'--history-size'", "x>=1"]),
+        (["--history-size", "0"], ["'--history-size'"]),
+        (["--feature-gates", "AllAlpha=true"], ["--feature-gates", "AllAlpha is not supported"]),
+        (["--feature-gates", "AllBeta=false"], ["--feature-gates", "AllBeta is not supported"]),
+        (
+            ["--kubernetes-version", "1.35", "--feature-gates", "DynamicResourceAllocation=false"],
+            ["--feature-gates", "locked to true"],
+        ),
+    ],
+)
 async def test_sim_kube_refuses_bad_flags_in_one_line(
-    tmp_path: Path, args: list[str], expected: list[str],
+    tmp_path: Path,
+    args: list[str],
+    expected: list[str],
 ) -> None:
     code, _, err = await cli("sim", "kube", *args, cwd=tmp_path)
     one_error_line(code, err, *expected, "sim kube --help')")
@@ -122,18 +141,24 @@ async def test_sim_kube_on_a_busy_port_names_the_port(tmp_path: Path, busy_port:
     one_error_line(code, err, "--port", str(busy_port), "Address already in use")
 
 
-@pytest.mark.parametrize(("content", "expected"), [
-    (b"- metadata: {name: [\n", "is not valid YAML at line"),
-    (b"\xff\xfe\x00garbage", "is not UTF-8 text"),
-    (b"- metadata: {name: Bad_Name}\n", 'Node 1: Node "Bad_Name" is invalid: metadata.name'),
-    (b"kind: Node\n", "must be a YAML list of Node objects"),
-])
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"- metadata: {name: [\n", "is not valid YAML at line"),
+        (b"\xff\xfe\x00garbage", "is not UTF-8 text"),
+        (b"- metadata: {name: Bad_Name}\n", 'Node 1: Node "Bad_Name" is invalid: metadata.name'),
+        (b"kind: Node\n", "must be a YAML list of Node objects"),
+    ],
+)
 async def test_sim_kube_refuses_a_bad_nodes_file_in_one_line(
-    tmp_path: Path, content: bytes, expected: str,
+    tmp_path: Path,
+    content: bytes,
+    expected: str,
 ) -> None:
     (tmp_path / "nodes.yaml").write_bytes(content)
-    code, _, err = await cli("sim", "kube", "--port", "0", "--nodes-file",
-                             str(tmp_path / "nodes.yaml"), cwd=tmp_path)
+    code, _, err = await cli(
+        "sim", "kube", "--port", "0", "--nodes-file", str(tmp_path / "nodes.yaml"), cwd=tmp_path
+    )
     one_error_line(code, err, "--nodes-file", expected)
 
 
@@ -144,24 +169,36 @@ async def test_sim_kube_on_ipv6_shows_the_address_in_brackets(tmp_path: Path) ->
 
 @pytest.mark.parametrize("version", ["1.31", "1.34"])
 async def test_sim_kube_accepts_the_dynamic_resource_allocation_gate(
-    tmp_path: Path, version: str,
+    tmp_path: Path,
+    version: str,
 ) -> None:
-    line = await serving_line("--port", "0", "--kubernetes-version", version,
-                              "--feature-gates", "DynamicResourceAllocation=true",
-                              cwd=tmp_path)
+    line = await serving_line(
+        "--port",
+        "0",
+        "--kubernetes-version",
+        version,
+        "--feature-gates",
+        "DynamicResourceAllocation=true",
+        cwd=tmp_path,
+    )
     assert f"(Kubernetes {version})" in line
 
 
-@pytest.mark.parametrize(("version", "on", "locked"), [
-    # pkg/features/kube_features.go: alpha from 1.26, beta (off) from 1.32, GA (on) in 1.34,
-    # locked to true from 1.35; the emulator's 1.31 profile turns it on (classic DRA needs it).
-    ("1.31", True, False),
-    ("1.34", True, False),
-    ("1.35", True, True),
-    ("1.37", True, True),
-])
+@pytest.mark.parametrize(
+    ("version", "on", "locked"),
+    [
+        # pkg/features/kube_features.go: alpha from 1.26, beta (off) from 1.32, GA (on) in 1.34,
+        # locked to true from 1.35; the emulator's 1.31 profile turns it on (classic DRA needs it).
+        ("1.31", True, False),
+        ("1.34", True, False),
+        ("1.35", True, True),
+        ("1.37", True, True),
+    ],
+)
 def test_dynamic_resource_allocation_gate_follows_the_release(
-    version: str, on: bool, locked: bool,
+    version: str,
+    on: bool,
+    locked: bool,
 ) -> None:
     prof = PROFILES[version]
     assert prof.gate_defaults["DynamicResourceAllocation"] is on
@@ -195,53 +232,77 @@ BAD_KUBE_URLS = [
 @pytest.mark.parametrize("command", ["scheduler", "claim-controller"])
 @pytest.mark.parametrize(("url", "expected"), BAD_KUBE_URLS)
 async def test_stand_ins_refuse_a_bad_kube_url_before_connecting(
-    tmp_path: Path, command: str, url: str, expected: str,
+    tmp_path: Path,
+    command: str,
+    url: str,
+    expected: str,
 ) -> None:
     code, _, err = await cli("sim", command, "--kube-url", url, cwd=tmp_path)
-    line = one_error_line(code, err, "'--kube-url'", expected,
-                          f"sim {command} --help')")
+    line = one_error_line(code, err, "'--kube-url'", expected, f"sim {command} --help')")
     assert ":pw@" not in line
 
 
 async def test_classic_scheduler_is_refused_on_1_34_in_one_line(
-    tmp_path: Path, kube_1_34: str,
+    tmp_path: Path,
+    kube_1_34: str,
 ) -> None:
-    code, _, err = await cli("sim", "scheduler", "--kube-url", kube_1_34, "--mode", "classic",
-                             cwd=tmp_path)
-    one_error_line(code, err, "--mode classic", "serves v1",
-                   "v1alpha3 with podschedulingcontexts")
+    code, _, err = await cli(
+        "sim", "scheduler", "--kube-url", kube_1_34, "--mode", "classic", cwd=tmp_path
+    )
+    one_error_line(code, err, "--mode classic", "serves v1", "v1alpha3 with podschedulingcontexts")
 
 
 async def test_structured_scheduler_is_refused_on_1_31_in_one_line(
-    tmp_path: Path, kube_1_31: str,
+    tmp_path: Path,
+    kube_1_31: str,
 ) -> None:
-    code, _, err = await cli("sim", "scheduler", "--kube-url", kube_1_31, "--mode",
-                             "structured", cwd=tmp_path)
+    code, _, err = await cli(
+        "sim", "scheduler", "--kube-url", kube_1_31, "--mode", "structured", cwd=tmp_path
+    )
     one_error_line(code, err, "serves v1alpha3")
 
 
 def test_an_origin_with_a_trailing_slash_or_ipv6_host_is_fine() -> None:
-    for url in ("http://127.0.0.1:6443", "https://api.example/", "http://[::1]:6443",
-                "https://10.0.0.1"):
+    for url in (
+        "http://127.0.0.1:6443",
+        "https://api.example/",
+        "http://[::1]:6443",
+        "https://10.0.0.1",
+    ):
         assert http_origin_problem(url) is None, url
 
 
 # -- fabric-dra run and the settings ---------------------------------------------------------
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({"FABRIC_DRA_KUBE__MODE": "url", "FABRIC_DRA_KUBE__URL": "http://127.0.0.1:99999"},
-     ["setting kube.url", "FABRIC_DRA_KUBE__URL", "invalid port"]),
-    ({"FABRIC_DRA_KUBE__URL": "http://[::1"}, ["setting kube.url", "not a valid URL"]),
-    ({"FABRIC_DRA_KUBE__URL": "http://10.0.0.1:6443/k8s"}, ["setting kube.url", "a path"]),
-    ({"FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:99999"},
-     ["setting fabric.url", "FABRIC_DRA_FABRIC__URL", "invalid port"]),
-    ({"FABRIC_DRA_FABRIC__URL": "https://fm.example:443?x=1"}, ["setting fabric.url", "query"]),
-    ({"FABRIC_DRA_CONTROLLER__MODE": "both"},
-     ["setting controller.mode", "no Kubernetes release serves both modes",
-      "use auto, structured or control-plane"]),
-])
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"FABRIC_DRA_KUBE__MODE": "url", "FABRIC_DRA_KUBE__URL": "http://127.0.0.1:99999"},
+            ["setting kube.url", "FABRIC_DRA_KUBE__URL", "invalid port"],
+        ),
+        ({"FABRIC_DRA_KUBE__URL": "http://[::1"}, ["setting kube.url", "not a valid URL"]),
+        ({"FABRIC_DRA_KUBE__URL": "http://10.0.0.1:6443/k8s"}, ["setting kube.url", "a path"]),
+        (
+            {"FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:99999"},
+            ["setting fabric.url", "FABRIC_DRA_FABRIC__URL", "invalid port"],
+        ),
+        ({"FABRIC_DRA_FABRIC__URL": "https://fm.example:443?x=1"}, ["setting fabric.url", "query"]),
+        (
+            {"FABRIC_DRA_CONTROLLER__MODE": "both"},
+            [
+                "setting controller.mode",
+                "no Kubernetes release serves both modes",
+                "use auto, structured or control-plane",
+            ],
+        ),
+    ],
+)
 async def test_run_refuses_bad_settings_in_one_line_before_connecting(
-    tmp_path: Path, env: dict[str, str], expected: list[str],
+    tmp_path: Path,
+    env: dict[str, str],
+    expected: list[str],
 ) -> None:
     code, _, err = await cli("run", cwd=tmp_path, env=env)
     assert code == 2
@@ -271,14 +332,24 @@ def test_fabric_url_takes_ipv6_and_a_trailing_slash(url: str) -> None:
 
 # -- fabric-dra demo -------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("url", "expected"), [
-    ("sqlite+aiosqlite:////nonexistent/dir/x.db",
-     ["database sqlite+aiosqlite:////nonexistent/dir/x.db", "unable to open database file"]),
-    ("postgresql://nosuch:secret@127.0.0.1:1/x",
-     ["database postgresql+asyncpg://***@127.0.0.1:1/x", "Connect call failed"]),
-])
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "sqlite+aiosqlite:////nonexistent/dir/x.db",
+            ["database sqlite+aiosqlite:////nonexistent/dir/x.db", "unable to open database file"],
+        ),
+        (
+            "postgresql://nosuch:secret@127.0.0.1:1/x",
+            ["database postgresql+asyncpg://***@127.0.0.1:1/x", "Connect call failed"],
+        ),
+    ],
+)
 async def test_demo_with_a_database_it_cannot_open_says_so_in_one_line(
-    tmp_path: Path, url: str, expected: list[str],
+    tmp_path: Path,
+    url: str,
+    expected: list[str],
 ) -> None:
     code, out, err = await cli("demo", "--once", "--database-url", url, cwd=tmp_path)
     line = one_error_line(code, err, *expected)
@@ -288,9 +359,11 @@ async def test_demo_with_a_database_it_cannot_open_says_so_in_one_line(
 
 
 async def test_demo_with_its_admin_port_busy_names_it_and_closes_everything(
-    tmp_path: Path, busy_port: int,
+    tmp_path: Path,
+    busy_port: int,
 ) -> None:
     code, _, err = await cli("demo", "--once", "--admin-port", str(busy_port), cwd=tmp_path)
-    one_error_line(code, err, f"--admin-port {busy_port}", "Address already in use",
-                   "try --admin-port 0")
+    one_error_line(
+        code, err, f"--admin-port {busy_port}", "Address already in use", "try --admin-port 0"
+    )
     assert "Unclosed" not in err

@@ -41,6 +41,7 @@ NO_HOST = "node-without-fabric-host"
 LABELS = {"topology.kubernetes.io/region": "us-east", "fabric-dra.io/rack": "rack-01"}
 FAST = InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=0.2)
 
+
 @dataclass
 class Harness:
     db: Database
@@ -54,27 +55,42 @@ class Harness:
 
     def controller(self, **changes: Any) -> ControlPlaneController:
         settings = ControlPlaneSettings(
-            driver_name=DRIVER, workers=4, resync_interval_s=0.5, hosts_refresh_s=0.2,
-            informer=FAST, queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2))
+            driver_name=DRIVER,
+            workers=4,
+            resync_interval_s=0.5,
+            hosts_refresh_s=0.2,
+            informer=FAST,
+            queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.2),
+        )
         return ControlPlaneController(self.client, self.db, self.backend, settings, **changes)
 
     def scheduler(self) -> ClassicScheduler:
-        return ClassicScheduler(self.client, ClassicSchedulerSettings(
-            answer_timeout_s=5, allocation_timeout_s=3, retry_interval_s=0.1, informer=FAST))
+        return ClassicScheduler(
+            self.client,
+            ClassicSchedulerSettings(
+                answer_timeout_s=5, allocation_timeout_s=3, retry_interval_s=0.1, informer=FAST
+            ),
+        )
 
     async def publish(self) -> None:
         """(Re)publish the inventory as v1alpha3 slices at a new pool generation."""
         for name in self.slice_names:
             self.emu.delete(RESOURCE, "ResourceSlice", name)
         self.slice_names.clear()
-        config = PoolConfig(DRIVER, binds_to_node=False, node_labels={
-            "region": "topology.kubernetes.io/region", "rack": "fabric-dra.io/rack"})
+        config = PoolConfig(
+            DRIVER,
+            binds_to_node=False,
+            node_labels={"region": "topology.kubernetes.io/region", "rack": "fabric-dra.io/rack"},
+        )
         for pool in desired_pools(await pool_devices(self.db), config).values():
             for content in pool.slices:
                 name = f"{pool.name.replace('/', '-')}-{content.index}-g{self.generation}"
-                body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                        "metadata": {"name": name},
-                        "spec": resource_slice_spec(DRIVER, pool, content, self.generation)}
+                body = {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSlice",
+                    "metadata": {"name": name},
+                    "spec": resource_slice_spec(DRIVER, pool, content, self.generation),
+                }
                 self.emu.create(slice_to_wire(body, ResourceApiVersion.V1ALPHA3))
                 self.slice_names.append(name)
         self.generation += 1
@@ -88,27 +104,58 @@ class Harness:
     def create_claim(self, name: str, *, device: str | None = None) -> dict[str, Any]:
         request: dict[str, Any] = {"name": "dev", "deviceClassName": "fabric"}
         if device is not None:
-            request["selectors"] = [{"cel": {"expression":
-                f'device.attributes["{DRIVER}"].uuid == "{self.uuid_of(device)}"'}}]
-        return self.emu.create({
-            "apiVersion": RESOURCE, "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"controller": DRIVER, "devices": {"requests": [request]}}})
+            request["selectors"] = [
+                {
+                    "cel": {
+                        "expression": f'device.attributes["{DRIVER}"].uuid '
+                        f'== "{self.uuid_of(device)}"'
+                    }
+                }
+            ]
+        return self.emu.create(
+            {
+                "apiVersion": RESOURCE,
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"controller": DRIVER, "devices": {"requests": [request]}},
+            }
+        )
 
     def create_pod(self, name: str, claim: str) -> dict[str, Any]:
-        return self.emu.create({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"containers": [{"name": "c", "image": "busybox"}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]}})
+        return self.emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "containers": [{"name": "c", "image": "busybox"}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                },
+            }
+        )
 
     def create_context(self, pod: dict[str, Any], potential: list[str]) -> dict[str, Any]:
         meta = pod["metadata"]
-        return self.emu.create({
-            "apiVersion": RESOURCE, "kind": "PodSchedulingContext",
-            "metadata": {"name": meta["name"], "namespace": "default", "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
-                 "controller": True}]},
-            "spec": {"potentialNodes": potential}})
+        return self.emu.create(
+            {
+                "apiVersion": RESOURCE,
+                "kind": "PodSchedulingContext",
+                "metadata": {
+                    "name": meta["name"],
+                    "namespace": "default",
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": meta["name"],
+                            "uid": meta["uid"],
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {"potentialNodes": potential},
+            }
+        )
 
     def claim(self, name: str) -> dict[str, Any] | None:
         return self.emu.get(RESOURCE, "ResourceClaim", name, "default")
@@ -140,21 +187,38 @@ class Harness:
 
 @pytest.fixture
 async def harness(db: Database) -> AsyncIterator[Harness]:
-    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4,
-                                              hosts_per_rack=2), auth="none")
+    sim = RedfishSimulator(
+        spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4, hosts_per_rack=2),
+        auth="none",
+    )
     url = await sim.start()
-    backend = RedfishBackend(url, auth="none", retry=RetrySettings(
-        attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02), timeout_s=5)
+    backend = RedfishBackend(
+        url,
+        auth="none",
+        retry=RetrySettings(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02),
+        timeout_s=5,
+    )
     await InventorySync(backend, db).sync_once()
     async with db.read() as session:
         rows = {d.name: d for d in (await session.scalars(select(Device))).all()}
     emu = KubeEmulator(served_resource_versions=("v1alpha3",), git_version="v1.31.0")
     emu_url = await emu.start()
     for node in [*NODES, NO_HOST]:
-        emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": node, "labels": {**LABELS, "kubernetes.io/hostname": node}}})
-    emu.create({"apiVersion": RESOURCE, "kind": "DeviceClass", "metadata": {"name": "fabric"},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}})
+        emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {**LABELS, "kubernetes.io/hostname": node}},
+            }
+        )
+    emu.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "DeviceClass",
+            "metadata": {"name": "fabric"},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+    )
     client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu_url))
     harness = Harness(db, sim, backend, emu, client, rows)
     await harness.publish()
@@ -186,8 +250,9 @@ async def test_full_protocol_cycle_answers_allocates_attaches_and_binds(
     controller = harness.controller()
     async with running(controller):
         harness.create_context(pod, [*NODES, NO_HOST])
-        await eventually(lambda: harness.answers("p1") == {"gpu": [NO_HOST]},
-                         what="unsuitableNodes answered")
+        await eventually(
+            lambda: harness.answers("p1") == {"gpu": [NO_HOST]}, what="unsuitableNodes answered"
+        )
 
         # Nothing changed: answering again (a pass run here to its end) writes nothing.
         writes = len(harness.emu.writes())
@@ -208,10 +273,13 @@ async def test_full_protocol_cycle_answers_allocates_attaches_and_binds(
         assert result["request"] == "dev" and result["driver"] == DRIVER
         assert result["pool"] == "us-east/rack-01"
         assert claim["status"]["reservedFor"] == [
-            {"resource": "pods", "name": "p1", "uid": pod["metadata"]["uid"]}]
+            {"resource": "pods", "name": "p1", "uid": pod["metadata"]["uid"]}
+        ]
         device = result["device"]
-        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] == NODES[1],
-                         what="device attached to the selected node")
+        await eventually(
+            lambda: harness.sim.attachments()[harness.block_of(device)] == NODES[1],
+            what="device attached to the selected node",
+        )
         await eventually(lambda: len(harness.events("Attached")) == 1, what="Attached event")
         (held,) = await Journal(harness.db).for_claim(claim["metadata"]["uid"])
         assert (held.mode, held.node, held.host_id) == ("control-plane", NODES[1], NODES[1])
@@ -225,8 +293,10 @@ async def test_full_protocol_cycle_answers_allocates_attaches_and_binds(
         assert len(harness.emu.writes()) == writes and len(harness.sim.history) == history
 
         async with running(harness.scheduler()):
-            await eventually(lambda: (harness.pod("p1") or {})["spec"].get("nodeName")
-                             == NODES[1], what="pod bound")
+            await eventually(
+                lambda: (harness.pod("p1") or {})["spec"].get("nodeName") == NODES[1],
+                what="pod bound",
+            )
             await eventually(lambda: harness.context("p1") is None, what="context deleted")
     assert harness.attaches(device) == [("attach", harness.block_of(device), NODES[1])]
 
@@ -249,14 +319,17 @@ async def test_two_pods_compete_for_the_last_device_one_binds_one_stays_pending(
         await eventually(lambda: len(scheduler.bound) == 1, what="one pod bound")
         winner = next(iter(scheduler.bound)).split("/")[1]
         loser = "pb" if winner == "pa" else "pa"
-        await eventually(lambda: harness.answers(loser) == {"gpu": sorted([*NODES, NO_HOST])},
-                         what="every node unsuitable for the other pod")
+        await eventually(
+            lambda: harness.answers(loser) == {"gpu": sorted([*NODES, NO_HOST])},
+            what="every node unsuitable for the other pod",
+        )
         await asyncio.sleep(0.5)
         assert not (harness.pod(loser) or {})["spec"].get("nodeName")
         assert harness.allocated_device("b" if loser == "pb" else "a") is None
         assert "unsuitable" in scheduler.unschedulable[f"default/{loser}"]
-        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)]
-                         in NODES, what="attached")
+        await eventually(
+            lambda: harness.sim.attachments()[harness.block_of(device)] in NODES, what="attached"
+        )
     assert len([h for h in harness.attaches(device) if h[0] == "attach"]) == 1
 
 
@@ -272,8 +345,10 @@ async def test_inventory_change_refreshes_the_answers_of_an_open_context(
         harness.sim.remove_block(harness.block_of(device))
         await InventorySync(harness.backend, harness.db).sync_once()
         await harness.publish()
-        await eventually(lambda: harness.answers("p1") == {"gpu": NODES},
-                         what="answer refreshed after the device left")
+        await eventually(
+            lambda: harness.answers("p1") == {"gpu": NODES},
+            what="answer refreshed after the device left",
+        )
 
 
 async def _bound_cycle(harness: Harness, scheduler: ClassicScheduler) -> tuple[str, str]:
@@ -283,8 +358,9 @@ async def _bound_cycle(harness: Harness, scheduler: ClassicScheduler) -> tuple[s
     device = harness.allocated_device("c1")
     assert device is not None
     node = scheduler.bound["default/p1"]
-    await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] == node,
-                     what="attached")
+    await eventually(
+        lambda: harness.sim.attachments()[harness.block_of(device)] == node, what="attached"
+    )
     return device, node
 
 
@@ -293,17 +369,24 @@ async def test_deallocation_requested_after_the_pod_is_gone(harness: Harness) ->
     async with running(harness.controller(), scheduler):
         device, node = await _bound_cycle(harness, scheduler)
         harness.emu.delete("v1", "Pod", "p1", "default")
-        await eventually(lambda: harness.sim.attachments()[harness.block_of(device)] is None,
-                         what="detached")
-        await eventually(lambda: "allocation" not in (harness.claim("c1") or {})["status"]
-                         and FINALIZER not in (harness.claim("c1") or {})["metadata"].get(
-                             "finalizers", []), what="allocation and finalizer cleared")
+        await eventually(
+            lambda: harness.sim.attachments()[harness.block_of(device)] is None, what="detached"
+        )
+        await eventually(
+            lambda: (
+                "allocation" not in (harness.claim("c1") or {})["status"]
+                and FINALIZER not in (harness.claim("c1") or {})["metadata"].get("finalizers", [])
+            ),
+            what="allocation and finalizer cleared",
+        )
         status = (harness.claim("c1") or {})["status"]
         assert "deallocationRequested" not in status and "reservedFor" not in status
         uid = (harness.claim("c1") or {})["metadata"]["uid"]
         assert await Journal(harness.db).for_claim(uid) == []
-    assert harness.attaches(device) == [("attach", harness.block_of(device), node),
-                                        ("detach", harness.block_of(device), node)]
+    assert harness.attaches(device) == [
+        ("attach", harness.block_of(device), node),
+        ("detach", harness.block_of(device), node),
+    ]
 
 
 async def test_deleted_claim_is_detached_then_its_finalizer_removed(harness: Harness) -> None:
@@ -327,8 +410,7 @@ async def test_a_failed_attach_is_journalled_and_reported_with_a_warning(
 ) -> None:
     device = sorted(harness.devices)[2]
     # Someone attached the block to the other server behind our back.
-    await harness.backend.attach(
-        await Journal(harness.db).fabric_device_by_name(device), NODES[1])
+    await harness.backend.attach(await Journal(harness.db).fabric_device_by_name(device), NODES[1])
     harness.create_claim("c1", device=device)
     pod = harness.create_pod("p1", "c1")
     async with running(harness.controller()):
@@ -350,7 +432,8 @@ class Killed(BaseException):
 
 @pytest.mark.parametrize("step", ["after-reserve", "after-intent"])
 async def test_restart_in_the_middle_of_an_allocation_converges_without_double_attach(
-    harness: Harness, step: str,
+    harness: Harness,
+    step: str,
 ) -> None:
     killed = asyncio.Event()
 
@@ -378,12 +461,16 @@ async def test_restart_in_the_middle_of_an_allocation_converges_without_double_a
     second = harness.controller()
     async with running(second, scheduler):
         try:
-            await eventually(lambda: (harness.pod("p1") or {})["spec"].get("nodeName") in NODES,
-                             what="pod bound after the restart")
+            await eventually(
+                lambda: (harness.pod("p1") or {})["spec"].get("nodeName") in NODES,
+                what="pod bound after the restart",
+            )
         except AssertionError as err:
-            raise AssertionError(f"{err}: scheduler {scheduler.unschedulable}, controller "
-                                 f"{second.status()}, claim {harness.claim('c1')}, context "
-                                 f"{harness.context('p1')}") from None
+            raise AssertionError(
+                f"{err}: scheduler {scheduler.unschedulable}, controller "
+                f"{second.status()}, claim {harness.claim('c1')}, context "
+                f"{harness.context('p1')}"
+            ) from None
         device = harness.allocated_device("c1")
         assert device is not None
         node = (harness.pod("p1") or {})["spec"]["nodeName"]
@@ -397,13 +484,17 @@ async def test_restart_in_the_middle_of_an_allocation_converges_without_double_a
 
 # Clusters that exist: 1.31 serves v1alpha3 (with PodSchedulingContexts), 1.34 serves v1 (and
 # the betas, each of which can be the only one served) and never PodSchedulingContexts.
-@pytest.mark.parametrize(("kubernetes", "served", "expected"), [
-    ("1.31", ("v1alpha3",), Modes(None, True)),
-    ("1.34", ("v1", "v1beta2", "v1beta1"), Modes(ResourceApiVersion.V1, False)),
-    ("1.34", ("v1beta1",), Modes(ResourceApiVersion.V1BETA1, False)),
-])
-async def test_auto_mode_comes_from_discovery(kubernetes: str, served: tuple[str, ...],
-                                              expected: Modes) -> None:
+@pytest.mark.parametrize(
+    ("kubernetes", "served", "expected"),
+    [
+        ("1.31", ("v1alpha3",), Modes(None, True)),
+        ("1.34", ("v1", "v1beta2", "v1beta1"), Modes(ResourceApiVersion.V1, False)),
+        ("1.34", ("v1beta1",), Modes(ResourceApiVersion.V1BETA1, False)),
+    ],
+)
+async def test_auto_mode_comes_from_discovery(
+    kubernetes: str, served: tuple[str, ...], expected: Modes
+) -> None:
     emu = KubeEmulator(kubernetes_version=kubernetes, served_resource_versions=served)
     url = await emu.start()
     try:
@@ -442,8 +533,9 @@ async def test_written_answers_and_finalizers_are_not_worked_on_again(harness: H
     controller.sync_claim = counted_claim  # type: ignore[method-assign]
     async with running(controller):
         harness.create_context(pod, [*NODES, NO_HOST])
-        await eventually(lambda: harness.answers("p1") == {"gpu": [NO_HOST]},
-                         what="unsuitableNodes answered")
+        await eventually(
+            lambda: harness.answers("p1") == {"gpu": [NO_HOST]}, what="unsuitableNodes answered"
+        )
         # Our own answer came back (a status-only change we wrote): no pass for it.
         answered = passes.count(("context", "p1"))
         await asyncio.sleep(0.3)
@@ -500,13 +592,16 @@ async def test_an_answer_is_corrected_even_while_the_cache_lags_our_last_write(
         every = frozenset(d.device_id for p in pools for d in p.devices)
         controller.in_use.set_claim("someone-else", every)
         controller._enqueue_contexts()
-        await eventually(lambda: harness.answers("p1") == {"gpu": [NODES[0]]},
-                         what="node unsuitable while every device is taken")
+        await eventually(
+            lambda: harness.answers("p1") == {"gpu": [NODES[0]]},
+            what="node unsuitable while every device is taken",
+        )
         # Free again before the cache has seen the answer just written.
         controller.in_use.set_claim("someone-else", frozenset())
         controller._enqueue_contexts()
-        await eventually(lambda: harness.answers("p1") == {"gpu": []}, timeout_s=5,
-                         what="the answer corrected")
+        await eventually(
+            lambda: harness.answers("p1") == {"gpu": []}, timeout_s=5, what="the answer corrected"
+        )
         # Another driver's answer needs a look, ours coming back does not.
         await asyncio.sleep(1.0)
         controller.contexts._handle_line = handle  # type: ignore[method-assign]
@@ -524,19 +619,21 @@ async def test_reservations_of_an_allocation_whose_write_failed_are_released_at_
         harness.create_context(pod, NODES)
         await eventually(lambda: harness.answers("p1") is not None, what="answered")
         # Every allocation write fails: the reservations made for it must not stay.
-        harness.emu.fail_next(1000, method="PUT", path_regex="resourceclaims/c1/status",
-                              status=500)
+        harness.emu.fail_next(1000, method="PUT", path_regex="resourceclaims/c1/status", status=500)
         context = harness.context("p1")
         assert context is not None
         context["spec"]["selectedNode"] = NODES[1]
         harness.emu.update(context)
-        await eventually(lambda: any("update ResourceClaim" in e.message
-                                     for e in controller.recent_errors), what="write failed")
+        await eventually(
+            lambda: any("update ResourceClaim" in e.message for e in controller.recent_errors),
+            what="write failed",
+        )
         # The pod goes away: no retry of the allocation will come to release them.
         harness.emu.delete(RESOURCE, "PodSchedulingContext", "p1", "default")
         harness.emu.delete("v1", "Pod", "p1", "default")
-        await eventually(lambda: _none_held(harness, uid), timeout_s=5,
-                         what="reservations released")
+        await eventually(
+            lambda: _none_held(harness, uid), timeout_s=5, what="reservations released"
+        )
 
 
 async def _none_held(harness: Harness, uid: str) -> bool:
@@ -549,8 +646,9 @@ async def test_the_allocation_is_written_with_strict_field_validation(harness: H
     scheduler = harness.scheduler()
     async with running(harness.controller(), scheduler):
         await _bound_cycle(harness, scheduler)
-    status_writes = [r for r in harness.emu.writes("/resourceclaims/c1/status")
-                     if r.method == "PUT"]
+    status_writes = [
+        r for r in harness.emu.writes("/resourceclaims/c1/status") if r.method == "PUT"
+    ]
     assert status_writes
     assert all("fieldValidation=Strict" in r.query for r in status_writes)
 
@@ -569,7 +667,8 @@ async def test_a_slice_event_while_the_snapshot_waits_does_not_break_it(
             await controller._on_slice("MODIFIED", {}, None)
 
         controller.snapshots.refresh_held = (  # type: ignore[method-assign]
-            refresh_with_a_slice_event)
+            refresh_with_a_slice_event
+        )
         snapshot = await controller.snapshots.snapshot(set())
         assert snapshot.pools, "the snapshot holds the published pools"
         assert all(isinstance(p, tuple) for p in snapshot.reachable.values())
@@ -584,8 +683,10 @@ async def test_a_selected_node_outside_the_potential_nodes_is_answered(harness: 
     context["spec"]["selectedNode"] = NO_HOST
     harness.emu.update(context)
     async with running(harness.controller()):
-        await eventually(lambda: harness.answers("p1") == {"gpu": [NO_HOST]},
-                         what="the selected node answered as unsuitable")
+        await eventually(
+            lambda: harness.answers("p1") == {"gpu": [NO_HOST]},
+            what="the selected node answered as unsuitable",
+        )
         assert harness.allocated_device("c1") is None
 
 
@@ -594,30 +695,39 @@ async def test_slices_that_disagree_on_their_count_leave_the_pool_unused_and_say
 ) -> None:
     # One more slice of the published pool and generation, claiming the pool has 2 slices
     # while the first says 1: neither count can be trusted.
-    (published,) = [harness.emu.get(RESOURCE, "ResourceSlice", n)
-                    for n in harness.slice_names]
+    (published,) = [harness.emu.get(RESOURCE, "ResourceSlice", n) for n in harness.slice_names]
     assert published is not None
-    extra = {"apiVersion": RESOURCE, "kind": "ResourceSlice",
-             "metadata": {"name": "extra-slice"},
-             "spec": {**published["spec"], "devices": [
-                 {"name": "extra-gpu", "basic": {"attributes": {}}}],
-                      "pool": {**published["spec"]["pool"], "resourceSliceCount": 2}}}
+    extra = {
+        "apiVersion": RESOURCE,
+        "kind": "ResourceSlice",
+        "metadata": {"name": "extra-slice"},
+        "spec": {
+            **published["spec"],
+            "devices": [{"name": "extra-gpu", "basic": {"attributes": {}}}],
+            "pool": {**published["spec"]["pool"], "resourceSliceCount": 2},
+        },
+    }
     harness.emu.create(extra)
     pool = published["spec"]["pool"]["name"]
-    reason = (f"the slices of generation {published['spec']['pool']['generation']} disagree "
-              f"on resourceSliceCount: 1 (slice '{published['metadata']['name']}'); "
-              "2 (slice 'extra-slice')")
+    reason = (
+        f"the slices of generation {published['spec']['pool']['generation']} disagree "
+        f"on resourceSliceCount: 1 (slice '{published['metadata']['name']}'); "
+        "2 (slice 'extra-slice')"
+    )
     harness.create_claim("c1")
     pod = harness.create_pod("p1", "c1")
     context = harness.create_context(pod, NODES)
     async with running(harness.controller()):
-        await eventually(lambda: harness.answers("p1") == {"gpu": NODES},
-                         what="every node unsuitable")
+        await eventually(
+            lambda: harness.answers("p1") == {"gpu": NODES}, what="every node unsuitable"
+        )
         context = harness.context("p1") or {}
         context["spec"]["selectedNode"] = NODES[0]
         harness.emu.update(context)
-        await eventually(lambda: bool(harness.events("AllocationFailed")),
-                         what="the allocation failure reported on the claim")
+        await eventually(
+            lambda: bool(harness.events("AllocationFailed")),
+            what="the allocation failure reported on the claim",
+        )
         message = harness.events("AllocationFailed")[0]["message"]
         assert f"{DRIVER}/{pool} ({reason})" in message
         assert harness.allocated_device("c1") is None

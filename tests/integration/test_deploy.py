@@ -52,15 +52,18 @@ NEWER_SETTINGS = ("admin.port", "admin.token_file", "leader.namespace")
 
 # -- helpers ------------------------------------------------------------------------------------
 
+
 def _documents(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
 
 
 def _manifest_files() -> list[Path]:
     """Every Kubernetes manifest under deploy/ (not kustomizations, not compose helpers)."""
-    return sorted(p for p in DEPLOY.rglob("*.yaml")
-                  if p.name != "kustomization.yaml" and "compose" not in p.relative_to(
-                      DEPLOY).parts)
+    return sorted(
+        p
+        for p in DEPLOY.rglob("*.yaml")
+        if p.name != "kustomization.yaml" and "compose" not in p.relative_to(DEPLOY).parts
+    )
 
 
 def _kustomization_dirs() -> list[Path]:
@@ -84,15 +87,20 @@ def _compose() -> dict[str, Any]:
 
 def _interpolate(value: str) -> str:
     """Compose's ``${NAME:-default}`` / ``${NAME}`` with an empty environment."""
+
     def replace(match: re.Match[str]) -> str:
         return match.group(2) or ""
+
     return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}", replace, value)
 
 
 def _project_services() -> dict[str, dict[str, Any]]:
     """Compose services that run the project image (or the simulators') with its entry point."""
-    return {name: svc for name, svc in _compose()["services"].items()
-            if svc.get("image") in (PROJECT_IMAGE, SIM_IMAGE) and "entrypoint" not in svc}
+    return {
+        name: svc
+        for name, svc in _compose()["services"].items()
+        if svc.get("image") in (PROJECT_IMAGE, SIM_IMAGE) and "entrypoint" not in svc
+    }
 
 
 def _resolve(path: tuple[str, ...]) -> click.Command | None:
@@ -124,7 +132,7 @@ def _split_command(args: list[str]) -> tuple[tuple[str, ...], list[str]]:
         path.append(arg)
         command = sub
         ctx = click.Context(command, info_name=arg, parent=ctx)
-    return tuple(path), args[len(path):]
+    return tuple(path), args[len(path) :]
 
 
 def _settings_environment(env: dict[str, str], files: Path) -> dict[str, str]:
@@ -145,8 +153,12 @@ def _load_or_explain(**kwargs: Any) -> Any:
         return load_settings(**kwargs)
     except ConfigError as err:
         newer = [s for s in NEWER_SETTINGS if s.split(".")[0] in str(err).lower()]
-        hint = (f" (the packaging expects the settings {', '.join(NEWER_SETTINGS)}; "
-                f"app/config.py does not have {', '.join(newer)} yet)" if newer else "")
+        hint = (
+            f" (the packaging expects the settings {', '.join(NEWER_SETTINGS)}; "
+            f"app/config.py does not have {', '.join(newer)} yet)"
+            if newer
+            else ""
+        )
         pytest.fail(f"settings refused: {err}{hint}")
 
 
@@ -157,10 +169,13 @@ MANIFESTS = [(f, i, doc) for f in _manifest_files() for i, doc in enumerate(_doc
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize(
-    ("path", "index", "document"), MANIFESTS,
-    ids=[f"{p.relative_to(DEPLOY)}#{i}:{d.get('kind')}" for p, i, d in MANIFESTS])
-def test_manifest_validates_strictly(path: Path, index: int, document: dict[str, Any],
-                                     version: str) -> None:
+    ("path", "index", "document"),
+    MANIFESTS,
+    ids=[f"{p.relative_to(DEPLOY)}#{i}:{d.get('kind')}" for p, i, d in MANIFESTS],
+)
+def test_manifest_validates_strictly(
+    path: Path, index: int, document: dict[str, Any], version: str
+) -> None:
     kubernetes_validate.validate(document, version, strict=True)
 
 
@@ -176,12 +191,12 @@ def test_the_emulator_nodes_file_holds_valid_nodes(version: str) -> None:
     nodes = yaml.safe_load((DEPLOY / "compose" / "nodes.yaml").read_text())
     assert nodes
     for node in nodes:
-        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Node", **node}, version,
-                                     strict=True)
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "Node", **node}, version, strict=True
+        )
 
 
-@pytest.mark.parametrize("directory", _kustomization_dirs(),
-                         ids=lambda d: str(d.relative_to(ROOT)))
+@pytest.mark.parametrize("directory", _kustomization_dirs(), ids=lambda d: str(d.relative_to(ROOT)))
 def test_kustomization_lists_every_manifest_and_nothing_else(directory: Path) -> None:
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     listed = list(kustomization["resources"])
@@ -202,20 +217,27 @@ def test_every_manifest_folder_has_a_kustomization() -> None:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (built-in kustomize) absent")
-@pytest.mark.parametrize("directory", _kustomization_dirs(),
-                         ids=lambda d: str(d.relative_to(ROOT)))
+@pytest.mark.parametrize("directory", _kustomization_dirs(), ids=lambda d: str(d.relative_to(ROOT)))
 def test_kustomize_renders_exactly_the_listed_objects(directory: Path) -> None:
-    rendered = subprocess.run(["kubectl", "kustomize", str(directory)], check=True,
-                              capture_output=True, text=True, timeout=60).stdout
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(directory)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     got = sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(rendered) if d)
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    expected = sorted((d["kind"], d["metadata"]["name"])
-                      for entry in kustomization["resources"]
-                      for d in _documents(directory / entry))
+    expected = sorted(
+        (d["kind"], d["metadata"]["name"])
+        for entry in kustomization["resources"]
+        for d in _documents(directory / entry)
+    )
     assert got == expected
 
 
 # -- the manifests agree with each other and with the settings ------------------------------------
+
 
 def _container() -> dict[str, Any]:
     containers = _one("Deployment", "fabric-dra")["spec"]["template"]["spec"]["containers"]
@@ -253,8 +275,11 @@ def test_the_configmap_and_deployment_environment_are_valid_settings(tmp_path: P
     secret_dir = Path(mounts["secrets"])
     example = _one("Secret", "fabric-dra")
     keys = set(example["stringData"])
-    for path in (settings.fabric.username_file, settings.fabric.password_file,
-                 settings.admin.token_file):
+    for path in (
+        settings.fabric.username_file,
+        settings.fabric.password_file,
+        settings.admin.token_file,
+    ):
         assert path is not None
         assert path.parent == secret_dir, f"{path} is not in the Secret's volume"
         assert path.name in keys, f"the example Secret has no key {path.name!r}"
@@ -268,18 +293,25 @@ def test_the_driver_name_agrees_across_config_rbac_and_device_classes(tmp_path: 
     driver = load_settings(config_file=config, environ={}).driver_name
     rules = _one("ClusterRole", "fabric-dra")["rules"]
     named = [r for r in rules if r["resources"] == ["resourceclaims/driver"]]
-    assert named == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
-                      "resourceNames": [driver],
-                      "verbs": ["arbitrary-node:update", "arbitrary-node:patch"]}]
+    assert named == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims/driver"],
+            "resourceNames": [driver],
+            "verbs": ["arbitrary-node:update", "arbitrary-node:patch"],
+        }
+    ]
     classes = _objects("DeviceClass")
     assert {c["metadata"]["name"] for c in classes} == {
-        f"{t}.{driver}" for t in ("gpu", "fpga", "nvme", "cxl-memory")}
+        f"{t}.{driver}" for t in ("gpu", "fpga", "nvme", "cxl-memory")
+    }
     for device_class in classes:
         device_type = device_class["metadata"]["name"].removesuffix(f".{driver}")
         [selector] = device_class["spec"]["selectors"]
         assert selector["cel"]["expression"] == (
             f'device.driver == "{driver}" && '
-            f'device.attributes["{driver}"].deviceType == "{device_type}"')
+            f'device.attributes["{driver}"].deviceType == "{device_type}"'
+        )
 
 
 def test_device_classes_name_device_types_the_inventory_produces() -> None:
@@ -304,8 +336,11 @@ def test_service_probes_and_container_share_the_admin_port() -> None:
     container = _container()
     [port] = container["ports"]
     assert (port["name"], port["containerPort"]) == ("admin", ADMIN_PORT)
-    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
-                        ("readinessProbe", "/readyz")):
+    for probe, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
         assert container[probe]["httpGet"] == {"path": path, "port": "admin"}
     [service_port] = _one("Service", "fabric-dra")["spec"]["ports"]
     assert (service_port["port"], service_port["targetPort"]) == (ADMIN_PORT, "admin")
@@ -335,19 +370,22 @@ def test_the_deployment_is_locked_down() -> None:
     assert "emptyDir" in volumes[mounts["/var/lib/fabric-dra"]]
     selector = spec["selector"]["matchLabels"]
     assert _one("PodDisruptionBudget", "fabric-dra")["spec"] == {
-        "minAvailable": 1, "selector": {"matchLabels": selector}}
+        "minAvailable": 1,
+        "selector": {"matchLabels": selector},
+    }
     assert _one("Service", "fabric-dra")["spec"]["selector"] == selector
     assert selector.items() <= spec["template"]["metadata"]["labels"].items()
 
 
 def test_rbac_binds_the_deployments_service_account() -> None:
     account = _one("ServiceAccount", "fabric-dra")["metadata"]
-    subject = {"kind": "ServiceAccount", "name": account["name"],
-               "namespace": account["namespace"]}
+    subject = {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
     assert _one("Deployment", "fabric-dra")["metadata"]["namespace"] == account["namespace"]
-    for kind, name in (("ClusterRoleBinding", "fabric-dra"),
-                       ("ClusterRoleBinding", "fabric-dra-controlplane"),
-                       ("RoleBinding", "fabric-dra-leader-election")):
+    for kind, name in (
+        ("ClusterRoleBinding", "fabric-dra"),
+        ("ClusterRoleBinding", "fabric-dra-controlplane"),
+        ("RoleBinding", "fabric-dra-leader-election"),
+    ):
         binding = _one(kind, name)
         assert binding["subjects"] == [subject]
         role_kind = binding["roleRef"]["kind"]
@@ -358,14 +396,17 @@ def test_rbac_binds_the_deployments_service_account() -> None:
 
 # -- (b) docker-compose.yml -----------------------------------------------------------------------
 
+
 def test_compose_services_start_in_order_of_health() -> None:
     services = _compose()["services"]
     for name, service in services.items():
         for dependency, condition in (service.get("depends_on") or {}).items():
             assert dependency in services, f"{name} depends on unknown {dependency}"
-            expected = ("service_completed_successfully"
-                        if services[dependency].get("healthcheck", {}).get("disable")
-                        else "service_healthy")
+            expected = (
+                "service_completed_successfully"
+                if services[dependency].get("healthcheck", {}).get("disable")
+                else "service_healthy"
+            )
             assert condition == {"condition": expected}, f"{name} -> {dependency}"
             if expected == "service_healthy":
                 assert services[dependency]["healthcheck"]["test"], dependency
@@ -384,7 +425,8 @@ def test_compose_commands_are_fabric_dra_subcommands(service: str, tmp_path: Pat
     args = list(_project_services()[service]["command"])
     path, rest = _split_command(args)
     assert path in COMMANDS, (
-        f"service {service} runs `fabric-dra {' '.join(path)}`, not an expected command")
+        f"service {service} runs `fabric-dra {' '.join(path)}`, not an expected command"
+    )
     command = _resolve(path)
     assert command is not None, f"`fabric-dra {' '.join(path)}` does not exist"
     # Files the container gets (secrets, the mounted deploy folder) exist here as stand-ins.
@@ -419,19 +461,28 @@ def test_compose_secrets_exist_and_are_given_to_their_users() -> None:
 
 
 @pytest.mark.parametrize(
-    "service", sorted(name for name, svc in _compose()["services"].items()
-                      if any(k.startswith("FABRIC_DRA_") for k in svc.get("environment") or {})))
+    "service",
+    sorted(
+        name
+        for name, svc in _compose()["services"].items()
+        if any(k.startswith("FABRIC_DRA_") for k in svc.get("environment") or {})
+    ),
+)
 def test_compose_environment_names_real_settings(service: str, tmp_path: Path) -> None:
     environment = _compose()["services"][service]["environment"]
     settings = _load_or_explain(environ=_settings_environment(dict(environment), tmp_path))
-    assert settings.database.url == _load_or_explain(
-        environ=_settings_environment(dict(_compose()["services"]["controller"]["environment"]),
-                                      tmp_path)).database.url, "all services share one database"
+    assert (
+        settings.database.url
+        == _load_or_explain(
+            environ=_settings_environment(
+                dict(_compose()["services"]["controller"]["environment"]), tmp_path
+            )
+        ).database.url
+    ), "all services share one database"
 
 
 @pytest.mark.parametrize("service", ["controller", "controller-emulator"])
-def test_compose_controller_environment_names_real_settings(service: str,
-                                                            tmp_path: Path) -> None:
+def test_compose_controller_environment_names_real_settings(service: str, tmp_path: Path) -> None:
     compose = _compose()
     environment = compose["services"][service]["environment"]
     assert all(key.startswith("FABRIC_DRA_") for key in environment)
@@ -468,8 +519,10 @@ def test_compose_controller_environment_names_real_settings(service: str,
 
 def test_compose_python_snippets_compile() -> None:
     for name, service in _compose()["services"].items():
-        snippets = [*((service.get("healthcheck") or {}).get("test") or []),
-                    *(service.get("entrypoint") or [])]
+        snippets = [
+            *((service.get("healthcheck") or {}).get("test") or []),
+            *(service.get("entrypoint") or []),
+        ]
         for index, part in enumerate(snippets[:-1]):
             if part == "-c" and snippets[index - 1] == "python":
                 compile(snippets[index + 1], f"{name}", "exec")
@@ -479,15 +532,18 @@ def test_the_kubeconfig_rewrite_points_at_the_k3s_service(tmp_path: Path) -> Non
     service = _compose()["services"]["kubeconfig"]
     code = service["entrypoint"][service["entrypoint"].index("-c") + 1]
     (tmp_path / "kubeconfig.yaml").write_text(
-        "clusters:\n- cluster:\n    server: https://127.0.0.1:6443\n  name: default\n")
-    subprocess.run([sys.executable, "-c", code.replace("/output", str(tmp_path))], check=True,
-                   timeout=30)
+        "clusters:\n- cluster:\n    server: https://127.0.0.1:6443\n  name: default\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code.replace("/output", str(tmp_path))], check=True, timeout=30
+    )
     written = yaml.safe_load((tmp_path / "kubeconfig-compose.yaml").read_text())
     assert written["clusters"][0]["cluster"]["server"] == "https://k3s:6443"
     assert "--tls-san=k3s" in _compose()["services"]["k3s"]["command"]
 
 
 # -- (b) the Dockerfile ---------------------------------------------------------------------------
+
 
 def _instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
     text = dockerfile.read_text(encoding="utf-8").replace("\\\n", " ")
@@ -524,6 +580,7 @@ def test_dockerfile_builds_a_wheel_then_installs_only_wheels() -> None:
 
 def test_the_image_entry_point_is_the_projects_console_script() -> None:
     import tomllib
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["fabric-dra"] == "app.cli:main"
     assert _resolve(()) is main
@@ -540,11 +597,13 @@ def _ignored(relative: str, patterns: list[str]) -> bool:
         pattern = raw.removeprefix("!").rstrip("/")
         if pattern.startswith("**/"):
             tail = pattern.removeprefix("**/")
-            hit = any(fnmatch.fnmatch("/".join(parts[i:j]), tail)
-                      for i in range(len(parts)) for j in range(i + 1, len(parts) + 1))
+            hit = any(
+                fnmatch.fnmatch("/".join(parts[i:j]), tail)
+                for i in range(len(parts))
+                for j in range(i + 1, len(parts) + 1)
+            )
         else:
-            hit = any(fnmatch.fnmatch("/".join(parts[: i + 1]), pattern)
-                      for i in range(len(parts)))
+            hit = any(fnmatch.fnmatch("/".join(parts[: i + 1]), pattern) for i in range(len(parts)))
         if hit:
             ignored = not raw.startswith("!")
     return ignored
@@ -570,14 +629,22 @@ def test_dockerfile_copies_only_what_exists_and_is_not_ignored() -> None:
     for source in sources:
         assert (ROOT / source).exists(), source
         assert not _ignored(source, patterns), f"{source} is excluded by .dockerignore"
-    for heavy in (".venv", ".git", ".mypy_cache", ".pytest_cache", ".hypothesis", "tests",
-                  "app/__pycache__", "fabric_dra.egg-info"):
+    for heavy in (
+        ".venv",
+        ".git",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".hypothesis",
+        "tests",
+        "app/__pycache__",
+        "fabric_dra.egg-info",
+    ):
         assert _ignored(heavy, patterns), f"{heavy} is sent to the build"
 
 
 def _healthcheck_code() -> str:
     [healthcheck] = [rest for keyword, rest in _instructions() if keyword == "HEALTHCHECK"]
-    command = json.loads(healthcheck[healthcheck.index("CMD") + 3:].strip())
+    command = json.loads(healthcheck[healthcheck.index("CMD") + 3 :].strip())
     assert command[:2] == ["python", "-c"]
     code: str = command[2]
     return code
@@ -612,8 +679,13 @@ async def test_the_image_health_check_asks_healthz_on_the_admin_port(
 
     async def run() -> int:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", code, env=env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            sys.executable,
+            "-c",
+            code,
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
         return await asyncio.wait_for(process.wait(), 30)
 
     assert await run() == 0
@@ -630,13 +702,27 @@ def test_the_builder_stage_sources_make_a_wheel_with_migrations_and_the_script(
     source.mkdir()
     for entry in _builder_copies():
         if (ROOT / entry).is_dir():
-            shutil.copytree(ROOT / entry, source / entry,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                ROOT / entry, source / entry, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
         else:
             shutil.copy2(ROOT / entry, source / entry)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--wheel-dir", str(tmp_path / "wheels"), str(source)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--wheel-dir",
+            str(tmp_path / "wheels"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     [wheel] = (tmp_path / "wheels").glob("fabric_dra-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -644,8 +730,9 @@ def test_the_builder_stage_sources_make_a_wheel_with_migrations_and_the_script(
         assert "fabric-dra = app.cli:main" in archive.read(entry_points).decode()
     assert "app/migrations/env.py" in names
     assert any(n.startswith("app/migrations/versions/") for n in names)
-    assert not any(n.split("/")[:2] == ["app", "sim"] or n.startswith("fabric_dra_sim/")
-                   for n in names), "the product's wheel carries simulators"
+    assert not any(
+        n.split("/")[:2] == ["app", "sim"] or n.startswith("fabric_dra_sim/") for n in names
+    ), "the product's wheel carries simulators"
 
 
 def test_only_the_simulators_image_runs_the_simulators() -> None:
@@ -655,14 +742,17 @@ def test_only_the_simulators_image_runs_the_simulators() -> None:
         assert service["image"] == expected, name
         if expected == SIM_IMAGE:
             assert service["build"] == {"context": ".", "dockerfile": "sim/Dockerfile"}, name
-    assert {"redfish", "kube-emulator"} <= {n for n, s in services.items()
-                                            if s.get("image") == SIM_IMAGE}
+    assert {"redfish", "kube-emulator"} <= {
+        n for n, s in services.items() if s.get("image") == SIM_IMAGE
+    }
 
 
 def test_the_simulators_image_adds_fabric_dra_sim_to_the_projects_build() -> None:
     instructions = _instructions(SIM_DOCKERFILE)
     assert [r for k, r in instructions if k == "FROM"] == [
-        "python:3.11-slim AS builder", "python:3.11-slim"]
+        "python:3.11-slim AS builder",
+        "python:3.11-slim",
+    ]
     copies = [s for k, r in instructions if k == "COPY" for s in r.split()[:-1]]
     assert set(copies) == {*_builder_copies(), "sim"}
     patterns = _dockerignore()
@@ -679,13 +769,16 @@ def test_the_simulators_image_adds_fabric_dra_sim_to_the_projects_build() -> Non
 
 def test_the_simulators_are_a_distribution_of_their_own() -> None:
     import tomllib
+
     product = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     sim = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("kubernetes-validate") for d in product["dependencies"])
     assert any(d.startswith("kubernetes-validate") for d in sim["dependencies"])
     assert f"fabric-dra=={product['version']}" in sim["dependencies"]
     assert sim["entry-points"]["fabric_dra.commands"] == {
-        "demo": "fabric_dra_sim.demo:demo", "sim": "fabric_dra_sim.cli:sim"}
+        "demo": "fabric_dra_sim.demo:demo",
+        "sim": "fabric_dra_sim.cli:sim",
+    }
 
 
 @pytest.mark.slow
@@ -693,18 +786,37 @@ def test_the_simulators_wheel_has_the_package_its_data_and_the_entry_points(
     tmp_path: Path,
 ) -> None:
     source = tmp_path / "sim"
-    shutil.copytree(ROOT / "sim", source, ignore=shutil.ignore_patterns(
-        "__pycache__", "*.pyc", "*.egg-info", "build"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--wheel-dir", str(tmp_path / "wheels"), str(source)],
-                   check=True, capture_output=True, timeout=120)
+    shutil.copytree(
+        ROOT / "sim",
+        source,
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build"),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--wheel-dir",
+            str(tmp_path / "wheels"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     [wheel] = (tmp_path / "wheels").glob("fabric_dra_sim-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         assert "[fabric_dra.commands]" in archive.read(entry_points).decode()
-    shipped = {str(p.relative_to(ROOT / "sim")) for p in (ROOT / "sim" / "fabric_dra_sim").rglob(
-        "*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+    shipped = {
+        str(p.relative_to(ROOT / "sim"))
+        for p in (ROOT / "sim" / "fabric_dra_sim").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
     assert shipped <= names, sorted(shipped - names)
     assert "fabric_dra_sim/py.typed" in names and "fabric_dra_sim/demo.py" in names
     assert not any(n.startswith("app/") for n in names)

@@ -166,8 +166,16 @@ async def first_free_device(backend: RedfishBackend) -> FabricDevice:
 async def test_generated_fabric_lists_every_gpu_with_region_rack_and_host(
     serve: Serve, make_backend: Make
 ) -> None:
-    sim = simulator(spec=InventorySpec(regions=2, racks_per_region=4, devices_per_rack=16,
-                                       hosts_per_rack=4, device_mix="gpu", seed=0))
+    sim = simulator(
+        spec=InventorySpec(
+            regions=2,
+            racks_per_region=4,
+            devices_per_rack=16,
+            hosts_per_rack=4,
+            device_mix="gpu",
+            seed=0,
+        )
+    )
     backend = make_backend(await serve(sim))
     assert isinstance(backend, FabricBackend)
     device = await first_free_device(backend)
@@ -206,7 +214,10 @@ async def test_paged_collections_are_followed_to_the_end(serve: Serve, make_back
     hosts = await backend.list_hosts()
     assert len(devices.items) == 128
     assert Counter(d.device_type for d in devices.items) == {
-        DeviceType.GPU: 32, DeviceType.FPGA: 32, DeviceType.NVME: 32, DeviceType.CXL_MEMORY: 32,
+        DeviceType.GPU: 32,
+        DeviceType.FPGA: 32,
+        DeviceType.NVME: 32,
+        DeviceType.CXL_MEMORY: 32,
     }
     assert len(hosts.items) == 32
     block_pages = [k for k in script.calls if k.startswith(f"GET {BLOCKS}?")]
@@ -221,13 +232,24 @@ async def test_repeated_members_across_pages_are_listed_once_and_the_count_is_ig
     script = Script()
     script.add(
         f"GET {BLOCKS}",
-        answer(200, {"Members": [{"@odata.id": b} for b in blocks[:3]],
-                     "Members@odata.count": 1, "Members@odata.nextLink": f"{BLOCKS}?page=2"}),
+        answer(
+            200,
+            {
+                "Members": [{"@odata.id": b} for b in blocks[:3]],
+                "Members@odata.count": 1,
+                "Members@odata.nextLink": f"{BLOCKS}?page=2",
+            },
+        ),
     )
     script.add(
         f"GET {BLOCKS}?page=2",
-        answer(200, {"Members": [{"@odata.id": b} for b in blocks[2:]] + [{"bad": 1}],
-                     "Members@odata.count": 1}),
+        answer(
+            200,
+            {
+                "Members": [{"@odata.id": b} for b in blocks[2:]] + [{"bad": 1}],
+                "Members@odata.count": 1,
+            },
+        ),
     )
     backend = make_backend(await serve(sim, script=script))
     listing = await backend.list_devices()
@@ -303,8 +325,9 @@ async def test_bad_devices_are_rejected_one_by_one(serve: Serve, make_backend: M
 async def test_dropped_connections_are_retried_on_reads(serve: Serve, make_backend: Make) -> None:
     sim = simulator()
     url = await serve(sim)
-    backend = make_backend(url, retry=RetrySettings(attempts=8, initial_backoff_s=0.001,
-                                                    max_backoff_s=0.01))
+    backend = make_backend(
+        url, retry=RetrySettings(attempts=8, initial_backoff_s=0.001, max_backoff_s=0.01)
+    )
     sim.faults.drop_rate = 0.1
     listing = await backend.list_devices()
     assert len(listing.items) == 8
@@ -394,14 +417,18 @@ async def test_dmtf_composability_mockup_lists_its_gpu_and_drives(
     assert by_id[f"{BLOCKS}/DriveBlock10/Drives/Block10Slot4"].location.chassis == (
         "ComposableModule7"
     )
-    assert not any("ComputeBlock" in d.attach_unit or "SystemBlock" in d.attach_unit
-                   for d in devices.items)
+    assert not any(
+        "ComputeBlock" in d.attach_unit or "SystemBlock" in d.attach_unit for d in devices.items
+    )
     servers = ("ComputeBlock1", "ComputeBlock2", "SystemBlock11", "SystemBlock12")
     assert set(devices.local_units) == {f"{BLOCKS}/{b}" for b in servers}
     assert devices.rejected == ()
     assert {h.host_id for h in hosts.items} == {
-        "ComposedSystem", "ComposedSystem2", "SystemPreResourceBlock",
-        "SystemAfterResourceBlock", "SystemAfterAddResourceAction",
+        "ComposedSystem",
+        "ComposedSystem2",
+        "SystemPreResourceBlock",
+        "SystemAfterResourceBlock",
+        "SystemAfterAddResourceAction",
     }
 
     operation = await backend.attach(gpu, "SystemAfterAddResourceAction")
@@ -424,9 +451,7 @@ async def test_session_login_is_renewed_once_after_the_session_expires(
     # Another client ends every session: the backend's token is now refused.
     async with aiohttp.ClientSession() as http:
         for uri in await sessions_on(url):
-            async with http.delete(
-                url + uri, headers=BASIC
-            ) as response:
+            async with http.delete(url + uri, headers=BASIC) as response:
                 assert response.status == 204
     assert len((await backend.list_hosts()).items) == 4
     assert script.calls[f"POST {SESSIONS}"] == 2
@@ -516,8 +541,9 @@ async def test_tls_with_the_right_ca_bundle_works(
 
 def test_an_unreadable_ca_bundle_is_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="CA bundle"):
-        RedfishBackend("https://127.0.0.1:1", username="u", password="p",
-                       ca_file=tmp_path / "missing.pem")
+        RedfishBackend(
+            "https://127.0.0.1:1", username="u", password="p", ca_file=tmp_path / "missing.pem"
+        )
 
 
 # --- attach and detach --------------------------------------------------------------------
@@ -540,8 +566,10 @@ async def test_attach_and_detach_are_idempotent(
     await backend.detach(device, host)
     await backend.detach(device, host)
     assert sim.attachments()[device.attach_unit] is None
-    assert sim.history == [("attach", device.attach_unit, host),
-                           ("detach", device.attach_unit, host)]
+    assert sim.history == [
+        ("attach", device.attach_unit, host),
+        ("detach", device.attach_unit, host),
+    ]
     writes = [k for k in script.calls if not k.startswith("GET ") and SESSIONS not in k]
     if offer_actions:
         assert sum(script.calls[k] for k in writes if "/Actions/" in k) == 2
@@ -582,8 +610,11 @@ async def test_unknown_block_or_host_is_not_found(serve: Serve, make_backend: Ma
     sim = simulator()
     backend = make_backend(await serve(sim))
     device = await first_free_device(backend)
-    ghost = FabricDevice(vendor_id=f"{BLOCKS}/ghost/Processors/GPU0",
-                         attach_unit=f"{BLOCKS}/ghost", device_type=DeviceType.GPU)
+    ghost = FabricDevice(
+        vendor_id=f"{BLOCKS}/ghost/Processors/GPU0",
+        attach_unit=f"{BLOCKS}/ghost",
+        device_type=DeviceType.GPU,
+    )
     with pytest.raises(FabricNotFound, match="device not found"):
         await backend.attach(ghost, "node-us-east-rack-01-1")
     with pytest.raises(FabricNotFound, match="host not found"):
@@ -704,11 +735,15 @@ async def test_a_dropped_write_is_decided_by_reading_the_state(
 async def test_writes_survive_random_drops_without_doing_anything_twice(
     serve: Serve, make_backend: Make
 ) -> None:
-    sim = simulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4,
-                                       hosts_per_rack=1, seed=3))
+    sim = simulator(
+        spec=InventorySpec(
+            regions=1, racks_per_region=1, devices_per_rack=4, hosts_per_rack=1, seed=3
+        )
+    )
     url = await serve(sim)
-    backend = make_backend(url, retry=RetrySettings(attempts=10, initial_backoff_s=0.001,
-                                                    max_backoff_s=0.01))
+    backend = make_backend(
+        url, retry=RetrySettings(attempts=10, initial_backoff_s=0.001, max_backoff_s=0.01)
+    )
     devices = (await backend.list_devices()).items
     host = sim.system_ids()[0]
     sim.faults.drop_rate = 0.3
@@ -800,9 +835,7 @@ async def test_an_unreadable_task_monitor_hands_out_the_monitor(
     assert caught.value.op_id == f"{MONITORS}/1"
     # The task is still there; asking again runs it to the end.
     assert (await backend.operation_status(caught.value.op_id)).state is OperationState.RUNNING
-    assert (await backend.operation_status(caught.value.op_id)).state is (
-        OperationState.COMPLETED
-    )
+    assert (await backend.operation_status(caught.value.op_id)).state is (OperationState.COMPLETED)
     assert sim.attachments()[device.attach_unit] == host
 
 
@@ -857,8 +890,9 @@ async def test_an_injected_session_is_left_open(serve: Serve, make_backend: Make
         pytest.param("https://h", {"username": None}, "username", id="no-username"),
         pytest.param("https://h", {"auth": "digest"}, "auth mode", id="unknown-auth"),
         pytest.param("https://h", {"max_concurrency": 0}, "positive", id="no-concurrency"),
-        pytest.param("https://h", {"retry": RetrySettings(attempts=0)}, "attempts",
-                     id="no-attempts"),
+        pytest.param(
+            "https://h", {"retry": RetrySettings(attempts=0)}, "attempts", id="no-attempts"
+        ),
     ],
 )
 def test_bad_settings_are_refused_at_construction(

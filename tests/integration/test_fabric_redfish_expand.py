@@ -15,8 +15,9 @@ from app.fabric.types import FabricDevice, FabricHost
 from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
-SPEC = InventorySpec(regions=2, racks_per_region=2, devices_per_rack=8, hosts_per_rack=2,
-                     device_mix="mixed")
+SPEC = InventorySpec(
+    regions=2, racks_per_region=2, devices_per_rack=8, hosts_per_rack=2, device_mix="mixed"
+)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Serve = Callable[[RedfishSimulator, Counter[str]], Awaitable[str]]
 
@@ -63,8 +64,11 @@ async def listing(
     finally:
         await backend.close()
     assert not devices.rejected and not hosts.rejected
-    return (sorted(devices.items, key=lambda d: d.vendor_id),
-            sorted(hosts.items, key=lambda h: h.host_id), calls)
+    return (
+        sorted(devices.items, key=lambda d: d.vendor_id),
+        sorted(hosts.items, key=lambda h: h.host_id),
+        calls,
+    )
 
 
 @pytest.mark.parametrize("page_size", [None, 5], ids=["one-page", "paged"])
@@ -98,8 +102,11 @@ async def test_expand_is_refused_where_it_is_not_offered_and_beyond_the_levels_o
             member = body["Members"][0]
             assert member["Id"] and member["@odata.id"].startswith(f"{BLOCKS}/")
             # One level: the block's own references stay links.
-            device = next(v[0] for k, v in member.items()
-                          if k in ("Processors", "Drives", "Memory", "Storage"))
+            device = next(
+                v[0]
+                for k, v in member.items()
+                if k in ("Processors", "Drives", "Memory", "Storage")
+            )
             assert set(device) == {"@odata.id"}
 
 
@@ -108,7 +115,10 @@ async def test_a_service_that_advertises_expand_but_refuses_it_is_read_without(
 ) -> None:
     sim = RedfishSimulator(spec=SPEC, auth="none")
     sim.tree["/redfish/v1"]["ProtocolFeaturesSupported"]["ExpandQuery"] = {
-        "NoLinks": True, "Levels": True, "MaxLevels": 3}
+        "NoLinks": True,
+        "Levels": True,
+        "MaxLevels": 3,
+    }
     calls: Counter[str] = Counter()
     backend = RedfishBackend(await serve(sim, calls), auth="none")
     try:

@@ -79,8 +79,9 @@ class Wire:
         return response
 
 
-def answer(status: int, body: Any = None, *, text: str | None = None,
-           headers: dict[str, str] | None = None) -> Override:
+def answer(
+    status: int, body: Any = None, *, text: str | None = None, headers: dict[str, str] | None = None
+) -> Override:
     async def respond(request: web.Request, handler: Handler) -> web.StreamResponse:
         if text is not None:
             return web.Response(status=status, text=text, headers=headers)
@@ -169,8 +170,11 @@ def real_like_mockup(tmp_path: Path, *, patch_only: tuple[str, ...] = ()) -> Pat
 
 def unit(block: str) -> FabricDevice:
     """A hand-made device for block ``block`` (as a caller that did not list could pass)."""
-    return FabricDevice(vendor_id=f"{BLOCKS}/{block}/Processors/P0",
-                        attach_unit=f"{BLOCKS}/{block}", device_type=DeviceType.GPU)
+    return FabricDevice(
+        vendor_id=f"{BLOCKS}/{block}/Processors/P0",
+        attach_unit=f"{BLOCKS}/{block}",
+        device_type=DeviceType.GPU,
+    )
 
 
 async def first_free(backend: RedfishBackend) -> FabricDevice:
@@ -189,14 +193,17 @@ async def test_blocks_holding_cpus_are_server_owned_and_give_no_devices_though_t
 
     listing = await backend.list_devices()
 
-    servers = {f"{BLOCKS}/{b}" for b in
-               ("ComputeBlock1", "ComputeBlock2", "SystemBlock11", "SystemBlock12")}
+    servers = {
+        f"{BLOCKS}/{b}"
+        for b in ("ComputeBlock1", "ComputeBlock2", "SystemBlock11", "SystemBlock12")
+    }
     assert set(listing.local_units) == servers
     assert len(listing.local_units) == 4
     assert not servers & {d.attach_unit for d in listing.items}
     # Their DRAM and onboard NICs do not leak out as devices; the network block's NIC does.
     assert {d.attach_unit for d in listing.items if d.device_type is DeviceType.NIC} == {
-        f"{BLOCKS}/NetworkBlock8"}
+        f"{BLOCKS}/NetworkBlock8"
+    }
     assert not any(d.device_type is DeviceType.MEMORY for d in listing.items)
     assert listing.rejected == ()
     # The CPUs were enough: a server's memory and NICs are not even read.
@@ -232,8 +239,10 @@ async def test_blocks_matching_a_server_owned_pattern_are_left_out_and_refused(
     assert listing.local_units == (first, second)
     assert len(listing.items) == 6
     with pytest.raises(FabricServerOwned, match="pattern"):
-        await backend.attach(FabricDevice(vendor_id=f"{first}/x", attach_unit=first,
-                                          device_type=DeviceType.GPU), HOST)
+        await backend.attach(
+            FabricDevice(vendor_id=f"{first}/x", attach_unit=first, device_type=DeviceType.GPU),
+            HOST,
+        )
     assert sim.history == []
 
 
@@ -250,20 +259,26 @@ async def test_a_detach_by_patch_keeps_every_other_block_and_the_systems_own(
         # The real service: a PATCH that leaves out the System's own block is refused.
         wanted = [r["@odata.id"] for r in (await request.json())["Links"]["ResourceBlocks"]]
         if f"{BLOCKS}/ComputeBlock1" not in wanted:
-            return web.json_response({"message": "compute block may not be removed"},
-                                     status=406)
+            return web.json_response({"message": "compute block may not be removed"}, status=406)
         return await handler(request)
 
     wire.add(patch, refuse_losing_the_compute_block)
     backend = make_backend(await serve(sim, wire))
-    drive = next(d for d in (await backend.list_devices()).items
-                 if d.attach_unit == f"{BLOCKS}/DriveBlock4")
+    drive = next(
+        d for d in (await backend.list_devices()).items if d.attach_unit == f"{BLOCKS}/DriveBlock4"
+    )
 
     await backend.detach(drive, "ComposedSystem")
 
     [(_, _, body)] = wire.writes_to(patch)
-    assert body == {"Links": {"ResourceBlocks": [{"@odata.id": f"{BLOCKS}/ComputeBlock1"},
-                                                 {"@odata.id": f"{BLOCKS}/DriveBlock3"}]}}
+    assert body == {
+        "Links": {
+            "ResourceBlocks": [
+                {"@odata.id": f"{BLOCKS}/ComputeBlock1"},
+                {"@odata.id": f"{BLOCKS}/DriveBlock3"},
+            ]
+        }
+    }
     assert sim.holders(f"{BLOCKS}/ComputeBlock1") == ["ComposedSystem"]
     assert sim.holders(f"{BLOCKS}/DriveBlock4") == []
 
@@ -373,8 +388,10 @@ async def test_the_task_monitor_reaches_on_operation_before_the_first_poll(
     assert seen == [(operation.op_id, 0)]
     await backend.detach(device, HOST, on_operation=journal)
     assert len(seen) == 2 and seen[1][1] == 0
-    assert sim.history == [("attach", device.attach_unit, HOST),
-                           ("detach", device.attach_unit, HOST)]
+    assert sim.history == [
+        ("attach", device.attach_unit, HOST),
+        ("detach", device.attach_unit, HOST),
+    ]
 
 
 class Crash(Exception):
@@ -437,10 +454,10 @@ def as_200(body_change: dict[str, Any] | None = None) -> Override:
         response = await handler(request)
         if response.status != 202:
             return response
-        headers = {k: v for k, v in response.headers.items()
-                   if k in ("Location", "Retry-After")}
-        return web.json_response({**body_of(response), **(body_change or {})}, status=200,
-                                 headers=headers)
+        headers = {k: v for k, v in response.headers.items() if k in ("Location", "Retry-After")}
+        return web.json_response(
+            {**body_of(response), **(body_change or {})}, status=200, headers=headers
+        )
 
     return respond
 
@@ -485,9 +502,11 @@ async def test_a_task_that_ends_killed_or_cancelled_fails_saying_so(
     sim = simulator(task_mode=True, task_polls=5)
     backend = make_backend(await serve(sim, wire))
     device = await first_free(backend)
-    ended = {"@odata.id": "/redfish/v1/TaskService/Tasks/1", "TaskState": state,
-             "Messages": [{"MessageId": "Base.1.18.GeneralError",
-                           "Message": "stopped by the operator"}]}
+    ended = {
+        "@odata.id": "/redfish/v1/TaskService/Tasks/1",
+        "TaskState": state,
+        "Messages": [{"MessageId": "Base.1.18.GeneralError", "Message": "stopped by the operator"}],
+    }
     wire.add(f"GET {MONITORS}/1", answer(200, ended))
     with pytest.raises(FabricError, match=f"TaskState {state}: stopped by the operator"):
         await backend.attach(device, HOST)
@@ -510,8 +529,9 @@ async def test_resume_of_a_killed_task_without_effect_sends_the_change_again(
     async def journal(monitor: str) -> None:
         monitors.append(monitor)
 
-    operation = await make_backend(url).resume(f"{MONITORS}/1", device, HOST, attach=True,
-                                               on_operation=journal)
+    operation = await make_backend(url).resume(
+        f"{MONITORS}/1", device, HOST, attach=True, on_operation=journal
+    )
     assert operation.state is OperationState.COMPLETED
     assert monitors == [f"{MONITORS}/2"] == [operation.op_id]
     assert sim.history == [("attach", device.attach_unit, HOST)]
@@ -523,13 +543,25 @@ async def test_resume_of_a_killed_task_without_effect_sends_the_change_again(
 @pytest.mark.parametrize(
     ("reply", "says"),
     [
-        pytest.param(answer(406, {"message": "Compute block\n may not be removed"}),
-                     "HTTP 406: Compute block may not be removed", id="message-only-json"),
-        pytest.param(answer(400, text="bad block reference\r\nsee the log"),
-                     "HTTP 400: bad block reference see the log", id="plain-text"),
-        pytest.param(answer(405, text="<html><body><h1>Method Not Allowed</h1></body></html>",
-                            headers={"Content-Type": "text/html"}),
-                     "HTTP 405: Method Not Allowed", id="html"),
+        pytest.param(
+            answer(406, {"message": "Compute block\n may not be removed"}),
+            "HTTP 406: Compute block may not be removed",
+            id="message-only-json",
+        ),
+        pytest.param(
+            answer(400, text="bad block reference\r\nsee the log"),
+            "HTTP 400: bad block reference see the log",
+            id="plain-text",
+        ),
+        pytest.param(
+            answer(
+                405,
+                text="<html><body><h1>Method Not Allowed</h1></body></html>",
+                headers={"Content-Type": "text/html"},
+            ),
+            "HTTP 405: Method Not Allowed",
+            id="html",
+        ),
         pytest.param(answer(501, text="x" * 2000), "HTTP 501: " + "x" * 200, id="capped"),
     ],
 )
@@ -551,8 +583,9 @@ async def test_refusals_show_the_services_text_and_are_not_retried(
     assert sim.history == []
 
 
-def etag_rewrite(*, header: Callable[[str], str] | None = None,
-                 body: Callable[[str], str] | None = None) -> Callable[[web.Response], None]:
+def etag_rewrite(
+    *, header: Callable[[str], str] | None = None, body: Callable[[str], str] | None = None
+) -> Callable[[web.Response], None]:
     def rewrite(response: web.Response) -> None:
         if response.status != 200:
             return
@@ -570,10 +603,13 @@ def etag_rewrite(*, header: Callable[[str], str] | None = None,
     "rewrite",
     [
         pytest.param(etag_rewrite(header=lambda tag: f'"{tag}"'), id="header-quoted-twice"),
-        pytest.param(etag_rewrite(header=lambda tag: 'W/"unlike-the-body"'),
-                     id="header-unlike-the-body"),
-        pytest.param(etag_rewrite(header=lambda tag: f'"{tag}"', body=lambda tag: f'"{tag}"'),
-                     id="both-quoted-twice"),
+        pytest.param(
+            etag_rewrite(header=lambda tag: 'W/"unlike-the-body"'), id="header-unlike-the-body"
+        ),
+        pytest.param(
+            etag_rewrite(header=lambda tag: f'"{tag}"', body=lambda tag: f'"{tag}"'),
+            id="both-quoted-twice",
+        ),
     ],
 )
 async def test_misquoted_etags_do_not_cause_precondition_failures(
@@ -595,8 +631,9 @@ async def test_a_service_refusing_its_own_unchanged_etag_gets_one_write_without_
 ) -> None:
     wire = Wire()
     sim = simulator(offer_actions=False)
-    wire.rewrites[f"{SYSTEMS}/{HOST}"] = etag_rewrite(header=lambda _: '"stale"',
-                                                      body=lambda _: '"stale"')
+    wire.rewrites[f"{SYSTEMS}/{HOST}"] = etag_rewrite(
+        header=lambda _: '"stale"', body=lambda _: '"stale"'
+    )
     backend = make_backend(await serve(sim, wire))
     device = await first_free(backend)
     await backend.attach(device, HOST)
@@ -658,7 +695,8 @@ async def test_one_physical_device_under_two_uris_is_listed_once(
     listing = await make_backend(url, device_identity=identity).list_devices()
 
     assert [d.vendor_id for d in listing.items] == [
-        d.vendor_id for d in plain.items if d is not second]
+        d.vendor_id for d in plain.items if d is not second
+    ]
     [rejected] = listing.rejected
     assert (rejected.vendor_id, rejected.kind) == (second.vendor_id, "duplicate")
     assert first.vendor_id in rejected.reason and second.vendor_id in rejected.reason
@@ -669,23 +707,23 @@ async def test_one_physical_device_under_two_uris_is_listed_once(
 # --- settings -------------------------------------------------------------------------------
 
 
-async def test_the_new_fabric_settings_reach_the_backend_through_the_factory(
-    serve: Serve
-) -> None:
+async def test_the_new_fabric_settings_reach_the_backend_through_the_factory(serve: Serve) -> None:
     from app.config import load_settings
     from app.fabric.factory import backend_from_settings
 
     sim = simulator(auth="none")
     url = await serve(sim)
     first, second = sim.block_uris()[:2]
-    settings = load_settings(environ={
-        "FABRIC_DRA_FABRIC__URL": url,
-        "FABRIC_DRA_FABRIC__AUTH": "none",
-        "FABRIC_DRA_FABRIC__SERVER_OWNED_BLOCKS": f"{first.rsplit('/', 1)[-1]}, {second}",
-        "FABRIC_DRA_FABRIC__DEVICE_IDENTITY": "serial",
-        "FABRIC_DRA_FABRIC__VERIFY_TIMEOUT_SECONDS": "0.25",
-        "FABRIC_DRA_FABRIC__VERIFY_POLL_SECONDS": "0.05",
-    })
+    settings = load_settings(
+        environ={
+            "FABRIC_DRA_FABRIC__URL": url,
+            "FABRIC_DRA_FABRIC__AUTH": "none",
+            "FABRIC_DRA_FABRIC__SERVER_OWNED_BLOCKS": f"{first.rsplit('/', 1)[-1]}, {second}",
+            "FABRIC_DRA_FABRIC__DEVICE_IDENTITY": "serial",
+            "FABRIC_DRA_FABRIC__VERIFY_TIMEOUT_SECONDS": "0.25",
+            "FABRIC_DRA_FABRIC__VERIFY_POLL_SECONDS": "0.05",
+        }
+    )
     assert settings.fabric.server_owned_blocks == (first.rsplit("/", 1)[-1], second)
     defaults = load_settings(environ={}).fabric
     assert (defaults.server_owned_blocks, defaults.device_identity) == ((), "uri")

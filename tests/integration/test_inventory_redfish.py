@@ -28,11 +28,14 @@ FAST_RETRY = RetrySettings(attempts=2, initial_backoff_s=0.01, max_backoff_s=0.0
 async def fabric() -> AsyncIterator[tuple[RedfishSimulator, RedfishBackend]]:
     sim = RedfishSimulator(
         spec=InventorySpec(regions=2, racks_per_region=4, devices_per_rack=16, hosts_per_rack=4),
-        username="admin", password="password", auth="session",
+        username="admin",
+        password="password",
+        auth="session",
     )
     url = await sim.start()
-    backend = RedfishBackend(url, username="admin", password="password", retry=FAST_RETRY,
-                             timeout_s=5)
+    backend = RedfishBackend(
+        url, username="admin", password="password", retry=FAST_RETRY, timeout_s=5
+    )
     yield sim, backend
     await backend.close()
     await sim.stop()
@@ -64,7 +67,9 @@ async def test_two_regions_of_four_racks_of_sixteen_gpus_land_with_locations(
     assert len(hosts) == 32
     assert {h.hostname for h in hosts} == {
         f"node-{region}-rack-{k:02d}-{i}"
-        for region in ("us-east", "us-west") for k in range(1, 5) for i in range(1, 5)
+        for region in ("us-east", "us-west")
+        for k in range(1, 5)
+        for i in range(1, 5)
     }
 
     again = await InventorySync(backend, db).sync_once()

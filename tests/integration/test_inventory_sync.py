@@ -37,10 +37,16 @@ def inventory(regions: int = 2, racks: int = 4, per_rack: int = 16) -> MemoryBac
     names = ["us-east", "us-west", "eu-central"][:regions]
     devices = [
         gpu(i, region=r, rack=f"rack-{k:02d}")
-        for r in names for k in range(1, racks + 1) for i in range(per_rack)
+        for r in names
+        for k in range(1, racks + 1)
+        for i in range(per_rack)
     ]
-    hosts = [host(i, region=r, rack=f"rack-{k:02d}") for r in names for k in range(1, racks + 1)
-             for i in range(1, 3)]
+    hosts = [
+        host(i, region=r, rack=f"rack-{k:02d}")
+        for r in names
+        for k in range(1, racks + 1)
+        for i in range(1, 3)
+    ]
     return MemoryBackend(devices, hosts)
 
 
@@ -106,8 +112,9 @@ async def test_additions_removals_and_health_changes_are_reflected(db: Database)
     assert rows[backend.devices[0].vendor_id].health == "Critical"
     assert rows[backend.devices[0].vendor_id].health_changed_at is not None
     async with db.read() as s:
-        kinds = sorted((await s.scalars(select(DeviceEvent.kind).where(
-            DeviceEvent.kind != "added"))).all())
+        kinds = sorted(
+            (await s.scalars(select(DeviceEvent.kind).where(DeviceEvent.kind != "added"))).all()
+        )
     assert kinds == ["health", "removed"]
 
     # The removed device comes back: same row, same name, no longer removed.
@@ -126,17 +133,24 @@ async def test_bad_vendor_data_rejects_only_the_offending_devices(
     backend.devices += [
         replace(gpu(50), serial="bad\x00serial"),
         replace(gpu(51), memory_mib=-4),
-        gpu(52), gpu(52),
+        gpu(52),
+        gpu(52),
         replace(gpu(53), model="Карта 🚀"),
     ]
-    backend.device_rejects = [Rejected("/redfish/v1/x/broken", "Processor has no @odata.id",
-                                       "missing-field")]
+    backend.device_rejects = [
+        Rejected("/redfish/v1/x/broken", "Processor has no @odata.id", "missing-field")
+    ]
     sync, metrics = make_sync(backend, db)
     with caplog.at_level(logging.WARNING):
         result = await sync.sync_once()
     assert result.ok and result.devices == 5
     assert sorted(r.kind for r in result.rejected) == [
-        "bad-value", "bad-value", "duplicate", "duplicate", "missing-field"]
+        "bad-value",
+        "bad-value",
+        "duplicate",
+        "duplicate",
+        "missing-field",
+    ]
     rows = await devices_by_vendor_id(db)
     assert set(rows) == {d.vendor_id for d in backend.devices[:4]} | {gpu(53).vendor_id}
     assert "bad\\x00serial" not in caplog.text

@@ -47,11 +47,13 @@ def claim(i: int) -> ClaimRef:
 
 async def test_reserve_is_idempotent_and_exclusive(db: Database, names: list[str]) -> None:
     journal = Journal(db)
-    first = await journal.reserve(claim(1), "gpu", names[0], "us-east/rack-01", "structured",
-                                  "node-a", "host-a")
+    first = await journal.reserve(
+        claim(1), "gpu", names[0], "us-east/rack-01", "structured", "node-a", "host-a"
+    )
     assert first.state == PENDING and first.exclusive and first.attempts == 0
-    again = await journal.reserve(claim(1), "gpu", names[0], "us-east/rack-01", "structured",
-                                  "node-a", "host-a")
+    again = await journal.reserve(
+        claim(1), "gpu", names[0], "us-east/rack-01", "structured", "node-a", "host-a"
+    )
     assert again.id == first.id
     with pytest.raises(DeviceHeld, match="held by claim default/claim-1"):
         await journal.reserve(claim(2), "gpu", names[0], "p", "structured", None, None)
@@ -112,9 +114,21 @@ async def test_the_database_itself_refuses_a_second_active_reservation(
     journal = Journal(db)
     held = await journal.reserve(claim(1), "gpu", names[0], "p", "structured", None, None)
     now = dt.datetime.now(dt.UTC)
-    row = dict(claim_uid="uid-x", claim_namespace="default", claim_name="x", request="gpu",
-               mode="control-plane", device_id=held.device_id, device_name=names[0], pool="p",
-               exclusive=True, state=ATTACHED, attempts=0, created_at=now, updated_at=now)
+    row = dict(
+        claim_uid="uid-x",
+        claim_namespace="default",
+        claim_name="x",
+        request="gpu",
+        mode="control-plane",
+        device_id=held.device_id,
+        device_name=names[0],
+        pool="p",
+        exclusive=True,
+        state=ATTACHED,
+        attempts=0,
+        created_at=now,
+        updated_at=now,
+    )
     with pytest.raises(IntegrityError):
         async with db.write() as session:
             await session.execute(insert(Reservation).values(**row))
@@ -137,9 +151,12 @@ async def test_queries(db: Database, names: list[str]) -> None:
     assert [r.state for r in await journal.recent()] == [PENDING, RELEASED]
     device = await journal.fabric_device(a)
     assert device.vendor_id == gpu(1).vendor_id and device.attach_unit == gpu(1).attach_unit
-    assert (await journal.get(a.id)) == replace(a, state=RELEASED,
-                                                 updated_at=(await journal.get(a.id)).updated_at,
-                                                 released_at=(await journal.get(a.id)).released_at)
+    assert (await journal.get(a.id)) == replace(
+        a,
+        state=RELEASED,
+        updated_at=(await journal.get(a.id)).updated_at,
+        released_at=(await journal.get(a.id)).released_at,
+    )
     assert a.to_json()["claim"] == {"uid": "uid-1", "namespace": "default", "name": "claim-1"}
 
 
@@ -148,22 +165,30 @@ async def test_reserve_for_attach_journals_the_attach_in_the_same_transaction(
 ) -> None:
     journal = Journal(db)
     version = journal.feed.version
-    view, device = await journal.reserve_for_attach(claim(1), "gpu", names[0], "p",
-                                                    "structured", "node-a", "host-a")
+    view, device = await journal.reserve_for_attach(
+        claim(1), "gpu", names[0], "p", "structured", "node-a", "host-a"
+    )
     assert (view.state, view.attempts, view.node, view.host_id) == (
-        ATTACHING, 1, "node-a", "host-a")
+        ATTACHING,
+        1,
+        "node-a",
+        "host-a",
+    )
     assert device is not None and device.vendor_id == gpu(1).vendor_id
     assert journal.feed.since(version) == [(True, HeldDevice(view.claim.uid, "p", names[0]))]
     # Already held by the same claim and request: the existing one, nothing new to send.
-    again, none = await journal.reserve_for_attach(claim(1), "gpu", names[0], "p",
-                                                   "structured", "node-a", "host-a")
+    again, none = await journal.reserve_for_attach(
+        claim(1), "gpu", names[0], "p", "structured", "node-a", "host-a"
+    )
     assert (again.id, none) == (view.id, None)
     with pytest.raises(DeviceHeld, match="claim default/claim-1"):
-        await journal.reserve_for_attach(claim(2), "gpu", names[0], "p", "structured",
-                                         "node-a", "host-a")
+        await journal.reserve_for_attach(
+            claim(2), "gpu", names[0], "p", "structured", "node-a", "host-a"
+        )
     with pytest.raises(UnknownDevice):
-        await journal.reserve_for_attach(claim(2), "gpu", "no-such-device", "p", "structured",
-                                         "node-a", "host-a")
+        await journal.reserve_for_attach(
+            claim(2), "gpu", "no-such-device", "p", "structured", "node-a", "host-a"
+        )
 
 
 async def test_begin_attach_and_detach_move_and_read_the_device_together(
@@ -198,8 +223,7 @@ async def test_held_lists_active_exclusive_reservations(db: Database, names: lis
     c = await journal.reserve(claim(3), "gpu", names[2], "p3", "control-plane", None, None)
     await journal.transition(c.id, [PENDING], RELEASED)
     held = await journal.held()
-    assert [(h.claim_uid, h.pool, h.device_name) for h in held] == [
-        (a.claim.uid, "p1", names[0])]
+    assert [(h.claim_uid, h.pool, h.device_name) for h in held] == [(a.claim.uid, "p1", names[0])]
     assert await journal.count_active() == 2
 
 

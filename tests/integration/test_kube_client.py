@@ -101,8 +101,7 @@ def _release_serving(served: tuple[str, ...]) -> str:
 async def test_version_choice_against_served_versions(
     served: tuple[str, ...], control_plane: bool, expected: ResourceApiVersion
 ) -> None:
-    emu = KubeEmulator(kubernetes_version=_release_serving(served),
-                       served_resource_versions=served)
+    emu = KubeEmulator(kubernetes_version=_release_serving(served), served_resource_versions=served)
     url = await emu.start()
     try:
         async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
@@ -122,8 +121,7 @@ async def test_version_choice_against_served_versions(
 async def test_no_fitting_version_names_what_is_served(
     served: tuple[str, ...], control_plane: bool, message: str
 ) -> None:
-    emu = KubeEmulator(kubernetes_version=_release_serving(served),
-                       served_resource_versions=served)
+    emu = KubeEmulator(kubernetes_version=_release_serving(served), served_resource_versions=served)
     url = await emu.start()
     try:
         async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
@@ -139,8 +137,7 @@ async def test_typed_errors_carry_retry_after() -> None:
     try:
         async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
             api = ResourceV1beta1Api(client.api)
-            emu.fail_next(1, method="GET", path_regex="resourceslices", status=429,
-                          retry_after=2)
+            emu.fail_next(1, method="GET", path_regex="resourceslices", status=429, retry_after=2)
             with pytest.raises(KubeTooManyRequests) as caught:
                 await call_json(
                     api.read_resource_slice("x", _preload_content=False), "read slice x"
@@ -151,9 +148,7 @@ async def test_typed_errors_carry_retry_after() -> None:
                 await call_json(
                     api.read_resource_slice("x", _preload_content=False), "read slice x"
                 )
-            emu.fail_next(
-                1, method="GET", path_regex=r"^/apis/resource\.k8s\.io/?$", status=503
-            )
+            emu.fail_next(1, method="GET", path_regex=r"^/apis/resource\.k8s\.io/?$", status=503)
             with pytest.raises(KubeUnavailable, match=r"discover resource\.k8s\.io: HTTP 503"):
                 await discover_version(client.api)
     finally:
@@ -166,8 +161,9 @@ async def test_the_proxy_is_taken_from_the_environment_once(
     monkeypatch.setenv("HTTPS_PROXY", "http://user:secret@proxy.example:3128")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL,
-                                              url="https://api.example:6443"))
+    client = await connect(
+        KubeClientSettings(mode=KubeAuthMode.URL, url="https://api.example:6443")
+    )
     try:
         rest = client.api.rest_client
         assert rest.proxy == "http://proxy.example:3128"
@@ -177,8 +173,9 @@ async def test_the_proxy_is_taken_from_the_environment_once(
     finally:
         await client.close()
     monkeypatch.setenv("NO_PROXY", "api.example")
-    client = await connect(KubeClientSettings(mode=KubeAuthMode.URL,
-                                              url="https://api.example:6443"))
+    client = await connect(
+        KubeClientSettings(mode=KubeAuthMode.URL, url="https://api.example:6443")
+    )
     try:
         assert not client.api.rest_client.proxy
     finally:
@@ -196,10 +193,12 @@ async def test_requests_go_through_the_proxy_named_at_connect(
         monkeypatch.setenv("HTTP_PROXY", url)
         monkeypatch.delenv("NO_PROXY", raising=False)
         monkeypatch.delenv("no_proxy", raising=False)
-        async with await connect(KubeClientSettings(
-                mode=KubeAuthMode.URL, url="http://kube.invalid:6443")) as client:
-            body = await call_json(CoreV1Api(client.api).list_node(_preload_content=False),
-                                   "list Node")
+        async with await connect(
+            KubeClientSettings(mode=KubeAuthMode.URL, url="http://kube.invalid:6443")
+        ) as client:
+            body = await call_json(
+                CoreV1Api(client.api).list_node(_preload_content=False), "list Node"
+            )
             assert body["kind"] == "NodeList"
     finally:
         await emu.stop()

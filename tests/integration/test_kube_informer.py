@@ -105,6 +105,7 @@ async def kube(emulator: tuple[KubeEmulator, str]) -> AsyncIterator[KubeClient]:
     finally:
         await client.close()
 
+
 def store_versions(emu: KubeEmulator) -> dict[str, str]:
     return {
         obj["metadata"]["name"]: obj["metadata"]["resourceVersion"]
@@ -121,9 +122,7 @@ def cache_versions(informer: Informer) -> dict[str, str]:
 async def relabel(kube: KubeClient, name: str, value: str) -> str:
     """Change a label through the API (a MODIFIED event); returns the new resourceVersion."""
     api = ResourceV1Api(kube.api)
-    current = await call_json(
-        api.read_resource_slice(name, _preload_content=False), f"read {name}"
-    )
+    current = await call_json(api.read_resource_slice(name, _preload_content=False), f"read {name}")
     current["metadata"].setdefault("labels", {})["round"] = value
     written = await call_json(
         api.replace_resource_slice(name, current, _preload_content=False),  # type: ignore[arg-type]
@@ -178,8 +177,9 @@ async def test_a_listed_page_is_converted_before_the_next_page_is_asked_for(
         emu.create(resource_slice(f"s{i}"))
 
     def list_requests() -> int:
-        return sum(1 for r in emu.requests
-                   if r.method == "GET" and r.path.endswith("resourceslices"))
+        return sum(
+            1 for r in emu.requests if r.method == "GET" and r.path.endswith("resourceslices")
+        )
 
     seen: list[tuple[str, int]] = []
 
@@ -188,15 +188,21 @@ async def test_a_listed_page_is_converted_before_the_next_page_is_asked_for(
         return {"metadata": obj["metadata"], "kind": obj["kind"], "apiVersion": "slim"}
 
     before = list_requests()
-    informer = Informer(ResourceV1Api(kube.api).list_resource_slice, fast_settings(),
-                        converter=slim)
+    informer = Informer(
+        ResourceV1Api(kube.api).list_resource_slice, fast_settings(), converter=slim
+    )
     informer.start()
     try:
         await informer.wait_synced(10)
         # Two objects a page: each object was converted while its own page was the last
         # one served.
         assert [(name, count - before) for name, count in seen[:5]] == [
-            ("s0", 1), ("s1", 1), ("s2", 2), ("s3", 2), ("s4", 3)]
+            ("s0", 1),
+            ("s1", 1),
+            ("s2", 2),
+            ("s3", 2),
+            ("s4", 3),
+        ]
         listed = informer.get("s3")
         assert listed is not None
         assert listed["apiVersion"] == "slim"
@@ -463,9 +469,7 @@ async def test_namespaced_claims_are_keyed_by_namespace(
         "kind": "ResourceClaim",
         "metadata": {"name": "c1", "namespace": NS},
         "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}]
-            }
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}]}
         },
     }
     emu.create(claim)
@@ -488,9 +492,7 @@ async def test_namespaced_claims_are_keyed_by_namespace(
         await informer.stop()
 
 
-async def test_stop_closes_everything(
-    emulator: tuple[KubeEmulator, str], kube: KubeClient
-) -> None:
+async def test_stop_closes_everything(emulator: tuple[KubeEmulator, str], kube: KubeClient) -> None:
     informer = make_informer(kube, Recorder())
     informer.start()
     await informer.wait_synced(10)
@@ -618,8 +620,7 @@ async def test_the_uid_index_follows_adds_deletes_and_a_name_reused_by_a_new_obj
     async def check(event_type: EventType, obj: dict[str, Any], old: Any) -> None:
         # Handlers see the index already agree with the cache.
         uid = obj["metadata"]["uid"]
-        seen_in_handlers.append((event_type, obj["metadata"]["name"],
-                                 informer.by_uid(uid) is obj))
+        seen_in_handlers.append((event_type, obj["metadata"]["name"], informer.by_uid(uid) is obj))
 
     informer.add_handler(check)
     informer.start()
@@ -635,7 +636,8 @@ async def test_the_uid_index_follows_adds_deletes_and_a_name_reused_by_a_new_obj
         assert informer.by_uid(old_uid) is None and informer.key_of_uid(old_uid) is None
         assert informer.key_of_uid(new_uid) == ("", "a")
         assert sorted(informer.uids()) == sorted(
-            o["metadata"]["uid"] for o in emu.list("resource.k8s.io/v1", "ResourceSlice"))
+            o["metadata"]["uid"] for o in emu.list("resource.k8s.io/v1", "ResourceSlice")
+        )
         assert ("DELETED", "a", False) in seen_in_handlers
         assert all(ok for kind, _, ok in seen_in_handlers if kind != "DELETED")
         assert informer.by_uid("no-such-uid") is None

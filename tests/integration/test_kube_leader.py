@@ -69,8 +69,9 @@ def lease_spec(emu: KubeEmulator) -> dict[str, Any]:
 
 
 async def first_leader(candidates: list[Candidate], timeout_s: float = 5.0) -> Candidate:
-    await eventually(lambda: any(c.leading for c in candidates), timeout_s, "a leader",
-                     interval_s=0.01)
+    await eventually(
+        lambda: any(c.leading for c in candidates), timeout_s, "a leader", interval_s=0.01
+    )
     leaders = [c for c in candidates if c.leading]
     assert len(leaders) == 1
     return leaders[0]
@@ -115,8 +116,9 @@ async def test_a_killed_leader_is_replaced_within_the_lease_duration(
         assert not second.leading
         await first.elector.stop()  # no release: the Lease still names "first"
         assert lease_spec(emu)["holderIdentity"] == "first"
-        took = await eventually(lambda: second.leading, LEASE_DURATION_S + 2.0,
-                                "the standby leads", interval_s=0.01)
+        took = await eventually(
+            lambda: second.leading, LEASE_DURATION_S + 2.0, "the standby leads", interval_s=0.01
+        )
         # The standby waits for the lease to run out, but not much longer.
         assert LEASE_DURATION_S - 0.5 <= took <= LEASE_DURATION_S + 4 * RETRY_PERIOD_S
         spec = lease_spec(emu)
@@ -140,8 +142,9 @@ async def test_a_released_lease_is_taken_over_at_once(
         await first.elector.stop()
         assert not first.leading
         assert first.log == ["started", "stopped"]
-        took = await eventually(lambda: second.leading, LEASE_DURATION_S,
-                                "the standby leads", interval_s=0.01)
+        took = await eventually(
+            lambda: second.leading, LEASE_DURATION_S, "the standby leads", interval_s=0.01
+        )
         assert took < LEASE_DURATION_S / 2
         spec = lease_spec(emu)
         assert spec["holderIdentity"] == "second"

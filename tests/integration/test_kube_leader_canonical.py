@@ -24,19 +24,29 @@ LEASE = "fabric-dra"
 def elector(kube: KubeClient, utc_now: datetime) -> LeaderElector:
     return LeaderElector(
         kube.api,
-        LeaderElectionSettings(lease_name=LEASE, namespace=NS, identity="a", lease_duration_s=2,
-                               renew_deadline_s=0.6, retry_period_s=0.1,
-                               request_timeout_s=0.5),
+        LeaderElectionSettings(
+            lease_name=LEASE,
+            namespace=NS,
+            identity="a",
+            lease_duration_s=2,
+            renew_deadline_s=0.6,
+            retry_period_s=0.1,
+            request_timeout_s=0.5,
+        ),
         utc_now=lambda: utc_now,
     )
 
 
-@pytest.mark.parametrize("moment", [
-    datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
-    datetime(2026, 1, 2, 4, 4, 5, tzinfo=timezone(timedelta(hours=1))),
-])
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        datetime(2026, 1, 2, 4, 4, 5, tzinfo=timezone(timedelta(hours=1))),
+    ],
+)
 async def test_a_whole_second_lease_time_is_sent_with_six_fraction_digits(
-        emu: KubeEmulator, client: KubeClient, moment: datetime) -> None:
+    emu: KubeEmulator, client: KubeClient, moment: datetime
+) -> None:
     candidate = elector(client, moment)
     candidate.start()
     try:

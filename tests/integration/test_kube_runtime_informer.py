@@ -20,9 +20,15 @@ RESOURCE = "resource.k8s.io/v1"
 
 def resource_slice(name: str) -> dict[str, Any]:
     return {
-        "apiVersion": RESOURCE, "kind": "ResourceSlice", "metadata": {"name": name},
-        "spec": {"driver": "fabric.example.com", "allNodes": True, "devices": [{"name": "d0"}],
-                 "pool": {"name": name, "generation": 0, "resourceSliceCount": 1}},
+        "apiVersion": RESOURCE,
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": "fabric.example.com",
+            "allNodes": True,
+            "devices": [{"name": "d0"}],
+            "pool": {"name": name, "generation": 0, "resourceSliceCount": 1},
+        },
     }
 
 
@@ -40,12 +46,14 @@ class ByUid:
 
 
 async def test_the_runtime_lists_first_reconciles_events_by_uid_and_stops_its_informer(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     emu.create(resource_slice("before"))
-    informer = Informer(ResourceV1Api(client.api).list_resource_slice,
-                        InformerSettings(name="resourceslices", backoff_initial_s=0.02,
-                                         backoff_max_s=0.1))
+    informer = Informer(
+        ResourceV1Api(client.api).list_resource_slice,
+        InformerSettings(name="resourceslices", backoff_initial_s=0.02, backoff_max_s=0.1),
+    )
     reconciler = ByUid(informer)
     queue: WorkQueue[str] = WorkQueue(WorkQueueSettings(name="slices"))
 
@@ -53,8 +61,9 @@ async def test_the_runtime_lists_first_reconciles_events_by_uid_and_stops_its_in
         queue.add(obj["metadata"]["uid"])
 
     informer.add_handler(on_slice)
-    runtime = Controller(reconciler, RuntimeSettings("slices", workers=2), queue,
-                         informers=(informer,))
+    runtime = Controller(
+        reconciler, RuntimeSettings("slices", workers=2), queue, informers=(informer,)
+    )
     prepared: list[bool] = []
 
     async def prepare() -> None:

@@ -20,10 +20,15 @@ JsonDict = dict[str, Any]
 
 def resource_slice(name: str) -> JsonDict:
     return {
-        "apiVersion": RESOURCE, "kind": "ResourceSlice",
+        "apiVersion": RESOURCE,
+        "kind": "ResourceSlice",
         "metadata": {"name": name, "labels": {}},
-        "spec": {"driver": "fabric.example.com", "allNodes": True, "devices": [{"name": "d0"}],
-                 "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1}},
+        "spec": {
+            "driver": "fabric.example.com",
+            "allNodes": True,
+            "devices": [{"name": "d0"}],
+            "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
+        },
     }
 
 
@@ -39,8 +44,9 @@ class Slices:
     async def read(self) -> JsonDict | None:
         self.reads += 1
         try:
-            return await call_json(self.api.read_resource_slice(
-                self.name, _preload_content=False), f"read {self.name}")
+            return await call_json(
+                self.api.read_resource_slice(self.name, _preload_content=False), f"read {self.name}"
+            )
         except KubeNotFound:
             return None
 
@@ -52,15 +58,22 @@ class Slices:
 
     async def label(self, current: JsonDict, key: str, value: str) -> JsonDict:
         self.writes += 1
-        body = {**current, "metadata": {**current["metadata"], "labels": {
-            **(current["metadata"].get("labels") or {}), key: value}}}
-        return await call_json(self.api.replace_resource_slice(
-            self.name, body, _preload_content=False),  # type: ignore[arg-type]
-            f"update {self.name}")
+        body = {
+            **current,
+            "metadata": {
+                **current["metadata"],
+                "labels": {**(current["metadata"].get("labels") or {}), key: value},
+            },
+        }
+        return await call_json(
+            self.api.replace_resource_slice(self.name, body, _preload_content=False),  # type: ignore[arg-type]
+            f"update {self.name}",
+        )
 
 
 async def test_a_stale_copy_is_read_again_and_the_change_lands_beside_the_other_write(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     emu.create(resource_slice("s1"))
     slices = Slices(client, "s1")
@@ -71,9 +84,15 @@ async def test_a_stale_copy_is_read_again_and_the_change_lands_beside_the_other_
     async def ours(current: JsonDict) -> JsonDict:
         return await slices.label(current, "ours", "yes")
 
-    written = await update_with_retry(stale, ours, slices.read, gone=None, attempts=3,
-                                      uid=stale["metadata"]["uid"],
-                                      on_conflict=conflicts.append)
+    written = await update_with_retry(
+        stale,
+        ours,
+        slices.read,
+        gone=None,
+        attempts=3,
+        uid=stale["metadata"]["uid"],
+        on_conflict=conflicts.append,
+    )
     assert written is not None
     assert written["metadata"]["labels"] == {"other": "yes", "ours": "yes"}
     assert len(conflicts) == 1 and isinstance(conflicts[0], KubeConflict)
@@ -83,7 +102,8 @@ async def test_a_stale_copy_is_read_again_and_the_change_lands_beside_the_other_
 
 
 async def test_conflicts_on_every_attempt_raise_the_last_one(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     emu.create(resource_slice("s1"))
     slices = Slices(client, "s1")
@@ -94,21 +114,23 @@ async def test_conflicts_on_every_attempt_raise_the_last_one(
 
     async def always_stale(current: JsonDict) -> JsonDict:
         # Writes with the first resourceVersion whatever was read: stale every time.
-        stale = {**current, "metadata": {**current["metadata"],
-                                         "resourceVersion": old_version}}
+        stale = {**current, "metadata": {**current["metadata"], "resourceVersion": old_version}}
         return await slices.label(stale, "ours", "yes")
 
     slices.reads = 0
     with pytest.raises(KubeConflict):
-        await update_with_retry(first, always_stale, slices.read, gone=None, attempts=3,
-                                on_conflict=conflicts.append)
+        await update_with_retry(
+            first, always_stale, slices.read, gone=None, attempts=3, on_conflict=conflicts.append
+        )
     assert slices.writes == 4 and len(conflicts) == 3
     assert slices.reads == 2, "no read after the last attempt"
 
 
 @pytest.mark.parametrize("recreated", [False, True], ids=["deleted", "recreated"])
 async def test_an_object_deleted_or_recreated_under_its_name_meanwhile_is_gone(
-    emu: KubeEmulator, client: KubeClient, recreated: bool,
+    emu: KubeEmulator,
+    client: KubeClient,
+    recreated: bool,
 ) -> None:
     emu.create(resource_slice("s1"))
     slices = Slices(client, "s1")
@@ -122,8 +144,9 @@ async def test_an_object_deleted_or_recreated_under_its_name_meanwhile_is_gone(
         return "written"
 
     # The stale write answers 409 (re-created: the read then shows another uid) or 404.
-    result = await update_with_retry(stale, ours, slices.read, gone="gone",
-                                     uid=stale["metadata"]["uid"])
+    result = await update_with_retry(
+        stale, ours, slices.read, gone="gone", uid=stale["metadata"]["uid"]
+    )
     assert result == "gone"
     assert slices.writes == 1, "the one stale write; nothing on a new object"
     stored = emu.get(RESOURCE, "ResourceSlice", "s1")

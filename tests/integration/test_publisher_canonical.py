@@ -24,21 +24,41 @@ CONFIG = PoolConfig(driver_name=DRIVER)
 
 def settings() -> PublisherSettings:
     return PublisherSettings(
-        debounce_s=0.01, workers=2, retry_base_s=0.02, retry_max_s=0.2, request_timeout_s=5.0,
-        informer=InformerSettings(name="resourceslices", watch_timeout_s=5.0,
-                                  watch_timeout_jitter=0.2, client_timeout_margin_s=2.0,
-                                  list_timeout_s=5.0, backoff_initial_s=0.02,
-                                  backoff_max_s=0.1))
+        debounce_s=0.01,
+        workers=2,
+        retry_base_s=0.02,
+        retry_max_s=0.2,
+        request_timeout_s=5.0,
+        informer=InformerSettings(
+            name="resourceslices",
+            watch_timeout_s=5.0,
+            watch_timeout_jitter=0.2,
+            client_timeout_margin_s=2.0,
+            list_timeout_s=5.0,
+            backoff_initial_s=0.02,
+            backoff_max_s=0.1,
+        ),
+    )
 
 
-def desired(*, unhealthy: tuple[int, ...] = (0,), memory_mib: int = 81920
-            ) -> dict[str, DesiredPool]:
-    return desired_pools([
-        PoolDevice(name=f"gpu-{i:04d}", device_type="gpu",
-                   location=Location(region="us-east", rack="rack-1"), vendor="Example",
-                   model="X100", memory_mib=memory_mib if i == 2 else 81920,
-                   health="Critical" if i in unhealthy else "OK")
-        for i in range(3)], CONFIG)
+def desired(
+    *, unhealthy: tuple[int, ...] = (0,), memory_mib: int = 81920
+) -> dict[str, DesiredPool]:
+    return desired_pools(
+        [
+            PoolDevice(
+                name=f"gpu-{i:04d}",
+                device_type="gpu",
+                location=Location(region="us-east", rack="rack-1"),
+                vendor="Example",
+                model="X100",
+                memory_mib=memory_mib if i == 2 else 81920,
+                health="Critical" if i in unhealthy else "OK",
+            )
+            for i in range(3)
+        ],
+        CONFIG,
+    )
 
 
 # ``emu`` (Kubernetes 1.34, every DRA gate on) and ``client`` are in
@@ -86,7 +106,8 @@ async def age_the_taint(emu: KubeEmulator) -> None:
 
 
 async def test_a_stamped_taint_and_canonical_values_cause_no_rewrite(
-        emu: KubeEmulator, client: KubeClient) -> None:
+    emu: KubeEmulator, client: KubeClient
+) -> None:
     async with running(client) as publisher:
         await publish(publisher, desired())
         assert taint_time(the_slice(emu), 0) is not None
@@ -98,7 +119,8 @@ async def test_a_stamped_taint_and_canonical_values_cause_no_rewrite(
 
 
 async def test_an_unchanged_taint_keeps_its_time_when_its_slice_is_updated(
-        emu: KubeEmulator, client: KubeClient) -> None:
+    emu: KubeEmulator, client: KubeClient
+) -> None:
     async with running(client) as publisher:
         await publish(publisher, desired())
         await age_the_taint(emu)
@@ -111,8 +133,9 @@ async def test_an_unchanged_taint_keeps_its_time_when_its_slice_is_updated(
         await resync_writes_nothing(emu, publisher)
 
 
-async def test_a_new_taint_gets_the_servers_current_time(emu: KubeEmulator,
-                                                         client: KubeClient) -> None:
+async def test_a_new_taint_gets_the_servers_current_time(
+    emu: KubeEmulator, client: KubeClient
+) -> None:
     async with running(client) as publisher:
         await publish(publisher, desired())
         await age_the_taint(emu)

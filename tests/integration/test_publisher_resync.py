@@ -34,23 +34,36 @@ WAIT_S = 30.0
 
 def fast_settings(**changes: Any) -> PublisherSettings:
     values: dict[str, Any] = {
-        "debounce_s": 0.01, "workers": 4, "retry_base_s": 0.02, "retry_max_s": 0.2,
+        "debounce_s": 0.01,
+        "workers": 4,
+        "retry_base_s": 0.02,
+        "retry_max_s": 0.2,
         "request_timeout_s": 30.0,
         "informer": InformerSettings(
-            name="resourceslices", watch_timeout_s=5.0, watch_timeout_jitter=0.2,
-            client_timeout_margin_s=2.0, list_timeout_s=5.0, backoff_initial_s=0.02,
-            backoff_max_s=0.1),
+            name="resourceslices",
+            watch_timeout_s=5.0,
+            watch_timeout_jitter=0.2,
+            client_timeout_margin_s=2.0,
+            list_timeout_s=5.0,
+            backoff_initial_s=0.02,
+            backoff_max_s=0.1,
+        ),
     }
     values.update(changes)
     return PublisherSettings(**values)
 
 
-def gpus(count: int, *, rack: str = "rack-1", warning: tuple[int, ...] = ()
-         ) -> list[PoolDevice]:
+def gpus(count: int, *, rack: str = "rack-1", warning: tuple[int, ...] = ()) -> list[PoolDevice]:
     return [
-        PoolDevice(name=f"gpu-{rack}-{i:04d}", device_type="gpu",
-                   location=Location(region="us-east", rack=rack), vendor="Example",
-                   model="X100", memory_mib=81920, health="Warning" if i in warning else "OK")
+        PoolDevice(
+            name=f"gpu-{rack}-{i:04d}",
+            device_type="gpu",
+            location=Location(region="us-east", rack=rack),
+            vendor="Example",
+            model="X100",
+            memory_mib=81920,
+            health="Warning" if i in warning else "OK",
+        )
         for i in range(count)
     ]
 
@@ -64,10 +77,10 @@ def pools(*groups: list[PoolDevice]) -> dict[str, DesiredPool]:
 
 
 @contextlib.asynccontextmanager
-async def running(client: KubeClient, *, metrics: PublisherMetrics | None = None,
-                  **changes: Any) -> AsyncIterator[Publisher]:
-    publisher = Publisher(client, ResourceApiVersion.V1, DRIVER, fast_settings(**changes),
-                          metrics)
+async def running(
+    client: KubeClient, *, metrics: PublisherMetrics | None = None, **changes: Any
+) -> AsyncIterator[Publisher]:
+    publisher = Publisher(client, ResourceApiVersion.V1, DRIVER, fast_settings(**changes), metrics)
     await publisher.start()
     try:
         yield publisher
@@ -85,8 +98,11 @@ def writes(emu: KubeEmulator) -> Counter[str]:
 
 def slice_lists(emu: KubeEmulator) -> int:
     """LIST requests of ResourceSlices served (watches excluded)."""
-    return sum(1 for r in emu.requests if r.method == "GET"
-               and r.path.endswith("/resourceslices") and "watch=" not in r.query)
+    return sum(
+        1
+        for r in emu.requests
+        if r.method == "GET" and r.path.endswith("/resourceslices") and "watch=" not in r.query
+    )
 
 
 async def publish(publisher: Publisher, desired: dict[str, DesiredPool]) -> None:
@@ -107,17 +123,20 @@ def assert_matches(emu: KubeEmulator, desired: dict[str, DesiredPool]) -> None:
 async def next_deleted(events: asyncio.Queue[InformerEvent], name: str) -> None:
     """Wait until the publisher's informer has handed the DELETED of ``name`` to the publisher
     (queues get an event after the handlers ran)."""
+
     async def wait() -> None:
         while True:
             event = await events.get()
             if event.type == "DELETED" and event.obj["metadata"]["name"] == name:
                 return
+
     await asyncio.wait_for(wait(), WAIT_S)
 
 
 # --------------------------------------------------------------------------- observed DELETED
 async def test_a_slice_deleted_before_its_create_answer_is_handled_is_recreated(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     desired = pools(gpus(5))
     async with running(client) as publisher:
@@ -138,15 +157,15 @@ async def test_a_slice_deleted_before_its_create_answer_is_handled_is_recreated(
         (recreated,) = slices(emu)
         assert recreated["metadata"]["name"] != name
         assert writes(emu) == {"POST": 2}
-        assert publisher.status().pools[POOL].resource_slices == (
-            recreated["metadata"]["name"],)
+        assert publisher.status().pools[POOL].resource_slices == (recreated["metadata"]["name"],)
         assert await publisher.resync() == 0
         await publisher.wait_idle(WAIT_S)
         assert writes(emu) == {"POST": 2}
 
 
 async def test_a_slice_deleted_before_its_update_answer_is_handled_is_recreated(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     async with running(client) as publisher:
         await publish(publisher, pools(gpus(5)))
@@ -166,32 +185,41 @@ async def test_a_slice_deleted_before_its_update_answer_is_handled_is_recreated(
         (recreated,) = slices(emu)
         assert recreated["metadata"]["name"] != name
         assert writes(emu) == {"POST": 2, "PUT": 1}
-        assert publisher.status().pools[POOL].resource_slices == (
-            recreated["metadata"]["name"],)
+        assert publisher.status().pools[POOL].resource_slices == (recreated["metadata"]["name"],)
 
 
 # --------------------------------------------------------------------------- full resync
 async def test_a_resync_with_no_change_lists_the_slices_and_writes_nothing(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     registry = CollectorRegistry()
     desired = pools(*(gpus(4, rack=f"rack-{k}") for k in range(3)))
     async with running(client, metrics=PublisherMetrics.create(registry)) as publisher:
         await publish(publisher, desired)
         before, lists = writes(emu), slice_lists(emu)
-        syncs = registry.get_sample_value("fabric_dra_publisher_pool_syncs_total",
-                                          {"result": "ok"}) or 0
+        syncs = (
+            registry.get_sample_value("fabric_dra_publisher_pool_syncs_total", {"result": "ok"})
+            or 0
+        )
         assert await publisher.resync() == 0
         await publisher.wait_idle(WAIT_S)
         assert writes(emu) == before
         assert slice_lists(emu) == lists + 1  # a real LIST, not the cache
         # Every pool was synced again (and planned no write).
-        assert registry.get_sample_value("fabric_dra_publisher_pool_syncs_total",
-                                          {"result": "ok"}) == syncs + 3
-        assert registry.get_sample_value("fabric_dra_publisher_api_writes_total",
-                                          {"verb": "create", "result": "ok"}) == 3
-        assert registry.get_sample_value("fabric_dra_publisher_resyncs_total",
-                                          {"result": "ok"}) == 1
+        assert (
+            registry.get_sample_value("fabric_dra_publisher_pool_syncs_total", {"result": "ok"})
+            == syncs + 3
+        )
+        assert (
+            registry.get_sample_value(
+                "fabric_dra_publisher_api_writes_total", {"verb": "create", "result": "ok"}
+            )
+            == 3
+        )
+        assert (
+            registry.get_sample_value("fabric_dra_publisher_resyncs_total", {"result": "ok"}) == 1
+        )
         assert registry.get_sample_value("fabric_dra_publisher_resync_corrections_total") == 0
         status = publisher.status()
         assert (status.resyncs, status.resync_corrections) == (1, 0)
@@ -199,7 +227,8 @@ async def test_a_resync_with_no_change_lists_the_slices_and_writes_nothing(
 
 
 async def test_a_slice_deleted_with_its_event_lost_is_recreated_by_the_resync(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     registry = CollectorRegistry()
     desired = pools(gpus(5), gpus(3, rack="rack-2"))
@@ -219,7 +248,8 @@ async def test_a_slice_deleted_with_its_event_lost_is_recreated_by_the_resync(
 
 
 async def test_the_periodic_resync_repairs_a_lost_deletion(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     desired = pools(gpus(5))
     async with running(client, resync_period_s=0.05) as publisher:
@@ -227,15 +257,19 @@ async def test_the_periodic_resync_repairs_a_lost_deletion(
         (lost,) = slices(emu)
         emu.drop_events("resourceslices", "DELETED", name=lost["metadata"]["name"])
         emu.delete(V1, "ResourceSlice", lost["metadata"]["name"])
-        await eventually(lambda: publisher.status().resync_corrections >= 1, WAIT_S,
-                         "a resync finding the lost deletion")
+        await eventually(
+            lambda: publisher.status().resync_corrections >= 1,
+            WAIT_S,
+            "a resync finding the lost deletion",
+        )
         await eventually(lambda: len(slices(emu)) == 1, WAIT_S, "the slice recreated")
         await publisher.wait_idle(WAIT_S)
         assert_matches(emu, desired)
         # Later periodic resyncs find nothing wrong and write nothing.
         status, before = publisher.status(), writes(emu)
-        await eventually(lambda: publisher.status().resyncs >= status.resyncs + 3, WAIT_S,
-                         "three more resyncs")
+        await eventually(
+            lambda: publisher.status().resyncs >= status.resyncs + 3, WAIT_S, "three more resyncs"
+        )
         await publisher.wait_idle(WAIT_S)
         assert writes(emu) == before
         assert publisher.status().resync_corrections == status.resync_corrections

@@ -28,8 +28,9 @@ CONFIG = PoolConfig(driver_name=DRIVER, binds_to_node=False, taints_supported=Fa
 
 @pytest.fixture
 async def cluster_131() -> AsyncIterator[tuple[KubeEmulator, KubeClient]]:
-    emu = KubeEmulator(served_resource_versions=("v1alpha3",), git_version="v1.31.4",
-                       bookmark_interval_s=0.2)
+    emu = KubeEmulator(
+        served_resource_versions=("v1alpha3",), git_version="v1.31.4", bookmark_interval_s=0.2
+    )
     await emu.start()
     client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emu.url))
     yield emu, client
@@ -46,10 +47,12 @@ async def test_v1alpha3_slices_are_published_validated_and_kept_in_sync(
     try:
         desired = pools(gpus(130, unhealthy=[3]), gpus(4, rack="rack-2"), config=CONFIG)
         await publish(publisher, desired)
-        stored = [s for s in emu.list(V1ALPHA3, "ResourceSlice")
-                  if s["spec"]["driver"] == DRIVER]
-        assert sorted((s["spec"]["pool"]["name"], len(s["spec"]["devices"])) for s in stored) \
-            == [("us-east/rack-1", 1), ("us-east/rack-1", 128), ("us-east/rack-2", 4)]
+        stored = [s for s in emu.list(V1ALPHA3, "ResourceSlice") if s["spec"]["driver"] == DRIVER]
+        assert sorted((s["spec"]["pool"]["name"], len(s["spec"]["devices"])) for s in stored) == [
+            ("us-east/rack-1", 1),
+            ("us-east/rack-1", 128),
+            ("us-east/rack-2", 4),
+        ]
         device = stored[0]["spec"]["devices"][0]
         assert set(device) == {"name", "basic"}
         assert "bindsToNode" not in device["basic"] and "taints" not in device["basic"]

@@ -29,24 +29,39 @@ eventually = partial(eventually, timeout_s=20)
 @pytest.fixture
 async def cluster() -> AsyncIterator[tuple[KubeEmulator, RedfishSimulator]]:
     """The emulator with two labelled Nodes, and the simulator (its URL in ``URLS``)."""
-    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4,
-                                              hosts_per_rack=2), username="ops",
-                           password="s3cret-pw", auth="session")
+    sim = RedfishSimulator(
+        spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4, hosts_per_rack=2),
+        username="ops",
+        password="s3cret-pw",
+        auth="session",
+    )
     URLS[id(sim)] = await sim.start()
     # The service publishes taints and binding conditions: alpha gates, off by default in 1.34.
     emu = KubeEmulator(served_resource_versions=("v1",), feature_gates=all_gates_on("1.34"))
     await emu.start()
     for node in NODES:
-        emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
-            "kubernetes.io/hostname": node, "topology.kubernetes.io/region": "us-east",
-            "fabric-dra.io/rack": "rack-01"}}})
+        emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": node,
+                    "labels": {
+                        "kubernetes.io/hostname": node,
+                        "topology.kubernetes.io/region": "us-east",
+                        "fabric-dra.io/rack": "rack-01",
+                    },
+                },
+            }
+        )
     yield emu, sim
     await emu.stop()
     await sim.stop()
 
 
-def settings_for(tmp_path: Path, emu: KubeEmulator, sim: RedfishSimulator,
-                 database: str, **extra: str) -> Settings:
+def settings_for(
+    tmp_path: Path, emu: KubeEmulator, sim: RedfishSimulator, database: str, **extra: str
+) -> Settings:
     (tmp_path / "user").write_text("ops\n")
     (tmp_path / "password").write_text("s3cret-pw\n")
     (tmp_path / "token").write_text("admin-token-123\n")
@@ -84,9 +99,10 @@ def slices(emu: KubeEmulator) -> list[dict[str, Any]]:
 
 async def get_json(port: int, path: str, token: str | None = None) -> tuple[int, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession() as session, session.get(
-        f"http://127.0.0.1:{port}{path}", headers=headers
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}{path}", headers=headers) as response,
+    ):
         return response.status, await response.json(content_type=None)
 
 
@@ -94,8 +110,13 @@ async def test_the_service_inventories_publishes_attaches_and_stops_cleanly(
     tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
 ) -> None:
     emu, sim = cluster
-    settings = settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/fd.db",
-                            FABRIC_DRA_LEADER__IDENTITY="replica-a")
+    settings = settings_for(
+        tmp_path,
+        emu,
+        sim,
+        f"sqlite+aiosqlite:///{tmp_path}/fd.db",
+        FABRIC_DRA_LEADER__IDENTITY="replica-a",
+    )
     service = Service(settings)
     await service.start()
     try:
@@ -109,17 +130,43 @@ async def test_the_service_inventories_publishes_attaches_and_stops_cleanly(
         assert status == 200 and body["service"]["leader"]["is_leader"] is True
 
         device = published["devices"][0]["name"]
-        emu.create({"apiVersion": CLAIMS, "kind": "ResourceClaim",
-                    "metadata": {"name": "c1", "namespace": "default"},
-                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                        "deviceClassName": "fabric-gpu"}}]}}})
+        emu.create(
+            {
+                "apiVersion": CLAIMS,
+                "kind": "ResourceClaim",
+                "metadata": {"name": "c1", "namespace": "default"},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}]
+                    }
+                },
+            }
+        )
         claim = emu.get(CLAIMS, "ResourceClaim", "c1", "default")
-        claim["status"] = {"allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER,
-                                     "pool": "us-east/rack-01", "device": device}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [NODES[0]]}]}]},
-        }, "reservedFor": [{"resource": "pods", "name": "p", "uid": str(uuid.uuid4())}]}
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": "us-east/rack-01",
+                            "device": device,
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [NODES[0]]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": str(uuid.uuid4())}],
+        }
         emu.update_status(claim)
         await eventually(lambda: _ready_condition(emu, "c1"), what="device ready on the claim")
         assert NODES[0] in sim.attachments().values()
@@ -145,14 +192,18 @@ async def test_the_service_notices_a_device_detached_behind_its_back_and_attache
         [block] = [b for b, h in sim.attachments().items() if h == NODES[0]]
         sim.detach_out_of_band(block)  # the fabric manager lost it
         # The next inventory sync (every second here) notices, and the device comes back.
-        await eventually(lambda: any(e.get("reason") == "DeviceLost"
-                                     for e in emu.list("v1", "Event", "default")),
-                         what="a DeviceLost Event")
+        await eventually(
+            lambda: any(
+                e.get("reason") == "DeviceLost" for e in emu.list("v1", "Event", "default")
+            ),
+            what="a DeviceLost Event",
+        )
         await eventually(lambda: sim.attachments()[block] == NODES[0], what="attached again")
         await eventually(lambda: _ready_condition(emu, "c1"), what="ready again")
         assert service.admin_port
         _, metrics_text = await _text(service.admin_port, "/metrics")
         assert 'fabric_dra_fabric_drift_total{kind="lost"} 1.0' in metrics_text
+
         # The world matches the journal again: a later check finds nothing.
         async def no_drift() -> bool:
             return (await service.status())["drift"] == []
@@ -170,9 +221,11 @@ async def _ready(port: int | None) -> bool:
 
 def _ready_condition(emu: KubeEmulator, name: str) -> bool:
     claim = emu.get(CLAIMS, "ResourceClaim", name, "default") or {}
-    return any(c["type"] == "FabricDeviceReady" and c["status"] == "True"
-               for e in (claim.get("status") or {}).get("devices") or []
-               for c in e.get("conditions") or [])
+    return any(
+        c["type"] == "FabricDeviceReady" and c["status"] == "True"
+        for e in (claim.get("status") or {}).get("devices") or []
+        for c in e.get("conditions") or []
+    )
 
 
 async def test_two_replicas_one_leader_and_failover(
@@ -180,11 +233,19 @@ async def test_two_replicas_one_leader_and_failover(
 ) -> None:
     emu, sim = cluster
     database = f"sqlite+aiosqlite:///{tmp_path}/shared.db"
-    first = Service(settings_for(tmp_path, emu, sim, database,
-                                 FABRIC_DRA_LEADER__IDENTITY="replica-a"))
-    second = Service(settings_for(tmp_path, emu, sim, database,
-                                  FABRIC_DRA_LEADER__IDENTITY="replica-b",
-                                  FABRIC_DRA_DATABASE__MIGRATE_ON_START="false"))
+    first = Service(
+        settings_for(tmp_path, emu, sim, database, FABRIC_DRA_LEADER__IDENTITY="replica-a")
+    )
+    second = Service(
+        settings_for(
+            tmp_path,
+            emu,
+            sim,
+            database,
+            FABRIC_DRA_LEADER__IDENTITY="replica-b",
+            FABRIC_DRA_DATABASE__MIGRATE_ON_START="false",
+        )
+    )
     await first.start()
     await eventually(lambda: first.leading is not None, what="replica-a leads")
     await second.start()
@@ -194,11 +255,15 @@ async def test_two_replicas_one_leader_and_failover(
         assert await _ready(second.admin_port)  # a standby is ready: it knows the leader
         _, body = await get_json(second.admin_port, "/api/v1/status")
         assert body["service"]["leader"] == {
-            "enabled": True, "is_leader": False, "holder": "replica-a"}
+            "enabled": True,
+            "is_leader": False,
+            "holder": "replica-a",
+        }
         writes_before = len(emu.writes("resourceslices"))
         await first.stop(deadline_s=10)
-        await eventually(lambda: second.leading is not None, timeout_s=10,
-                         what="replica-b takes over")
+        await eventually(
+            lambda: second.leading is not None, timeout_s=10, what="replica-b takes over"
+        )
         # The new leader adopts the slices: once its publishers have the desired state and are
         # idle, and after one more full pass run here, nothing was rewritten.
         await eventually(lambda: _publishers_settled(second), what="replica-b's publishers")
@@ -217,11 +282,19 @@ async def test_a_fabric_manager_that_is_down_shows_in_readiness_and_status(
 ) -> None:
     emu, sim = cluster
     await sim.stop()
-    service = Service(settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/x.db",
-                                   FABRIC_DRA_LEADER__ENABLED="false",
-                                   FABRIC_DRA_INVENTORY__STALE_AFTER_FAILURES="1"))
+    service = Service(
+        settings_for(
+            tmp_path,
+            emu,
+            sim,
+            f"sqlite+aiosqlite:///{tmp_path}/x.db",
+            FABRIC_DRA_LEADER__ENABLED="false",
+            FABRIC_DRA_INVENTORY__STALE_AFTER_FAILURES="1",
+        )
+    )
     await service.start()
     try:
+
         async def stale() -> bool:
             _, body = await get_json(service.admin_port or 0, "/api/v1/status")
             inventory = body["service"]["inventory"]
@@ -229,32 +302,48 @@ async def test_a_fabric_manager_that_is_down_shows_in_readiness_and_status(
 
         await eventually(stale, what="the inventory marked stale")
         status, metrics_text = await _text(service.admin_port or 0, "/metrics")
-        assert status == 200 and 'fabric_dra_inventory_stale{backend="redfish"} 1.0' in \
-            metrics_text
+        assert status == 200 and 'fabric_dra_inventory_stale{backend="redfish"} 1.0' in metrics_text
     finally:
         await service.stop(deadline_s=5)
 
 
 async def test_slices_are_left_alone_until_the_first_inventory_sync_succeeds(
-    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator],
+    tmp_path: Path,
+    cluster: tuple[KubeEmulator, RedfishSimulator],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A new database and an unreachable fabric manager: no inventory is not an empty fabric,
     # so the driver's slices already in the cluster must stay (the publisher used to get an
     # empty desired state on its first tick and delete them all).
     emu, sim = cluster
-    kept = {"apiVersion": CLAIMS, "kind": "ResourceSlice", "metadata": {"name": "kept"},
-            "spec": {"driver": DRIVER, "allNodes": True, "devices": [{"name": "gpu-0"}],
-                     "pool": {"name": "us-east/rack-01", "generation": 1,
-                              "resourceSliceCount": 1}}}
+    kept = {
+        "apiVersion": CLAIMS,
+        "kind": "ResourceSlice",
+        "metadata": {"name": "kept"},
+        "spec": {
+            "driver": DRIVER,
+            "allNodes": True,
+            "devices": [{"name": "gpu-0"}],
+            "pool": {"name": "us-east/rack-01", "generation": 1, "resourceSliceCount": 1},
+        },
+    }
     emu.create(kept)
     await sim.stop()
-    service = Service(settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/n.db",
-                                   FABRIC_DRA_LEADER__ENABLED="false"))
+    service = Service(
+        settings_for(
+            tmp_path,
+            emu,
+            sim,
+            f"sqlite+aiosqlite:///{tmp_path}/n.db",
+            FABRIC_DRA_LEADER__ENABLED="false",
+        )
+    )
     await service.start()
     try:
-        await eventually(lambda: "no inventory yet" in caplog.text,
-                         what="the publisher waiting for the first sync")
+        await eventually(
+            lambda: "no inventory yet" in caplog.text,
+            what="the publisher waiting for the first sync",
+        )
         await asyncio.sleep(6)  # past the publish loop's 5 s re-check
         assert [s["metadata"]["name"] for s in slices(emu)] == ["kept"]
         assert not emu.writes("/resourceslices")
@@ -265,13 +354,18 @@ async def test_slices_are_left_alone_until_the_first_inventory_sync_succeeds(
 def _publishers_settled(service: Service) -> bool:
     """The service leads and each of its publishers has its desired state and is idle."""
     leading = service.leading
-    return leading is not None and bool(leading.publishers) and all(
-        p.status().synced and p.idle() for p in leading.publishers.values())
+    return (
+        leading is not None
+        and bool(leading.publishers)
+        and all(p.status().synced and p.idle() for p in leading.publishers.values())
+    )
 
 
 async def _text(port: int, path: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session, session.get(
-        f"http://127.0.0.1:{port}{path}") as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}{path}") as response,
+    ):
         return response.status, await response.text()
 
 
@@ -280,25 +374,49 @@ SERVICE_ACCOUNT = "system:serviceaccount:fabric-dra:fabric-dra"
 
 
 def allocate(emu: KubeEmulator, namespace: str, name: str, device: str, node: str) -> None:
-    emu.create({"apiVersion": CLAIMS, "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                    "deviceClassName": "fabric-gpu"}}]}}})
+    emu.create(
+        {
+            "apiVersion": CLAIMS,
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu"}}]
+                }
+            },
+        }
+    )
     claim = emu.get(CLAIMS, "ResourceClaim", name, namespace)
-    claim["status"] = {"allocation": {
-        "devices": {"results": [{"request": "gpu", "driver": DRIVER,
-                                 "pool": "us-east/rack-01", "device": device}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-    }, "reservedFor": [{"resource": "pods", "name": "p", "uid": str(uuid.uuid4())}]}
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": DRIVER,
+                        "pool": "us-east/rack-01",
+                        "device": device,
+                    }
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        },
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": str(uuid.uuid4())}],
+    }
     emu.update_status(claim)
 
 
 def ready_on(emu: KubeEmulator, namespace: str, name: str) -> bool:
     claim = emu.get(CLAIMS, "ResourceClaim", name, namespace) or {}
-    return any(c["type"] == "FabricDeviceReady" and c["status"] == "True"
-               for e in (claim.get("status") or {}).get("devices") or []
-               for c in e.get("conditions") or [])
+    return any(
+        c["type"] == "FabricDeviceReady" and c["status"] == "True"
+        for e in (claim.get("status") or {}).get("devices") or []
+        for c in e.get("conditions") or []
+    )
 
 
 async def test_the_whole_cycle_works_with_only_the_rbac_of_deploy(tmp_path: Path) -> None:
@@ -306,24 +424,40 @@ async def test_the_whole_cycle_works_with_only_the_rbac_of_deploy(tmp_path: Path
     call the ClusterRole or the leader-election Role does not allow fails with 403."""
     from fabric_dra_sim.kubeapi import RbacPolicy
 
-    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4,
-                                              hosts_per_rack=2), username="ops",
-                           password="s3cret-pw", auth="session")
+    sim = RedfishSimulator(
+        spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4, hosts_per_rack=2),
+        username="ops",
+        password="s3cret-pw",
+        auth="session",
+    )
     URLS[id(sim)] = await sim.start()
-    emu = KubeEmulator(served_resource_versions=("v1",), feature_gates=all_gates_on("1.34"),
-                       token="cluster-admin",
-                       tokens={"sa-token": SERVICE_ACCOUNT},
-                       rbac=RbacPolicy.from_manifests([DEPLOY / "rbac.yaml"]))
+    emu = KubeEmulator(
+        served_resource_versions=("v1",),
+        feature_gates=all_gates_on("1.34"),
+        token="cluster-admin",
+        tokens={"sa-token": SERVICE_ACCOUNT},
+        rbac=RbacPolicy.from_manifests([DEPLOY / "rbac.yaml"]),
+    )
     await emu.start()
     (tmp_path / "sa-token").write_text("sa-token\n")
     try:
         for node in NODES:
-            emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
-                "kubernetes.io/hostname": node}}})
+            emu.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+                }
+            )
         emu.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "apps"}})
-        settings = settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/r.db",
-                                FABRIC_DRA_KUBE__TOKEN_FILE=str(tmp_path / "sa-token"),
-                                FABRIC_DRA_LEADER__NAMESPACE="fabric-dra")
+        settings = settings_for(
+            tmp_path,
+            emu,
+            sim,
+            f"sqlite+aiosqlite:///{tmp_path}/r.db",
+            FABRIC_DRA_KUBE__TOKEN_FILE=str(tmp_path / "sa-token"),
+            FABRIC_DRA_LEADER__NAMESPACE="fabric-dra",
+        )
         service = Service(settings)
         await service.start()
         try:
@@ -334,8 +468,9 @@ async def test_the_whole_cycle_works_with_only_the_rbac_of_deploy(tmp_path: Path
             claim = emu.get(CLAIMS, "ResourceClaim", "c1", "apps")
             claim["status"] = {}
             emu.update_status(claim)
-            await eventually(lambda: NODES[1] not in sim.attachments().values(),
-                             what="detach under RBAC")
+            await eventually(
+                lambda: NODES[1] not in sim.attachments().values(), what="detach under RBAC"
+            )
             assert await _ready(service.admin_port)
         finally:
             await service.stop(deadline_s=10)
@@ -366,21 +501,35 @@ async def test_sigterm_lets_the_attach_in_flight_finish_then_releases_the_lease(
     database = f"sqlite+aiosqlite:///{tmp_path}/run.db"
     settings_for(tmp_path, emu, sim, database)  # writes the credential files
     env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
-    env.update({
-        "FABRIC_DRA_DATABASE__URL": database,
-        "FABRIC_DRA_FABRIC__URL": sim_url(sim),
-        "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
-        "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
-        "FABRIC_DRA_KUBE__MODE": "url", "FABRIC_DRA_KUBE__URL": emu.url,
-        "FABRIC_DRA_ADMIN__HOST": "127.0.0.1", "FABRIC_DRA_ADMIN__PORT": str(port),
-        "FABRIC_DRA_LEADER__NAMESPACE": "default", "FABRIC_DRA_LEADER__IDENTITY": "proc",
-        "FABRIC_DRA_LOG__JSON_FORMAT": "true",
-    })
+    env.update(
+        {
+            "FABRIC_DRA_DATABASE__URL": database,
+            "FABRIC_DRA_FABRIC__URL": sim_url(sim),
+            "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
+            "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
+            "FABRIC_DRA_KUBE__MODE": "url",
+            "FABRIC_DRA_KUBE__URL": emu.url,
+            "FABRIC_DRA_ADMIN__HOST": "127.0.0.1",
+            "FABRIC_DRA_ADMIN__PORT": str(port),
+            "FABRIC_DRA_LEADER__NAMESPACE": "default",
+            "FABRIC_DRA_LEADER__IDENTITY": "proc",
+            "FABRIC_DRA_LOG__JSON_FORMAT": "true",
+        }
+    )
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app", "run", "--shutdown-deadline", "20", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "app",
+        "run",
+        "--shutdown-deadline",
+        "20",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     db = Database.connect(database)
     try:
+
         async def ready() -> bool:
             try:
                 return await _ready(port)

@@ -68,8 +68,10 @@ async def walk(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
 
 # ----- generated tree --------------------------------------------------------------------
 
-async def test_generated_tree_is_walkable_from_the_root(serve: Serve,
-                                                       http: aiohttp.ClientSession) -> None:
+
+async def test_generated_tree_is_walkable_from_the_root(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
     tree = await walk(http, url)
     root = tree["/redfish/v1"]
@@ -79,8 +81,12 @@ async def test_generated_tree_is_walkable_from_the_root(serve: Serve,
     blocks = tree[BLOCKS]["Members"]
     assert len(blocks) == tree[BLOCKS]["Members@odata.count"] == 2 * 3
     assert sorted(m["@odata.id"] for m in blocks) == sorted(sim.block_uris())
-    assert sorted(sim.system_ids()) == ["node-us-east-rack-01-1", "node-us-east-rack-01-2",
-                                        "node-us-east-rack-02-1", "node-us-east-rack-02-2"]
+    assert sorted(sim.system_ids()) == [
+        "node-us-east-rack-01-1",
+        "node-us-east-rack-01-2",
+        "node-us-east-rack-02-1",
+        "node-us-east-rack-02-2",
+    ]
     system = tree["/redfish/v1/Systems/node-us-east-rack-02-1"]
     assert system["HostName"] == "node-us-east-rack-02-1"
     assert system["SystemType"] == "Physical"
@@ -97,7 +103,8 @@ async def test_generated_tree_is_walkable_from_the_root(serve: Serve,
         assert block["CompositionStatus"]["CompositionState"] == "Unused"
         assert block["Links"]["ComputerSystems"] == []
         assert block["Links"]["Zones"] == [
-            {"@odata.id": "/redfish/v1/CompositionService/ResourceZones/zone-us-east"}]
+            {"@odata.id": "/redfish/v1/CompositionService/ResourceZones/zone-us-east"}
+        ]
         enclosure = tree[block["Links"]["Chassis"][0]["@odata.id"]]
         assert enclosure["ChassisType"] == "Enclosure"
         assert tree[enclosure["Links"]["ContainedBy"]["@odata.id"]]["ChassisType"] == "Rack"
@@ -126,12 +133,16 @@ async def test_generated_tree_is_walkable_from_the_root(serve: Serve,
 
 
 async def test_same_seed_gives_an_identical_tree_and_another_seed_does_not(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     _, first = await serve()
     _, second = await serve(spec=InventorySpec(**{**SMALL.__dict__}))
     _, other = await serve(spec=InventorySpec(**{**SMALL.__dict__, "seed": 8}))
-    tree_a, tree_b, tree_c = (await walk(http, first), await walk(http, second),
-                              await walk(http, other))
+    tree_a, tree_b, tree_c = (
+        await walk(http, first),
+        await walk(http, second),
+        await walk(http, other),
+    )
     assert tree_a == tree_b
     assert tree_a.keys() == tree_c.keys()
     assert tree_a != tree_c
@@ -140,11 +151,20 @@ async def test_same_seed_gives_an_identical_tree_and_another_seed_does_not(
 
 
 def test_region_names_follow_the_list_then_number() -> None:
-    sim = RedfishSimulator(spec=InventorySpec(regions=8, racks_per_region=1, devices_per_rack=1,
-                                              hosts_per_rack=1))
+    sim = RedfishSimulator(
+        spec=InventorySpec(regions=8, racks_per_region=1, devices_per_rack=1, hosts_per_rack=1)
+    )
     regions = [uri.rsplit("/", 1)[1].split("-rack-")[0] for uri in sim.block_uris()]
-    assert regions == ["us-east", "us-west", "eu-central", "eu-west", "ap-south",
-                       "ap-northeast", "region-7", "region-8"]
+    assert regions == [
+        "us-east",
+        "us-west",
+        "eu-central",
+        "eu-west",
+        "ap-south",
+        "ap-northeast",
+        "region-7",
+        "region-8",
+    ]
 
 
 def test_bad_specs_and_arguments_are_refused() -> None:
@@ -158,81 +178,111 @@ def test_bad_specs_and_arguments_are_refused() -> None:
 
 # ----- authentication --------------------------------------------------------------------
 
+
 async def test_session_login_use_and_logout(serve: Serve, http: aiohttp.ClientSession) -> None:
     _, url = await serve()
     sessions = f"{url}/redfish/v1/SessionService/Sessions"
-    status, body, headers = await call(http, "POST", sessions, auth=None,
-                                       json={"UserName": "admin", "Password": "password"})
+    status, body, headers = await call(
+        http, "POST", sessions, auth=None, json={"UserName": "admin", "Password": "password"}
+    )
     assert status == 201
     token, location = headers["X-Auth-Token"], headers["Location"]
     assert body["@odata.id"] == location
     assert body["UserName"] == "admin"
     token_header = {"X-Auth-Token": token}
-    status, body, _ = await call(http, "GET", f"{url}/redfish/v1/Systems", auth=None,
-                                 headers=token_header)
+    status, body, _ = await call(
+        http, "GET", f"{url}/redfish/v1/Systems", auth=None, headers=token_header
+    )
     assert status == 200
     assert body["Members"]
     status, body, _ = await call(http, "GET", sessions, auth=None, headers=token_header)
     assert [m["@odata.id"] for m in body["Members"]] == [location]
     status, _, _ = await call(http, "DELETE", url + location, auth=None, headers=token_header)
     assert status == 204
-    status, body, _ = await call(http, "GET", f"{url}/redfish/v1/Systems", auth=None,
-                                 headers=token_header)
+    status, body, _ = await call(
+        http, "GET", f"{url}/redfish/v1/Systems", auth=None, headers=token_header
+    )
     assert status == 401
     assert error_id(body) == "NoValidSession"
 
 
 async def test_expired_sessions_get_401(serve: Serve, http: aiohttp.ClientSession) -> None:
     sim, url = await serve(auth="session")
-    _, _, headers = await call(http, "POST", f"{url}/redfish/v1/SessionService/Sessions",
-                               auth=None, json={"UserName": "admin", "Password": "password"})
+    _, _, headers = await call(
+        http,
+        "POST",
+        f"{url}/redfish/v1/SessionService/Sessions",
+        auth=None,
+        json={"UserName": "admin", "Password": "password"},
+    )
     token_header = {"X-Auth-Token": headers["X-Auth-Token"]}
-    status, _, _ = await call(http, "GET", f"{url}/redfish/v1/Systems", auth=None,
-                              headers=token_header)
+    status, _, _ = await call(
+        http, "GET", f"{url}/redfish/v1/Systems", auth=None, headers=token_header
+    )
     assert status == 200
     sim.expire_sessions()
-    status, body, _ = await call(http, "GET", f"{url}/redfish/v1/Systems", auth=None,
-                                 headers=token_header)
+    status, body, _ = await call(
+        http, "GET", f"{url}/redfish/v1/Systems", auth=None, headers=token_header
+    )
     assert status == 401
     assert error_id(body) == "NoValidSession"
 
 
-async def test_oversized_bodies_get_a_redfish_error(serve: Serve,
-                                                    http: aiohttp.ClientSession) -> None:
+async def test_oversized_bodies_get_a_redfish_error(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
-    status, body, _ = await call(http, "PATCH", f"{url}/redfish/v1/Systems/{sim.system_ids()[0]}",
-                                 data=io.BytesIO(b"{" + b" " * (2 * 1024 * 1024) + b"}"),
-                                 headers={"Content-Type": "application/json"})
+    status, body, _ = await call(
+        http,
+        "PATCH",
+        f"{url}/redfish/v1/Systems/{sim.system_ids()[0]}",
+        data=io.BytesIO(b"{" + b" " * (2 * 1024 * 1024) + b"}"),
+        headers={"Content-Type": "application/json"},
+    )
     assert status == 413
     assert error_id(body) == "GeneralError"
 
 
 async def test_refused_credentials_get_401_with_a_redfish_error(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     _, url = await serve()
     sessions = f"{url}/redfish/v1/SessionService/Sessions"
-    status, body, _ = await call(http, "POST", sessions, auth=None,
-                                 json={"UserName": "admin", "Password": "wrong"})
+    status, body, _ = await call(
+        http, "POST", sessions, auth=None, json={"UserName": "admin", "Password": "wrong"}
+    )
     assert status == 401
     assert error_id(body) == "ResourceAtUriUnauthorized"
     status, body, headers = await call(http, "GET", f"{url}/redfish/v1/Systems", auth=None)
     assert status == 401
     assert error_id(body) == "NoValidSession"
     assert headers["WWW-Authenticate"].startswith("Basic")
-    status, _, _ = await call(http, "GET", f"{url}/redfish/v1/Systems",
-                              auth=aiohttp.encode_basic_auth("admin", "nope"))
+    status, _, _ = await call(
+        http, "GET", f"{url}/redfish/v1/Systems", auth=aiohttp.encode_basic_auth("admin", "nope")
+    )
     assert status == 401
-    status, body, _ = await call(http, "POST", sessions, auth=None,
-                                 json={"UserName": "admin", "Password": "pässwörd"})
+    status, body, _ = await call(
+        http, "POST", sessions, auth=None, json={"UserName": "admin", "Password": "pässwörd"}
+    )
     assert status == 401
-    status, _, _ = await call(http, "GET", f"{url}/redfish/v1/Systems",
-                              auth=aiohttp.encode_basic_auth("ädmin", "pässwörd"))
+    status, _, _ = await call(
+        http,
+        "GET",
+        f"{url}/redfish/v1/Systems",
+        auth=aiohttp.encode_basic_auth("ädmin", "pässwörd"),
+    )
     assert status == 401
-    status, _, _ = await call(http, "GET", f"{url}/redfish/v1/Systems", auth=None,
-                              headers={"Authorization": "Basic !!notbase64!!"})
+    status, _, _ = await call(
+        http,
+        "GET",
+        f"{url}/redfish/v1/Systems",
+        auth=None,
+        headers={"Authorization": "Basic !!notbase64!!"},
+    )
     assert status == 401
-    status, _, _ = await call(http, "GET", f"{url}/redfish/v1/Systems", auth=None,
-                              headers={"X-Auth-Token": "made-up"})
+    status, _, _ = await call(
+        http, "GET", f"{url}/redfish/v1/Systems", auth=None, headers={"X-Auth-Token": "made-up"}
+    )
     assert status == 401
     # The service root and /redfish are open (DSP0266 lets clients discover without logging in).
     for open_path in ("/redfish", "/redfish/v1", "/redfish/v1/", "/redfish/v1/odata"):
@@ -245,18 +295,27 @@ async def test_refused_credentials_get_401_with_a_redfish_error(
     [("any", True, 201), ("session", False, 201), ("basic", True, 405), ("none", True, 201)],
 )
 async def test_auth_modes_decide_which_credentials_count(
-        serve: Serve, http: aiohttp.ClientSession, auth: str, basic_ok: bool,
-        login_status: int) -> None:
+    serve: Serve, http: aiohttp.ClientSession, auth: str, basic_ok: bool, login_status: int
+) -> None:
     _, url = await serve(auth=auth)
     status, _, _ = await call(http, "GET", f"{url}/redfish/v1/Systems")
     assert (status == 200) is basic_ok
-    status, body, headers = await call(http, "POST", f"{url}/redfish/v1/SessionService/Sessions",
-                                       auth=None, json={"UserName": "admin",
-                                                        "Password": "password"})
+    status, body, headers = await call(
+        http,
+        "POST",
+        f"{url}/redfish/v1/SessionService/Sessions",
+        auth=None,
+        json={"UserName": "admin", "Password": "password"},
+    )
     assert status == login_status
     if status == 201:
-        status, _, _ = await call(http, "GET", f"{url}/redfish/v1/Systems", auth=None,
-                                  headers={"X-Auth-Token": headers["X-Auth-Token"]})
+        status, _, _ = await call(
+            http,
+            "GET",
+            f"{url}/redfish/v1/Systems",
+            auth=None,
+            headers={"X-Auth-Token": headers["X-Auth-Token"]},
+        )
         assert status == 200
     else:
         assert error_id(body) == "OperationNotAllowed"
@@ -274,23 +333,32 @@ async def test_auth_modes_decide_which_credentials_count(
         ('{"UserName": "admin", "Password": "password", "Role": "x"}', "PropertyUnknown"),
     ],
 )
-async def test_malformed_login_bodies_get_400(serve: Serve, http: aiohttp.ClientSession,
-                                              data: str, expected: str) -> None:
+async def test_malformed_login_bodies_get_400(
+    serve: Serve, http: aiohttp.ClientSession, data: str, expected: str
+) -> None:
     _, url = await serve()
-    status, body, _ = await call(http, "POST", f"{url}/redfish/v1/SessionService/Sessions",
-                                 auth=None, data=data,
-                                 headers={"Content-Type": "application/json"})
+    status, body, _ = await call(
+        http,
+        "POST",
+        f"{url}/redfish/v1/SessionService/Sessions",
+        auth=None,
+        data=data,
+        headers={"Content-Type": "application/json"},
+    )
     assert status == 400
     assert error_id(body) == expected
 
 
 # ----- protocol details --------------------------------------------------------------------
 
-async def test_collections_are_paged_with_next_links(serve: Serve,
-                                                     http: aiohttp.ClientSession) -> None:
-    sim, url = await serve(spec=InventorySpec(regions=1, racks_per_region=1,
-                                              devices_per_rack=12, hosts_per_rack=1),
-                           page_size=5)
+
+async def test_collections_are_paged_with_next_links(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    sim, url = await serve(
+        spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=12, hosts_per_rack=1),
+        page_size=5,
+    )
     members: list[str] = []
     next_uri: str | None = BLOCKS
     pages = 0
@@ -313,28 +381,37 @@ async def test_collections_are_paged_with_next_links(serve: Serve,
     status, body, _ = await call(http, "GET", f"{url}{BLOCKS}?$skip=10&$top=1")
     assert [m["@odata.id"] for m in body["Members"]] == sim.block_uris()[10:11]
     assert "Members@odata.nextLink" not in body
-    for query, expected_status, expected in (("$skip=x", 400, "QueryParameterValueTypeError"),
-                                             ("$skip=-1", 400, "QueryParameterOutOfRange"),
-                                             ("$expand=*", 501, "QueryNotSupported")):
+    for query, expected_status, expected in (
+        ("$skip=x", 400, "QueryParameterValueTypeError"),
+        ("$skip=-1", 400, "QueryParameterOutOfRange"),
+        ("$expand=*", 501, "QueryNotSupported"),
+    ):
         status, body, _ = await call(http, "GET", f"{url}{BLOCKS}?{query}")
         assert status == expected_status and error_id(body) == expected, query
 
 
-async def test_unpaged_collections_list_every_member(serve: Serve,
-                                                     http: aiohttp.ClientSession) -> None:
+async def test_unpaged_collections_list_every_member(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
     _, body, _ = await call(http, "GET", url + BLOCKS)
     assert [m["@odata.id"] for m in body["Members"]] == sim.block_uris()
     assert "Members@odata.nextLink" not in body
 
 
-async def test_wrong_methods_unknown_paths_and_headers(serve: Serve,
-                                                       http: aiohttp.ClientSession) -> None:
+async def test_wrong_methods_unknown_paths_and_headers(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
     system = f"{url}/redfish/v1/Systems/{sim.system_ids()[0]}"
-    for method, target in (("PUT", system), ("DELETE", system), ("POST", f"{url}{BLOCKS}"),
-                           ("PATCH", f"{url}{BLOCKS}"), ("POST", f"{url}/redfish/v1"),
-                           ("GET", f"{system}/Actions/ComputerSystem.AddResourceBlock")):
+    for method, target in (
+        ("PUT", system),
+        ("DELETE", system),
+        ("POST", f"{url}{BLOCKS}"),
+        ("PATCH", f"{url}{BLOCKS}"),
+        ("POST", f"{url}/redfish/v1"),
+        ("GET", f"{system}/Actions/ComputerSystem.AddResourceBlock"),
+    ):
         status, body, headers = await call(http, method, target, json={})
         assert status == 405, (method, target)
         assert error_id(body) == "OperationNotAllowed"
@@ -342,12 +419,14 @@ async def test_wrong_methods_unknown_paths_and_headers(serve: Serve,
     status, body, _ = await call(http, "GET", f"{url}/redfish/v1/NoSuchThing")
     assert status == 404
     assert error_id(body) == "ResourceNotFound"
-    status, body, _ = await call(http, "PATCH", f"{url}/redfish/v1/Systems/nope",
-                                 json={"Links": {"ResourceBlocks": []}})
+    status, body, _ = await call(
+        http, "PATCH", f"{url}/redfish/v1/Systems/nope", json={"Links": {"ResourceBlocks": []}}
+    )
     assert status == 404
     assert error_id(body) == "ResourceNotFound"
-    status, body, _ = await call(http, "POST", f"{system}/Actions/ComputerSystem.Reset",
-                                 json={"ResetType": "On"})
+    status, body, _ = await call(
+        http, "POST", f"{system}/Actions/ComputerSystem.Reset", json={"ResetType": "On"}
+    )
     assert status == 400
     assert error_id(body) == "ActionNotSupported"
     status, body, _ = await call(http, "GET", f"{url}/redfish/v1", headers={"OData-Version": "4.1"})
@@ -368,8 +447,9 @@ async def test_etags_head_and_if_none_match(serve: Serve, http: aiohttp.ClientSe
     status, _, _ = await call(http, "GET", block, headers={"If-None-Match": headers["ETag"]})
     assert status == 304
     sim.set_health(sim.block_uris()[0], "Warning")
-    status, body, new_headers = await call(http, "GET", block,
-                                           headers={"If-None-Match": headers["ETag"]})
+    status, body, new_headers = await call(
+        http, "GET", block, headers={"If-None-Match": headers["ETag"]}
+    )
     assert status == 200
     assert body["Status"]["Health"] == "Warning"
     assert new_headers["ETag"] != headers["ETag"]
@@ -380,6 +460,7 @@ async def test_etags_head_and_if_none_match(serve: Serve, http: aiohttp.ClientSe
 
 
 # ----- attach and detach -------------------------------------------------------------------
+
 
 async def get_etag(http: aiohttp.ClientSession, url: str) -> str:
     status, _, headers = await call(http, "GET", url)
@@ -397,8 +478,9 @@ async def test_attach_and_detach_by_patch(serve: Serve, http: aiohttp.ClientSess
     block, other_block = sim.block_uris()[:2]
     system_url = f"{url}/redfish/v1/Systems/{one}"
     etag = await get_etag(http, system_url)
-    status, body, headers = await call(http, "PATCH", system_url, json=refs(block),
-                                       headers={"If-Match": etag})
+    status, body, headers = await call(
+        http, "PATCH", system_url, json=refs(block), headers={"If-Match": etag}
+    )
     assert status == 200
     assert body["Links"]["ResourceBlocks"] == [{"@odata.id": block}]
     assert headers["ETag"] != etag
@@ -410,18 +492,17 @@ async def test_attach_and_detach_by_patch(serve: Serve, http: aiohttp.ClientSess
     assert body["CompositionStatus"]["NumberOfCompositions"] == 1
 
     # The same list again is a no-op 200; "{}" keeps the element at its index.
-    status, _, _ = await call(http, "PATCH", system_url,
-                              json={"Links": {"ResourceBlocks": [{}]}})
+    status, _, _ = await call(http, "PATCH", system_url, json={"Links": {"ResourceBlocks": [{}]}})
     assert status == 200
     assert len(sim.history) == 1
     # A stale ETag is refused.
-    status, body, _ = await call(http, "PATCH", system_url, json=refs(block, other_block),
-                                 headers={"If-Match": etag})
+    status, body, _ = await call(
+        http, "PATCH", system_url, json=refs(block, other_block), headers={"If-Match": etag}
+    )
     assert status == 412
     assert error_id(body) == "PreconditionFailed"
     # A block held by another system is in use.
-    status, body, _ = await call(http, "PATCH", f"{url}/redfish/v1/Systems/{two}",
-                                 json=refs(block))
+    status, body, _ = await call(http, "PATCH", f"{url}/redfish/v1/Systems/{two}", json=refs(block))
     assert status == 409
     assert error_id(body) == "ResourceInUse"
     status, body, _ = await call(http, "PATCH", system_url, json=refs(block, f"{BLOCKS}/nope"))
@@ -430,12 +511,16 @@ async def test_attach_and_detach_by_patch(serve: Serve, http: aiohttp.ClientSess
     assert sim.attachments()[block] == one
     assert len(sim.history) == 1
 
-    status, body, _ = await call(http, "PATCH", system_url, json=refs(other_block),
-                                 headers={"If-Match": await get_etag(http, system_url)})
+    status, body, _ = await call(
+        http,
+        "PATCH",
+        system_url,
+        json=refs(other_block),
+        headers={"If-Match": await get_etag(http, system_url)},
+    )
     assert status == 200
     assert sim.history[1:] == [("detach", block, one), ("attach", other_block, one)]
-    assert sim.attachments() == {b: (one if b == other_block else None)
-                                 for b in sim.block_uris()}
+    assert sim.attachments() == {b: (one if b == other_block else None) for b in sim.block_uris()}
     _, body, _ = await call(http, "GET", url + block)
     assert body["Links"]["ComputerSystems"] == []
     assert body["CompositionStatus"]["CompositionState"] == "Unused"
@@ -447,8 +532,9 @@ async def test_if_match_can_be_required(serve: Serve, http: aiohttp.ClientSessio
     status, body, _ = await call(http, "PATCH", system_url, json=refs(sim.block_uris()[0]))
     assert status == 428
     assert error_id(body) == "PreconditionRequired"
-    status, _, _ = await call(http, "PATCH", system_url, json=refs(sim.block_uris()[0]),
-                              headers={"If-Match": "*"})
+    status, _, _ = await call(
+        http, "PATCH", system_url, json=refs(sim.block_uris()[0]), headers={"If-Match": "*"}
+    )
     assert status == 200
 
 
@@ -469,11 +555,17 @@ async def test_if_match_can_be_required(serve: Serve, http: aiohttp.ClientSessio
         ('{"Colour": "blue"}', "PropertyUnknown"),
     ],
 )
-async def test_malformed_patch_bodies_get_400(serve: Serve, http: aiohttp.ClientSession,
-                                              payload: str, expected: str) -> None:
+async def test_malformed_patch_bodies_get_400(
+    serve: Serve, http: aiohttp.ClientSession, payload: str, expected: str
+) -> None:
     sim, url = await serve()
-    status, body, _ = await call(http, "PATCH", f"{url}/redfish/v1/Systems/{sim.system_ids()[0]}",
-                                 data=payload, headers={"Content-Type": "application/json"})
+    status, body, _ = await call(
+        http,
+        "PATCH",
+        f"{url}/redfish/v1/Systems/{sim.system_ids()[0]}",
+        data=payload,
+        headers={"Content-Type": "application/json"},
+    )
     assert status == 400
     assert error_id(body) == expected
     assert sim.history == []
@@ -494,12 +586,16 @@ async def test_attach_and_detach_by_action(serve: Serve, http: aiohttp.ClientSes
     assert status == 200
     assert body["@Message.ExtendedInfo"][0]["MessageId"].endswith(".NoOperation")
     status, body, _ = await call(
-        http, "POST", f"{url}/redfish/v1/Systems/{two}/Actions/ComputerSystem.AddResourceBlock",
-        json=ref)
+        http,
+        "POST",
+        f"{url}/redfish/v1/Systems/{two}/Actions/ComputerSystem.AddResourceBlock",
+        json=ref,
+    )
     assert status == 409
     assert error_id(body) == "ResourceInUse"
-    status, body, _ = await call(http, "POST", add,
-                                 json={"ResourceBlock": {"@odata.id": f"{BLOCKS}/nope"}})
+    status, body, _ = await call(
+        http, "POST", add, json={"ResourceBlock": {"@odata.id": f"{BLOCKS}/nope"}}
+    )
     assert status == 404
     assert error_id(body) == "ResourceNotFound"
     assert sim.history == [("attach", block, one)]
@@ -508,11 +604,15 @@ async def test_attach_and_detach_by_action(serve: Serve, http: aiohttp.ClientSes
     status, body, _ = await call(http, "POST", remove, json=stale)
     assert status == 412
     assert error_id(body) == "PreconditionFailed"
-    status, body, _ = await call(http, "POST", remove,
-                                 json={**ref, "ComputerSystemETag": '"stale"'})
+    status, body, _ = await call(
+        http, "POST", remove, json={**ref, "ComputerSystemETag": '"stale"'}
+    )
     assert status == 412
-    good = {**ref, "ResourceBlockETag": await get_etag(http, url + block),
-            "ComputerSystemETag": await get_etag(http, f"{url}/redfish/v1/Systems/{one}")}
+    good = {
+        **ref,
+        "ResourceBlockETag": await get_etag(http, url + block),
+        "ComputerSystemETag": await get_etag(http, f"{url}/redfish/v1/Systems/{one}"),
+    }
     status, body, _ = await call(http, "POST", remove, json=good)
     assert status == 200
     status, body, _ = await call(http, "POST", remove, json=ref)
@@ -529,31 +629,41 @@ async def test_attach_and_detach_by_action(serve: Serve, http: aiohttp.ClientSes
         ("{}", "ActionParameterMissing"),
         ('{"ResourceBlock": "x"}', "ActionParameterValueTypeError"),
         ('{"ResourceBlock": {"@odata.id": 1}}', "ActionParameterValueTypeError"),
-        ('{"ResourceBlock": {"@odata.id": "x"}, "ResourceBlockETag": 3}',
-         "ActionParameterValueTypeError"),
+        (
+            '{"ResourceBlock": {"@odata.id": "x"}, "ResourceBlockETag": 3}',
+            "ActionParameterValueTypeError",
+        ),
         ('{"ResourceBlock": {"@odata.id": "x"}, "Force": true}', "ActionParameterUnknown"),
     ],
 )
-async def test_malformed_action_bodies_get_400(serve: Serve, http: aiohttp.ClientSession,
-                                               payload: str, expected: str) -> None:
+async def test_malformed_action_bodies_get_400(
+    serve: Serve, http: aiohttp.ClientSession, payload: str, expected: str
+) -> None:
     sim, url = await serve()
     status, body, _ = await call(
-        http, "POST",
+        http,
+        "POST",
         f"{url}/redfish/v1/Systems/{sim.system_ids()[0]}/Actions/ComputerSystem.AddResourceBlock",
-        data=payload, headers={"Content-Type": "application/json"})
+        data=payload,
+        headers={"Content-Type": "application/json"},
+    )
     assert status == 400
     assert error_id(body) == expected
 
 
-async def test_actions_are_absent_when_not_offered(serve: Serve,
-                                                   http: aiohttp.ClientSession) -> None:
+async def test_actions_are_absent_when_not_offered(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve(offer_actions=False)
     system_url = f"{url}/redfish/v1/Systems/{sim.system_ids()[0]}"
     _, body, _ = await call(http, "GET", system_url)
     assert "Actions" not in body
-    status, body, _ = await call(http, "POST", f"{system_url}/Actions/ComputerSystem."
-                                 "AddResourceBlock",
-                                 json={"ResourceBlock": {"@odata.id": sim.block_uris()[0]}})
+    status, body, _ = await call(
+        http,
+        "POST",
+        f"{system_url}/Actions/ComputerSystem.AddResourceBlock",
+        json={"ResourceBlock": {"@odata.id": sim.block_uris()[0]}},
+    )
     assert status == 400
     assert error_id(body) == "ActionNotSupported"
     status, _, _ = await call(http, "PATCH", system_url, json=refs(sim.block_uris()[0]))
@@ -561,12 +671,14 @@ async def test_actions_are_absent_when_not_offered(serve: Serve,
 
 
 async def test_task_mode_answers_202_until_the_task_completes(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve(task_mode=True, task_polls=2)
     one, two = sim.system_ids()[:2]
     block = sim.block_uris()[0]
-    status, body, headers = await call(http, "PATCH", f"{url}/redfish/v1/Systems/{one}",
-                                       json=refs(block))
+    status, body, headers = await call(
+        http, "PATCH", f"{url}/redfish/v1/Systems/{one}", json=refs(block)
+    )
     assert status == 202
     assert "Retry-After" in headers
     monitor = headers["Location"]
@@ -591,8 +703,11 @@ async def test_task_mode_answers_202_until_the_task_completes(
 
     # The conflict is found when the task runs, and reported by the monitor.
     status, _, headers = await call(
-        http, "POST", f"{url}/redfish/v1/Systems/{two}/Actions/ComputerSystem.AddResourceBlock",
-        json={"ResourceBlock": {"@odata.id": block}})
+        http,
+        "POST",
+        f"{url}/redfish/v1/Systems/{two}/Actions/ComputerSystem.AddResourceBlock",
+        json={"ResourceBlock": {"@odata.id": block}},
+    )
     assert status == 202
     monitor = headers["Location"]
     statuses = [(await call(http, "GET", url + monitor))[0] for _ in range(3)]
@@ -610,13 +725,17 @@ async def test_task_mode_answers_202_until_the_task_completes(
 
 
 async def test_task_progresses_when_the_task_resource_is_polled(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve(task_mode=True, task_polls=1)
     one = sim.system_ids()[0]
     block = sim.block_uris()[0]
     _, body, _ = await call(
-        http, "POST", f"{url}/redfish/v1/Systems/{one}/Actions/ComputerSystem.AddResourceBlock",
-        json={"ResourceBlock": {"@odata.id": block}})
+        http,
+        "POST",
+        f"{url}/redfish/v1/Systems/{one}/Actions/ComputerSystem.AddResourceBlock",
+        json={"ResourceBlock": {"@odata.id": block}},
+    )
     task_url = url + body["@odata.id"]
     states = [(await call(http, "GET", task_url))[1]["TaskState"] for _ in range(2)]
     assert states == ["Running", "Completed"]
@@ -624,6 +743,7 @@ async def test_task_progresses_when_the_task_resource_is_polled(
 
 
 # ----- faults --------------------------------------------------------------------------------
+
 
 async def test_latency_delays_answers(serve: Serve, http: aiohttp.ClientSession) -> None:
     sim, url = await serve(faults=Faults(latency_s=0.2))
@@ -638,7 +758,8 @@ async def test_latency_delays_answers(serve: Serve, http: aiohttp.ClientSession)
 
 
 async def test_error_rate_answers_with_the_configured_status(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
     sim.faults.error_rate = 1.0
     status, body, _ = await call(http, "GET", f"{url}/redfish/v1/Systems")
@@ -657,7 +778,8 @@ async def test_error_rate_answers_with_the_configured_status(
 
 
 async def test_dropped_connections_close_without_an_answer(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve(faults=Faults(drop_rate=1.0))
     with pytest.raises(aiohttp.ServerDisconnectedError):
         await call(http, "GET", f"{url}/redfish/v1")
@@ -666,8 +788,9 @@ async def test_dropped_connections_close_without_an_answer(
     assert status == 200
 
 
-async def test_flapping_health_changes_between_reads(serve: Serve,
-                                                     http: aiohttp.ClientSession) -> None:
+async def test_flapping_health_changes_between_reads(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve(faults=Faults(flap_health_rate=1.0))
     block = url + sim.block_uris()[0]
     healths = [(await call(http, "GET", block))[1]["Status"]["Health"] for _ in range(4)]
@@ -678,13 +801,15 @@ async def test_flapping_health_changes_between_reads(serve: Serve,
 
 
 async def test_fail_next_matches_method_and_path_then_stops(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
     sim.fail_next(2, method="GET", path_prefix="/redfish/v1/Systems", status=502)
     status, _, _ = await call(http, "GET", f"{url}/redfish/v1/Chassis")
     assert status == 200
-    status, _, _ = await call(http, "PATCH", f"{url}/redfish/v1/Systems/{sim.system_ids()[0]}",
-                              json=refs())
+    status, _, _ = await call(
+        http, "PATCH", f"{url}/redfish/v1/Systems/{sim.system_ids()[0]}", json=refs()
+    )
     assert status == 200
     for _ in range(2):
         status, body, _ = await call(http, "GET", f"{url}/redfish/v1/Systems")
@@ -694,8 +819,9 @@ async def test_fail_next_matches_method_and_path_then_stops(
     assert status == 200
 
 
-async def test_fail_next_can_send_a_truncated_answer(serve: Serve,
-                                                     http: aiohttp.ClientSession) -> None:
+async def test_fail_next_can_send_a_truncated_answer(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
     sim.fail_next(1, status=200, body='{"Members": [{"@odata.id": "/redfish/v1/Sys')
     async with http.get(f"{url}/redfish/v1/Systems", headers={"Authorization": AUTH}) as resp:
@@ -709,8 +835,10 @@ async def test_fail_next_can_send_a_truncated_answer(serve: Serve,
 
 # ----- run-time changes ------------------------------------------------------------------------
 
+
 async def test_health_removal_and_addition_show_over_http(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
     first = sim.block_uris()[0]
     device = (await call(http, "GET", url + first))[1]["Processors"][0]["@odata.id"]
@@ -739,8 +867,9 @@ async def test_health_removal_and_addition_show_over_http(
     assert status == 200
     assert body["ResourceBlockType"] == ["Storage"]
     assert sim.attachments()[new] is None
-    _, zone, _ = await call(http, "GET",
-                            f"{url}/redfish/v1/CompositionService/ResourceZones/zone-us-east")
+    _, zone, _ = await call(
+        http, "GET", f"{url}/redfish/v1/CompositionService/ResourceZones/zone-us-east"
+    )
     assert {"@odata.id": new} in zone["Links"]["ResourceBlocks"]
     with pytest.raises(KeyError):
         sim.add_block("us-east", "rack-09")
@@ -750,15 +879,20 @@ async def test_health_removal_and_addition_show_over_http(
 
 # ----- DMTF mockups ---------------------------------------------------------------------------
 
-async def test_composability_mockup_is_served_as_it_is(serve: Serve,
-                                                       http: aiohttp.ClientSession) -> None:
+
+async def test_composability_mockup_is_served_as_it_is(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve(mockup_dir=COMPOSABILITY)
     _, systems, _ = await call(http, "GET", f"{url}/redfish/v1/Systems")
     # The original says 2 members and lists 5: served unchanged.
     assert systems["Members@odata.count"] == 2
     assert len(systems["Members"]) == 5
-    original = json.loads((COMPOSABILITY / "redfish/v1/CompositionService/ResourceBlocks/"
-                           "OffloadBlock9/index.json").read_text())
+    original = json.loads(
+        (
+            COMPOSABILITY / "redfish/v1/CompositionService/ResourceBlocks/OffloadBlock9/index.json"
+        ).read_text()
+    )
     _, block, _ = await call(http, "GET", f"{url}{BLOCKS}/OffloadBlock9")
     assert {k: v for k, v in block.items() if k != "@odata.etag"} == original
     assert len(sim.block_uris()) == 12
@@ -772,22 +906,30 @@ async def test_composability_mockup_is_served_as_it_is(serve: Serve,
     assert f"{BLOCKS}/OffloadBlock9/Processors/Block9GPU" in tree
 
 
-async def test_mockup_attach_and_detach_update_the_block(serve: Serve,
-                                                         http: aiohttp.ClientSession) -> None:
+async def test_mockup_attach_and_detach_update_the_block(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve(mockup_dir=COMPOSABILITY)
     gpu = f"{BLOCKS}/OffloadBlock9"
     system = "/redfish/v1/Systems/SystemAfterAddResourceAction"
-    status, _, _ = await call(http, "POST", f"{url}{system}/Actions/ComputerSystem."
-                              "AddResourceBlock", json={"ResourceBlock": {"@odata.id": gpu}})
+    status, _, _ = await call(
+        http,
+        "POST",
+        f"{url}{system}/Actions/ComputerSystem.AddResourceBlock",
+        json={"ResourceBlock": {"@odata.id": gpu}},
+    )
     assert status == 200
     _, block, _ = await call(http, "GET", url + gpu)
     assert block["Links"]["ComputerSystems"] == [{"@odata.id": system}]
     assert block["CompositionStatus"]["CompositionState"] == "Composed"
     _, body, _ = await call(http, "GET", url + system)
     assert {"@odata.id": gpu} in body["Links"]["ResourceBlocks"]
-    status, body, _ = await call(http, "POST", f"{url}/redfish/v1/Systems/ComposedSystem/Actions/"
-                                 "ComputerSystem.AddResourceBlock",
-                                 json={"ResourceBlock": {"@odata.id": gpu}})
+    status, body, _ = await call(
+        http,
+        "POST",
+        f"{url}/redfish/v1/Systems/ComposedSystem/Actions/ComputerSystem.AddResourceBlock",
+        json={"ResourceBlock": {"@odata.id": gpu}},
+    )
     assert status == 409
     assert error_id(body) == "ResourceInUse"
     # A PATCH that drops the GPU detaches it.
@@ -797,21 +939,29 @@ async def test_mockup_attach_and_detach_update_the_block(serve: Serve,
     _, block, _ = await call(http, "GET", url + gpu)
     assert block["Links"]["ComputerSystems"] == []
     assert block["CompositionStatus"]["CompositionState"] == "Unused"
-    assert sim.history == [("attach", gpu, "SystemAfterAddResourceAction"),
-                           ("detach", gpu, "SystemAfterAddResourceAction")]
+    assert sim.history == [
+        ("attach", gpu, "SystemAfterAddResourceAction"),
+        ("detach", gpu, "SystemAfterAddResourceAction"),
+    ]
     # A shareable drive block takes a second holder; the System without the action refuses it.
     shared = f"{BLOCKS}/DriveBlock5"
     for holder in ("ComposedSystem", "ComposedSystem2"):
-        status, _, _ = await call(http, "POST", f"{url}/redfish/v1/Systems/{holder}/Actions/"
-                                  "ComputerSystem.AddResourceBlock",
-                                  json={"ResourceBlock": {"@odata.id": shared}})
+        status, _, _ = await call(
+            http,
+            "POST",
+            f"{url}/redfish/v1/Systems/{holder}/Actions/ComputerSystem.AddResourceBlock",
+            json={"ResourceBlock": {"@odata.id": shared}},
+        )
         assert status == 200
     assert sim.holders(shared) == ["ComposedSystem", "ComposedSystem2"]
     _, block, _ = await call(http, "GET", url + shared)
     assert block["CompositionStatus"]["CompositionState"] == "ComposedAndAvailable"
-    status, body, _ = await call(http, "POST", f"{url}/redfish/v1/Systems/SystemPreResourceBlock/"
-                                 "Actions/ComputerSystem.AddResourceBlock",
-                                 json={"ResourceBlock": {"@odata.id": shared}})
+    status, body, _ = await call(
+        http,
+        "POST",
+        f"{url}/redfish/v1/Systems/SystemPreResourceBlock/Actions/ComputerSystem.AddResourceBlock",
+        json={"ResourceBlock": {"@odata.id": shared}},
+    )
     assert status == 400
     assert error_id(body) == "ActionNotSupported"
     with pytest.raises(ValueError, match="mockup"):
@@ -822,10 +972,12 @@ def body_links(answer: tuple[int, Any, Any]) -> list[str]:
     return [r["@odata.id"] for r in answer[1]["Links"]["ResourceBlocks"]]
 
 
-@pytest.mark.parametrize("folder", ["dmtf-public-constrained-composition",
-                                    "dmtf-public-bladed-partitions"])
-async def test_other_mockups_are_walkable(serve: Serve, http: aiohttp.ClientSession,
-                                          folder: str) -> None:
+@pytest.mark.parametrize(
+    "folder", ["dmtf-public-constrained-composition", "dmtf-public-bladed-partitions"]
+)
+async def test_other_mockups_are_walkable(
+    serve: Serve, http: aiohttp.ClientSession, folder: str
+) -> None:
     sim, url = await serve(mockup_dir=MOCKUPS / folder)
     tree = await walk(http, url)
     assert all(uri in tree for uri in sim.block_uris())
@@ -833,22 +985,43 @@ async def test_other_mockups_are_walkable(serve: Serve, http: aiohttp.ClientSess
 
 # ----- command line ----------------------------------------------------------------------------
 
+
 async def test_cli_serves_until_sigterm(tmp_path: Path, http: aiohttp.ClientSession) -> None:
     secret = tmp_path / "password"
     secret.write_text("s3cret\n")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from fabric_dra_sim.redfish import cli; cli()", "--port", "0",
-        "--regions", "1", "--racks-per-region", "1", "--devices-per-rack", "2",
-        "--hosts-per-rack", "1", "--username", "root", "--password-file", str(secret),
-        "--auth", "basic", "--page-size", "1",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        "from fabric_dra_sim.redfish import cli; cli()",
+        "--port",
+        "0",
+        "--regions",
+        "1",
+        "--racks-per-region",
+        "1",
+        "--devices-per-rack",
+        "2",
+        "--hosts-per-rack",
+        "1",
+        "--username",
+        "root",
+        "--password-file",
+        str(secret),
+        "--auth",
+        "basic",
+        "--page-size",
+        "1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
         base = line.split()[3].removesuffix("/redfish/v1")
         assert base.startswith("http://127.0.0.1:")
-        status, body, _ = await call(http, "GET", f"{base}{BLOCKS}",
-                                     auth=aiohttp.encode_basic_auth("root", "s3cret"))
+        status, body, _ = await call(
+            http, "GET", f"{base}{BLOCKS}", auth=aiohttp.encode_basic_auth("root", "s3cret")
+        )
         assert status == 200
         assert body["Members@odata.count"] == 2
         assert len(body["Members"]) == 1

@@ -54,19 +54,38 @@ def block_links(body: Any) -> list[str]:
 
 # ----- the profile table -------------------------------------------------------------------
 
+
 def test_every_profile_is_named_described_and_the_composite_merges_its_parts() -> None:
     assert PROFILE_NAMES == (
-        "server-owned-compute", "message-errors", "text-errors", "no-etags", "unknown-500",
-        "placeholder-identity", "attach-noop", "double-quoted-etag", "task-200-body",
-        "task-killed", "task-purged", "volatile-state", "null-health", "real-service")
+        "server-owned-compute",
+        "message-errors",
+        "text-errors",
+        "no-etags",
+        "unknown-500",
+        "placeholder-identity",
+        "attach-noop",
+        "double-quoted-etag",
+        "task-200-body",
+        "task-killed",
+        "task-purged",
+        "volatile-state",
+        "null-health",
+        "real-service",
+    )
     for profile in PROFILES.values():
         assert len(profile.description) > 60, profile.name
         assert (profile.switches != ProfileSwitches()) != bool(profile.includes), profile.name
     assert resolve_profiles([]) == ProfileSwitches()
     assert resolve_profiles(["real-service"]) == ProfileSwitches(
-        server_owned_compute=True, error_format="message", etag_style="none",
-        block_actions=False, unknown_status=500, dangling_drives=True,
-        placeholder_identity=True, volatile_state=True)
+        server_owned_compute=True,
+        error_format="message",
+        etag_style="none",
+        block_actions=False,
+        unknown_status=500,
+        dangling_drives=True,
+        placeholder_identity=True,
+        volatile_state=True,
+    )
     assert resolve_profiles(["real-service", "null-health", "no-etags"]).null_health
 
 
@@ -81,8 +100,10 @@ def test_unknown_and_contradicting_profiles_are_refused() -> None:
 
 # ----- one test per profile ----------------------------------------------------------------
 
+
 async def test_server_owned_compute_refuses_a_patch_that_leaves_the_compute_block_out(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve("server-owned-compute")
     compute = sim.compute_block(ONE)
     assert compute == f"{BLOCKS}/{ONE}-compute"
@@ -109,8 +130,9 @@ async def test_server_owned_compute_refuses_a_patch_that_leaves_the_compute_bloc
     status, body, _ = await call(http, "PATCH", system_url(url, ONE), json=refs(GPU))
     assert status == 406
     assert body["error"]["message"].endswith("cannot be removed from it.")
-    status, _, _ = await call(http, "POST", action_url(url, ONE, "Remove"),
-                              json={"ResourceBlock": {"@odata.id": compute}})
+    status, _, _ = await call(
+        http, "POST", action_url(url, ONE, "Remove"), json={"ResourceBlock": {"@odata.id": compute}}
+    )
     assert status == 406
     assert sim.history == []
     assert block_links((await call(http, "GET", system_url(url, ONE)))[1]) == [compute]
@@ -118,22 +140,26 @@ async def test_server_owned_compute_refuses_a_patch_that_leaves_the_compute_bloc
     # Keeping it (by reference or by "{}" at its index) works; another System cannot take it.
     status, body, _ = await call(http, "PATCH", system_url(url, ONE), json=refs(compute, GPU))
     assert status == 200 and block_links(body) == [compute, GPU]
-    status, body, _ = await call(http, "PATCH", system_url(url, ONE),
-                                 json={"Links": {"ResourceBlocks": [{}]}})
+    status, body, _ = await call(
+        http, "PATCH", system_url(url, ONE), json={"Links": {"ResourceBlocks": [{}]}}
+    )
     assert status == 200 and block_links(body) == [compute]
     assert sim.history == [("attach", GPU, ONE), ("detach", GPU, ONE)]
-    status, _, _ = await call(http, "PATCH", system_url(url, TWO),
-                              json=refs(f"{BLOCKS}/{TWO}-compute", compute))
+    status, _, _ = await call(
+        http, "PATCH", system_url(url, TWO), json=refs(f"{BLOCKS}/{TWO}-compute", compute)
+    )
     assert status == 409
 
 
 async def test_message_errors_answer_a_body_with_only_a_message(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve("message-errors", task_mode=True, task_polls=0)
     for method, target, kwargs, expected in (
-            ("GET", f"{url}{ROOT}/NoSuchThing", {}, 404),
-            ("GET", url + BLOCKS, {"auth": None}, 401),
-            ("PATCH", system_url(url, ONE), {"data": "{not json"}, 400)):
+        ("GET", f"{url}{ROOT}/NoSuchThing", {}, 404),
+        ("GET", url + BLOCKS, {"auth": None}, 401),
+        ("PATCH", system_url(url, ONE), {"data": "{not json"}, 400),
+    ):
         status, body, headers = await call(http, method, target, **kwargs)
         assert status == expected
         assert headers["Content-Type"].startswith("application/json")
@@ -142,8 +168,10 @@ async def test_message_errors_answer_a_body_with_only_a_message(
     _, _, headers = await call(http, "PATCH", system_url(url, ONE), json=refs(GPU))
     status, body, _ = await call(http, "GET", url + headers["Location"])
     assert status == 409
-    assert body == {"message": f"The change to the requested resource failed because the "
-                               f"resource {GPU} is in use by {TWO}."}
+    assert body == {
+        "message": f"The change to the requested resource failed because the "
+        f"resource {GPU} is in use by {TWO}."
+    }
 
 
 async def test_text_errors_answer_plain_text(serve: Serve, http: aiohttp.ClientSession) -> None:
@@ -157,7 +185,8 @@ async def test_text_errors_answer_plain_text(serve: Serve, http: aiohttp.ClientS
 
 
 async def test_no_etags_sends_no_tags_ignores_if_match_and_offers_only_patch(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve("no-etags", require_if_match=True)
     for target in (url + ROOT, url + BLOCKS, url + GPU, system_url(url, ONE)):
         status, body, headers = await call(http, "GET", target)
@@ -166,42 +195,50 @@ async def test_no_etags_sends_no_tags_ignores_if_match_and_offers_only_patch(
         assert status == 200
     _, system, _ = await call(http, "GET", system_url(url, ONE))
     assert "Actions" not in system
-    status, body, headers = await call(http, "PATCH", system_url(url, ONE), json=refs(GPU),
-                                       headers={"If-Match": '"stale"'})
+    status, body, headers = await call(
+        http, "PATCH", system_url(url, ONE), json=refs(GPU), headers={"If-Match": '"stale"'}
+    )
     assert status == 200 and "ETag" not in headers and "@odata.etag" not in body
     status, _, _ = await call(http, "PATCH", system_url(url, ONE), json=refs())
     assert status == 200  # require_if_match has no effect
     for verb in ("Add", "Remove"):
-        status, _, _ = await call(http, "POST", action_url(url, ONE, verb),
-                                  json={"ResourceBlock": {"@odata.id": GPU}})
+        status, _, _ = await call(
+            http, "POST", action_url(url, ONE, verb), json={"ResourceBlock": {"@odata.id": GPU}}
+        )
         assert status == 404
     assert sim.history == [("attach", GPU, ONE), ("detach", GPU, ONE)]
 
 
 async def test_unknown_500_answers_unknown_resources_and_dangling_drives_with_500(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     spec = InventorySpec(regions=1, racks_per_region=1, devices_per_rack=12, hosts_per_rack=1)
     sim, url = await serve("unknown-500", spec=spec)
     blocks = sim.block_uris()
-    assert sim.dangling_uris == [f"{blocks[0]}/Drives/Dangling0",
-                                 f"{blocks[10]}/Drives/Dangling0"]
+    assert sim.dangling_uris == [f"{blocks[0]}/Drives/Dangling0", f"{blocks[10]}/Drives/Dangling0"]
     for index, block in enumerate(blocks):
         _, body, _ = await call(http, "GET", url + block)
         drives = [d["@odata.id"] for d in body.get("Drives", [])]
         assert drives == ([f"{block}/Drives/Dangling0"] if index in (0, 10) else [])
-    for target in (*sim.dangling_uris, f"{ROOT}/NoSuchThing", f"{ROOT}/Systems/nope",
-                   f"{ROOT}/TaskService/TaskMonitors/9"):
+    for target in (
+        *sim.dangling_uris,
+        f"{ROOT}/NoSuchThing",
+        f"{ROOT}/Systems/nope",
+        f"{ROOT}/TaskService/TaskMonitors/9",
+    ):
         status, body, _ = await call(http, "GET", url + target)
         assert status == 500, target
         assert body["error"]["code"].endswith("InternalError")
     # A reference to an unknown block inside a body is still 404.
-    status, _, _ = await call(http, "PATCH", system_url(url, sim.system_ids()[0]),
-                              json=refs(f"{BLOCKS}/nope"))
+    status, _, _ = await call(
+        http, "PATCH", system_url(url, sim.system_ids()[0]), json=refs(f"{BLOCKS}/nope")
+    )
     assert status == 404
 
 
 async def test_placeholder_identity_gives_every_system_the_same_identity(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve("placeholder-identity")
     identities = set()
     for system_id in sim.system_ids():
@@ -212,14 +249,16 @@ async def test_placeholder_identity_gives_every_system_the_same_identity(
 
 
 async def test_attach_noop_swallows_the_first_attach_and_makes_the_next(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve("attach-noop")
     assert sim.noop_attaches is None
     # By default every attach is swallowed, by PATCH and by action alike.
     status, body, _ = await call(http, "PATCH", system_url(url, ONE), json=refs(GPU))
     assert status == 200 and block_links(body) == [GPU]
-    status, body, _ = await call(http, "POST", action_url(url, ONE, "Add"),
-                                 json={"ResourceBlock": {"@odata.id": GPU}})
+    status, body, _ = await call(
+        http, "POST", action_url(url, ONE, "Add"), json={"ResourceBlock": {"@odata.id": GPU}}
+    )
     assert status == 200
     assert body["@Message.ExtendedInfo"][0]["MessageId"].endswith(".Success")
     assert sim.attachments()[GPU] is None and sim.history == []
@@ -238,7 +277,8 @@ async def test_attach_noop_swallows_the_first_attach_and_makes_the_next(
 
 
 async def test_double_quoted_etag_is_accepted_with_either_quoting(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     _, url = await serve("double-quoted-etag")
     target = system_url(url, ONE)
     _, body, headers = await call(http, "GET", target)
@@ -246,14 +286,17 @@ async def test_double_quoted_etag_is_accepted_with_either_quoting(
     assert tag.startswith('"') and not tag.startswith('""')
     assert headers["ETag"] == f'"{tag}"'
     for wrong in (f"W/{tag}", tag.strip('"'), '"0123"'):
-        status, _, _ = await call(http, "PATCH", target, json=refs(GPU),
-                                  headers={"If-Match": wrong})
+        status, _, _ = await call(
+            http, "PATCH", target, json=refs(GPU), headers={"If-Match": wrong}
+        )
         assert status == 412, wrong
-    status, body, headers = await call(http, "PATCH", target, json=refs(GPU),
-                                       headers={"If-Match": tag})
+    status, body, headers = await call(
+        http, "PATCH", target, json=refs(GPU), headers={"If-Match": tag}
+    )
     assert status == 200 and headers["ETag"] == f'"{body["@odata.etag"]}"'
-    status, _, _ = await call(http, "PATCH", target, json=refs(GPU, NVME),
-                              headers={"If-Match": headers["ETag"]})
+    status, _, _ = await call(
+        http, "PATCH", target, json=refs(GPU, NVME), headers={"If-Match": headers["ETag"]}
+    )
     assert status == 200
     _, _, headers = await call(http, "GET", target)
     status, _, _ = await call(http, "GET", target, headers={"If-None-Match": headers["ETag"]})
@@ -261,7 +304,8 @@ async def test_double_quoted_etag_is_accepted_with_either_quoting(
 
 
 async def test_task_200_body_answers_the_task_with_200_while_running_and_when_done(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve("task-200-body", task_mode=True, task_polls=2)
     status, _, headers = await call(http, "PATCH", system_url(url, ONE), json=refs(GPU))
     assert status == 202
@@ -269,16 +313,21 @@ async def test_task_200_body_answers_the_task_with_200_while_running_and_when_do
     answers = [await call(http, "GET", monitor) for _ in range(3)]
     assert [a[0] for a in answers] == [200, 200, 200]
     assert [(a[1]["TaskState"], a[1]["PercentComplete"]) for a in answers] == [
-        ("Running", 33), ("Running", 66), ("Completed", 100)]
+        ("Running", 33),
+        ("Running", 66),
+        ("Completed", 100),
+    ]
     assert answers[2][1]["@odata.type"].startswith("#Task.")
     assert sim.attachments()[GPU] == ONE
 
 
 async def test_task_killed_ends_every_task_killed_without_the_change(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve("task-killed", task_mode=True, task_polls=1)
-    _, task, headers = await call(http, "POST", action_url(url, ONE, "Add"),
-                                  json={"ResourceBlock": {"@odata.id": GPU}})
+    _, task, headers = await call(
+        http, "POST", action_url(url, ONE, "Add"), json={"ResourceBlock": {"@odata.id": GPU}}
+    )
     monitor = url + headers["Location"]
     assert (await call(http, "GET", monitor))[0] == 202
     status, body, _ = await call(http, "GET", monitor)
@@ -291,7 +340,8 @@ async def test_task_killed_ends_every_task_killed_without_the_change(
 
 
 async def test_task_purged_makes_the_change_and_forgets_the_task_at_once(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve("task-purged", task_mode=True, task_polls=1)
     _, task, headers = await call(http, "PATCH", system_url(url, ONE), json=refs(GPU))
     monitor = url + headers["Location"]
@@ -311,19 +361,24 @@ async def test_task_purged_makes_the_change_and_forgets_the_task_at_once(
 
 
 async def test_volatile_state_restart_forgets_every_attachment_since_start(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
-    sim, url = await serve("volatile-state", "server-owned-compute", task_mode=True,
-                           task_polls=5)
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    sim, url = await serve("volatile-state", "server-owned-compute", task_mode=True, task_polls=5)
     initial = sim.attachments()
-    status, _, headers = await call(http, "POST", f"{url}{ROOT}/SessionService/Sessions",
-                                    json={"UserName": "admin", "Password": "password"},
-                                    auth=None)
+    status, _, headers = await call(
+        http,
+        "POST",
+        f"{url}{ROOT}/SessionService/Sessions",
+        json={"UserName": "admin", "Password": "password"},
+        auth=None,
+    )
     assert status == 201
     token = headers["X-Auth-Token"]
     _, _, task_headers = await call(http, "PATCH", system_url(url, TWO), json=refs())
     sim.task_mode = False
-    status, _, _ = await call(http, "PATCH", system_url(url, ONE),
-                              json=refs(sim.compute_block(ONE), GPU))
+    status, _, _ = await call(
+        http, "PATCH", system_url(url, ONE), json=refs(sim.compute_block(ONE), GPU)
+    )
     assert status == 200
     sim.attach_out_of_band(NVME, TWO)
     sim.detach_out_of_band(sim.compute_block(ONE))
@@ -340,14 +395,14 @@ async def test_volatile_state_restart_forgets_every_attachment_since_start(
     assert block["Links"]["ComputerSystems"] == []
     assert block["CompositionStatus"]["CompositionState"] == "Unused"
     assert block["Status"]["Health"] == "Warning"
-    status, _, _ = await call(http, "GET", url + BLOCKS, auth=None,
-                              headers={"X-Auth-Token": token})
+    status, _, _ = await call(http, "GET", url + BLOCKS, auth=None, headers={"X-Auth-Token": token})
     assert status == 401
     assert (await call(http, "GET", url + task_headers["Location"]))[0] == 404
 
 
 async def test_restart_without_volatile_state_keeps_attachments(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
     status, _, _ = await call(http, "PATCH", system_url(url, ONE), json=refs(GPU))
     assert status == 200
@@ -357,23 +412,29 @@ async def test_restart_without_volatile_state_keeps_attachments(
 
 
 async def test_null_health_gives_devices_and_their_blocks_unknown_health(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve("null-health")
-    expected = [{"Health": None, "State": "Enabled"}, {"Health": "", "State": ""},
-                {"State": None}, None, {"Health": "Degraded", "State": "Enabled"},
-                {"Health": "OK", "State": "Enabled"}]
+    expected = [
+        {"Health": None, "State": "Enabled"},
+        {"Health": "", "State": ""},
+        {"State": None},
+        None,
+        {"Health": "Degraded", "State": "Enabled"},
+        {"Health": "OK", "State": "Enabled"},
+    ]
     for index, block_uri in enumerate(sim.block_uris()):
         _, block, _ = await call(http, "GET", url + block_uri)
-        (device_uri,) = [r["@odata.id"] for key in ("Processors", "Drives", "Memory")
-                         for r in block.get(key, [])]
+        (device_uri,) = [
+            r["@odata.id"] for key in ("Processors", "Drives", "Memory") for r in block.get(key, [])
+        ]
         _, device, _ = await call(http, "GET", url + device_uri)
         assert device.get("Status") == expected[index], device_uri
         block_status = expected[index] if index != 4 else {"Health": None, "State": "Enabled"}
         assert block.get("Status") == block_status, block_uri
 
 
-async def test_real_service_combines_its_parts(serve: Serve,
-                                               http: aiohttp.ClientSession) -> None:
+async def test_real_service_combines_its_parts(serve: Serve, http: aiohttp.ClientSession) -> None:
     sim, url = await serve("real-service")
     _, system, headers = await call(http, "GET", system_url(url, ONE))
     assert "ETag" not in headers and "Actions" not in system
@@ -382,20 +443,26 @@ async def test_real_service_combines_its_parts(serve: Serve,
     assert status == 406 and set(body) == {"message"}
     status, body, _ = await call(http, "GET", f"{url}{ROOT}/NoSuchThing")
     assert status == 500 and set(body) == {"message"}
-    status, _, _ = await call(http, "POST", action_url(url, ONE, "Add"),
-                              json={"ResourceBlock": {"@odata.id": GPU}})
+    status, _, _ = await call(
+        http, "POST", action_url(url, ONE, "Add"), json={"ResourceBlock": {"@odata.id": GPU}}
+    )
     assert status == 500
-    status, _, _ = await call(http, "PATCH", system_url(url, ONE),
-                              json=refs(sim.compute_block(ONE), GPU),
-                              headers={"If-Match": '"whatever"'})
+    status, _, _ = await call(
+        http,
+        "PATCH",
+        system_url(url, ONE),
+        json=refs(sim.compute_block(ONE), GPU),
+        headers={"If-Match": '"whatever"'},
+    )
     assert status == 200 and sim.attachments()[GPU] == ONE
     sim.restart()
     assert sim.attachments()[GPU] is None
 
 
 async def test_profiles_apply_to_a_mockup(serve: Serve, http: aiohttp.ClientSession) -> None:
-    sim, url = await serve("server-owned-compute", "no-etags", "placeholder-identity",
-                           mockup_dir=COMPOSABILITY)
+    sim, url = await serve(
+        "server-owned-compute", "no-etags", "placeholder-identity", mockup_dir=COMPOSABILITY
+    )
     for system_id in sim.system_ids():
         compute = sim.compute_block(system_id)
         _, body, headers = await call(http, "GET", system_url(url, system_id))
@@ -409,8 +476,10 @@ async def test_profiles_apply_to_a_mockup(serve: Serve, http: aiohttp.ClientSess
 
 # ----- test controls -----------------------------------------------------------------------
 
+
 async def test_out_of_band_changes_show_over_http_without_history(
-        serve: Serve, http: aiohttp.ClientSession) -> None:
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
     sim, url = await serve()
     sim.attach_out_of_band(GPU, ONE)
     sim.attach_out_of_band(GPU, ONE)  # already held: a no-op
@@ -433,6 +502,7 @@ async def test_out_of_band_changes_show_over_http_without_history(
 
 # ----- command line ------------------------------------------------------------------------
 
+
 def test_cli_refuses_an_unknown_profile_in_one_line_naming_the_valid_ones() -> None:
     result = CliRunner().invoke(cli, ["--profile", "nope"])
     assert result.exit_code == 2
@@ -444,10 +514,26 @@ def test_cli_refuses_an_unknown_profile_in_one_line_naming_the_valid_ones() -> N
 
 async def test_cli_serves_with_profiles(http: aiohttp.ClientSession) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from fabric_dra_sim.redfish import cli; cli()", "--port", "0",
-        "--regions", "1", "--racks-per-region", "1", "--devices-per-rack", "2",
-        "--hosts-per-rack", "1", "--profile", "real-service", "--profile", "null-health",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        "from fabric_dra_sim.redfish import cli; cli()",
+        "--port",
+        "0",
+        "--regions",
+        "1",
+        "--racks-per-region",
+        "1",
+        "--devices-per-rack",
+        "2",
+        "--hosts-per-rack",
+        "1",
+        "--profile",
+        "real-service",
+        "--profile",
+        "null-health",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()

@@ -20,8 +20,10 @@ from builders import REDFISH_DATA
 from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 CSDL = REDFISH_DATA / "csdl"
-SUMMARY = re.compile(r"\|\s*PASS\s*\|\s*WARN\s*\|\s*FAIL\s*\|\s*NOT TESTED\s*\|\s*\n"
-                     r"\+[-+]+\+\s*\n\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|")
+SUMMARY = re.compile(
+    r"\|\s*PASS\s*\|\s*WARN\s*\|\s*FAIL\s*\|\s*NOT TESTED\s*\|\s*\n"
+    r"\+[-+]+\+\s*\n\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|"
+)
 
 
 def validator_command() -> str:
@@ -46,9 +48,11 @@ def parse_summary(output: str) -> tuple[int, int, int, int]:
 
 
 def test_summary_parser_reads_the_closing_table() -> None:
-    output = ("+------+\n|     PASS     |     WARN     |     FAIL     |  NOT TESTED  |\n"
-              "+--------------+--------------+--------------+--------------+\n"
-              "|     426      |      0       |      2       |     804      |\n")
+    output = (
+        "+------+\n|     PASS     |     WARN     |     FAIL     |  NOT TESTED  |\n"
+        "+--------------+--------------+--------------+--------------+\n"
+        "|     426      |      0       |      2       |     804      |\n"
+    )
     assert parse_summary(output) == (426, 0, 2, 804)
     with pytest.raises(AssertionError):
         parse_summary("Traceback (most recent call last): ...")
@@ -57,9 +61,19 @@ def test_summary_parser_reads_the_closing_table() -> None:
 @pytest.mark.slow
 async def test_service_validator_finds_no_failure(tmp_path: Path) -> None:
     sim = RedfishSimulator(
-        spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4, hosts_per_rack=2,
-                           device_mix="mixed", seed=3),
-        username="validator", password="validator-pw", task_mode=True, task_polls=0)
+        spec=InventorySpec(
+            regions=1,
+            racks_per_region=1,
+            devices_per_rack=4,
+            hosts_per_rack=2,
+            device_mix="mixed",
+            seed=3,
+        ),
+        username="validator",
+        password="validator-pw",
+        task_mode=True,
+        task_polls=0,
+    )
     url = await sim.start()
     try:
         # Attach one block through a task first, so that a held block, a System with blocks
@@ -67,9 +81,10 @@ async def test_service_validator_finds_no_failure(tmp_path: Path) -> None:
         system, block = sim.system_ids()[0], sim.block_uris()[0]
         headers = {"Authorization": aiohttp.encode_basic_auth("validator", "validator-pw")}
         async with aiohttp.ClientSession(headers=headers) as http:
-            async with http.patch(f"{url}/redfish/v1/Systems/{system}",
-                                  json={"Links": {"ResourceBlocks": [{"@odata.id": block}]}}
-                                  ) as resp:
+            async with http.patch(
+                f"{url}/redfish/v1/Systems/{system}",
+                json={"Links": {"ResourceBlocks": [{"@odata.id": block}]}},
+            ) as resp:
                 assert resp.status == 202
                 monitor = resp.headers["Location"]
             async with http.get(url + monitor) as resp:
@@ -77,11 +92,25 @@ async def test_service_validator_finds_no_failure(tmp_path: Path) -> None:
         assert sim.attachments()[block] == system
 
         proc = await asyncio.create_subprocess_exec(
-            validator_command(), "--rhost", url, "--user", "validator",
-            "--password", "validator-pw", "--authtype", "Session",
-            "--schema_directory", str(CSDL), "--skipschema", "--nooemcheck",
-            "--logdir", str(tmp_path / "logs"),
-            cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            validator_command(),
+            "--rhost",
+            url,
+            "--user",
+            "validator",
+            "--password",
+            "validator-pw",
+            "--authtype",
+            "Session",
+            "--schema_directory",
+            str(CSDL),
+            "--skipschema",
+            "--nooemcheck",
+            "--logdir",
+            str(tmp_path / "logs"),
+            cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         out, _ = await asyncio.wait_for(proc.communicate(), 100)
     finally:
         await sim.stop()
@@ -91,7 +120,13 @@ async def test_service_validator_finds_no_failure(tmp_path: Path) -> None:
     assert failed == 0, "\n".join(failures) or output[-3000:]
     assert proc.returncode == 0
     # Every kind of resource was reached: blocks, the three device schemas, tasks, sessions.
-    for fragment in ("/Processors/GPU0", "/Drives/NVMe0", "/Memory/CXL0",
-                     "/TaskService/Tasks/1", "/SessionService/Sessions/1", "/ResourceZones/"):
+    for fragment in (
+        "/Processors/GPU0",
+        "/Drives/NVMe0",
+        "/Memory/CXL0",
+        "/TaskService/Tasks/1",
+        "/SessionService/Sessions/1",
+        "/ResourceZones/",
+    ):
         assert f"{fragment}" in output, fragment
     assert passed > 400

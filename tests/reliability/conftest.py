@@ -23,7 +23,8 @@ async def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterat
 @pytest.fixture
 async def running(cluster: Cluster, tmp_path: Path) -> AsyncIterator[Running]:
     """A started service (SQLite) on ``cluster``."""
-    started = await start_service(cluster, f"sqlite+aiosqlite:///{tmp_path}/faults.db",
-                                  FABRIC_DRA_LEADER__ENABLED="false")
+    started = await start_service(
+        cluster, f"sqlite+aiosqlite:///{tmp_path}/faults.db", FABRIC_DRA_LEADER__ENABLED="false"
+    )
     yield started
     await started.service.stop(deadline_s=5)

@@ -90,17 +90,28 @@ class Cluster:
     # ---- objects
     def create_pod(self, name: str, template: str = "one-gpu") -> None:
         """A pod with one claim made from ``template``."""
-        self.emu.create({"apiVersion": "v1", "kind": "Pod",
-                         "metadata": {"name": name, "namespace": "default"},
-                         "spec": {"containers": [{"name": "c", "image": "busybox"}],
-                                  "resourceClaims": [{"name": "gpu",
-                                                      "resourceClaimTemplateName": template}]}})
+        self.emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {
+                    "containers": [{"name": "c", "image": "busybox"}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                },
+            }
+        )
 
     def create_claim(self, name: str, spec: dict[str, Any] | None = None) -> None:
         """A ResourceClaim asking one device of class fabric-gpu."""
-        self.emu.create({"apiVersion": V1, "kind": "ResourceClaim",
-                         "metadata": {"name": name, "namespace": "default"},
-                         "spec": spec or claim_spec()})
+        self.emu.create(
+            {
+                "apiVersion": V1,
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": spec or claim_spec(),
+            }
+        )
 
     def claims(self) -> list[dict[str, Any]]:
         """Every ResourceClaim in the default namespace."""
@@ -112,14 +123,22 @@ class Cluster:
 
     def events(self, reason: str | None = None) -> list[dict[str, Any]]:
         """Events (of ``reason`` when given)."""
-        return [e for e in self.emu.list("v1", "Event", "default")
-                if reason is None or e.get("reason") == reason]
+        return [
+            e
+            for e in self.emu.list("v1", "Event", "default")
+            if reason is None or e.get("reason") == reason
+        ]
 
 
 def claim_spec(count: int = 1) -> dict[str, Any]:
     """The spec of a claim for ``count`` fabric-gpu devices."""
-    return {"devices": {"requests": [{"name": "gpu", "exactly": {
-        "deviceClassName": "fabric-gpu", "count": count}}]}}
+    return {
+        "devices": {
+            "requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "fabric-gpu", "count": count}}
+            ]
+        }
+    }
 
 
 HOST_LABEL = "fabric-dra.io/host-id"
@@ -129,23 +148,51 @@ HOST_LABEL = "fabric-dra.io/host-id"
 async def make_cluster(tmp_path: Path, *, devices: int = 4, **sim_options: Any) -> Cluster:
     """Start the simulator (session auth with the test credentials) and the emulator (v1),
     with the rack's two Nodes, the DeviceClass and a one-device claim template."""
-    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1,
-                                              devices_per_rack=devices, hosts_per_rack=2),
-                           username=FABRIC_USER, password=FABRIC_PASSWORD, auth="session",
-                           **sim_options)
+    sim = RedfishSimulator(
+        spec=InventorySpec(
+            regions=1, racks_per_region=1, devices_per_rack=devices, hosts_per_rack=2
+        ),
+        username=FABRIC_USER,
+        password=FABRIC_PASSWORD,
+        auth="session",
+        **sim_options,
+    )
     sim_url = await sim.start()
     # The service publishes taints and binding conditions: alpha gates, off by default in 1.34.
     emu = KubeEmulator(served_resource_versions=("v1",), feature_gates=all_gates_on("1.34"))
     await emu.start()
     for node in NODES:
-        emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
-            "kubernetes.io/hostname": node, "topology.kubernetes.io/region": "us-east",
-            "fabric-dra.io/rack": "rack-01", HOST_LABEL: node}}})
-    emu.create({"apiVersion": V1, "kind": "DeviceClass", "metadata": {"name": "fabric-gpu"},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}})
-    emu.create({"apiVersion": V1, "kind": "ResourceClaimTemplate",
-                "metadata": {"name": "one-gpu", "namespace": "default"},
-                "spec": {"spec": claim_spec()}})
+        emu.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": node,
+                    "labels": {
+                        "kubernetes.io/hostname": node,
+                        "topology.kubernetes.io/region": "us-east",
+                        "fabric-dra.io/rack": "rack-01",
+                        HOST_LABEL: node,
+                    },
+                },
+            }
+        )
+    emu.create(
+        {
+            "apiVersion": V1,
+            "kind": "DeviceClass",
+            "metadata": {"name": "fabric-gpu"},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+    )
+    emu.create(
+        {
+            "apiVersion": V1,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu", "namespace": "default"},
+            "spec": {"spec": claim_spec()},
+        }
+    )
     return Cluster(emu, sim, sim_url, tmp_path)
 
 
@@ -156,17 +203,23 @@ async def close_cluster(cluster: Cluster) -> None:
 
 
 # ---------------------------------------------------------------------------- HTTP helpers
-async def http(method: str, url: str, *, token: str | None = None,
-               data: bytes | str | None = None,
-               headers: dict[str, str] | None = None) -> tuple[int, str]:
+async def http(
+    method: str,
+    url: str,
+    *,
+    token: str | None = None,
+    data: bytes | str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, str]:
     """One request; returns (status, body text)."""
     all_headers = dict(headers or {})
     if token is not None:
         all_headers["Authorization"] = f"Bearer {token}"
     timeout = aiohttp.ClientTimeout(total=15)
-    async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
-        method, url, data=data, headers=all_headers
-    ) as response:
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.request(method, url, data=data, headers=all_headers) as response,
+    ):
         return response.status, await response.text()
 
 
@@ -192,8 +245,16 @@ class Controller:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
         env.update(self.environ)
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "app", "run", "--shutdown-deadline", "5",
-            stdout=self._log, stderr=self._log, env=env)
+            sys.executable,
+            "-m",
+            "app",
+            "run",
+            "--shutdown-deadline",
+            "5",
+            stdout=self._log,
+            stderr=self._log,
+            env=env,
+        )
         self.starts += 1
 
     async def kill(self) -> None:
@@ -259,14 +320,26 @@ async def journal_rows(database_url: str) -> list[Interval]:
     try:
         async with database.read() as session:
             rows = (await session.scalars(select(Reservation).order_by(Reservation.id))).all()
-            return [Interval(r.device_name, r.claim_uid, f"{r.claim_namespace}/{r.claim_name}",
-                             r.state, r.exclusive, r.created_at, r.released_at) for r in rows]
+            return [
+                Interval(
+                    r.device_name,
+                    r.claim_uid,
+                    f"{r.claim_namespace}/{r.claim_name}",
+                    r.state,
+                    r.exclusive,
+                    r.created_at,
+                    r.released_at,
+                )
+                for r in rows
+            ]
     finally:
         await database.dispose()
 
 
-def overlapping_holds(rows: list[Interval], slack_s: float = OVERLAP_SLACK_S,
-                      ) -> list[tuple[Interval, Interval]]:
+def overlapping_holds(
+    rows: list[Interval],
+    slack_s: float = OVERLAP_SLACK_S,
+) -> list[tuple[Interval, Interval]]:
     """Pairs of exclusive reservations of one device by different claims whose lives overlap
     by more than ``slack_s`` (invariant 1: must be empty).
 
@@ -286,9 +359,10 @@ def overlapping_holds(rows: list[Interval], slack_s: float = OVERLAP_SLACK_S,
         for earlier, later in itertools.pairwise(items):
             if earlier.claim_uid == later.claim_uid:
                 continue
-            if earlier.released is None or (
-                _naive(earlier.released) - _naive(later.created)
-            ).total_seconds() > slack_s:
+            if (
+                earlier.released is None
+                or (_naive(earlier.released) - _naive(later.created)).total_seconds() > slack_s
+            ):
                 found.append((earlier, later))
     return found
 
@@ -307,13 +381,15 @@ def history_problems(history: list[tuple[str, str, str]]) -> list[str]:
     for index, (op, block, system) in enumerate(history):
         if op == "attach":
             if block in held:
-                problems.append(f"#{index}: attach of {block} to {system} while attached to "
-                                f"{held[block]}")
+                problems.append(
+                    f"#{index}: attach of {block} to {system} while attached to {held[block]}"
+                )
             held[block] = system
         else:
             if held.get(block) != system:
-                problems.append(f"#{index}: detach of {block} from {system}, attached to "
-                                f"{held.get(block)}")
+                problems.append(
+                    f"#{index}: detach of {block} from {system}, attached to {held.get(block)}"
+                )
             held.pop(block, None)
     return problems
 
@@ -322,16 +398,21 @@ def ready(claim: dict[str, Any], device: str) -> bool:
     """Our FabricDeviceReady condition is True for ``device`` on ``claim``."""
     for entry in (claim.get("status") or {}).get("devices") or []:
         if entry.get("device") == device and entry.get("driver") == DRIVER:
-            return any(c.get("type") == "FabricDeviceReady" and c.get("status") == "True"
-                       for c in entry.get("conditions") or [])
+            return any(
+                c.get("type") == "FabricDeviceReady" and c.get("status") == "True"
+                for c in entry.get("conditions") or []
+            )
     return False
 
 
 def allocated(claim: dict[str, Any]) -> tuple[list[str], str | None]:
     """(devices of our driver, the node named by the node selector) of a claim."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
-    devices = [r["device"] for r in (allocation.get("devices") or {}).get("results") or []
-               if r.get("driver") == DRIVER]
+    devices = [
+        r["device"]
+        for r in (allocation.get("devices") or {}).get("results") or []
+        if r.get("driver") == DRIVER
+    ]
     node = None
     for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
         for field_ in term.get("matchFields") or []:
@@ -353,8 +434,7 @@ async def device_blocks(database_url: str) -> dict[str, str]:
         await database.dispose()
 
 
-def end_state_problems(cluster: Cluster, blocks: dict[str, str],
-                       rows: list[Interval]) -> list[str]:
+def end_state_problems(cluster: Cluster, blocks: dict[str, str], rows: list[Interval]) -> list[str]:
     """Everything wrong with a settled cluster (invariants 1-3); empty when all is well.
 
     * every live allocation's devices are attached exactly once, to the allocation's node,
@@ -378,8 +458,10 @@ def end_state_problems(cluster: Cluster, blocks: dict[str, str],
             wanted[block] = node or "?"
             holders = cluster.sim.holders(block)
             if holders != [node]:
-                problems.append(f"claim {name}: device {device} should be attached once to "
-                                f"{node}, the fabric says {holders}")
+                problems.append(
+                    f"claim {name}: device {device} should be attached once to "
+                    f"{node}, the fabric says {holders}"
+                )
             if not ready(claim, device):
                 problems.append(f"claim {name}: device {device} is not reported ready")
     devices = set(blocks.values())
@@ -388,13 +470,16 @@ def end_state_problems(cluster: Cluster, blocks: dict[str, str],
         if system and block not in wanted and block in devices:
             problems.append(f"block {block} is attached to {system} with no live allocation")
     for earlier, later in overlapping_holds(rows):
-        problems.append(f"device {earlier.device} held by {earlier.claim} and {later.claim} "
-                        f"at once ({earlier.created}..{earlier.released} vs {later.created})")
+        problems.append(
+            f"device {earlier.device} held by {earlier.claim} and {later.claim} "
+            f"at once ({earlier.created}..{earlier.released} vs {later.created})"
+        )
     problems += history_problems(cluster.sim.history)
     for row in rows:
         if row.state in UNSETTLED_STATES:
             problems.append(f"reservation of {row.device} for {row.claim} left {row.state}")
         if row.state != "released" and row.claim_uid not in live_uids:
-            problems.append(f"reservation of {row.device} ({row.state}) for {row.claim}, "
-                            "which is gone")
+            problems.append(
+                f"reservation of {row.device} ({row.state}) for {row.claim}, which is gone"
+            )
     return problems

@@ -33,8 +33,9 @@ class Running:
         """The value of one sample (0 when absent)."""
         for family in text_string_to_metric_families(await self.metrics()):
             for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v
-                                               for k, v in labels.items()):
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
                     return float(sample.value)
         return 0.0
 
@@ -48,27 +49,53 @@ class Running:
 
     def published_devices(self) -> list[str]:
         """Names of the devices in our ResourceSlices."""
-        return sorted(d["name"] for s in self.cluster.emu.list(V1, "ResourceSlice")
-                      if s["spec"]["driver"] == DRIVER for d in s["spec"].get("devices", []))
+        return sorted(
+            d["name"]
+            for s in self.cluster.emu.list(V1, "ResourceSlice")
+            if s["spec"]["driver"] == DRIVER
+            for d in s["spec"].get("devices", [])
+        )
 
-    def allocate(self, name: str, device: str, node: str = NODES[0],
-                 config: list[dict[str, Any]] | None = None) -> None:
+    def allocate(
+        self,
+        name: str,
+        device: str,
+        node: str = NODES[0],
+        config: list[dict[str, Any]] | None = None,
+    ) -> None:
         """Create claim ``name`` allocated ``device`` on ``node``, as the scheduler would."""
         self.cluster.create_claim(name)
         claim = self.cluster.emu.get(V1, "ResourceClaim", name, "default")
         assert claim is not None
-        devices: dict[str, Any] = {"results": [{
-            "request": "gpu", "driver": DRIVER, "pool": "us-east/rack-01", "device": device,
-            "bindingConditions": ["FabricDeviceReady"],
-            "bindingFailureConditions": ["FabricDeviceFailed"]}]}
+        devices: dict[str, Any] = {
+            "results": [
+                {
+                    "request": "gpu",
+                    "driver": DRIVER,
+                    "pool": "us-east/rack-01",
+                    "device": device,
+                    "bindingConditions": ["FabricDeviceReady"],
+                    "bindingFailureConditions": ["FabricDeviceFailed"],
+                }
+            ]
+        }
         if config:
             devices["config"] = config
-        claim["status"] = {"allocation": {
-            "devices": devices,
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-        }, "reservedFor": [{"resource": "pods", "name": f"pod-{name}",
-                            "uid": str(uuid.uuid4())}]}
+        claim["status"] = {
+            "allocation": {
+                "devices": devices,
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": str(uuid.uuid4())}],
+        }
         self.cluster.emu.update_status(claim)
 
     def condition(self, name: str, type_: str) -> str | None:

@@ -81,8 +81,11 @@ async def sqlite_db(tmp_path: Path, sqlite_template: Path) -> AsyncIterator[Data
 @pytest.mark.parametrize("case", cases("vendor"))
 @pytest.mark.parametrize("cluster", [{"devices": 3}], indirect=True)
 async def test_bad_vendor_data_rejects_only_the_offending_device(
-    case: dict[str, Any], cluster: Cluster, sqlite_db: Database,
-    caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest,
+    case: dict[str, Any],
+    cluster: Cluster,
+    sqlite_db: Database,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
 ) -> None:
     sim = cluster.sim
     blocks = sim.block_uris()
@@ -96,26 +99,41 @@ async def test_bad_vendor_data_rejects_only_the_offending_device(
         if isinstance(mutation, dict) and "@odata.id" in mutation:
             mutation["@odata.id"] = target
         # Served as the raw answer to the one GET of that device.
-        sim.fail_next(1, method="GET", path_prefix=target, status=200,
-                      body=json.dumps(mutation, ensure_ascii=False))
+        sim.fail_next(
+            1,
+            method="GET",
+            path_prefix=target,
+            status=200,
+            body=json.dumps(mutation, ensure_ascii=False),
+        )
     if case.get("known_gap"):
         request.applymarker(pytest.mark.xfail(reason=case["known_gap"], strict=True))
     registry = prometheus_client.CollectorRegistry()
-    backend = RedfishBackend(cluster.sim_url, auth="session", username="ops-user",
-                             password="Fabr1c-S3cret-pw-9f2c", retry=RetrySettings(attempts=1),
-                             timeout_s=10)
+    backend = RedfishBackend(
+        cluster.sim_url,
+        auth="session",
+        username="ops-user",
+        password="Fabr1c-S3cret-pw-9f2c",
+        retry=RetrySettings(attempts=1),
+        timeout_s=10,
+    )
     expected = case["expected"]
     try:
         with caplog.at_level(logging.INFO):
-            result = await InventorySync(backend, sqlite_db,
-                                         metrics=InventoryMetrics.create(registry)).sync_once()
+            result = await InventorySync(
+                backend, sqlite_db, metrics=InventoryMetrics.create(registry)
+            ).sync_once()
     finally:
         await backend.close()
     present = {d.name for d in await pool_devices(sqlite_db)}
     assert result.ok, f"{case['id']}: the sync as a whole failed: {result}"
-    rejected = registry.get_sample_value("fabric_dra_inventory_rejected_total",
-                                         {"backend": "redfish", "kind": expected.get("metric_kind",
-                                                                                  "")}) or 0
+    rejected = (
+        registry.get_sample_value(
+            "fabric_dra_inventory_rejected_total",
+            {"backend": "redfish", "kind": expected.get("metric_kind", "")},
+        )
+        or 0
+    )
     log_text = caplog.text
     assert len(present) == expected["devices_kept"], (case["id"], present, log_text)
     if expected.get("outcome") == "accepted":
@@ -128,14 +146,18 @@ async def test_bad_vendor_data_rejects_only_the_offending_device(
 # ------------------------------------------------------------------------ claims
 @pytest.mark.parametrize("case", cases("claim"))
 async def test_bad_claim_config_is_shown_on_the_claim_and_in_an_event(
-    case: dict[str, Any], running: Running,
+    case: dict[str, Any],
+    running: Running,
 ) -> None:
     entries = json.loads((DATA / case["input"]).read_text())
     device = running.published_devices()[0]
     running.allocate("bad", device, config=entries)
     expected = case["expected"]
-    await eventually(lambda: running.condition("bad", "FabricDeviceFailed") == "True",
-                     timeout_s=20, what=f"{case['id']}: the failure condition")
+    await eventually(
+        lambda: running.condition("bad", "FabricDeviceFailed") == "True",
+        timeout_s=20,
+        what=f"{case['id']}: the failure condition",
+    )
     claim = running.cluster.emu.get("resource.k8s.io/v1", "ResourceClaim", "bad", "default")
     assert claim is not None
     (entry,) = claim["status"]["devices"]
@@ -143,26 +165,42 @@ async def test_bad_claim_config_is_shown_on_the_claim_and_in_an_event(
     assert failed["reason"] == expected["reason"]
     assert expected["message"] in failed["message"], failed
     # The Event recorder sends in the background: wait for the Event, not a fixed window.
-    await eventually(lambda: any(expected["message"] in e["message"]
-                                 for e in running.cluster.events(expected["reason"])),
-                     timeout_s=20, what=f"{case['id']}: the Warning event")
+    await eventually(
+        lambda: any(
+            expected["message"] in e["message"] for e in running.cluster.events(expected["reason"])
+        ),
+        timeout_s=20,
+        what=f"{case['id']}: the Warning event",
+    )
     # Nothing was attached for it, and a good claim still works.
     assert not any(running.cluster.sim.attachments().values())
     good = running.published_devices()[1]
     running.allocate("good", good)
-    await eventually(lambda: running.condition("good", "FabricDeviceReady") == "True",
-                     timeout_s=20, what="the good claim ready")
+    await eventually(
+        lambda: running.condition("good", "FabricDeviceReady") == "True",
+        timeout_s=20,
+        what="the good claim ready",
+    )
 
 
 # ------------------------------------------------------------------------ config files
 @pytest.mark.parametrize("case", cases("config"))
 async def test_a_bad_config_file_stops_the_cli_with_one_clear_line(
-    case: dict[str, Any], tmp_path: Path,
+    case: dict[str, Any],
+    tmp_path: Path,
 ) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app", "run", "--config", str(DATA / case["input"]),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin"})
+        sys.executable,
+        "-m",
+        "app",
+        "run",
+        "--config",
+        str(DATA / case["input"]),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     out, err = await asyncio.wait_for(process.communicate(), 60)
     expected = case["expected"]
     stderr = err.decode()
@@ -175,7 +213,8 @@ async def test_a_bad_config_file_stops_the_cli_with_one_clear_line(
 # ------------------------------------------------------------------------ admin HTTP
 @pytest.mark.parametrize("case", cases("admin"))
 async def test_a_bad_admin_request_gets_a_clear_error_answer(
-    case: dict[str, Any], running: Running,
+    case: dict[str, Any],
+    running: Running,
 ) -> None:
     expected = case["expected"]
     request = case["request"]
@@ -185,10 +224,12 @@ async def test_a_bad_admin_request_gets_a_clear_error_answer(
     if request.get("body_bytes"):
         body = b'{"reason": "' + b"x" * int(request["body_bytes"]) + b'"}'
     token = {"none": None, "right": ADMIN_TOKEN, "wrong": "not-the-token"}[
-        request.get("token", "none")]
+        request.get("token", "none")
+    ]
     headers = {"Content-Type": "application/json"} if body is not None else {}
-    status, text = await http(request["method"], running.base + request["path"], token=token,
-                              data=body, headers=headers)
+    status, text = await http(
+        request["method"], running.base + request["path"], token=token, data=body, headers=headers
+    )
     assert status == expected["status"], (case["id"], text)
     answer = json.loads(text)
     assert answer["error"]["code"] == status
@@ -200,28 +241,58 @@ async def test_a_bad_admin_request_gets_a_clear_error_answer(
 
 # ------------------------------------------------------------------------ fuzzing
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
-    | st.text(max_size=30),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=12), children, max_size=5),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=5)
+    ),
     max_leaves=20,
 )
-KEYS = st.sampled_from(["@odata.id", "Id", "Name", "ProcessorType", "Manufacturer", "Model",
-                        "SerialNumber", "UUID", "Status", "MemorySummary", "Location",
-                        "Protocol", "CapacityBytes", "CapacityMiB", "CXL", "SpeedMbps",
-                        "Links", "ResourceBlockType", "Processors", "Drives", "Memory",
-                        "CompositionStatus", "Storage", "SimpleStorage", "PartLocation"])
-VALUES = st.one_of(JSON, st.just("GPU"), st.just("NVMe"), st.just({"Health": "OK"}),
-                   st.just({"@odata.id": "/redfish/v1/x"}),
-                   st.just([{"@odata.id": "/redfish/v1/y"}]),
-                   st.text(min_size=1000, max_size=1100))
+KEYS = st.sampled_from(
+    [
+        "@odata.id",
+        "Id",
+        "Name",
+        "ProcessorType",
+        "Manufacturer",
+        "Model",
+        "SerialNumber",
+        "UUID",
+        "Status",
+        "MemorySummary",
+        "Location",
+        "Protocol",
+        "CapacityBytes",
+        "CapacityMiB",
+        "CXL",
+        "SpeedMbps",
+        "Links",
+        "ResourceBlockType",
+        "Processors",
+        "Drives",
+        "Memory",
+        "CompositionStatus",
+        "Storage",
+        "SimpleStorage",
+        "PartLocation",
+    ]
+)
+VALUES = st.one_of(
+    JSON,
+    st.just("GPU"),
+    st.just("NVMe"),
+    st.just({"Health": "OK"}),
+    st.just({"@odata.id": "/redfish/v1/x"}),
+    st.just([{"@odata.id": "/redfish/v1/y"}]),
+    st.text(min_size=1000, max_size=1100),
+)
 PAYLOADS = st.one_of(JSON, st.dictionaries(KEYS, VALUES, max_size=10))
 
 
 @given(PAYLOADS, st.sampled_from(list(DeviceSource)))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_the_device_parser_raises_only_its_errors_and_makes_only_valid_devices(
-    payload: Any, source: DeviceSource,
+    payload: Any,
+    source: DeviceSource,
 ) -> None:
     context = DeviceContext(BlockInfo(uri="/redfish/v1/CompositionService/ResourceBlocks/b"))
     try:
@@ -246,18 +317,34 @@ def test_the_block_parser_raises_only_its_errors(payload: Any) -> None:
     assert isinstance(block, BlockInfo)
 
 
-CONFIG_ENTRY = st.one_of(JSON, st.fixed_dictionaries({
-    "source": st.sampled_from(["FromClaim", "FromClass"]),
-    "requests": st.one_of(st.none(), st.lists(st.sampled_from(["gpu", "x"]), max_size=2)),
-    "opaque": st.fixed_dictionaries({
-        "driver": st.sampled_from([DRIVER, "other.example.com"]),
-        "parameters": st.one_of(JSON, st.fixed_dictionaries(
-            {"apiVersion": st.sampled_from(["fabric-dra.io/v1alpha1", "v2"]),
-             "kind": st.sampled_from(["FabricDeviceConfig", "Other"])},
-            optional={"attachTimeoutSeconds": JSON | st.integers(),
-                      "maxAttachAttempts": JSON | st.integers(), "extra": JSON})),
-    }),
-}))
+CONFIG_ENTRY = st.one_of(
+    JSON,
+    st.fixed_dictionaries(
+        {
+            "source": st.sampled_from(["FromClaim", "FromClass"]),
+            "requests": st.one_of(st.none(), st.lists(st.sampled_from(["gpu", "x"]), max_size=2)),
+            "opaque": st.fixed_dictionaries(
+                {
+                    "driver": st.sampled_from([DRIVER, "other.example.com"]),
+                    "parameters": st.one_of(
+                        JSON,
+                        st.fixed_dictionaries(
+                            {
+                                "apiVersion": st.sampled_from(["fabric-dra.io/v1alpha1", "v2"]),
+                                "kind": st.sampled_from(["FabricDeviceConfig", "Other"]),
+                            },
+                            optional={
+                                "attachTimeoutSeconds": JSON | st.integers(),
+                                "maxAttachAttempts": JSON | st.integers(),
+                                "extra": JSON,
+                            },
+                        ),
+                    ),
+                }
+            ),
+        }
+    ),
+)
 
 
 @given(st.lists(CONFIG_ENTRY, max_size=4))

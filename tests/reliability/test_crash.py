@@ -73,8 +73,11 @@ class Workload:
 
     def step(self) -> None:
         """One action: create a pod or delete one; then sample."""
-        pods = sorted(p["metadata"]["name"] for p in self.cluster.pods()
-                      if not p["metadata"].get("deletionTimestamp"))
+        pods = sorted(
+            p["metadata"]["name"]
+            for p in self.cluster.pods()
+            if not p["metadata"].get("deletionTimestamp")
+        )
         if pods and (len(pods) >= MAX_PODS or self.rng.random() < 0.4):
             self.cluster.emu.delete("v1", "Pod", self.rng.choice(pods), "default")
             self.deleted += 1
@@ -107,8 +110,9 @@ async def _database_url(tmp_path: Path) -> AsyncIterator[str]:
     if DATABASE == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path}/crash.db"
         return
-    admin = os.environ.get("FABRIC_DRA_TEST_PG_ADMIN_URL",
-                           "postgresql://postgres@127.0.0.1:5432/postgres")
+    admin = os.environ.get(
+        "FABRIC_DRA_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
     name = f"fabric_dra_crash_{uuid.uuid4().hex[:8]}"
     conn = await asyncpg.connect(admin)
     try:
@@ -151,41 +155,68 @@ PROFILE_KILLS = int(os.environ.get("FABRIC_DRA_CRASH_PROFILE_KILLS", "1"))
 @pytest.mark.timeout(150 + 8 * PROFILE_KILLS)
 @pytest.mark.parametrize("profile", CRASH_PROFILES)
 async def test_the_controller_survives_sigkill_on_every_simulator_profile(
-    tmp_path: Path, profile: str,
+    tmp_path: Path,
+    profile: str,
 ) -> None:
     print(f"crash test on profile {profile}: seed {SEED}, {PROFILE_KILLS} kills")
     sim_options, environ = PROFILE_SETUP.get(profile, ({}, {}))
     async with _database_url(tmp_path) as database_url:
-        await _crash_run(tmp_path, database_url, kills=PROFILE_KILLS, profile=profile,
-                         sim_options=sim_options, environ=environ)
+        await _crash_run(
+            tmp_path,
+            database_url,
+            kills=PROFILE_KILLS,
+            profile=profile,
+            sim_options=sim_options,
+            environ=environ,
+        )
 
 
-async def _crash_run(tmp_path: Path, database_url: str, *, kills: int = KILLS,
-                     profile: str | None = None, sim_options: dict[str, Any] | None = None,
-                     environ: dict[str, str] | None = None) -> None:
+async def _crash_run(
+    tmp_path: Path,
+    database_url: str,
+    *,
+    kills: int = KILLS,
+    profile: str | None = None,
+    sim_options: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> None:
     rng = random.Random(SEED)
-    cluster = await make_cluster(tmp_path, devices=DEVICES,
-                                 profiles=(profile,) if profile else (), **(sim_options or {}))
+    cluster = await make_cluster(
+        tmp_path, devices=DEVICES, profiles=(profile,) if profile else (), **(sim_options or {})
+    )
     if profile == "attach-noop":
         cluster.sim.noop_attaches = 1  # one attach answered with success that did nothing
-    controller = Controller(cluster.environ(database_url, **(environ or {})),
-                            tmp_path / "controller.log")
+    controller = Controller(
+        cluster.environ(database_url, **(environ or {})), tmp_path / "controller.log"
+    )
     client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=cluster.emu.url))
-    scheduler = StructuredScheduler(client, ResourceApiVersion.V1, StructuredSettings(
-        poll_interval_s=0.1, retry_interval_s=0.2, binding_timeout_s=30.0,
-        failed_device_memory_s=2.0,
-        informer=InformerSettings(name="x", watch_timeout_s=30, backoff_initial_s=0.05,
-                                  backoff_max_s=0.5),
-        queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.5)))
+    scheduler = StructuredScheduler(
+        client,
+        ResourceApiVersion.V1,
+        StructuredSettings(
+            poll_interval_s=0.1,
+            retry_interval_s=0.2,
+            binding_timeout_s=30.0,
+            failed_device_memory_s=2.0,
+            informer=InformerSettings(
+                name="x", watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=0.5
+            ),
+            queue=WorkQueueSettings(base_delay_s=0.02, max_delay_s=0.5),
+        ),
+    )
     workload = Workload(cluster, rng)
     stop = asyncio.Event()
     driver: asyncio.Task[None] | None = None
     context = f"seed {SEED}" + (f", profile {profile}" if profile else "")
     try:
         await controller.start()
-        await eventually(lambda: any(s["spec"]["driver"] == DRIVER
-                                     for s in cluster.emu.list(V1, "ResourceSlice")),
-                         timeout_s=60, what=f"the first slice ({context})")
+        await eventually(
+            lambda: any(
+                s["spec"]["driver"] == DRIVER for s in cluster.emu.list(V1, "ResourceSlice")
+            ),
+            timeout_s=60,
+            what=f"the first slice ({context})",
+        )
         await scheduler.start()
         driver = asyncio.create_task(workload.run(stop), name="crash-workload")
         started = time.monotonic()
@@ -198,14 +229,22 @@ async def _crash_run(tmp_path: Path, database_url: str, *, kills: int = KILLS,
                 # its journal record and claim status may not be written yet).
                 seen = len(cluster.sim.history)
                 with contextlib.suppress(AssertionError):
-                    await eventually(lambda: len(cluster.sim.history) > seen,  # noqa: B023
-                                     timeout_s=5, interval_s=0.005, what="a fabric change")
+                    await eventually(
+                        lambda: len(cluster.sim.history) > seen,  # noqa: B023
+                        timeout_s=5,
+                        interval_s=0.005,
+                        what="a fabric change",
+                    )
                 await asyncio.sleep(rng.uniform(0, 0.03))
             assert not driver.done(), f"the workload stopped ({context}): {driver}"
-            assert controller.alive() or controller.process is None or \
-                controller.process.returncode == -9, (
-                    f"the controller exited by itself before kill {kill} ({context}): "
-                    f"{controller.log_tail()}")
+            assert (
+                controller.alive()
+                or controller.process is None
+                or controller.process.returncode == -9
+            ), (
+                f"the controller exited by itself before kill {kill} ({context}): "
+                f"{controller.log_tail()}"
+            )
             await controller.kill()
             await controller.start()
         stop.set()
@@ -214,24 +253,33 @@ async def _crash_run(tmp_path: Path, database_url: str, *, kills: int = KILLS,
             # A short run (one kill per profile) may end before any pod went: let one go, so
             # that the detach path is judged on this profile too.
             def bound() -> list[str]:
-                return [p["metadata"]["name"] for p in cluster.pods()
-                        if (p.get("spec") or {}).get("nodeName")
-                        and not p["metadata"].get("deletionTimestamp")]
+                return [
+                    p["metadata"]["name"]
+                    for p in cluster.pods()
+                    if (p.get("spec") or {}).get("nodeName")
+                    and not p["metadata"].get("deletionTimestamp")
+                ]
 
             if not any(not p["metadata"].get("deletionTimestamp") for p in cluster.pods()):
                 cluster.create_pod("before-final")  # the workload may have deleted them all
             await eventually(lambda: bool(bound()), timeout_s=60, what=f"a bound pod ({context})")
             cluster.emu.delete("v1", "Pod", bound()[0], "default")
-            await eventually(lambda: any(op == "detach" for op, _, _ in cluster.sim.history),
-                             timeout_s=60, what=f"a detach ({context})")
+            await eventually(
+                lambda: any(op == "detach" for op, _, _ in cluster.sim.history),
+                timeout_s=60,
+                what=f"a detach ({context})",
+            )
         # The end state must include live allocations to check: top up to two pods.
         alive = [p for p in cluster.pods() if not p["metadata"].get("deletionTimestamp")]
         for index in range(max(0, 2 - len(alive))):
             cluster.create_pod(f"final-{index}")
         # Settle: the last process runs undisturbed; judge only once it leads and has
         # recovered the journal (its claim informer syncs before the recovery pass).
-        await eventually(lambda: "informer resourceclaims: synced" in controller.current_log(),
-                         timeout_s=60, what=f"the last controller started ({context})")
+        await eventually(
+            lambda: "informer resourceclaims: synced" in controller.current_log(),
+            timeout_s=60,
+            what=f"the last controller started ({context})",
+        )
         blocks = await device_blocks(database_url)
         last: list[str] = []
 
@@ -239,8 +287,12 @@ async def _crash_run(tmp_path: Path, database_url: str, *, kills: int = KILLS,
             nonlocal last
             pods = cluster.pods()
             if not all((p.get("spec") or {}).get("nodeName") for p in pods):
-                last = ["pods not yet bound: " + ", ".join(
-                    p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName"))]
+                last = [
+                    "pods not yet bound: "
+                    + ", ".join(
+                        p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")
+                    )
+                ]
                 return False
             last = end_state_problems(cluster, blocks, await journal_rows(database_url))
             return not last
@@ -248,21 +300,28 @@ async def _crash_run(tmp_path: Path, database_url: str, *, kills: int = KILLS,
         try:
             await eventually(settled, timeout_s=90, interval_s=0.5, what="a settled cluster")
         except AssertionError:
-            pytest.fail(f"not converged ({context}): {last}\n--- controller log ---\n"
-                        f"{controller.log_tail()}")
+            pytest.fail(
+                f"not converged ({context}): {last}\n--- controller log ---\n"
+                f"{controller.log_tail()}"
+            )
         elapsed = time.monotonic() - started
-        recoveries = [line.split("recovery: ", 1)[1] for line in
-                      controller.log_path.read_text(errors="replace").splitlines()
-                      if "app.claims.fabric_ops: recovery: " in line]
-        print(f"crash test: {controller.kills} kills survived in {elapsed:.0f}s; "
-              f"{workload.created} pods created, {workload.deleted} deleted, "
-              f"{len(cluster.sim.history)} fabric changes, {workload.samples} samples; "
-              f"journal recoveries at start-up: {recoveries}")
+        recoveries = [
+            line.split("recovery: ", 1)[1]
+            for line in controller.log_path.read_text(errors="replace").splitlines()
+            if "app.claims.fabric_ops: recovery: " in line
+        ]
+        print(
+            f"crash test: {controller.kills} kills survived in {elapsed:.0f}s; "
+            f"{workload.created} pods created, {workload.deleted} deleted, "
+            f"{len(cluster.sim.history)} fabric changes, {workload.samples} samples; "
+            f"journal recoveries at start-up: {recoveries}"
+        )
         assert controller.kills == kills, context
         assert workload.double_allocations == [], f"{context}: {workload.double_allocations}"
         assert cluster.sim.history, f"nothing was ever attached ({context})"
         assert any(op == "detach" for op, _, _ in cluster.sim.history), (
-            f"nothing was ever detached ({context})")
+            f"nothing was ever detached ({context})"
+        )
         live = [c for c in cluster.claims() if allocated(c)[0]]
         assert live, f"no live allocation at the end ({context})"
         assert {allocated(c)[1] for c in live} <= set(NODES), context

@@ -32,8 +32,11 @@ BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
 async def attached_and_ready(running: Running, claim: str, device: str) -> None:
     """Wait until ``device`` is attached to NODES[0] once and Ready is True on ``claim``."""
     block = (await Journal(running.service.db).fabric_device_by_name(device)).attach_unit
-    await eventually(lambda: running.condition(claim, "FabricDeviceReady") == "True",
-                     timeout_s=30, what=f"{claim} ready")
+    await eventually(
+        lambda: running.condition(claim, "FabricDeviceReady") == "True",
+        timeout_s=30,
+        what=f"{claim} ready",
+    )
     assert running.cluster.sim.holders(block) == [NODES[0]]
 
 
@@ -43,8 +46,7 @@ async def freed(running: Running, claim: str) -> None:
     journal = Journal(running.service.db)
 
     async def empty() -> bool:
-        return not await journal.active() and not any(
-            running.cluster.sim.attachments().values())
+        return not await journal.active() and not any(running.cluster.sim.attachments().values())
 
     await eventually(empty, timeout_s=30, what="everything released and detached")
 
@@ -79,16 +81,19 @@ async def _stale(running: Running, value: float) -> bool:
 
 
 async def test_a_slow_fabric_manager_times_out_shows_stale_and_recovers(
-    cluster: Cluster, tmp_path: Path,
+    cluster: Cluster,
+    tmp_path: Path,
 ) -> None:
-    running = await start_service(cluster, f"sqlite+aiosqlite:///{tmp_path}/slow.db",
-                                  FABRIC_DRA_LEADER__ENABLED="false",
-                                  FABRIC_DRA_FABRIC__TIMEOUT_SECONDS="1",
-                                  FABRIC_DRA_FABRIC__RETRY_ATTEMPTS="1")
+    running = await start_service(
+        cluster,
+        f"sqlite+aiosqlite:///{tmp_path}/slow.db",
+        FABRIC_DRA_LEADER__ENABLED="false",
+        FABRIC_DRA_FABRIC__TIMEOUT_SECONDS="1",
+        FABRIC_DRA_FABRIC__RETRY_ATTEMPTS="1",
+    )
     try:
         cluster.sim.faults.latency_s = 2.0
-        await eventually(lambda: _stale(running, 1.0), timeout_s=30,
-                         what="stale while slow")
+        await eventually(lambda: _stale(running, 1.0), timeout_s=30, what="stale while slow")
         cluster.sim.faults.latency_s = 0.0
         await eventually(lambda: _stale(running, 0.0), timeout_s=30, what="fresh again")
         await converges(running)
@@ -117,10 +122,17 @@ async def test_a_409_on_attach_reports_the_device_failed_on_the_claim_and_counts
     device = running.published_devices()[0]
     running.cluster.sim.fail_next(1, method="POST", path_prefix=ACTIONS, status=409)
     running.allocate("c1", device)
-    await eventually(lambda: running.condition("c1", "FabricDeviceFailed") == "True",
-                     timeout_s=30, what="the device reported failed")
-    assert await running.metric("fabric_dra_fabric_operations_total", operation="attach",
-                                result="failed") == 1
+    await eventually(
+        lambda: running.condition("c1", "FabricDeviceFailed") == "True",
+        timeout_s=30,
+        what="the device reported failed",
+    )
+    assert (
+        await running.metric(
+            "fabric_dra_fabric_operations_total", operation="attach", result="failed"
+        )
+        == 1
+    )
     (event,) = running.cluster.events("AttachFailed")
     assert "HTTP 409" in event["message"], event
     assert not any(running.cluster.sim.attachments().values())
@@ -137,10 +149,16 @@ async def test_a_412_on_attach_is_retried_counted_and_the_device_becomes_ready(
     await attached_and_ready(running, "c1", device)
     # The backend re-reads the ETag and retries within the same call: the claim never sees
     # it, but the metrics do.
-    assert await running.metric("fabric_dra_fabric_operations_total", operation="attach",
-                                result="ok") == 1
-    assert await running.metric("fabric_dra_fabric_retries_total", backend="redfish",
-                                reason="precondition") == 1
+    assert (
+        await running.metric("fabric_dra_fabric_operations_total", operation="attach", result="ok")
+        == 1
+    )
+    assert (
+        await running.metric(
+            "fabric_dra_fabric_retries_total", backend="redfish", reason="precondition"
+        )
+        == 1
+    )
     assert running.cluster.events("AttachFailed") == []
     await freed(running, "c1")
 
@@ -150,8 +168,9 @@ async def test_malformed_json_from_the_fabric_manager_fails_one_sync_and_loses_n
 ) -> None:
     devices = running.published_devices()
     before = await running.metric("fabric_dra_inventory_syncs_total", result="failed")
-    running.cluster.sim.fail_next(3, method="GET", path_prefix=BLOCKS, status=200,
-                                  body='{"Members": [{"@odata.id": ')
+    running.cluster.sim.fail_next(
+        3, method="GET", path_prefix=BLOCKS, status=200, body='{"Members": [{"@odata.id": '
+    )
     await eventually(lambda: _failed_more(running, before), what="a failed sync counted")
     assert running.published_devices() == devices
     await eventually(lambda: _stale(running, 0.0), what="fresh again")
@@ -170,12 +189,18 @@ async def test_a_truncated_page_fails_the_listing_and_removes_no_device(
     assert len(devices) == 6
     before = await running.metric("fabric_dra_inventory_syncs_total", result="failed")
     # The second page of the blocks collection is cut short.
-    page = json.dumps({"Members": [{"@odata.id": BLOCKS + "/x"}],
-                       "Members@odata.nextLink": BLOCKS + "?$skip=4&$top=2"})
-    running.cluster.sim.fail_next(2, method="GET", path_prefix=BLOCKS + "?", status=200,
-                                  body=page[: len(page) // 2])
-    running.cluster.sim.fail_next(2, method="GET", path_prefix=BLOCKS, status=200,
-                                  body=page[: len(page) // 2])
+    page = json.dumps(
+        {
+            "Members": [{"@odata.id": BLOCKS + "/x"}],
+            "Members@odata.nextLink": BLOCKS + "?$skip=4&$top=2",
+        }
+    )
+    running.cluster.sim.fail_next(
+        2, method="GET", path_prefix=BLOCKS + "?", status=200, body=page[: len(page) // 2]
+    )
+    running.cluster.sim.fail_next(
+        2, method="GET", path_prefix=BLOCKS, status=200, body=page[: len(page) // 2]
+    )
     await eventually(lambda: _failed_more(running, before), what="a failed sync counted")
     await asyncio.sleep(1.2)
     assert running.published_devices() == devices
@@ -184,25 +209,54 @@ async def test_a_truncated_page_fails_the_listing_and_removes_no_device(
 
 @pytest.mark.parametrize("cluster", [{"task_mode": True, "task_polls": 10**9}], indirect=True)
 async def test_a_task_that_never_finishes_times_out_and_the_device_is_reported_failed(
-    cluster: Cluster, tmp_path: Path,
+    cluster: Cluster,
+    tmp_path: Path,
 ) -> None:
-    running = await start_service(cluster, f"sqlite+aiosqlite:///{tmp_path}/task.db",
-                                  FABRIC_DRA_LEADER__ENABLED="false",
-                                  FABRIC_DRA_FABRIC__TASK_TIMEOUT_SECONDS="1")
+    running = await start_service(
+        cluster,
+        f"sqlite+aiosqlite:///{tmp_path}/task.db",
+        FABRIC_DRA_LEADER__ENABLED="false",
+        FABRIC_DRA_FABRIC__TASK_TIMEOUT_SECONDS="1",
+    )
     try:
         device = running.published_devices()[0]
-        running.allocate("c1", device, config=[{"source": "FromClaim", "opaque": {
-            "driver": "fabric.example.com", "parameters": {
-                "apiVersion": "fabric-dra.io/v1alpha1", "kind": "FabricDeviceConfig",
-                "maxAttachAttempts": 1, "attachTimeoutSeconds": 1}}}])
-        await eventually(lambda: running.condition("c1", "FabricDeviceFailed") == "True",
-                         timeout_s=30, what="the device reported failed")
+        running.allocate(
+            "c1",
+            device,
+            config=[
+                {
+                    "source": "FromClaim",
+                    "opaque": {
+                        "driver": "fabric.example.com",
+                        "parameters": {
+                            "apiVersion": "fabric-dra.io/v1alpha1",
+                            "kind": "FabricDeviceConfig",
+                            "maxAttachAttempts": 1,
+                            "attachTimeoutSeconds": 1,
+                        },
+                    },
+                }
+            ],
+        )
+        await eventually(
+            lambda: running.condition("c1", "FabricDeviceFailed") == "True",
+            timeout_s=30,
+            what="the device reported failed",
+        )
         assert running.condition("c1", "FabricDeviceReady") != "True"
-        assert await running.metric("fabric_dra_fabric_operations_total", operation="attach",
-                                    result="ok") == 0
+        assert (
+            await running.metric(
+                "fabric_dra_fabric_operations_total", operation="attach", result="ok"
+            )
+            == 0
+        )
         # The last attempt allowed timed out: counted as failed, not as one more retry.
-        assert await running.metric("fabric_dra_fabric_operations_total", operation="attach",
-                                    result="failed") == 1
+        assert (
+            await running.metric(
+                "fabric_dra_fabric_operations_total", operation="attach", result="failed"
+            )
+            == 1
+        )
         (event,) = cluster.events("AttachFailed")
         assert "no answer within 1" in event["message"], event
         assert not any(cluster.sim.attachments().values())
@@ -214,8 +268,7 @@ async def test_a_task_that_never_finishes_times_out_and_the_device_is_reported_f
 
 # ------------------------------------------------------------------------ API server
 async def test_410_storms_are_survived_by_relisting(running: Running) -> None:
-    expired = await running.metric("fabric_dra_informer_expired_total",
-                                   informer="resourceclaims")
+    expired = await running.metric("fabric_dra_informer_expired_total", informer="resourceclaims")
     device = running.published_devices()[0]
     for _ in range(10):
         running.cluster.emu.compact()
@@ -228,8 +281,10 @@ async def test_410_storms_are_survived_by_relisting(running: Running) -> None:
         await asyncio.sleep(0.1)
     await attached_and_ready(running, "c1", device)
     # The storm shows in the metrics: watches answered 410 and re-lists.
-    assert await running.metric("fabric_dra_informer_expired_total",
-                                informer="resourceclaims") > expired
+    assert (
+        await running.metric("fabric_dra_informer_expired_total", informer="resourceclaims")
+        > expired
+    )
     await freed(running, "c1")
     await converges(running)
 
@@ -239,9 +294,9 @@ async def test_a_conflict_on_every_first_claim_status_write_is_retried(
 ) -> None:
     devices = running.published_devices()[:2]
     for index, device in enumerate(devices):
-        running.cluster.emu.fail_next(1, method="PUT",
-                                      path_regex=rf"/resourceclaims/c{index}/status$",
-                                      status=409)
+        running.cluster.emu.fail_next(
+            1, method="PUT", path_regex=rf"/resourceclaims/c{index}/status$", status=409
+        )
         running.allocate(f"c{index}", device)
     for index, device in enumerate(devices):
         await attached_and_ready(running, f"c{index}", device)
@@ -253,23 +308,25 @@ async def test_a_conflict_on_every_first_claim_status_write_is_retried(
 
 
 async def test_dropped_watches_are_resumed_and_claims_still_flow(running: Running) -> None:
-    watches = await running.metric("fabric_dra_informer_watches_total",
-                                   informer="resourceclaims")
+    watches = await running.metric("fabric_dra_informer_watches_total", informer="resourceclaims")
     for _ in range(5):
         await running.cluster.emu.close_watches()
         await asyncio.sleep(0.2)
     await converges(running)
     # The dropped watches were opened again (after backoff, so some closes found none
     # open), and the metrics show it.
-    assert await running.metric("fabric_dra_informer_watches_total",
-                                informer="resourceclaims") > watches
+    assert (
+        await running.metric("fabric_dra_informer_watches_total", informer="resourceclaims")
+        > watches
+    )
 
 
 async def test_429_with_retry_after_is_honoured_and_shown_as_errors(running: Running) -> None:
     before = await running.metric("fabric_dra_claim_reconciles_total", result="error")
     device = running.published_devices()[0]
-    running.cluster.emu.fail_next(2, method="PUT", path_regex=r"/resourceclaims/c1/status$",
-                                  status=429, retry_after=1)
+    running.cluster.emu.fail_next(
+        2, method="PUT", path_regex=r"/resourceclaims/c1/status$", status=429, retry_after=1
+    )
     running.allocate("c1", device)
     await attached_and_ready(running, "c1", device)
     throttled = [w for w in running.cluster.emu.writes("/status") if w.status == 429]
@@ -355,8 +412,9 @@ class CutProxy:
 @pytest.fixture
 async def pg_proxy() -> AsyncIterator[CutProxy]:
     """A cuttable proxy in front of the test PostgreSQL."""
-    admin_url = os.environ.get("FABRIC_DRA_TEST_PG_ADMIN_URL",
-                               "postgresql://postgres@127.0.0.1:5432/postgres")
+    admin_url = os.environ.get(
+        "FABRIC_DRA_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
     host_port = admin_url.split("@", 1)[1].split("/", 1)[0]
     host, _, port = host_port.partition(":")
     proxy = CutProxy(host, int(port or 5432))
@@ -365,22 +423,31 @@ async def pg_proxy() -> AsyncIterator[CutProxy]:
     await proxy.stop()
 
 
-@pytest.mark.skipif("postgresql" not in os.environ.get("FABRIC_DRA_TEST_DATABASES",
-                                                      "postgresql"),
-                    reason="FABRIC_DRA_TEST_DATABASES leaves PostgreSQL out")
+@pytest.mark.skipif(
+    "postgresql" not in os.environ.get("FABRIC_DRA_TEST_DATABASES", "postgresql"),
+    reason="FABRIC_DRA_TEST_DATABASES leaves PostgreSQL out",
+)
 @pytest.mark.parametrize("database_kind", ["postgresql"])
 async def test_postgresql_going_away_turns_readiness_off_and_claims_resume_after(
-    cluster: Cluster, database_url: str, pg_proxy: CutProxy,
+    cluster: Cluster,
+    database_url: str,
+    pg_proxy: CutProxy,
 ) -> None:
-    proxied = database_url.replace(database_url.split("@", 1)[1].split("/", 1)[0],
-                                   f"127.0.0.1:{pg_proxy.port}")
-    running = await start_service(cluster, proxied, FABRIC_DRA_LEADER__ENABLED="false",
-                                  FABRIC_DRA_DATABASE__MIGRATE_ON_START="false")
+    proxied = database_url.replace(
+        database_url.split("@", 1)[1].split("/", 1)[0], f"127.0.0.1:{pg_proxy.port}"
+    )
+    running = await start_service(
+        cluster,
+        proxied,
+        FABRIC_DRA_LEADER__ENABLED="false",
+        FABRIC_DRA_DATABASE__MIGRATE_ON_START="false",
+    )
     try:
         device = running.published_devices()[0]
         pg_proxy.set_cut(True)
-        await eventually(lambda: _not_ready(running), timeout_s=30,
-                         what="not ready without the database")
+        await eventually(
+            lambda: _not_ready(running), timeout_s=30, what="not ready without the database"
+        )
         _, body = await running.readyz()
         assert "database" in body
         running.allocate("c1", device)  # arrives while the database is gone

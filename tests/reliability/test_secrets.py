@@ -42,9 +42,19 @@ from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
 
 DB_PASSWORD = "Db-Passw0rd-c0ffee-51"  # a test secret to look for
 SECRETS = (FABRIC_PASSWORD, ADMIN_TOKEN, DB_PASSWORD)
-READ_PATHS = ["/", "/healthz", "/readyz", "/metrics", "/api/v1/openapi.json", "/api/v1/status",
-              "/api/v1/pools", "/api/v1/pools/us-east/rack-01", "/api/v1/devices",
-              "/api/v1/reservations", "/api/v1/claims/default/c1"]
+READ_PATHS = [
+    "/",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/api/v1/openapi.json",
+    "/api/v1/status",
+    "/api/v1/pools",
+    "/api/v1/pools/us-east/rack-01",
+    "/api/v1/devices",
+    "/api/v1/reservations",
+    "/api/v1/claims/default/c1",
+]
 
 
 def leaks(text: str) -> list[str]:
@@ -69,30 +79,38 @@ def json_log() -> io.StringIO:
 
 @pytest.mark.slow
 async def test_no_secret_appears_in_logs_metrics_answers_events_or_errors(
-    cluster: Cluster, database_url: str, caplog: pytest.LogCaptureFixture,
+    cluster: Cluster,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
     json_log: io.StringIO,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     # On PostgreSQL (trust authentication: any password is accepted) the URL carries one.
     with_password = database_url.replace("postgres@", f"postgres:{DB_PASSWORD}@", 1)
     assert (DB_PASSWORD in with_password) == database_url.startswith("postgresql")
-    running = await start_service(cluster, with_password, FABRIC_DRA_LEADER__ENABLED="false",
-                                  FABRIC_DRA_DATABASE__MIGRATE_ON_START="false",
-                                  FABRIC_DRA_LOG__LEVEL="DEBUG")
+    running = await start_service(
+        cluster,
+        with_password,
+        FABRIC_DRA_LEADER__ENABLED="false",
+        FABRIC_DRA_DATABASE__MIGRATE_ON_START="false",
+        FABRIC_DRA_LOG__LEVEL="DEBUG",
+    )
     emitted: list[str] = []
     try:
         device = running.published_devices()[0]
         running.allocate("c1", device)
-        await eventually(lambda: running.condition("c1", "FabricDeviceReady") == "True",
-                         what="c1 ready")
+        await eventually(
+            lambda: running.condition("c1", "FabricDeviceReady") == "True", what="c1 ready"
+        )
         for path in READ_PATHS:
             status, text = await http("GET", running.base + path)
             assert status in (200, 404), (path, status, text)
             emitted.append(f"GET {path}: {text}")
         # A bad admin token, and none.
         for token in ("wrong-" + ADMIN_TOKEN[:4], None):
-            status, text = await http("POST", running.base + "/api/v1/reservations/1/release",
-                                      token=token)
+            status, text = await http(
+                "POST", running.base + "/api/v1/reservations/1/release", token=token
+            )
             assert status in (401, 403)
             emitted.append(text)
         # The fabric manager changes its password: every later call is refused.
@@ -132,7 +150,8 @@ async def _stale(running: Running) -> bool:
 
 
 async def test_the_admin_token_is_compared_with_hmac_compare_digest(
-    running: Running, monkeypatch: pytest.MonkeyPatch,
+    running: Running,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[tuple[bytes, bytes]] = []
     real = admin_app.hmac.compare_digest
@@ -142,19 +161,17 @@ async def test_the_admin_token_is_compared_with_hmac_compare_digest(
         return real(a, b)
 
     monkeypatch.setattr(admin_app.hmac, "compare_digest", recording)
-    status, _ = await http("POST", running.base + "/api/v1/reservations/1/release",
-                           token="nope")
+    status, _ = await http("POST", running.base + "/api/v1/reservations/1/release", token="nope")
     assert status == 403
-    status, _ = await http("POST", running.base + "/api/v1/reservations/1/release",
-                           token=ADMIN_TOKEN)
+    status, _ = await http(
+        "POST", running.base + "/api/v1/reservations/1/release", token=ADMIN_TOKEN
+    )
     assert status in (404, 409, 200)
-    assert calls == [(b"nope", ADMIN_TOKEN.encode()), (ADMIN_TOKEN.encode(),
-                                                        ADMIN_TOKEN.encode())]
+    assert calls == [(b"nope", ADMIN_TOKEN.encode()), (ADMIN_TOKEN.encode(), ADMIN_TOKEN.encode())]
 
 
 # ------------------------------------------------------------------------ TLS
-async def _serve_https(sim: RedfishSimulator, context: ssl.SSLContext) -> tuple[
-        web.AppRunner, str]:
+async def _serve_https(sim: RedfishSimulator, context: ssl.SSLContext) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(sim.make_app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
@@ -164,25 +181,32 @@ async def _serve_https(sim: RedfishSimulator, context: ssl.SSLContext) -> tuple[
 
 
 async def test_tls_is_verified_by_default_and_a_ca_bundle_makes_it_work(
-    tmp_path: Path, sqlite_template: Path,
+    tmp_path: Path,
+    sqlite_template: Path,
 ) -> None:
     ca = trustme.CA()
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("localhost", "127.0.0.1").configure_cert(server_context)
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
-    sim = RedfishSimulator(spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=2,
-                                              hosts_per_rack=1),
-                           username=FABRIC_USER, password=FABRIC_PASSWORD, auth="session")
+    sim = RedfishSimulator(
+        spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=2, hosts_per_rack=1),
+        username=FABRIC_USER,
+        password=FABRIC_PASSWORD,
+        auth="session",
+    )
     runner, url = await _serve_https(sim, server_context)
     (tmp_path / "user").write_text(FABRIC_USER)
     (tmp_path / "password").write_text(FABRIC_PASSWORD)
     db_path = tmp_path / "tls.db"
     shutil.copyfile(sqlite_template, db_path)
     database = Database.connect(f"sqlite+aiosqlite:///{db_path}")
-    base = {"FABRIC_DRA_FABRIC__URL": url, "FABRIC_DRA_FABRIC__RETRY_ATTEMPTS": "1",
-            "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
-            "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password")}
+    base = {
+        "FABRIC_DRA_FABRIC__URL": url,
+        "FABRIC_DRA_FABRIC__RETRY_ATTEMPTS": "1",
+        "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
+        "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
+    }
     try:
         settings = load_settings(environ=base)
         assert settings.fabric.tls_verify is True
@@ -193,8 +217,9 @@ async def test_tls_is_verified_by_default_and_a_ca_bundle_makes_it_work(
             await backend.close()
         assert not refused.ok
         assert refused.error is not None
-        assert "certificate" in refused.error.lower() and "verify" in refused.error.lower(), \
+        assert "certificate" in refused.error.lower() and "verify" in refused.error.lower(), (
             refused.error
+        )
         assert not leaks(refused.error)
 
         trusted = load_settings(environ={**base, "FABRIC_DRA_FABRIC__CA_BUNDLE": str(ca_file)})

@@ -30,9 +30,19 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(90 + CYCLES)
 async def test_claim_cycles_in_a_row_do_not_grow_resident_memory() -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.soak", "--cycles", str(CYCLES), "--warmup", str(WARMUP),
-        "--max-growth", "0.10", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "bench.soak",
+        "--cycles",
+        str(CYCLES),
+        "--warmup",
+        str(WARMUP),
+        "--max-growth",
+        "0.10",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(process.communicate(), 60 + CYCLES)
     lines = [line for line in out.decode().splitlines() if line.startswith("{")]
     assert lines, f"no figures; stderr: {err.decode()[-2000:]}"

@@ -25,12 +25,19 @@ def import_graph(root: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
-                           else node.module for a in node.names]
+                targets = [
+                    f"{node.module}.{a.name}"
+                    if f"{node.module}.{a.name}" in modules
+                    else node.module
+                    for a in node.names
+                ]
             for target in targets:
                 parts = target.split(".")
-                found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1)
-                             if ".".join(parts[:i]) in modules)
+                found.update(
+                    ".".join(parts[:i])
+                    for i in range(1, len(parts) + 1)
+                    if ".".join(parts[:i]) in modules
+                )
         found.discard(name)
         graph[name] = found
     return graph

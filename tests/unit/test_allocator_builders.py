@@ -24,9 +24,15 @@ def typed(value: Any) -> dict[str, Any]:
     return {"string": value}
 
 
-def device(name: str, *, capacity: dict[str, str] | None = None, binds: bool = False,
-           taints: list[dict[str, str]] | None = None,
-           qualified: dict[str, Any] | None = None, **attributes: Any) -> dict[str, Any]:
+def device(
+    name: str,
+    *,
+    capacity: dict[str, str] | None = None,
+    binds: bool = False,
+    taints: list[dict[str, str]] | None = None,
+    qualified: dict[str, Any] | None = None,
+    **attributes: Any,
+) -> dict[str, Any]:
     """A v1 slice device; ``v:1.2.3`` strings become version attributes; ``qualified`` holds
     attributes with a domain (``ext.io/family``)."""
     merged = {**attributes, **(qualified or {})}
@@ -50,39 +56,60 @@ def in_selector(key: str, *values: str, operator: str = "In") -> dict[str, Any]:
     return {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
 
 
-def resource_slice(pool: str, devices: list[dict[str, Any]], *, generation: int = 0,
-                   count: int = 1, node_name: str | None = None,
-                   selector: dict[str, Any] | None = None, driver: str = DRIVER
-                   ) -> dict[str, Any]:
+def resource_slice(
+    pool: str,
+    devices: list[dict[str, Any]],
+    *,
+    generation: int = 0,
+    count: int = 1,
+    node_name: str | None = None,
+    selector: dict[str, Any] | None = None,
+    driver: str = DRIVER,
+) -> dict[str, Any]:
     """A v1 ResourceSlice; all nodes unless ``node_name`` or ``selector``."""
-    spec: dict[str, Any] = {"driver": driver,
-                            "pool": {"name": pool, "generation": generation,
-                                     "resourceSliceCount": count},
-                            "devices": devices}
+    spec: dict[str, Any] = {
+        "driver": driver,
+        "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
+        "devices": devices,
+    }
     if node_name:
         spec["nodeName"] = node_name
     elif selector:
         spec["nodeSelector"] = selector
     else:
         spec["allNodes"] = True
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{pool.replace('/', '-')}-{generation}"}, "spec": spec}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{pool.replace('/', '-')}-{generation}"},
+        "spec": spec,
+    }
 
 
-def device_class(name: str, *selectors: str, config: list[dict[str, Any]] | None = None
-                 ) -> DeviceClass:
+def device_class(
+    name: str, *selectors: str, config: list[dict[str, Any]] | None = None
+) -> DeviceClass:
     """A DeviceClass with CEL selectors and opaque config parameters."""
-    return device_class_from_json({
-        "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": s}} for s in selectors],
-                 "config": [{"opaque": {"driver": DRIVER, "parameters": p}}
-                            for p in config or ()]},
-    })
+    return device_class_from_json(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "selectors": [{"cel": {"expression": s}} for s in selectors],
+                "config": [{"opaque": {"driver": DRIVER, "parameters": p}} for p in config or ()],
+            },
+        }
+    )
 
 
-def request(name: str, class_name: str, *selectors: str, count: int | None = None,
-            mode: str | None = None, admin: bool = False,
-            tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:
+def request(
+    name: str,
+    class_name: str,
+    *selectors: str,
+    count: int | None = None,
+    mode: str | None = None,
+    admin: bool = False,
+    tolerations: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     """A v1 claim request (``exactly``)."""
     exactly: dict[str, Any] = {"deviceClassName": class_name}
     if selectors:
@@ -98,16 +125,19 @@ def request(name: str, class_name: str, *selectors: str, count: int | None = Non
     return {"name": name, "exactly": exactly}
 
 
-def claim(*requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None,
-          config: list[dict[str, Any]] | None = None, name: str = "claim-0") -> Claim:
+def claim(
+    *requests: dict[str, Any],
+    constraints: list[dict[str, Any]] | None = None,
+    config: list[dict[str, Any]] | None = None,
+    name: str = "claim-0",
+) -> Claim:
     """A Claim from requests, constraints and config (JSON)."""
     devices: dict[str, Any] = {"requests": list(requests)}
     if constraints:
         devices["constraints"] = constraints
     if config:
         devices["config"] = config
-    return claim_from_json({"devices": devices}, uid=f"uid-{name}", namespace="default",
-                           name=name)
+    return claim_from_json({"devices": devices}, uid=f"uid-{name}", namespace="default", name=name)
 
 
 def attr(domain_id: str) -> str:

@@ -37,7 +37,11 @@ def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: P
     results_path = tmp_path / "results.json"
     finished = subprocess.run(
         [sys.executable, "-m", "bench", "--short", "--results", str(results_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=150, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
     )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     results = json.loads(results_path.read_text())
@@ -65,10 +69,25 @@ def test_every_benchmark_has_a_case_in_both_modes_and_full_mode_reaches_100000()
 
 def test_a_failed_case_is_a_missed_row_and_targets_apply_only_where_they_say() -> None:
     failed = Outcome(Case("claims", "2 claims", (), 1), "timeout", 1.0, error="too slow")
-    small = Outcome(Case("publish", "1,000 devices", (), 1), "ok", 1.0, figures=[{
-        "devices": 1000, "slices": 8, "first_publish_seconds": 1.0, "first_publish_writes": 8,
-        "minimum_writes": 8, "nochange_resync_writes": 0, "nochange_resync_cpu_seconds": 5.0,
-        "one_change_writes": 2, "restart_adopt_writes": 0, "peak_rss_mib": 900.0}])
+    small = Outcome(
+        Case("publish", "1,000 devices", (), 1),
+        "ok",
+        1.0,
+        figures=[
+            {
+                "devices": 1000,
+                "slices": 8,
+                "first_publish_seconds": 1.0,
+                "first_publish_writes": 8,
+                "minimum_writes": 8,
+                "nochange_resync_writes": 0,
+                "nochange_resync_cpu_seconds": 5.0,
+                "one_change_writes": 2,
+                "restart_adopt_writes": 0,
+                "peak_rss_mib": 900.0,
+            }
+        ],
+    )
     table_rows = rows([failed, small])
     by_metric = {r["metric"]: r for r in table_rows}
     assert by_metric["result"]["met"] is False
@@ -82,10 +101,16 @@ def test_a_failed_case_is_a_missed_row_and_targets_apply_only_where_they_say() -
 
 def test_the_readme_table_goes_between_the_markers_and_nowhere_else(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
-    readme.write_text("# x\n\n## Performance\n\nBefore.\n\n<!-- bench:results:start -->\nold\n"
-                      "<!-- bench:results:end -->\n\nAfter.\n")
-    results = {"finished_at": "now", "seconds": 1.0, "reference": {"cpu_seconds": 0.2},
-               "machine": {"cpus": 2, "python": "3.x"}}
+    readme.write_text(
+        "# x\n\n## Performance\n\nBefore.\n\n<!-- bench:results:start -->\nold\n"
+        "<!-- bench:results:end -->\n\nAfter.\n"
+    )
+    results = {
+        "finished_at": "now",
+        "seconds": 1.0,
+        "reference": {"cpu_seconds": 0.2},
+        "machine": {"cpus": 2, "python": "3.x"},
+    }
     assert update_readme(readme, results, [])
     text = readme.read_text()
     assert "old" not in text and "Before." in text and "After." in text
@@ -106,27 +131,47 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(
     assert "cannot be written" in str(_cannot_write(blocker / "x.json"))
     finished = subprocess.run(
         [sys.executable, "-m", "bench", "--only", "allocate", "--results", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert finished.returncode == 2
     assert "is a folder" in finished.stderr
     assert "running" not in finished.stderr  # refused before any case ran
 
 
-@pytest.mark.parametrize(("module", "args", "message"), [
-    ("bench.claims", ["--claims", "0"], "--claims: must be at least 1, got 0"),
-    ("bench.claims", ["--rate", "0"], "--rate: must be a number greater than 0"),
-    ("bench.claims", ["--workers", "x"], "--workers: 'x' is not a whole number"),
-    ("bench.controlplane", ["--devices", "5", "--racks", "80"], "fewer than 5 devices per rack"),
-    ("bench.controlplane", ["--warmup", "-1"], "--warmup: must be at least 0, got -1"),
-    ("bench.publish", ["--devices", "0"], "--devices: must be at least 2, got 0"),
-    ("bench.allocate", ["--allocations", "1"], "--allocations: must be at least 2, got 1"),
-    ("bench.inventory_sync", ["--devices", "-3"], "--devices: must be at least 1, got -3"),
-])
+@pytest.mark.parametrize(
+    ("module", "args", "message"),
+    [
+        ("bench.claims", ["--claims", "0"], "--claims: must be at least 1, got 0"),
+        ("bench.claims", ["--rate", "0"], "--rate: must be a number greater than 0"),
+        ("bench.claims", ["--workers", "x"], "--workers: 'x' is not a whole number"),
+        (
+            "bench.controlplane",
+            ["--devices", "5", "--racks", "80"],
+            "fewer than 5 devices per rack",
+        ),
+        ("bench.controlplane", ["--warmup", "-1"], "--warmup: must be at least 0, got -1"),
+        ("bench.publish", ["--devices", "0"], "--devices: must be at least 2, got 0"),
+        ("bench.allocate", ["--allocations", "1"], "--allocations: must be at least 2, got 1"),
+        ("bench.inventory_sync", ["--devices", "-3"], "--devices: must be at least 1, got -3"),
+    ],
+)
 def test_bad_benchmark_arguments_are_refused_with_a_message(
-    module: str, args: list[str], message: str,
+    module: str,
+    args: list[str],
+    message: str,
 ) -> None:
-    finished = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=60, check=False)
+    finished = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert finished.returncode == 2, finished.stderr
     assert message in finished.stderr
     assert "Traceback" not in finished.stderr
@@ -143,18 +188,40 @@ def test_argument_types() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("target", "status"), [
-    ("tests/unit/test_units.py", 0),
-    ("tests/unit/no_such_test_file.py", 1),
-])
+@pytest.mark.parametrize(
+    ("target", "status"),
+    [
+        ("tests/unit/test_units.py", 0),
+        ("tests/unit/no_such_test_file.py", 1),
+    ],
+)
 def test_the_suite_under_load_reports_each_run_and_fails_when_a_run_fails(
-    tmp_path: Path, target: str, status: int,
+    tmp_path: Path,
+    target: str,
+    status: int,
 ) -> None:
     figures_path = tmp_path / "runs.json"
     finished = subprocess.run(
-        [sys.executable, "-m", "bench.suite_under_load", "--runs", "2", "--hogs", "1",
-         "--logs", str(tmp_path / "logs"), "--json", str(figures_path), "--", target],
-        cwd=ROOT, capture_output=True, text=True, timeout=110, check=False,
+        [
+            sys.executable,
+            "-m",
+            "bench.suite_under_load",
+            "--runs",
+            "2",
+            "--hogs",
+            "1",
+            "--logs",
+            str(tmp_path / "logs"),
+            "--json",
+            str(figures_path),
+            "--",
+            target,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
     )
     assert finished.returncode == status, finished.stdout + finished.stderr
     runs = json.loads(figures_path.read_text())

@@ -14,11 +14,20 @@ from app.allocator import values
 from app.allocator.cel import CelEnvironment, CompileError, EvaluationError, SelectorCache
 from app.allocator.model import Device, Reach, device_from_json
 
-GPU = device_from_json(DRIVER, "us-east/rack-12", device(
-    "gpu-0", model="H100", cores=132, healthy=True, firmware="v:1.2.3-rc.1",
-    qualified={"ext.io/family": "hopper"},
-    capacity={"memory": "80Gi", "power": "700", "ratio": "500m"},
-), Reach(all_nodes=True))
+GPU = device_from_json(
+    DRIVER,
+    "us-east/rack-12",
+    device(
+        "gpu-0",
+        model="H100",
+        cores=132,
+        healthy=True,
+        firmware="v:1.2.3-rc.1",
+        qualified={"ext.io/family": "hopper"},
+        capacity={"memory": "80Gi", "power": "700", "ratio": "500m"},
+    ),
+    Reach(all_nodes=True),
+)
 
 
 def run(expression: str, on: Device = GPU) -> bool:
@@ -79,8 +88,14 @@ def test_a_selector_sees_the_device_as_kubernetes_shows_it(expression: str) -> N
         ('quantity("1x") == quantity("1")', "quantities must match"),
         ('semver("1.2") == semver("1.2.0")', "semver"),
         ('quantity("1.5").asInteger() == 1', "integer"),
-        ("[" + ",".join(["1"] * 101) + "].all(a, [" + ",".join(["1"] * 100) + "].all(b, a == b))",
-         "budget"),
+        (
+            "["
+            + ",".join(["1"] * 101)
+            + "].all(a, ["
+            + ",".join(["1"] * 100)
+            + "].all(b, a == b))",
+            "budget",
+        ),
     ],
 )
 def test_runtime_errors_are_evaluation_errors_with_the_runtime_message(
@@ -144,8 +159,17 @@ def test_a_cached_evaluation_error_is_raised_again() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("1Gi", 2**30), ("500m", Fraction(1, 2)), ("1e3", 1000), ("1.5k", 1500), ("+2Ki", 2048),
-     ("-1", -1), (".5", Fraction(1, 2)), ("1E-2", Fraction(1, 100)), ("3n", Fraction(3, 10**9))],
+    [
+        ("1Gi", 2**30),
+        ("500m", Fraction(1, 2)),
+        ("1e3", 1000),
+        ("1.5k", 1500),
+        ("+2Ki", 2048),
+        ("-1", -1),
+        (".5", Fraction(1, 2)),
+        ("1E-2", Fraction(1, 100)),
+        ("3n", Fraction(3, 10**9)),
+    ],
 )
 def test_quantities_parse_to_their_exact_value(text: str, value: Fraction) -> None:
     assert values.parse_quantity(text) == value
@@ -158,8 +182,19 @@ def test_malformed_quantities_are_refused(text: str) -> None:
 
 
 def test_semver_precedence_follows_semver_org() -> None:
-    ordered = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
-               "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "1.0.1", "1.1.0", "2.0.0"]
+    ordered = [
+        "1.0.0-alpha",
+        "1.0.0-alpha.1",
+        "1.0.0-alpha.beta",
+        "1.0.0-beta",
+        "1.0.0-beta.2",
+        "1.0.0-beta.11",
+        "1.0.0-rc.1",
+        "1.0.0",
+        "1.0.1",
+        "1.1.0",
+        "2.0.0",
+    ]
     parsed = [values.parse_semver(v) for v in ordered]
     for i, left in enumerate(parsed):
         for j, right in enumerate(parsed):
@@ -173,7 +208,8 @@ def test_quantity_comparisons_in_cel_agree_with_exact_arithmetic(amount: int, su
     text = f"{amount}{suffix}"
     exact = values.parse_quantity(text)
     expression = environment.compile(
-        f'quantity("{text}").compareTo(quantity("1Mi")) == {(exact > 2**20) - (exact < 2**20)}')
+        f'quantity("{text}").compareTo(quantity("1Mi")) == {(exact > 2**20) - (exact < 2**20)}'
+    )
     assert environment.evaluate([expression], GPU) is True
 
 
@@ -205,13 +241,16 @@ def test_a_computed_domain_lookup_keeps_the_runtime_errors_of_a_missing_id() -> 
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["fabric.example.com", "ext.io", "other.example.com", "x"]),
-       st.integers(0, 3))
+@given(
+    st.sampled_from(["fabric.example.com", "ext.io", "other.example.com", "x"]), st.integers(0, 3)
+)
 def test_a_domain_reads_alike_from_a_literal_and_from_a_computed_index(
-    domain: str, split: int,
+    domain: str,
+    split: int,
 ) -> None:
     computed = " + ".join(f'"{part}"' for part in (domain[:split], domain[split:]))
     literal = run(f'device.attributes["{domain}"].size() == 0')
     assert run(f"device.attributes[{computed}].size() == 0") is literal
     assert run(f"cel.bind(d, {computed}, device.capacity[d].size() == 0)") is run(
-        f'device.capacity["{domain}"].size() == 0')
+        f'device.capacity["{domain}"].size() == 0'
+    )

@@ -37,18 +37,34 @@ DRIVER = "fabric.example.com"
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
-def reservation(i: int, state: str, device: str, *, request: str = "gpu", host: str = "h1",
-                pool: str = "p") -> ReservationView:
+def reservation(
+    i: int, state: str, device: str, *, request: str = "gpu", host: str = "h1", pool: str = "p"
+) -> ReservationView:
     return ReservationView(
-        id=i, claim=ClaimRef("u", "ns", "c"), request=request, mode="structured", device_id=i,
-        device_name=device, pool=pool, exclusive=True, node="n1", host_id=host, state=state,
-        attempts=0, last_error=None, operation_id=None, created_at=NOW, updated_at=NOW,
-        attached_at=None, released_at=None,
+        id=i,
+        claim=ClaimRef("u", "ns", "c"),
+        request=request,
+        mode="structured",
+        device_id=i,
+        device_name=device,
+        pool=pool,
+        exclusive=True,
+        node="n1",
+        host_id=host,
+        state=state,
+        attempts=0,
+        last_error=None,
+        operation_id=None,
+        created_at=NOW,
+        updated_at=NOW,
+        attached_at=None,
+        released_at=None,
     )
 
 
-def want(*devices: str, node: str | None = "n1", host: str | None = "h1",
-         error: str | None = None) -> ClaimWants:
+def want(
+    *devices: str, node: str | None = "n1", host: str | None = "h1", error: str | None = None
+) -> ClaimWants:
     return ClaimWants(tuple(WantedDevice("gpu", "p", d) for d in devices), node, host, error)
 
 
@@ -69,8 +85,11 @@ def test_attached_is_reported_ready_and_nothing_else_happens() -> None:
 
 
 def test_deallocated_claim_releases_everything() -> None:
-    rows = [reservation(1, ATTACHED, "a"), reservation(2, FAILED, "b"),
-            reservation(3, PENDING, "c")]
+    rows = [
+        reservation(1, ATTACHED, "a"),
+        reservation(2, FAILED, "b"),
+        reservation(3, PENDING, "c"),
+    ]
     plan = plan_claim(ClaimWants(), rows)
     assert [r.id for r in plan.release] == [1, 2, 3] and not plan.reserve
 
@@ -123,10 +142,13 @@ def test_a_lost_device_reports_not_ready_without_the_failure_condition() -> None
     claim = claim_with([result("gpu-a")])
     key = WantedDevice("gpu", "us-east/rack-01", "gpu-a")
     lost = DeviceReport(key, False, "DeviceLost", "lost its attachment", failed=False)
-    [entry] = device_status_entries(claim, DRIVER, [lost], ["FabricDeviceReady"],
-                                    ["FabricDeviceFailed"], NOW)
+    [entry] = device_status_entries(
+        claim, DRIVER, [lost], ["FabricDeviceReady"], ["FabricDeviceFailed"], NOW
+    )
     assert {c["type"]: c["status"] for c in entry["conditions"]} == {
-        "FabricDeviceReady": "False", "FabricDeviceFailed": "False"}
+        "FabricDeviceReady": "False",
+        "FabricDeviceFailed": "False",
+    }
     assert {c["reason"] for c in entry["conditions"]} == {"DeviceLost"}
 
 
@@ -138,16 +160,22 @@ def test_duplicate_reservation_for_one_result_is_released() -> None:
 @settings(max_examples=300)
 @given(
     wanted=st.sets(st.sampled_from("abcdef"), max_size=6),
-    held=st.dictionaries(st.sampled_from("abcdefgh"),
-                         st.tuples(st.sampled_from([s for s in STATES if s != "released"]),
-                                   st.sampled_from(["h1", "h2"])), max_size=8),
+    held=st.dictionaries(
+        st.sampled_from("abcdefgh"),
+        st.tuples(
+            st.sampled_from([s for s in STATES if s != "released"]), st.sampled_from(["h1", "h2"])
+        ),
+        max_size=8,
+    ),
     host=st.sampled_from(["h1", "h2", None]),
 )
 def test_every_result_and_reservation_gets_exactly_one_fate(
     wanted: set[str], held: dict[str, tuple[str, str]], host: str | None
 ) -> None:
-    rows = [reservation(i, state, device, host=h) for i, (device, (state, h)) in
-            enumerate(sorted(held.items()), start=1)]
+    rows = [
+        reservation(i, state, device, host=h)
+        for i, (device, (state, h)) in enumerate(sorted(held.items()), start=1)
+    ]
     plan = plan_claim(want(*sorted(wanted), host=host), rows)
     kept = [*plan.attach, *plan.ready, *plan.failed]
     waiting = {w.device for w, _ in plan.waiting}
@@ -156,13 +184,16 @@ def test_every_result_and_reservation_gets_exactly_one_fate(
     # Reservations: each is kept, parked (waiting for its host), released or stuck
     # (detach-failed, reported failed when still wanted), once.
     assert sorted(r.id for r in [*kept, *parked, *plan.release, *stuck_only]) == [
-        r.id for r in rows]
+        r.id for r in rows
+    ]
     assert all(r.state == DETACH_FAILED for r in plan.stuck)
     assert not any(r.state == DETACH_FAILED for r in [*plan.release, *plan.attach])
     # Results: each is in one bucket, or waits for its release (requeue).
     buckets = [
-        *[r.device_name for r in kept], *[w.device for w in plan.reserve],
-        *[w.device for w, _ in plan.refuse], *[w.device for w, _ in plan.waiting],
+        *[r.device_name for r in kept],
+        *[w.device for w in plan.reserve],
+        *[w.device for w, _ in plan.refuse],
+        *[w.device for w, _ in plan.waiting],
     ]
     assert len(buckets) == len(set(buckets))
     released = {r.device_name for r in plan.release}
@@ -173,8 +204,13 @@ def test_every_result_and_reservation_gets_exactly_one_fate(
     assert all(r.device_name in wanted for r in kept)
 
 
-def claim_with(results: list[dict[str, Any]], *, selector: dict | None = None,
-               config: list | None = None, devices: list | None = None) -> dict[str, Any]:
+def claim_with(
+    results: list[dict[str, Any]],
+    *,
+    selector: dict | None = None,
+    config: list | None = None,
+    devices: list | None = None,
+) -> dict[str, Any]:
     allocation: dict[str, Any] = {"devices": {"results": results, "config": config or []}}
     if selector is not None:
         allocation["nodeSelector"] = selector
@@ -197,16 +233,62 @@ def test_wanted_devices_are_ours_only() -> None:
 @pytest.mark.parametrize(
     ("selector", "node"),
     [
-        ({"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["worker-1"]}]}]}, "worker-1"),
-        ({"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["worker-2"]}]}]},
-         "worker-2"),
-        ({"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "topology.kubernetes.io/region", "operator": "In", "values": ["us"]}]}]},
-         None),
-        ({"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}]}, None),
+        (
+            {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": ["worker-1"]}
+                        ]
+                    }
+                ]
+            },
+            "worker-1",
+        ),
+        (
+            {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/hostname",
+                                "operator": "In",
+                                "values": ["worker-2"],
+                            }
+                        ]
+                    }
+                ]
+            },
+            "worker-2",
+        ),
+        (
+            {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "topology.kubernetes.io/region",
+                                "operator": "In",
+                                "values": ["us"],
+                            }
+                        ]
+                    }
+                ]
+            },
+            None,
+        ),
+        (
+            {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": ["a", "b"]}
+                        ]
+                    }
+                ]
+            },
+            None,
+        ),
         ({"nodeSelectorTerms": [{}, {}]}, None),
         (None, None),
     ],
@@ -216,26 +298,45 @@ def test_node_from_allocation(selector: dict | None, node: str | None) -> None:
 
 
 def test_consumer_pods() -> None:
-    claim = {"status": {"reservedFor": [{"resource": "pods", "name": "p1", "uid": "1"},
-                                        {"resource": "jobs", "name": "j", "uid": "2"}]}}
+    claim = {
+        "status": {
+            "reservedFor": [
+                {"resource": "pods", "name": "p1", "uid": "1"},
+                {"resource": "jobs", "name": "j", "uid": "2"},
+            ]
+        }
+    }
     assert consumer_pods(claim) == ["p1"]
 
 
-def opaque(params: Any, *, requests: list[str] | None = None, source: str = "FromClaim",
-           driver: str = DRIVER) -> dict[str, Any]:
-    return {"source": source, "requests": requests or [],
-            "opaque": {"driver": driver, "parameters": params}}
+def opaque(
+    params: Any,
+    *,
+    requests: list[str] | None = None,
+    source: str = "FromClaim",
+    driver: str = DRIVER,
+) -> dict[str, Any]:
+    return {
+        "source": source,
+        "requests": requests or [],
+        "opaque": {"driver": driver, "parameters": params},
+    }
 
 
 GOOD = {"apiVersion": "fabric-dra.io/v1alpha1", "kind": "FabricDeviceConfig"}
 
 
 def test_config_class_first_then_claim_scoped_by_request() -> None:
-    claim = claim_with([result("a"), result("b", request="nic")], config=[
-        opaque({**GOOD, "maxAttachAttempts": 2, "attachTimeoutSeconds": 30}, source="FromClass"),
-        opaque({**GOOD, "maxAttachAttempts": 9}, requests=["gpu"]),
-        opaque({"anything": 1}, driver="other.example.com"),
-    ])
+    claim = claim_with(
+        [result("a"), result("b", request="nic")],
+        config=[
+            opaque(
+                {**GOOD, "maxAttachAttempts": 2, "attachTimeoutSeconds": 30}, source="FromClass"
+            ),
+            opaque({**GOOD, "maxAttachAttempts": 9}, requests=["gpu"]),
+            opaque({"anything": 1}, driver="other.example.com"),
+        ],
+    )
     config = effective_config(claim, DRIVER, ["gpu", "nic"])
     assert (config["gpu"].max_attach_attempts, config["gpu"].attach_timeout_s) == (9, 30)
     assert (config["nic"].max_attach_attempts, config["nic"].attach_timeout_s) == (2, 30)
@@ -267,27 +368,41 @@ def test_device_status_entries_keep_other_drivers_and_transition_times() -> None
     claim = claim_with([result("a"), result("b")], devices=[other])
     wanted_a = WantedDevice("gpu", "us-east/rack-01", "a")
     wanted_b = WantedDevice("gpu", "us-east/rack-01", "b")
-    reports = [DeviceReport(wanted_a, True, "Attached", "attached to host h1",
-                            {"uuid": "U-1", "host": "h1"}),
-               DeviceReport(wanted_b, None, "", "")]
+    reports = [
+        DeviceReport(
+            wanted_a, True, "Attached", "attached to host h1", {"uuid": "U-1", "host": "h1"}
+        ),
+        DeviceReport(wanted_b, None, "", ""),
+    ]
     entries = device_status_entries(claim, DRIVER, reports, ["Ready"], ["Failed"], NOW)
     assert entries[0] == other
     assert len(entries) == 2
     ours = entries[1]
     assert ours["data"] == {"uuid": "U-1", "host": "h1"}
     assert [(c["type"], c["status"], c["reason"]) for c in ours["conditions"]] == [
-        ("Ready", "True", "Attached"), ("Failed", "False", "Attached")]
+        ("Ready", "True", "Attached"),
+        ("Failed", "False", "Attached"),
+    ]
     assert ours["conditions"][0]["lastTransitionTime"] == "2026-01-02T03:04:05Z"
     later = NOW + dt.timedelta(hours=1)
     claim["status"]["devices"] = entries
     again = device_status_entries(claim, DRIVER, reports, ["Ready"], ["Failed"], later)
     assert same_device_status(again, entries)  # same status: same transition time, no write
     failed = device_status_entries(
-        claim, DRIVER, [DeviceReport(wanted_a, False, "AttachFailed", "409")], ["Ready"],
-        ["Failed"], later)
+        claim,
+        DRIVER,
+        [DeviceReport(wanted_a, False, "AttachFailed", "409")],
+        ["Ready"],
+        ["Failed"],
+        later,
+    )
     assert failed[1]["conditions"][1] == {
-        "type": "Failed", "status": "True", "reason": "AttachFailed", "message": "409",
-        "lastTransitionTime": "2026-01-02T04:04:05Z"}
+        "type": "Failed",
+        "status": "True",
+        "reason": "AttachFailed",
+        "message": "409",
+        "lastTransitionTime": "2026-01-02T04:04:05Z",
+    }
 
 
 def test_a_device_held_by_a_release_in_progress_is_waited_for() -> None:
@@ -298,8 +413,9 @@ def test_a_device_held_by_a_release_in_progress_is_waited_for() -> None:
     assert "reservation 7, state detaching, host h1" in verdict.message
     # The holder's claim let go of it, but its release has not run yet.
     for state in (PENDING, ATTACHING, ATTACHED, FAILED):
-        verdict = wait_for_holder("d1", reservation(7, state, "d1"), holder_keeps=False,
-                                  mode="structured")
+        verdict = wait_for_holder(
+            "d1", reservation(7, state, "d1"), holder_keeps=False, mode="structured"
+        )
         assert verdict.wait and not verdict.live, state
         assert f"state {state}" in verdict.message and "no longer has it" in verdict.message
     # Released since the reserve was refused: try again.
@@ -307,18 +423,21 @@ def test_a_device_held_by_a_release_in_progress_is_waited_for() -> None:
 
 
 def test_a_device_a_live_claim_keeps_is_waited_for_and_called_a_double_allocation() -> None:
-    verdict = wait_for_holder("d1", reservation(7, ATTACHED, "d1"), holder_keeps=True,
-                              mode="structured")
+    verdict = wait_for_holder(
+        "d1", reservation(7, ATTACHED, "d1"), holder_keeps=True, mode="structured"
+    )
     assert verdict.wait and verdict.live
     assert "allocated twice" in verdict.message and "binding timeout" in verdict.message
     # A detach in progress is a release, whatever the claim cache says.
-    assert not wait_for_holder("d1", reservation(7, DETACHING, "d1"), holder_keeps=True,
-                               mode="structured").live
+    assert not wait_for_holder(
+        "d1", reservation(7, DETACHING, "d1"), holder_keeps=True, mode="structured"
+    ).live
 
 
 def test_a_device_whose_holder_failed_to_detach_is_not_waited_for() -> None:
-    verdict = wait_for_holder("d1", reservation(7, DETACH_FAILED, "d1"), holder_keeps=False,
-                              mode="structured")
+    verdict = wait_for_holder(
+        "d1", reservation(7, DETACH_FAILED, "d1"), holder_keeps=False, mode="structured"
+    )
     assert not verdict.wait
     assert "cannot be reserved" in verdict.message and "forget" in verdict.message
 
@@ -334,8 +453,11 @@ def test_a_holder_of_the_other_mode_is_named_with_its_mode() -> None:
 def test_a_waiting_device_is_not_ready_and_not_failed() -> None:
     claim = claim_with([result("a")])
     wanted_a = WantedDevice("gpu", "us-east/rack-01", "a")
-    waiting = DeviceReport(wanted_a, False, "WaitingForDetach", "waiting for device a",
-                           failed=False)
+    waiting = DeviceReport(
+        wanted_a, False, "WaitingForDetach", "waiting for device a", failed=False
+    )
     (entry,) = device_status_entries(claim, DRIVER, [waiting], ["Ready"], ["Failed"], NOW)
     assert [(c["type"], c["status"], c["reason"]) for c in entry["conditions"]] == [
-        ("Ready", "False", "WaitingForDetach"), ("Failed", "False", "WaitingForDetach")]
+        ("Ready", "False", "WaitingForDetach"),
+        ("Failed", "False", "WaitingForDetach"),
+    ]

@@ -39,33 +39,47 @@ def _installed(monkeypatch: pytest.MonkeyPatch, *points: tuple[str, str]) -> Non
     monkeypatch.setattr(cli_module, "entry_points", entry_points)
 
 
-@pytest.mark.parametrize("args", [
-    ["demo"], ["demo", "--once", "--admin-port", "0"], ["demo", "--help"],
-    ["sim"], ["sim", "--help"], ["sim", "redfish", "--port", "0"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo"],
+        ["demo", "--once", "--admin-port", "0"],
+        ["demo", "--help"],
+        ["sim"],
+        ["sim", "--help"],
+        ["sim", "redfish", "--port", "0"],
+    ],
+)
 def test_without_the_simulators_demo_and_sim_say_what_to_install(
-        monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
     _installed(monkeypatch)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
-        f"fabric-dra {args[0]} needs the simulators: pip install -e ./sim"]
+        f"fabric-dra {args[0]} needs the simulators: pip install -e ./sim"
+    ]
 
 
 def test_without_the_simulators_the_help_still_lists_demo_and_sim(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _installed(monkeypatch)
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0, result.output
-    listed = {line.split()[0] for line in result.stdout.splitlines()
-              if line.startswith("  ") and line.split()}
+    listed = {
+        line.split()[0]
+        for line in result.stdout.splitlines()
+        if line.startswith("  ") and line.split()
+    }
     assert {"db", "demo", "inventory", "nodes", "run", "sim"} <= listed
     assert "pip install -e ./sim" in result.stdout
 
 
 def test_an_installed_distribution_adds_commands_through_the_entry_point_group(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _installed(monkeypatch, ("hello", f"{__name__}:hello"))
     assert set(extension_commands()) == {"hello"}
     result = CliRunner().invoke(main, ["hello"])
@@ -74,8 +88,7 @@ def test_an_installed_distribution_adds_commands_through_the_entry_point_group(
     assert "hello" in CliRunner().invoke(main, ["--help"]).stdout
 
 
-def test_an_entry_point_never_replaces_a_built_in_command(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_entry_point_never_replaces_a_built_in_command(monkeypatch: pytest.MonkeyPatch) -> None:
     _installed(monkeypatch, ("db", f"{__name__}:hello"))
     result = CliRunner().invoke(main, ["db", "--help"])
     assert result.exit_code == 0, result.output
@@ -83,7 +96,8 @@ def test_an_entry_point_never_replaces_a_built_in_command(
 
 
 def test_an_entry_point_that_is_not_a_command_is_a_one_line_error(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _installed(monkeypatch, ("odd", f"{__name__}:SIMULATORS"))
     result = CliRunner().invoke(main, ["odd"])
     assert result.exit_code == 1, result.output
@@ -108,8 +122,13 @@ def test_the_product_never_imports_the_simulators() -> None:
     for path in sorted((ROOT / "app").rglob("*.py")):
         source = path.read_text(encoding="utf-8")
         for node in ast.walk(ast.parse(source, str(path))):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(name.split(".")[0] == SIMULATORS for name in names):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
         if SIMULATORS in source:  # importlib.import_module("...") and the like

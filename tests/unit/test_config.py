@@ -29,8 +29,9 @@ def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> 
         "FABRIC_DRA_FABRIC__URL": "https://env:443",
         "FABRIC_DRA_INVENTORY__POLL_INTERVAL_SECONDS": "20",
     }
-    settings = load_settings(config, flags={"inventory": {"poll_interval_seconds": 30}},
-                             environ=environ)
+    settings = load_settings(
+        config, flags={"inventory": {"poll_interval_seconds": 30}}, environ=environ
+    )
     assert settings.driver_name == "file.example.com"
     assert settings.fabric.url == "https://env:443"
     assert settings.fabric.timeout_seconds == 5
@@ -51,48 +52,67 @@ def test_config_file_named_by_environment(tmp_path: Path) -> None:
 
 
 def test_unset_flags_do_not_override(tmp_path: Path) -> None:
-    settings = load_settings(flags={"fabric": {"url": None}, "driver_name": None},
-                             environ={"FABRIC_DRA_FABRIC__URL": "http://fm:8000"})
+    settings = load_settings(
+        flags={"fabric": {"url": None}, "driver_name": None},
+        environ={"FABRIC_DRA_FABRIC__URL": "http://fm:8000"},
+    )
     assert settings.fabric.url == "http://fm:8000"
 
 
 @pytest.mark.parametrize(
     ("environ", "message"),
     [
-        ({"FABRIC_DRA_FABRIC__URL": "ftp://x"},
-         "setting fabric.url (from environment FABRIC_DRA_FABRIC__URL): value 'ftp://x' is not "
-         "an http:// or https:// origin; expected the fabric manager's origin, without a path"),
+        (
+            {"FABRIC_DRA_FABRIC__URL": "ftp://x"},
+            "setting fabric.url (from environment FABRIC_DRA_FABRIC__URL): value 'ftp://x' is not "
+            "an http:// or https:// origin; expected the fabric manager's origin, without a path",
+        ),
         ({"FABRIC_DRA_FABRIC__URL": "https://fm:443/redfish/v1"}, "is not an http:// or https://"),
         ({"FABRIC_DRA_FABRIC__URL": "https://user:pw@fm:443"}, "is not an http:// or https://"),
-        ({"FABRIC_DRA_DRIVER_NAME": "Bad_Name"},
-         "setting driver_name (from environment FABRIC_DRA_DRIVER_NAME): value 'Bad_Name' is not "
-         "a lowercase DNS subdomain"),
-        ({"FABRIC_DRA_DRIVER_NAME": "a" * 64},
-         "is 64 characters long, at most 63 are allowed"),
-        ({"FABRIC_DRA_FABRIC__TIMEOUT_SECONDS": "-1"},
-         "setting fabric.timeout_seconds (from environment FABRIC_DRA_FABRIC__TIMEOUT_SECONDS): "
-         "value '-1': input should be greater than 0; expected seconds per HTTP call, > 0"),
+        (
+            {"FABRIC_DRA_DRIVER_NAME": "Bad_Name"},
+            "setting driver_name (from environment FABRIC_DRA_DRIVER_NAME): "
+            "value 'Bad_Name' is not "
+            "a lowercase DNS subdomain",
+        ),
+        ({"FABRIC_DRA_DRIVER_NAME": "a" * 64}, "is 64 characters long, at most 63 are allowed"),
+        (
+            {"FABRIC_DRA_FABRIC__TIMEOUT_SECONDS": "-1"},
+            "setting fabric.timeout_seconds (from environment FABRIC_DRA_FABRIC__TIMEOUT_SECONDS): "
+            "value '-1': input should be greater than 0; expected seconds per HTTP call, > 0",
+        ),
         ({"FABRIC_DRA_FABRIC__TLS_VERIFY": "maybe"}, "setting fabric.tls_verify"),
         ({"FABRIC_DRA_DATABASE__URL": "mysql://h/db"}, "unsupported scheme 'mysql'"),
-        ({"FABRIC_DRA_POOLS__GROUPING_KEYS": "region,shelf"},
-         "setting pools.grouping_keys.1 (from environment FABRIC_DRA_POOLS__GROUPING_KEYS): "
-         "value 'shelf': input should be 'region'"),
+        (
+            {"FABRIC_DRA_POOLS__GROUPING_KEYS": "region,shelf"},
+            "setting pools.grouping_keys.1 (from environment FABRIC_DRA_POOLS__GROUPING_KEYS): "
+            "value 'shelf': input should be 'region'",
+        ),
         ({"FABRIC_DRA_POOLS__GROUPING_KEYS": "rack,rack"}, "repeats an entry"),
         ({"FABRIC_DRA_POOLS__BINDING_CONDITIONS": "A,B,C,D,E"}, "has 5 entries, at most 4"),
-        ({"FABRIC_DRA_POOLS__BINDING_CONDITIONS": "Ready",
-          "FABRIC_DRA_POOLS__BINDING_FAILURE_CONDITIONS": "Ready"}, "share ['Ready']"),
+        (
+            {
+                "FABRIC_DRA_POOLS__BINDING_CONDITIONS": "Ready",
+                "FABRIC_DRA_POOLS__BINDING_FAILURE_CONDITIONS": "Ready",
+            },
+            "share ['Ready']",
+        ),
         ({"FABRIC_DRA_POOLS__BINDING_CONDITIONS": "not valid!"}, "is not a valid condition type"),
         ({"FABRIC_DRA_POOLS__UNHEALTHY": "ignore"}, "setting pools.unhealthy"),
         ({"FABRIC_DRA_POOLS__GROUPING_KEYS": " , "}, "is empty"),
         ({"FABRIC_DRA_NODE_LABELS__RACK": "not a label!"}, "is not a valid Kubernetes label key"),
-        ({"FABRIC_DRA_FABRICURL": "x"},
-         "environment variable FABRIC_DRA_FABRICURL: no such setting"),
+        (
+            {"FABRIC_DRA_FABRICURL": "x"},
+            "environment variable FABRIC_DRA_FABRICURL: no such setting",
+        ),
         ({"FABRIC_DRA_FABRIC__NOPE": "x"}, "FABRIC_DRA_FABRIC__NOPE: no such setting"),
         ({"FABRIC_DRA_LOG__LEVEL": "loud"}, "setting log.level"),
-        ({"FABRIC_DRA_PUBLISHER__RESYNC_PERIOD_SECONDS": "0"},
-         "setting publisher.resync_period_seconds (from environment "
-         "FABRIC_DRA_PUBLISHER__RESYNC_PERIOD_SECONDS): value '0': input should be greater "
-         "than 0"),
+        (
+            {"FABRIC_DRA_PUBLISHER__RESYNC_PERIOD_SECONDS": "0"},
+            "setting publisher.resync_period_seconds (from environment "
+            "FABRIC_DRA_PUBLISHER__RESYNC_PERIOD_SECONDS): value '0': input should be greater "
+            "than 0",
+        ),
         ({"FABRIC_DRA_FABRIC__PASSWORD_FILE": "/p"}, "fabric.username_file is not"),
     ],
 )
@@ -156,8 +176,12 @@ def test_secret_is_read_stripped_and_never_printed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(b"", "is empty"), (b"\n", "is empty"), (b"\xff\xfe", "not UTF-8"),
-     (b"x" * (64 * 1024 + 1), "larger than 64 KiB")],
+    [
+        (b"", "is empty"),
+        (b"\n", "is empty"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"x" * (64 * 1024 + 1), "larger than 64 KiB"),
+    ],
 )
 def test_bad_secret_files(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "secret"
@@ -174,9 +198,17 @@ def test_missing_secret_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("key", "valid"),
-    [("topology.kubernetes.io/region", True), ("rack", True), ("a/b", True),
-     ("Upper.Case/x", False), ("x/", False), ("/x", False), ("a" * 64, False),
-     ("example.com/" + "a" * 63, True), ("bad key", False)],
+    [
+        ("topology.kubernetes.io/region", True),
+        ("rack", True),
+        ("a/b", True),
+        ("Upper.Case/x", False),
+        ("x/", False),
+        ("/x", False),
+        ("a" * 64, False),
+        ("example.com/" + "a" * 63, True),
+        ("bad key", False),
+    ],
 )
 def test_label_keys(key: str, valid: bool) -> None:
     assert is_label_key(key) is valid
@@ -184,8 +216,10 @@ def test_label_keys(key: str, valid: bool) -> None:
 
 @pytest.mark.parametrize(
     "environ",
-    [{"FABRIC_DRA_FABRIC__URL": "https://admin:hunter2@fm:443"},
-     {"FABRIC_DRA_DATABASE__URL": "mysql://admin:hunter2@db/x"}],
+    [
+        {"FABRIC_DRA_FABRIC__URL": "https://admin:hunter2@fm:443"},
+        {"FABRIC_DRA_DATABASE__URL": "mysql://admin:hunter2@db/x"},
+    ],
 )
 def test_credentials_in_bad_urls_are_not_echoed(environ: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as err:
@@ -195,12 +229,16 @@ def test_credentials_in_bad_urls_are_not_echoed(environ: dict[str, str]) -> None
 
 @pytest.mark.parametrize(
     ("environ", "message"),
-    [({"FABRIC_DRA_KUBE__MODE": "url"}, "kube.mode is url but kube.url is not set"),
-     ({"FABRIC_DRA_KUBE__MODE": "kubeconfig"}, "kube.kubeconfig is not set"),
-     ({"FABRIC_DRA_KUBE__MODE": "url", "FABRIC_DRA_KUBE__URL": "ftp://x"},
-      "setting kube.url (from environment FABRIC_DRA_KUBE__URL)"),
-     ({"FABRIC_DRA_KUBE__RESOURCE_API_VERSION": "v2"}, "setting kube.resource_api_version"),
-     ({"FABRIC_DRA_HOSTS__MATCH": "guess"}, "setting hosts.match")],
+    [
+        ({"FABRIC_DRA_KUBE__MODE": "url"}, "kube.mode is url but kube.url is not set"),
+        ({"FABRIC_DRA_KUBE__MODE": "kubeconfig"}, "kube.kubeconfig is not set"),
+        (
+            {"FABRIC_DRA_KUBE__MODE": "url", "FABRIC_DRA_KUBE__URL": "ftp://x"},
+            "setting kube.url (from environment FABRIC_DRA_KUBE__URL)",
+        ),
+        ({"FABRIC_DRA_KUBE__RESOURCE_API_VERSION": "v2"}, "setting kube.resource_api_version"),
+        ({"FABRIC_DRA_HOSTS__MATCH": "guess"}, "setting hosts.match"),
+    ],
 )
 def test_bad_kube_and_host_settings(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -211,8 +249,9 @@ def test_kube_client_settings_from_settings(tmp_path: Path) -> None:
     from app.kube.client import KubeAuthMode
     from app.kube.factory import kube_client_settings
 
-    settings = load_settings(environ={"FABRIC_DRA_KUBE__MODE": "url",
-                                      "FABRIC_DRA_KUBE__URL": "http://127.0.0.1:6443"})
+    settings = load_settings(
+        environ={"FABRIC_DRA_KUBE__MODE": "url", "FABRIC_DRA_KUBE__URL": "http://127.0.0.1:6443"}
+    )
     client = kube_client_settings(settings.kube)
     assert client.mode is KubeAuthMode.URL and client.url == "http://127.0.0.1:6443"
     with pytest.raises(ConfigError, match="settings kube: in-cluster config"):
@@ -226,9 +265,11 @@ def test_leader_timing_must_be_ordered() -> None:
 
 @pytest.mark.parametrize(
     ("environ", "message"),
-    [({"FABRIC_DRA_ADMIN__PORT": "70000"}, "setting admin.port"),
-     ({"FABRIC_DRA_CONTROLLER__MODE": "classic"}, "setting controller.mode"),
-     ({"FABRIC_DRA_CONTROLLER__WORKERS": "0"}, "setting controller.workers")],
+    [
+        ({"FABRIC_DRA_ADMIN__PORT": "70000"}, "setting admin.port"),
+        ({"FABRIC_DRA_CONTROLLER__MODE": "classic"}, "setting controller.mode"),
+        ({"FABRIC_DRA_CONTROLLER__WORKERS": "0"}, "setting controller.workers"),
+    ],
 )
 def test_bad_service_settings(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

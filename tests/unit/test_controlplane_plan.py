@@ -20,63 +20,109 @@ NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 REGION = "topology.kubernetes.io/region"
 
 
-def claim(*, uid: str = "u1", controller: str | None = DRIVER, status: dict[str, Any] | None
-          = None, deleting: bool = False, finalizers: list[str] | None = None) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": "c", "namespace": "ns", "uid": uid,
-                                "resourceVersion": "7"}
+def claim(
+    *,
+    uid: str = "u1",
+    controller: str | None = DRIVER,
+    status: dict[str, Any] | None = None,
+    deleting: bool = False,
+    finalizers: list[str] | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "c", "namespace": "ns", "uid": uid, "resourceVersion": "7"}
     if deleting:
         metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     if finalizers is not None:
         metadata["finalizers"] = finalizers
-    spec: dict[str, Any] = {"devices": {"requests": [
-        {"name": "dev", "exactly": {"deviceClassName": "gpu"}}]}}
+    spec: dict[str, Any] = {
+        "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": "gpu"}}]}
+    }
     if controller:
         spec["controller"] = controller
     return {"metadata": metadata, "spec": spec, "status": status or {}}
 
 
-ALLOCATION = {"devices": {"results": [
-    {"request": "dev", "driver": DRIVER, "pool": "us-east/r1", "device": "gpu-0"}]}}
+ALLOCATION = {
+    "devices": {
+        "results": [{"request": "dev", "driver": DRIVER, "pool": "us-east/r1", "device": "gpu-0"}]
+    }
+}
 POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"}}
 CONSUMER = {"resource": "pods", "name": "p", "uid": "pod-uid"}
 
 
-def reservation(i: int, device: str, *, uid: str = "u1", request: str = "dev",
-                exclusive: bool = True) -> ReservationView:
+def reservation(
+    i: int, device: str, *, uid: str = "u1", request: str = "dev", exclusive: bool = True
+) -> ReservationView:
     return ReservationView(
-        id=i, claim=ClaimRef(uid, "ns", "c"), request=request, mode="control-plane",
-        device_id=i, device_name=device, pool="us-east/r1", exclusive=exclusive, node="n1",
-        host_id="h1", state=PENDING, attempts=0, last_error=None, operation_id=None,
-        created_at=NOW, updated_at=NOW, attached_at=None, released_at=None)
+        id=i,
+        claim=ClaimRef(uid, "ns", "c"),
+        request=request,
+        mode="control-plane",
+        device_id=i,
+        device_name=device,
+        pool="us-east/r1",
+        exclusive=exclusive,
+        node="n1",
+        host_id="h1",
+        state=PENDING,
+        attempts=0,
+        last_error=None,
+        operation_id=None,
+        created_at=NOW,
+        updated_at=NOW,
+        attached_at=None,
+        released_at=None,
+    )
 
 
 # ---------------------------------------------------------------------------- pods and claims
 def test_pod_claims_resolve_direct_and_template_claims() -> None:
-    pod = {"spec": {"resourceClaims": [
-        {"name": "a", "resourceClaimName": "claim-a"},
-        {"name": "b", "resourceClaimTemplateName": "tmpl"},
-        {"name": "c", "resourceClaimTemplateName": "tmpl"},
-        {"resourceClaimName": "nameless"},
-    ]}, "status": {"resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x1"}]}}
-    assert cp.pod_claims(pod) == [cp.PodClaim("a", "claim-a"), cp.PodClaim("b", "p-b-x1"),
-                                  cp.PodClaim("c", None)]
+    pod = {
+        "spec": {
+            "resourceClaims": [
+                {"name": "a", "resourceClaimName": "claim-a"},
+                {"name": "b", "resourceClaimTemplateName": "tmpl"},
+                {"name": "c", "resourceClaimTemplateName": "tmpl"},
+                {"resourceClaimName": "nameless"},
+            ]
+        },
+        "status": {"resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x1"}]},
+    }
+    assert cp.pod_claims(pod) == [
+        cp.PodClaim("a", "claim-a"),
+        cp.PodClaim("b", "p-b-x1"),
+        cp.PodClaim("c", None),
+    ]
 
 
-@pytest.mark.parametrize(("obj", "phase"), [
-    (None, "gone"),
-    (claim(controller=None), "foreign"),
-    (claim(controller="other.example.com"), "foreign"),
-    (claim(), "pending"),
-    (claim(status={"allocation": ALLOCATION, "reservedFor": [CONSUMER]}), "allocated"),
-    (claim(status={"allocation": ALLOCATION}), "allocated"),
-    (claim(status={"allocation": ALLOCATION, "deallocationRequested": True}), "deallocate"),
-    (claim(status={"allocation": ALLOCATION, "deallocationRequested": True,
-                   "reservedFor": [CONSUMER]}), "allocated"),
-    (claim(deleting=True, status={"allocation": ALLOCATION}), "deallocate"),
-    (claim(deleting=True, status={"allocation": ALLOCATION, "reservedFor": [CONSUMER]}),
-     "deleting"),
-    (claim(deleting=True), "deallocate"),
-])
+@pytest.mark.parametrize(
+    ("obj", "phase"),
+    [
+        (None, "gone"),
+        (claim(controller=None), "foreign"),
+        (claim(controller="other.example.com"), "foreign"),
+        (claim(), "pending"),
+        (claim(status={"allocation": ALLOCATION, "reservedFor": [CONSUMER]}), "allocated"),
+        (claim(status={"allocation": ALLOCATION}), "allocated"),
+        (claim(status={"allocation": ALLOCATION, "deallocationRequested": True}), "deallocate"),
+        (
+            claim(
+                status={
+                    "allocation": ALLOCATION,
+                    "deallocationRequested": True,
+                    "reservedFor": [CONSUMER],
+                }
+            ),
+            "allocated",
+        ),
+        (claim(deleting=True, status={"allocation": ALLOCATION}), "deallocate"),
+        (
+            claim(deleting=True, status={"allocation": ALLOCATION, "reservedFor": [CONSUMER]}),
+            "deleting",
+        ),
+        (claim(deleting=True), "deallocate"),
+    ],
+)
 def test_claim_phase(obj: dict[str, Any] | None, phase: str) -> None:
     assert cp.claim_phase(obj, DRIVER) == phase
 
@@ -85,18 +131,30 @@ def test_allocated_status_sets_controller_and_the_pod_in_one_status() -> None:
     before = claim(status={"deallocationRequested": True})
     after = cp.allocated_status(before, ALLOCATION, DRIVER, CONSUMER, "n1")
     assert after["status"] == {
-        "allocation": {**ALLOCATION, "controller": DRIVER, "nodeSelector": {
-            "nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}},
-        "reservedFor": [CONSUMER]}
+        "allocation": {
+            **ALLOCATION,
+            "controller": DRIVER,
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+                ]
+            },
+        },
+        "reservedFor": [CONSUMER],
+    }
     assert before["status"] == {"deallocationRequested": True}  # not modified
     again = cp.allocated_status(after, ALLOCATION, DRIVER, CONSUMER, "n1")
     assert again["status"]["reservedFor"] == [CONSUMER]
 
 
 def test_cleared_status_drops_allocation_and_request_together() -> None:
-    before = claim(status={"allocation": ALLOCATION, "deallocationRequested": True,
-                           "devices": [{"driver": DRIVER}]})
+    before = claim(
+        status={
+            "allocation": ALLOCATION,
+            "deallocationRequested": True,
+            "devices": [{"driver": DRIVER}],
+        }
+    )
     assert cp.needs_status_clear(before)
     after = cp.cleared_status(before)
     assert after["status"] == {} and not cp.needs_status_clear(after)
@@ -106,29 +164,56 @@ def test_cleared_status_drops_allocation_and_request_together() -> None:
 def test_finalizer_is_added_with_a_guard_and_only_once() -> None:
     assert cp.add_finalizer_patch(claim(), FINALIZER) == [
         {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
-        {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]
+        {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]},
+    ]
     assert cp.add_finalizer_patch(claim(finalizers=["x/y"]), FINALIZER) == [
         {"op": "test", "path": "/metadata/finalizers", "value": ["x/y"]},
-        {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]
+        {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER},
+    ]
     assert cp.add_finalizer_patch(claim(finalizers=[FINALIZER]), FINALIZER) is None
 
 
 def test_finalizer_is_removed_by_index_guarded_by_the_whole_list() -> None:
     assert cp.remove_finalizer_patch(claim(finalizers=["x/y", FINALIZER]), FINALIZER) == [
         {"op": "test", "path": "/metadata/finalizers", "value": ["x/y", FINALIZER]},
-        {"op": "remove", "path": "/metadata/finalizers/1"}]
+        {"op": "remove", "path": "/metadata/finalizers/1"},
+    ]
     assert cp.remove_finalizer_patch(claim(finalizers=["x/y"]), FINALIZER) is None
     assert cp.remove_finalizer_patch(claim(), FINALIZER) is None
 
 
 # ---------------------------------------------------------------------------- in use
-def test_devices_in_use_come_from_claims_and_the_journal_but_not_the_claims_allocated_now(
-) -> None:
-    other = claim(uid="u2", status={"allocation": {"devices": {"results": [
-        {"request": "dev", "driver": DRIVER, "pool": "us-east/r1", "device": "gpu-1"},
-        {"request": "dev", "driver": DRIVER, "pool": "us-east/r1", "device": "gpu-9",
-         "adminAccess": True},
-        {"request": "dev", "driver": "other.example.com", "pool": "x", "device": "y"}]}}})
+def test_devices_in_use_come_from_claims_and_the_journal_but_not_the_claims_allocated_now() -> None:
+    other = claim(
+        uid="u2",
+        status={
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "dev",
+                            "driver": DRIVER,
+                            "pool": "us-east/r1",
+                            "device": "gpu-1",
+                        },
+                        {
+                            "request": "dev",
+                            "driver": DRIVER,
+                            "pool": "us-east/r1",
+                            "device": "gpu-9",
+                            "adminAccess": True,
+                        },
+                        {
+                            "request": "dev",
+                            "driver": "other.example.com",
+                            "pool": "x",
+                            "device": "y",
+                        },
+                    ]
+                }
+            }
+        },
+    )
     held = [HeldDevice("u3", "us-east/r1", "gpu-2"), HeldDevice("u1", "us-east/r1", "gpu-3")]
     expected = {(DRIVER, "us-east/r1", "gpu-1"), (DRIVER, "us-east/r1", "gpu-2")}
     assert cp.devices_in_use([other], held, DRIVER, {"u1"}) == expected
@@ -150,14 +235,24 @@ def test_stale_reservations_are_those_the_new_allocation_does_not_use() -> None:
 
 # ---------------------------------------------------------------------------- answers
 def test_merged_entries_keep_other_drivers_and_always_answer_ours() -> None:
-    existing = [{"name": "other", "unsuitableNodes": ["n9"]}, {"name": "a",
-                                                               "unsuitableNodes": ["n1"]}]
+    existing = [
+        {"name": "other", "unsuitableNodes": ["n9"]},
+        {"name": "a", "unsuitableNodes": ["n1"]},
+    ]
     merged = cp.merged_claim_entries(existing, {"a": [], "b": ["n2"]})
-    assert merged == [{"name": "other", "unsuitableNodes": ["n9"]}, {"name": "a"},
-                      {"name": "b", "unsuitableNodes": ["n2"]}]
-    assert cp.same_claim_entries(merged, [{"name": "other", "unsuitableNodes": ["n9"]},
-                                          {"name": "a", "unsuitableNodes": []},
-                                          {"name": "b", "unsuitableNodes": ["n2"]}])
+    assert merged == [
+        {"name": "other", "unsuitableNodes": ["n9"]},
+        {"name": "a"},
+        {"name": "b", "unsuitableNodes": ["n2"]},
+    ]
+    assert cp.same_claim_entries(
+        merged,
+        [
+            {"name": "other", "unsuitableNodes": ["n9"]},
+            {"name": "a", "unsuitableNodes": []},
+            {"name": "b", "unsuitableNodes": ["n2"]},
+        ],
+    )
     assert not cp.same_claim_entries(merged, existing)
 
 
@@ -170,34 +265,77 @@ def test_an_answer_never_lists_more_than_128_nodes(nodes: list[str]) -> None:
 def slices(devices_per_region: dict[str, int]) -> list[dict[str, Any]]:
     out = []
     for region, count in devices_per_region.items():
-        out.append({"spec": {
-            "driver": DRIVER, "pool": {"name": f"{region}/r1", "generation": 0,
-                                       "resourceSliceCount": 1},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": REGION, "operator": "In", "values": [region]}]}]},
-            "devices": [{"name": f"gpu-{region}-{i}", "attributes": {
-                "deviceType": {"string": "gpu"}}} for i in range(count)]}})
+        out.append(
+            {
+                "spec": {
+                    "driver": DRIVER,
+                    "pool": {"name": f"{region}/r1", "generation": 0, "resourceSliceCount": 1},
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": REGION, "operator": "In", "values": [region]}
+                                ]
+                            }
+                        ]
+                    },
+                    "devices": [
+                        {
+                            "name": f"gpu-{region}-{i}",
+                            "attributes": {"deviceType": {"string": "gpu"}},
+                        }
+                        for i in range(count)
+                    ],
+                }
+            }
+        )
     return out
 
 
-CLASSES = {"gpu": device_class_from_json({"metadata": {"name": "gpu"}, "spec": {"selectors": [
-    {"cel": {"expression": f'device.attributes["{DRIVER}"].deviceType == "gpu"'}}]}})}
-NODES = {n.name: n for n in [Node("east-1", {REGION: "east"}), Node("east-2", {REGION: "east"}),
-                             Node("west-1", {REGION: "west"}), Node("nowhere", {})]}
+CLASSES = {
+    "gpu": device_class_from_json(
+        {
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "selectors": [
+                    {"cel": {"expression": f'device.attributes["{DRIVER}"].deviceType == "gpu"'}}
+                ]
+            },
+        }
+    )
+}
+NODES = {
+    n.name: n
+    for n in [
+        Node("east-1", {REGION: "east"}),
+        Node("east-2", {REGION: "east"}),
+        Node("west-1", {REGION: "west"}),
+        Node("nowhere", {}),
+    ]
+}
 
 
 def pending(count: int, name: str = "gpu") -> cp.Pending:
-    spec = {"devices": {"requests": [
-        {"name": "dev", "exactly": {"deviceClassName": "gpu", "count": count}}]}}
+    spec = {
+        "devices": {
+            "requests": [{"name": "dev", "exactly": {"deviceClassName": "gpu", "count": count}}]
+        }
+    }
     return cp.Pending(name, claim_from_json(spec, uid=f"uid-{name}", namespace="ns", name=name))
 
 
 def test_unsuitable_nodes_are_those_without_enough_devices_or_without_a_fabric_host() -> None:
     pools = gather_pools(slices({"east": 2, "west": 1}))
     answers = cp.unsuitable_nodes(
-        Allocator(), [pending(2)], CLASSES, pools, set(), ["east-1", "west-1", "nowhere",
-                                                           "east-2", "unknown"],
-        NODES, hosts={"east-1", "west-1", "nowhere"})
+        Allocator(),
+        [pending(2)],
+        CLASSES,
+        pools,
+        set(),
+        ["east-1", "west-1", "nowhere", "east-2", "unknown"],
+        NODES,
+        hosts={"east-1", "west-1", "nowhere"},
+    )
     assert answers == {"gpu": ["west-1", "nowhere", "east-2", "unknown"]}
 
 
@@ -205,8 +343,15 @@ def test_all_claims_of_the_pod_are_answered_together() -> None:
     pools = gather_pools(slices({"east": 2, "west": 2}))
     in_use = {(DRIVER, "west/r1", "gpu-west-0")}
     answers = cp.unsuitable_nodes(
-        Allocator(), [pending(1, "a"), pending(1, "b")], CLASSES, pools, in_use,
-        ["east-1", "west-1"], NODES, hosts=set(NODES))
+        Allocator(),
+        [pending(1, "a"), pending(1, "b")],
+        CLASSES,
+        pools,
+        in_use,
+        ["east-1", "west-1"],
+        NODES,
+        hosts=set(NODES),
+    )
     # West has one free device left: each claim alone would fit, both together do not.
     assert answers == {"a": ["west-1"], "b": ["west-1"]}
 
@@ -218,8 +363,9 @@ def test_a_node_is_unsuitable_exactly_when_the_allocator_fails_there(
     pools = gather_pools(slices({"east": east, "west": west}))
     allocator = Allocator()
     potential = ["east-1", "west-1"]
-    answers = cp.unsuitable_nodes(allocator, [pending(count)], CLASSES, pools, set(), potential,
-                                  NODES, hosts=set(NODES))
+    answers = cp.unsuitable_nodes(
+        allocator, [pending(count)], CLASSES, pools, set(), potential, NODES, hosts=set(NODES)
+    )
     for node_name, have in (("east-1", east), ("west-1", west)):
         assert (node_name in answers["gpu"]) == (have < count)
 
@@ -241,8 +387,18 @@ def test_remembered_answers_are_reused_until_the_nodes_pools_change() -> None:
     potential = ["east-1", "east-2", "west-1"]
 
     def answer(in_use: set[Any], name: str = "gpu") -> dict[str, list[str]]:
-        return cp.unsuitable_nodes(allocator, [pending(2, name)], CLASSES, pools, in_use,
-                                   potential, NODES, set(NODES), reachable, memo)
+        return cp.unsuitable_nodes(
+            allocator,
+            [pending(2, name)],
+            CLASSES,
+            pools,
+            in_use,
+            potential,
+            NODES,
+            set(NODES),
+            reachable,
+            memo,
+        )
 
     assert answer(set()) == {"gpu": []}
     assert allocator.runs == 3
@@ -258,8 +414,10 @@ def test_remembered_answers_are_reused_until_the_nodes_pools_change() -> None:
     assert allocator.runs == 7
 
 
-@given(st.lists(st.tuples(st.sampled_from(["east", "west"]), st.integers(0, 3)), max_size=6),
-       st.integers(1, 3))
+@given(
+    st.lists(st.tuples(st.sampled_from(["east", "west"]), st.integers(0, 3)), max_size=6),
+    st.integers(1, 3),
+)
 def test_remembered_answers_equal_fresh_ones(taken: list[tuple[str, int]], count: int) -> None:
     pools = gather_pools(slices({"east": 3, "west": 2}))
     memo = cp.NodeAnswers()
@@ -267,10 +425,21 @@ def test_remembered_answers_equal_fresh_ones(taken: list[tuple[str, int]], count
     in_use: set[Any] = set()
     for region, index in taken:
         in_use.add((DRIVER, f"{region}/r1", f"gpu-{region}-{index}"))
-        remembered = cp.unsuitable_nodes(Allocator(), [pending(count)], CLASSES, pools,
-                                         set(in_use), potential, NODES, set(NODES), None, memo)
-        fresh = cp.unsuitable_nodes(Allocator(), [pending(count)], CLASSES, pools, set(in_use),
-                                    potential, NODES, set(NODES))
+        remembered = cp.unsuitable_nodes(
+            Allocator(),
+            [pending(count)],
+            CLASSES,
+            pools,
+            set(in_use),
+            potential,
+            NODES,
+            set(NODES),
+            None,
+            memo,
+        )
+        fresh = cp.unsuitable_nodes(
+            Allocator(), [pending(count)], CLASSES, pools, set(in_use), potential, NODES, set(NODES)
+        )
         assert remembered == fresh
 
 
@@ -278,26 +447,41 @@ def test_remembered_answers_are_bounded() -> None:
     pools = gather_pools(slices({"east": 1}))
     memo = cp.NodeAnswers(max_entries=2)
     for count in (1, 2, 3, 4):
-        cp.unsuitable_nodes(Allocator(), [pending(count)], CLASSES, pools, set(),
-                            ["east-1"], NODES, set(NODES), None, memo)
+        cp.unsuitable_nodes(
+            Allocator(),
+            [pending(count)],
+            CLASSES,
+            pools,
+            set(),
+            ["east-1"],
+            NODES,
+            set(NODES),
+            None,
+            memo,
+        )
         assert len(memo) <= 2
 
 
 # ---------------------------------------------------------------------------- in-use index
 _UIDS = st.sampled_from(["u1", "u2", "u3"])
 _DEVICES = st.tuples(st.sampled_from(["east/r1", "west/r1"]), st.sampled_from(["d0", "d1", "d2"]))
-_STEPS = st.lists(st.one_of(
-    st.tuples(st.just("claim"), _UIDS, st.frozensets(_DEVICES, max_size=2)),
-    st.tuples(st.just("hold"), _UIDS, _DEVICES),
-    st.tuples(st.just("release"), _UIDS, _DEVICES),
-    st.tuples(st.just("held"), st.just(""), st.frozensets(st.tuples(_UIDS, _DEVICES),
-                                                          max_size=3)),
-), max_size=25)
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("claim"), _UIDS, st.frozensets(_DEVICES, max_size=2)),
+        st.tuples(st.just("hold"), _UIDS, _DEVICES),
+        st.tuples(st.just("release"), _UIDS, _DEVICES),
+        st.tuples(
+            st.just("held"), st.just(""), st.frozensets(st.tuples(_UIDS, _DEVICES), max_size=3)
+        ),
+    ),
+    max_size=25,
+)
 
 
 @given(_STEPS, st.frozensets(_UIDS, max_size=2))
 def test_the_in_use_index_matches_a_count_from_scratch(
-    steps: list[tuple[str, str, Any]], exclude: frozenset[str],
+    steps: list[tuple[str, str, Any]],
+    exclude: frozenset[str],
 ) -> None:
     index = cp.InUse()
     claims: dict[str, frozenset[tuple[str, str]]] = {}
@@ -319,11 +503,17 @@ def test_the_in_use_index_matches_a_count_from_scratch(
             index.set_held([HeldDevice(u, p, d) for u, (p, d) in value], DRIVER)
         expected = cp.devices_in_use(
             [_allocated(u, devices) for u, devices in claims.items()],
-            [HeldDevice(u, p, d) for u, (p, d) in held], DRIVER, exclude)
+            [HeldDevice(u, p, d) for u, (p, d) in held],
+            DRIVER,
+            exclude,
+        )
         view = index.view(exclude)
         assert set(view) == expected
-        assert all(((DRIVER, p, d) in view) == ((DRIVER, p, d) in expected)
-                   for p in ("east/r1", "west/r1") for d in ("d0", "d1", "d2", "d9"))
+        assert all(
+            ((DRIVER, p, d) in view) == ((DRIVER, p, d) in expected)
+            for p in ("east/r1", "west/r1")
+            for d in ("d0", "d1", "d2", "d9")
+        )
         for pool in ("east/r1", "west/r1"):
             now = frozenset(x for x in expected if x[1] == pool)
             key = view.pool_key(pool)
@@ -335,15 +525,28 @@ def test_the_in_use_index_matches_a_count_from_scratch(
 
 def _allocated(uid: str, devices: frozenset[tuple[str, str]]) -> dict[str, Any]:
     """A claim of ``uid`` allocated ``devices`` ((pool, device) pairs) of our driver."""
-    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": [
-        {"request": "r", "driver": DRIVER, "pool": p, "device": d} for p, d in sorted(devices)
-    ]}}}}
+    return {
+        "metadata": {"uid": uid},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r", "driver": DRIVER, "pool": p, "device": d}
+                        for p, d in sorted(devices)
+                    ]
+                }
+            }
+        },
+    }
 
 
-@given(st.lists(st.sampled_from([f"n{i}" for i in range(200)]), unique=True, max_size=140),
-       st.sampled_from(["", "n0", "n150", "other"]))
+@given(
+    st.lists(st.sampled_from([f"n{i}" for i in range(200)]), unique=True, max_size=140),
+    st.sampled_from(["", "n0", "n150", "other"]),
+)
 def test_the_answer_covers_the_selected_node_even_when_it_is_not_a_potential_node(
-        potential: list[str], selected: str) -> None:
+    potential: list[str], selected: str
+) -> None:
     nodes = cp.answer_nodes(potential, selected)
     assert len(nodes) <= cp.MAX_NODES and len(set(nodes)) == len(nodes)
     if selected:

@@ -48,10 +48,19 @@ class Sources:
 
     def cache(self) -> SnapshotCache:
         return SnapshotCache(
-            self.slices, self.classes, self.nodes,  # type: ignore[arg-type]
-            driver_name="fabric.example.com", host_refs=self.host_refs, held=self.held,
-            feed=HeldFeed(), host_match="hostname", host_key="fabric-dra.io/host-id",
-            hosts_refresh_s=10.0, answers=cp.NodeAnswers(), now=lambda: self.now)
+            self.slices,
+            self.classes,
+            self.nodes,  # type: ignore[arg-type]
+            driver_name="fabric.example.com",
+            host_refs=self.host_refs,
+            held=self.held,
+            feed=HeldFeed(),
+            host_match="hostname",
+            host_key="fabric-dra.io/host-id",
+            hosts_refresh_s=10.0,
+            answers=cp.NodeAnswers(),
+            now=lambda: self.now,
+        )
 
 
 def remember_something(answers: cp.NodeAnswers) -> None:

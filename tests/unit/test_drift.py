@@ -22,13 +22,34 @@ BEFORE = dt.datetime(2026, 1, 2, 3, 0, 0, tzinfo=dt.UTC)
 LISTED = dt.datetime(2026, 1, 2, 3, 1, 0, tzinfo=dt.UTC)
 
 
-def held(i: int, *, host: str | None = "h1", state: str = ATTACHED, exclusive: bool = True,
-         updated: dt.datetime = BEFORE) -> ReservationView:
+def held(
+    i: int,
+    *,
+    host: str | None = "h1",
+    state: str = ATTACHED,
+    exclusive: bool = True,
+    updated: dt.datetime = BEFORE,
+) -> ReservationView:
     return ReservationView(
-        id=i, claim=ClaimRef(f"u{i}", "ns", f"c{i}"), request="gpu", mode="structured",
-        device_id=100 + i, device_name=f"gpu-{i}", pool="p", exclusive=exclusive, node="n1",
-        host_id=host, state=state, attempts=1, last_error=None, operation_id=None,
-        created_at=BEFORE, updated_at=updated, attached_at=BEFORE, released_at=None)
+        id=i,
+        claim=ClaimRef(f"u{i}", "ns", f"c{i}"),
+        request="gpu",
+        mode="structured",
+        device_id=100 + i,
+        device_name=f"gpu-{i}",
+        pool="p",
+        exclusive=exclusive,
+        node="n1",
+        host_id=host,
+        state=state,
+        attempts=1,
+        last_error=None,
+        operation_id=None,
+        created_at=BEFORE,
+        updated_at=updated,
+        attached_at=BEFORE,
+        released_at=None,
+    )
 
 
 def test_a_device_the_fabric_still_shows_on_its_host_is_no_drift() -> None:
@@ -62,10 +83,15 @@ def test_only_exclusive_attached_reservations_are_compared() -> None:
     assert find_drift(others, {}, LISTED) == []
 
 
-@given(st.lists(st.tuples(st.sampled_from([None, "h1", "h2"]), st.booleans(),
-                          st.booleans(), st.booleans()), max_size=12))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([None, "h1", "h2"]), st.booleans(), st.booleans(), st.booleans()),
+        max_size=12,
+    )
+)
 def test_every_attached_reservation_is_drift_exactly_when_the_fabric_disagrees(
-        rows: list[tuple[str | None, bool, bool, bool]]) -> None:
+    rows: list[tuple[str | None, bool, bool, bool]],
+) -> None:
     reservations = []
     fabric = {}
     for i, (holder, listed, removed, late) in enumerate(rows):

@@ -20,19 +20,29 @@ from app.hostmap import (
     host_for_node,
 )
 
-INDEX = HostIndex.build([
-    HostRef("sys-1", "node-a.dc1.example.com"),
-    HostRef("sys-2", "NODE-B"),
-    HostRef("sys-3", "dup.one.example"),
-    HostRef("sys-4", "dup.two.example"),
-    HostRef("sys-5", None),
-], report=None)
+INDEX = HostIndex.build(
+    [
+        HostRef("sys-1", "node-a.dc1.example.com"),
+        HostRef("sys-2", "NODE-B"),
+        HostRef("sys-3", "dup.one.example"),
+        HostRef("sys-4", "dup.two.example"),
+        HostRef("sys-5", None),
+    ],
+    report=None,
+)
 
 
-def node(name: str, *, labels: dict | None = None, annotations: dict | None = None,
-         provider_id: str | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
-            "spec": {"providerID": provider_id} if provider_id else {}}
+def node(
+    name: str,
+    *,
+    labels: dict | None = None,
+    annotations: dict | None = None,
+    provider_id: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+        "spec": {"providerID": provider_id} if provider_id else {},
+    }
 
 
 @pytest.mark.parametrize(
@@ -55,15 +65,18 @@ def test_label_and_annotation_rules() -> None:
     key = "fabric-dra.io/host-id"
     assert host_for_node(node("n", labels={key: "sys-5"}), INDEX, "label", key) == "sys-5"
     assert host_for_node(node("n", labels={key: "sys-9"}), INDEX, "label", key) is None
-    assert host_for_node(node("n", annotations={key: "sys-2"}), INDEX, "annotation", key) == \
-        "sys-2"
+    assert host_for_node(node("n", annotations={key: "sys-2"}), INDEX, "annotation", key) == "sys-2"
     assert host_for_node(node("n"), INDEX, "annotation", key) is None
 
 
 @pytest.mark.parametrize(
     ("provider_id", "expected"),
-    [("redfish://fm/Systems/sys-4", "sys-4"), ("sys-3", "sys-3"), ("aws:///us-east-1a/i-1", None),
-     ("", None)],
+    [
+        ("redfish://fm/Systems/sys-4", "sys-4"),
+        ("sys-3", "sys-3"),
+        ("aws:///us-east-1a/i-1", None),
+        ("", None),
+    ],
 )
 def test_provider_id_rule(provider_id: str, expected: str | None) -> None:
     assert host_for_node(node("n", provider_id=provider_id), INDEX, "provider_id", "") == expected
@@ -87,8 +100,10 @@ PLACEHOLDERS = [
 def test_a_hostname_shared_by_several_hosts_maps_no_node(name: str) -> None:
     index = HostIndex.build(PLACEHOLDERS, report=None)
     assert host_for_node(node(name), index, "hostname", "") is None
-    assert host_for_node(node("x", labels={"kubernetes.io/hostname": name}), index,
-                         "hostname", "") is None
+    assert (
+        host_for_node(node("x", labels={"kubernetes.io/hostname": name}), index, "hostname", "")
+        is None
+    )
     assert host_for_node(node("real-node"), index, "hostname", "") == "sys-4"
 
 
@@ -100,57 +115,74 @@ def test_the_index_records_shared_hostnames_with_their_hosts() -> None:
 
 
 def test_the_report_lists_each_shared_value_once() -> None:
-    index = HostIndex.build([
-        *PLACEHOLDERS,
-        HostRef("sys-5", "placeholder.localdomain"), HostRef("sys-6", "placeholder.localdomain"),
-        HostRef("sys-7", "web.a.example"), HostRef("sys-8", "web.b.example"),
-    ], report=None)
+    index = HostIndex.build(
+        [
+            *PLACEHOLDERS,
+            HostRef("sys-5", "placeholder.localdomain"),
+            HostRef("sys-6", "placeholder.localdomain"),
+            HostRef("sys-7", "web.a.example"),
+            HostRef("sys-8", "web.b.example"),
+        ],
+        report=None,
+    )
     assert ambiguities(index) == (
         Ambiguity("hostname", "localhost", ("sys-1", "sys-2", "sys-3")),
         Ambiguity("hostname", "placeholder.localdomain", ("sys-5", "sys-6")),
         # "placeholder" is shared by exactly sys-5 and sys-6: the line above says it already.
         Ambiguity("short hostname", "web", ("sys-7", "sys-8")),
     )
-    assert ambiguities(index)[0].message == \
-        "hostname 'localhost' is shared by hosts sys-1, sys-2, sys-3"
+    assert (
+        ambiguities(index)[0].message
+        == "hostname 'localhost' is shared by hosts sys-1, sys-2, sys-3"
+    )
     assert ambiguities(index)[0].to_json() == {
-        "key": "hostname", "value": "localhost", "hosts": ["sys-1", "sys-2", "sys-3"]}
-    assert ambiguities(HostIndex.build([HostRef("a", "a"), HostRef("b", None)],
-                                       report=None)) == ()
+        "key": "hostname",
+        "value": "localhost",
+        "hosts": ["sys-1", "sys-2", "sys-3"],
+    }
+    assert ambiguities(HostIndex.build([HostRef("a", "a"), HostRef("b", None)], report=None)) == ()
 
 
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
         (node("localhost"), Ambiguity("hostname", "localhost", ("sys-1", "sys-2", "sys-3"))),
-        (node("n", labels={"kubernetes.io/hostname": "LocalHost"}),
-         Ambiguity("hostname", "localhost", ("sys-1", "sys-2", "sys-3"))),
-        (node("localhost.cluster.local"),
-         Ambiguity("short hostname", "localhost", ("sys-1", "sys-2", "sys-3"))),
+        (
+            node("n", labels={"kubernetes.io/hostname": "LocalHost"}),
+            Ambiguity("hostname", "localhost", ("sys-1", "sys-2", "sys-3")),
+        ),
+        (
+            node("localhost.cluster.local"),
+            Ambiguity("short hostname", "localhost", ("sys-1", "sys-2", "sys-3")),
+        ),
         (node("web"), Ambiguity("short hostname", "web", ("sys-7", "sys-8"))),
-        (node("web.a.example"), None),     # maps to sys-7 by its full name
-        (node("stranger"), None),          # unmapped, but no shared identity is involved
+        (node("web.a.example"), None),  # maps to sys-7 by its full name
+        (node("stranger"), None),  # unmapped, but no shared identity is involved
     ],
 )
 def test_an_unmapped_node_is_told_which_hosts_share_its_name(
     value: dict[str, Any], expected: Ambiguity | None
 ) -> None:
-    index = HostIndex.build([*PLACEHOLDERS, HostRef("sys-7", "web.a.example"),
-                             HostRef("sys-8", "web.b.example")], report=None)
+    index = HostIndex.build(
+        [*PLACEHOLDERS, HostRef("sys-7", "web.a.example"), HostRef("sys-8", "web.b.example")],
+        report=None,
+    )
     assert ambiguity_for_node(value, index, "hostname", "") == expected
 
 
 def test_a_host_id_reported_by_two_backends_maps_no_node() -> None:
     key = "fabric-dra.io/host-id"
-    index = HostIndex.build([HostRef("sys-1", "a"), HostRef("sys-1", "b"), HostRef("sys-2", "c")],
-                            report=None)
+    index = HostIndex.build(
+        [HostRef("sys-1", "a"), HostRef("sys-1", "b"), HostRef("sys-2", "c")], report=None
+    )
     shared = Ambiguity("host id", "sys-1", ("sys-1", "sys-1"))
     assert ambiguities(index) == (shared,)
     assert shared.message == "host id 'sys-1' is reported by 2 hosts"
     assert host_for_node(node("n", labels={key: "sys-1"}), index, "label", key) is None
     assert ambiguity_for_node(node("n", labels={key: "sys-1"}), index, "label", key) == shared
-    assert host_for_node(node("n", provider_id="fm://Systems/sys-1"), index, "provider_id",
-                         "") is None
+    assert (
+        host_for_node(node("n", provider_id="fm://Systems/sys-1"), index, "provider_id", "") is None
+    )
     assert host_for_node(node("a"), index, "hostname", "") is None
     assert ambiguity_for_node(node("a"), index, "hostname", "") == shared
     assert host_for_node(node("n", labels={key: "sys-2"}), index, "label", key) == "sys-2"
@@ -163,16 +195,22 @@ def test_shared_identities_are_logged_once_per_change(caplog: pytest.LogCaptureF
     for _ in range(3):
         HostIndex.build(PLACEHOLDERS, report=report)
     assert [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records] == [
-        ("WARNING", "hostname 'localhost' is shared by hosts sys-1, sys-2, sys-3")]
+        ("WARNING", "hostname 'localhost' is shared by hosts sys-1, sys-2, sys-3")
+    ]
 
     caplog.clear()
-    more = [*PLACEHOLDERS, HostRef("sys-9", "localhost"), HostRef("sys-10", "x"),
-            HostRef("sys-11", "X")]
+    more = [
+        *PLACEHOLDERS,
+        HostRef("sys-9", "localhost"),
+        HostRef("sys-10", "x"),
+        HostRef("sys-11", "X"),
+    ]
     HostIndex.build(more, report=report)
     HostIndex.build(more, report=report)
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         "hostname 'localhost' is shared by hosts sys-1, sys-2, sys-3, sys-9",
-        "hostname 'x' is shared by hosts sys-10, sys-11"]
+        "hostname 'x' is shared by hosts sys-10, sys-11",
+    ]
     assert all(r.levelname == "WARNING" for r in caplog.records)
 
     caplog.clear()
@@ -180,12 +218,11 @@ def test_shared_identities_are_logged_once_per_change(caplog: pytest.LogCaptureF
     HostIndex.build(PLACEHOLDERS[3:], report=report)
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("INFO", "hostname 'localhost' is no longer shared by several hosts"),
-        ("INFO", "hostname 'x' is no longer shared by several hosts")]
+        ("INFO", "hostname 'x' is no longer shared by several hosts"),
+    ]
 
 
-def test_build_logs_through_the_hostmap_logger_by_default(
-    caplog: pytest.LogCaptureFixture
-) -> None:
+def test_build_logs_through_the_hostmap_logger_by_default(caplog: pytest.LogCaptureFixture) -> None:
     # A value no other test uses, so the process-wide "last reported" set surely changes.
     name = f"placeholder-{uuid.uuid4().hex[:8]}"
     hosts = [HostRef("sys-1", name), HostRef("sys-2", name)]
@@ -194,19 +231,20 @@ def test_build_logs_through_the_hostmap_logger_by_default(
     HostIndex.build(hosts)
     HostIndex.build(hosts, report=None)
     assert [(r.name, r.getMessage().split(":")[0]) for r in caplog.records] == [
-        ("app.hostmap", f"hostname {name!r} is shared by hosts sys-1, sys-2")]
+        ("app.hostmap", f"hostname {name!r} is shared by hosts sys-1, sys-2")
+    ]
 
 
 HOSTNAMES = st.lists(
-    st.tuples(st.sampled_from(["a", "b", "c", "A", "B"]), st.booleans()), max_size=8)
+    st.tuples(st.sampled_from(["a", "b", "c", "A", "B"]), st.booleans()), max_size=8
+)
 
 
 @given(HOSTNAMES, st.sampled_from(["a", "b", "c", "d"]))
 def test_a_node_maps_to_the_one_host_with_its_name_or_to_none(
     names: list[tuple[str, bool]], wanted: str
 ) -> None:
-    hosts = [HostRef(f"sys-{i}", name if named else None)
-             for i, (name, named) in enumerate(names)]
+    hosts = [HostRef(f"sys-{i}", name if named else None) for i, (name, named) in enumerate(names)]
     holders = [h.host_id for h in hosts if h.hostname and h.hostname.lower() == wanted]
     index = HostIndex.build(hosts, report=None)
     found = host_for_node(node(wanted), index, "hostname", "")

@@ -16,8 +16,15 @@ from app.naming import is_dns_label
 
 
 def stored(device, *, id_: int, removed: bool = False, name: str | None = None) -> StoredItem:
-    return StoredItem(id_, device.vendor_id, content_hash(device), removed, str(device.health),
-                      device.host_id, name or f"dev-{id_}")
+    return StoredItem(
+        id_,
+        device.vendor_id,
+        content_hash(device),
+        removed,
+        str(device.health),
+        device.host_id,
+        name or f"dev-{id_}",
+    )
 
 
 def test_first_listing_inserts_everything_with_unique_names() -> None:
@@ -62,8 +69,10 @@ def test_missing_device_is_removed_but_a_rejected_one_is_kept() -> None:
 
 def test_a_rejected_attach_unit_keeps_its_devices() -> None:
     a, b = gpu(1), gpu(2)
-    rows = [replace(stored(a, id_=1), unit=a.attach_unit),
-            replace(stored(b, id_=2), unit=b.attach_unit)]
+    rows = [
+        replace(stored(a, id_=1), unit=a.attach_unit),
+        replace(stored(b, id_=2), unit=b.attach_unit),
+    ]
     plan = plan_devices(rows, [], {a.attach_unit}, set())
     assert [r.id for r in plan.removals] == [2]
 
@@ -91,8 +100,10 @@ def test_new_names_avoid_taken_names() -> None:
 
 def test_hosts_plan() -> None:
     h1, h2 = host(1), host(2)
-    rows = [StoredItem(1, h1.host_id, content_hash(h1), False, "OK"),
-            StoredItem(2, h2.host_id, content_hash(h2), False, "OK")]
+    rows = [
+        StoredItem(1, h1.host_id, content_hash(h1), False, "OK"),
+        StoredItem(2, h2.host_id, content_hash(h2), False, "OK"),
+    ]
     plan = plan_hosts(rows, [replace(h1, health=Health.WARNING), host(3)], set())
     assert [i.item.host_id for i in plan.inserts] == [host(3).host_id]
     assert [u.stored.id for u in plan.updates] == [1]
@@ -110,17 +121,26 @@ BAD_DEVICES = [
     (replace(gpu(1), memory_mib="80GB"), "memory_mib is str, expected an integer", "bad-type"),
     (replace(gpu(1), memory_mib=True), "memory_mib is bool, expected an integer", "bad-type"),
     (replace(gpu(1), capacity={"bytes": -5}), "capacity bytes is -5", "bad-value"),
-    (replace(gpu(1), capacity={"bytes": 2**64}), "capacity bytes is 18446744073709551616",
-     "bad-value"),
-    (replace(gpu(1), capacity={"bad key": 1}), "capacity key 'bad key' is not a C identifier",
-     "bad-value"),
+    (
+        replace(gpu(1), capacity={"bytes": 2**64}),
+        "capacity bytes is 18446744073709551616",
+        "bad-value",
+    ),
+    (
+        replace(gpu(1), capacity={"bad key": 1}),
+        "capacity key 'bad key' is not a C identifier",
+        "bad-value",
+    ),
     (replace(gpu(1), capacity=[1, 2]), "capacity is list, expected a mapping", "bad-type"),
     (replace(gpu(1), attributes={"x": 1.5}), "attribute x is float", "bad-type"),
     (replace(gpu(1), attributes={"x": "y" * 65}), "attribute x is 65 characters", "bad-value"),
     (replace(gpu(1), attributes={"n": 2**63}), "attribute n is 9223372036854775808", "bad-value"),
     (replace(gpu(1), attributes={"a" * 33: 1}), "is not a C identifier", "bad-value"),
-    (replace(gpu(1), location=Location(rack="r" * 300)), "location.rack is 300 characters",
-     "bad-value"),
+    (
+        replace(gpu(1), location=Location(rack="r" * 300)),
+        "location.rack is 300 characters",
+        "bad-value",
+    ),
     (replace(gpu(1), uuid="u" * 65), "uuid is 65 characters long, at most 64", "bad-value"),
     (replace(gpu(1), host_id=""), "host id is missing or empty", "missing-field"),
     (replace(gpu(1), vendor_id=None), "vendor id is missing or empty", "missing-field"),
@@ -156,8 +176,12 @@ def test_bad_and_duplicate_hosts_are_rejected_alone() -> None:
         [host(1), replace(host(2), host_id=""), host(3), host(3), replace(host(4), name="\x07")]
     )
     assert valid == [host(1)]
-    assert sorted(r.kind for r in rejected) == ["bad-value", "duplicate", "duplicate",
-                                                "missing-field"]
+    assert sorted(r.kind for r in rejected) == [
+        "bad-value",
+        "duplicate",
+        "duplicate",
+        "missing-field",
+    ]
 
 
 # Property: applying a plan to the stored state gives exactly the listed state.
@@ -165,8 +189,12 @@ _indexes = st.lists(st.integers(0, 40), unique=True, max_size=25)
 
 
 @settings(max_examples=150, deadline=None)
-@given(before=_indexes, after=_indexes, sick=st.sets(st.integers(0, 40)),
-       rejected=st.sets(st.integers(0, 40), max_size=5))
+@given(
+    before=_indexes,
+    after=_indexes,
+    sick=st.sets(st.integers(0, 40)),
+    rejected=st.sets(st.integers(0, 40), max_size=5),
+)
 def test_plan_applied_to_stored_state_equals_listing(
     before: list[int], after: list[int], sick: set[int], rejected: set[int]
 ) -> None:
@@ -174,7 +202,8 @@ def test_plan_applied_to_stored_state_equals_listing(
     rows = [stored(d, id_=i) for i, d in old.items()]
     listed = [
         replace(gpu(i), health=Health.CRITICAL) if i in sick else gpu(i)
-        for i in after if i not in rejected
+        for i in after
+        if i not in rejected
     ]
     rejected_keys = {gpu(i).vendor_id for i in rejected}
     plan = plan_devices(rows, listed, rejected_keys, set())

@@ -80,29 +80,30 @@ def test_a_missing_lease_is_created_held_by_us() -> None:
 
 def test_a_valid_lease_of_another_holder_is_left_alone() -> None:
     current = LeaseRecord("b", 15, "t0", "t1", 3)
-    assert plan_acquire(current, identity="a", now=NOW, lease_duration_s=15,
-                        held_and_valid=True) is None
+    assert (
+        plan_acquire(current, identity="a", now=NOW, lease_duration_s=15, held_and_valid=True)
+        is None
+    )
 
 
 def test_taking_over_an_expired_lease_counts_a_transition() -> None:
     current = LeaseRecord("b", 15, "t0", "t1", 3)
-    record = plan_acquire(current, identity="a", now=NOW, lease_duration_s=10,
-                          held_and_valid=False)
+    record = plan_acquire(current, identity="a", now=NOW, lease_duration_s=10, held_and_valid=False)
     assert record == LeaseRecord("a", 10, NOW, NOW, 4)
 
 
 def test_taking_a_released_lease_counts_a_transition() -> None:
     released = plan_release(LeaseRecord("b", 15, "t0", "t1", 3), now="t2")
     assert released == LeaseRecord(None, 1, "t2", "t2", 3)
-    record = plan_acquire(released, identity="a", now=NOW, lease_duration_s=15,
-                          held_and_valid=False)
+    record = plan_acquire(
+        released, identity="a", now=NOW, lease_duration_s=15, held_and_valid=False
+    )
     assert record == LeaseRecord("a", 15, NOW, NOW, 4)
 
 
 def test_renewing_moves_only_renew_time() -> None:
     current = LeaseRecord("a", 15, "t0", "t1", 3)
-    record = plan_acquire(current, identity="a", now=NOW, lease_duration_s=15,
-                          held_and_valid=False)
+    record = plan_acquire(current, identity="a", now=NOW, lease_duration_s=15, held_and_valid=False)
     assert record == LeaseRecord("a", 15, "t0", NOW, 3)
 
 
@@ -210,7 +211,10 @@ async def test_url_settings_configure_host_ca_and_verification(tmp_path: Path) -
     token = tmp_path / "token"
     token.write_text("abc\n")
     settings = KubeClientSettings(
-        mode=KubeAuthMode.URL, url="https://10.0.0.1:6443/", token_file=token, ca_file=ca,
+        mode=KubeAuthMode.URL,
+        url="https://10.0.0.1:6443/",
+        token_file=token,
+        ca_file=ca,
         verify_tls=False,
     )
     configuration = await build_configuration(settings)

@@ -58,19 +58,23 @@ class Script:
 def make(reconciler: Script, clock: HandClock, **hooks: object) -> Controller[str]:
     queue: WorkQueue[str] = WorkQueue(
         WorkQueueSettings(name="test", base_delay_s=0.5, max_delay_s=100.0),
-        clock=QueueClock(now=clock.now, sleep=clock.sleep))
-    return Controller(reconciler, RuntimeSettings("test", workers=2), queue,
-                      clock=lambda: NOW, **hooks)  # type: ignore[arg-type]
+        clock=QueueClock(now=clock.now, sleep=clock.sleep),
+    )
+    return Controller(
+        reconciler, RuntimeSettings("test", workers=2), queue, clock=lambda: NOW, **hooks
+    )  # type: ignore[arg-type]
 
 
-async def test_a_key_asking_to_be_requeued_waits_its_doubling_backoff_and_is_then_forgotten(
-) -> None:
+async def test_a_key_asking_to_be_requeued_waits_its_doubling_backoff_and_is_then_forgotten() -> (
+    None
+):
     clock = HandClock()
     script = Script({"a": [True, True]})
     delays: list[tuple[str, float]] = []
     done: list[str] = []
-    runtime = make(script, clock, on_requeue=lambda k, d: delays.append((k, d)),
-                   on_done=done.append)
+    runtime = make(
+        script, clock, on_requeue=lambda k, d: delays.append((k, d)), on_done=done.append
+    )
     await runtime.start()
     try:
         runtime.queue.add("a")
@@ -133,8 +137,9 @@ async def test_stop_lets_an_in_flight_pass_finish_within_the_drain_time() -> Non
             finished.append(key)
             return False
 
-    runtime: Controller[str] = Controller(Slow(), RuntimeSettings("slow", workers=1),
-                                          WorkQueue(WorkQueueSettings(name="slow")))
+    runtime: Controller[str] = Controller(
+        Slow(), RuntimeSettings("slow", workers=1), WorkQueue(WorkQueueSettings(name="slow"))
+    )
     await runtime.start()
     runtime.queue.add("k")
     await eventually(lambda: runtime.queue.is_processing("k"), what="in flight")
@@ -164,8 +169,9 @@ async def test_stop_without_drain_cancels_the_pass_and_runs_the_flush_step() -> 
     async def flush() -> None:
         flushed.append("events")
 
-    runtime: Controller[str] = Controller(Stuck(), RuntimeSettings("stuck", workers=1),
-                                          WorkQueue(WorkQueueSettings(name="stuck")))
+    runtime: Controller[str] = Controller(
+        Stuck(), RuntimeSettings("stuck", workers=1), WorkQueue(WorkQueueSettings(name="stuck"))
+    )
     await runtime.start()
     runtime.queue.add("k")
     await started.wait()

@@ -121,9 +121,7 @@ def v1_claim() -> dict[str, Any]:
         "status": {
             "allocation": {
                 "devices": {
-                    "results": [
-                        {"request": "gpu", "driver": "d", "pool": "p", "device": "gpu-0"}
-                    ]
+                    "results": [{"request": "gpu", "driver": "d", "pool": "p", "device": "gpu-0"}]
                 }
             }
         },

@@ -47,8 +47,9 @@ def test_json_formatter_writes_one_object_a_line() -> None:
     except ValueError:
         import sys
 
-        item = logging.LogRecord("app.x", logging.ERROR, __file__, 1, "failed %d", (3,),
-                                 sys.exc_info())
+        item = logging.LogRecord(
+            "app.x", logging.ERROR, __file__, 1, "failed %d", (3,), sys.exc_info()
+        )
     line = JsonFormatter().format(item)
     entry = json.loads(line)
     assert entry["message"] == "failed 3" and entry["level"] == "ERROR"
@@ -57,8 +58,7 @@ def test_json_formatter_writes_one_object_a_line() -> None:
     assert "\n" not in line
 
 
-def test_json_time_is_utc_whatever_the_local_time_zone(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_json_time_is_utc_whatever_the_local_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
     # A POSIX zone five and a half hours east of UTC (no tz database needed).
     monkeypatch.setenv("TZ", "XST-05:30")
     time.tzset()

@@ -13,8 +13,10 @@ from app.naming import device_name, is_dns_label, sanitize_label
     ("vendor_id", "stem"),
     [
         ("/redfish/v1/CompositionService/ResourceBlocks/Block9/Processors/GPU0", "block9-gpu0"),
-        ("/redfish/v1/CompositionService/ResourceBlocks/OffloadBlock9/Processors/Block9GPU",
-         "offloadblock9-block9gpu"),
+        (
+            "/redfish/v1/CompositionService/ResourceBlocks/OffloadBlock9/Processors/Block9GPU",
+            "offloadblock9-block9gpu",
+        ),
         ("GPU 0 (bay #3)", "gpu-0-bay-3"),
         ("设备/显卡", "device"),
         ("/redfish/v1/", "redfish-v1"),

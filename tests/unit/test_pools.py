@@ -34,21 +34,32 @@ CONFIG = PoolConfig(
 
 def device(i: int, **changes: Any) -> PoolDevice:
     base = PoolDevice(
-        name=f"gpu-{i:05d}", device_type="gpu",
+        name=f"gpu-{i:05d}",
+        device_type="gpu",
         location=Location(region="us-east", rack="rack-01", row="row-1"),
-        vendor="NVIDIA", model="H100", uuid=f"GPU-{i:08d}", firmware_version="535.104.5",
+        vendor="NVIDIA",
+        model="H100",
+        uuid=f"GPU-{i:08d}",
+        firmware_version="535.104.5",
         memory_mib=81920,
     )
     return replace(base, **changes)
 
 
 def slice_problems(spec: dict[str, Any]) -> list[str]:
-    obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-           "metadata": {"name": "s-0"}, "spec": spec}
-    problems = [e.message for e in schema_validator("ResourceSlice",
-                                                    "resource.k8s.io/v1").iter_errors(obj)]
-    problems += [f"{c.field}: {c.message}" for c in resource_slice_causes(
-        obj, RuleContext(Cluster(34, frozenset()), "v1"))]
+    obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "s-0"},
+        "spec": spec,
+    }
+    problems = [
+        e.message for e in schema_validator("ResourceSlice", "resource.k8s.io/v1").iter_errors(obj)
+    ]
+    problems += [
+        f"{c.field}: {c.message}"
+        for c in resource_slice_causes(obj, RuleContext(Cluster(34, frozenset()), "v1"))
+    ]
     return problems
 
 
@@ -58,16 +69,29 @@ def test_pools_group_by_region_and_rack_with_node_selectors() -> None:
     assert sorted(pools) == ["us-east/rack-01", "us-west/r7"]
     east = pools["us-east/rack-01"]
     assert east.device_count == 2 and len(east.slices) == 1
-    assert east.node_selector == {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "topology.kubernetes.io/region", "operator": "In", "values": ["us-east"]},
-        {"key": "fabric-dra.io/rack", "operator": "In", "values": ["rack-01"]},
-    ]}]}
+    assert east.node_selector == {
+        "nodeSelectorTerms": [
+            {
+                "matchExpressions": [
+                    {
+                        "key": "topology.kubernetes.io/region",
+                        "operator": "In",
+                        "values": ["us-east"],
+                    },
+                    {"key": "fabric-dra.io/rack", "operator": "In", "values": ["rack-01"]},
+                ]
+            }
+        ]
+    }
     assert east.location == (("region", "us-east"), ("rack", "rack-01"))
 
 
 def test_device_shape() -> None:
-    entry = desired_pools([device(1, capacity={"lanes": 16})], CONFIG)[
-        "us-east/rack-01"].slices[0].devices[0]
+    entry = (
+        desired_pools([device(1, capacity={"lanes": 16})], CONFIG)["us-east/rack-01"]
+        .slices[0]
+        .devices[0]
+    )
     assert entry["name"] == "gpu-00001"
     assert entry["attributes"]["deviceType"] == {"string": "gpu"}
     assert entry["attributes"]["firmwareVersion"] == {"version": "535.104.5"}
@@ -81,24 +105,32 @@ def test_device_shape() -> None:
 
 
 def test_non_semver_firmware_is_a_string() -> None:
-    entry = desired_pools([device(1, firmware_version="v2.1 build 7")], CONFIG)[
-        "us-east/rack-01"].slices[0].devices[0]
+    entry = (
+        desired_pools([device(1, firmware_version="v2.1 build 7")], CONFIG)["us-east/rack-01"]
+        .slices[0]
+        .devices[0]
+    )
     assert entry["attributes"]["firmwareVersion"] == {"string": "v2.1 build 7"}
 
 
 def test_binding_conditions_can_be_turned_off() -> None:
-    entry = desired_pools([device(1)], replace(CONFIG, binds_to_node=False))[
-        "us-east/rack-01"].slices[0].devices[0]
+    entry = (
+        desired_pools([device(1)], replace(CONFIG, binds_to_node=False))["us-east/rack-01"]
+        .slices[0]
+        .devices[0]
+    )
     assert not {"bindsToNode", "bindingConditions", "bindingFailureConditions"} & set(entry)
 
 
 @pytest.mark.parametrize(
     ("changes", "taint_key"),
-    [({"health": "Critical"}, "fabric.example.com/unhealthy"),
-     ({"cordoned": True}, "fabric.example.com/cordoned"),
-     ({"attach_failed": True}, "fabric.example.com/attach-failed"),
-     ({"detach_failed": True}, "fabric.example.com/detach-failed"),
-     ({"held_by": "system-7"}, "fabric.example.com/held-by-other-host")],
+    [
+        ({"health": "Critical"}, "fabric.example.com/unhealthy"),
+        ({"cordoned": True}, "fabric.example.com/cordoned"),
+        ({"attach_failed": True}, "fabric.example.com/attach-failed"),
+        ({"detach_failed": True}, "fabric.example.com/detach-failed"),
+        ({"held_by": "system-7"}, "fabric.example.com/held-by-other-host"),
+    ],
 )
 def test_out_of_service_devices_are_tainted_or_withheld(changes: dict, taint_key: str) -> None:
     pool = desired_pools([device(1, **changes), device(2)], CONFIG)["us-east/rack-01"]
@@ -107,8 +139,9 @@ def test_out_of_service_devices_are_tainted_or_withheld(changes: dict, taint_key
     assert [t["key"] for t in tainted["taints"]] == [taint_key]
     assert all(t["effect"] == "NoSchedule" for t in tainted["taints"])
 
-    withheld = desired_pools([device(1, **changes), device(2)],
-                             replace(CONFIG, unhealthy="withhold"))["us-east/rack-01"]
+    withheld = desired_pools(
+        [device(1, **changes), device(2)], replace(CONFIG, unhealthy="withhold")
+    )["us-east/rack-01"]
     assert withheld.withheld == ("gpu-00001",)
     assert [d["name"] for d in withheld.slices[0].devices] == ["gpu-00002"]
     # Where the API server drops taints, withholding is the only safe choice.
@@ -117,8 +150,11 @@ def test_out_of_service_devices_are_tainted_or_withheld(changes: dict, taint_key
 
 
 def test_a_device_held_by_another_server_names_the_holder_as_a_valid_label_value() -> None:
-    entry = desired_pools([device(1, held_by="/redfish/v1/Systems/Blade 7")], CONFIG)[
-        "us-east/rack-01"].slices[0].devices[0]
+    entry = (
+        desired_pools([device(1, held_by="/redfish/v1/Systems/Blade 7")], CONFIG)["us-east/rack-01"]
+        .slices[0]
+        .devices[0]
+    )
     [taint] = entry["taints"]
     assert taint["key"] == "fabric.example.com/held-by-other-host"
     assert taint["value"].startswith("redfish-v1-Systems-Blade-7-")
@@ -130,7 +166,8 @@ def test_a_device_held_by_another_server_names_the_holder_as_a_valid_label_value
     [("taint", True, False), ("withhold", False, True), ("offer", False, False)],
 )
 def test_unknown_health_is_not_offered_as_healthy_unless_configured(
-        setting: str, tainted: bool, withheld: bool) -> None:
+    setting: str, tainted: bool, withheld: bool
+) -> None:
     config = replace(CONFIG, unknown_health=setting)
     pool = desired_pools([device(1, health="Unknown")], config)["us-east/rack-01"]
     assert (pool.withheld == ("gpu-00001",)) is withheld
@@ -147,14 +184,16 @@ def test_unknown_health_is_withheld_where_taints_are_dropped() -> None:
 
 
 def test_warning_health_is_published_without_taint() -> None:
-    entry = desired_pools([device(1, health="Warning")], CONFIG)[
-        "us-east/rack-01"].slices[0].devices[0]
+    entry = (
+        desired_pools([device(1, health="Warning")], CONFIG)["us-east/rack-01"].slices[0].devices[0]
+    )
     assert entry["attributes"]["health"] == {"string": "Warning"} and "taints" not in entry
 
 
 def test_a_pool_whose_devices_are_all_withheld_keeps_one_empty_slice() -> None:
     pool = desired_pools([device(1, cordoned=True)], replace(CONFIG, unhealthy="withhold"))[
-        "us-east/rack-01"]
+        "us-east/rack-01"
+    ]
     assert len(pool.slices) == 1 and pool.slices[0].devices == ()
 
 
@@ -171,7 +210,8 @@ def test_chunking_128_and_64_with_taints() -> None:
 def test_long_and_surplus_attributes_are_dropped_and_reported() -> None:
     extras = {f"extra{i:02d}": i for i in range(40)}
     entry_pool = desired_pools([device(1, model="m" * 65, attributes=extras)], CONFIG)[
-        "us-east/rack-01"]
+        "us-east/rack-01"
+    ]
     entry = entry_pool.slices[0].devices[0]
     assert "model" not in entry["attributes"]
     assert len(entry["attributes"]) + len(entry["capacity"]) == 32
@@ -219,9 +259,16 @@ def test_label_values(value: str | None, expected: str) -> None:
 
 @pytest.mark.parametrize(
     ("amount", "binary", "text"),
-    [(0, True, "0"), (81920 * 2**20, True, "80Gi"), (1536, True, "1536"), (3072, True, "3Ki"),
-     (1000, False, "1k"),
-     (274877906944, True, "256Gi"), (123, False, "123"), (2**70, True, "1024Ei")],
+    [
+        (0, True, "0"),
+        (81920 * 2**20, True, "80Gi"),
+        (1536, True, "1536"),
+        (3072, True, "3Ki"),
+        (1000, False, "1k"),
+        (274877906944, True, "256Gi"),
+        (123, False, "123"),
+        (2**70, True, "1024Ei"),
+    ],
 )
 def test_quantities_are_canonical(amount: int, binary: bool, text: str) -> None:
     assert quantity(amount, binary=binary) == text
@@ -247,12 +294,14 @@ _device = st.builds(
         st.none(), st.sampled_from(["1.2.3", "1.2", "2.0.0-rc.1+b5"]), _text
     ),
     memory_mib=st.one_of(st.none(), st.integers(0, 2**30)),
-    capacity=st.dictionaries(st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True),
-                             st.integers(0, 2**62), max_size=4),
+    capacity=st.dictionaries(
+        st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True), st.integers(0, 2**62), max_size=4
+    ),
     attributes=st.dictionaries(
         st.from_regex(r"[a-z][a-zA-Z0-9_]{0,31}", fullmatch=True),
         st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=70)),
-        max_size=30),
+        max_size=30,
+    ),
     cordoned=st.booleans(),
     attach_failed=st.booleans(),
 )
@@ -275,7 +324,8 @@ def test_any_inventory_gives_valid_minimal_slices(devices: list[PoolDevice], pol
             spec = resource_slice_spec(config.driver_name, pool, content, generation=3)
             assert slice_problems(spec) == []
     expected = {
-        d.name for d in devices
+        d.name
+        for d in devices
         if policy == "taint" or not (d.health == "Critical" or d.cordoned or d.attach_failed)
     }
     assert published == expected

@@ -28,13 +28,19 @@ POOL = "us-east/rack-1"
 OLD = "2020-01-01T00:00:00Z"
 
 
-def devices(count: int, *, tainted: tuple[int, ...] = (), memory_mib: int = 81920
-            ) -> list[PoolDevice]:
-    return [PoolDevice(name=f"gpu-{i:04d}", device_type="gpu",
-                       location=Location(region="us-east", rack="rack-1"),
-                       memory_mib=memory_mib if i == 2 else 81920,
-                       health="Critical" if i in tainted else "OK")
-            for i in range(count)]
+def devices(
+    count: int, *, tainted: tuple[int, ...] = (), memory_mib: int = 81920
+) -> list[PoolDevice]:
+    return [
+        PoolDevice(
+            name=f"gpu-{i:04d}",
+            device_type="gpu",
+            location=Location(region="us-east", rack="rack-1"),
+            memory_mib=memory_mib if i == 2 else 81920,
+            health="Critical" if i in tainted else "OK",
+        )
+        for i in range(count)
+    ]
 
 
 def pool(**kw: Any) -> DesiredPool:
@@ -47,9 +53,12 @@ def stored(desired: DesiredPool, when: str = OLD) -> dict[str, Any]:
     for device in spec["devices"]:
         for taint in device.get("taints", []):
             taint["timeAdded"] = when
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"0-{DRIVER}-abcde", "uid": "u", "resourceVersion": "7"},
-            "spec": spec}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"0-{DRIVER}-abcde", "uid": "u", "resourceVersion": "7"},
+        "spec": spec,
+    }
 
 
 def test_taint_times_are_read_per_device_and_taint() -> None:
@@ -60,9 +69,13 @@ def test_taint_times_are_read_per_device_and_taint() -> None:
 
 
 def test_a_slim_spec_carries_the_taint_times() -> None:
-    slim = {"metadata": {"name": f"0-{DRIVER}-abcde"},
-            "spec": {"pool": {"name": POOL, "generation": 1, "resourceSliceCount": 1},
-                     TAINT_TIMES: {"k": OLD}}}
+    slim = {
+        "metadata": {"name": f"0-{DRIVER}-abcde"},
+        "spec": {
+            "pool": {"name": POOL, "generation": 1, "resourceSliceCount": 1},
+            TAINT_TIMES: {"k": OLD},
+        },
+    }
     assert existing_slice(slim, DRIVER, "key").taint_times == {"k": OLD}
 
 
@@ -89,8 +102,10 @@ def test_a_new_taint_is_left_for_the_server_to_stamp() -> None:
 
 def test_a_changed_taint_is_a_new_taint() -> None:
     current = existing_slice(stored(pool(tainted=(0,))), DRIVER)
-    changed = {k: f"x{v}" if k == "value" else v for k, v in
-               pool(tainted=(0,)).slices[0].devices[0]["taints"][0].items()}
+    changed = {
+        k: f"x{v}" if k == "value" else v
+        for k, v in pool(tainted=(0,)).slices[0].devices[0]["taints"][0].items()
+    }
     spec = {"devices": [{"name": "gpu-0000", "taints": [changed]}]}
     keep_taint_times(spec, current.taint_times)
     assert "timeAdded" not in spec["devices"][0]["taints"][0]
@@ -100,8 +115,12 @@ def test_the_desired_pool_is_not_modified() -> None:
     desired = pool(tainted=(0,))
     original = copy.deepcopy(desired.slices[0].devices)
     current = existing_slice(stored(desired), DRIVER)
-    plan_pool(DRIVER, POOL, pool(tainted=(0,), memory_mib=40960),
-              [replace(current, resource_slice_count=9)])
+    plan_pool(
+        DRIVER,
+        POOL,
+        pool(tainted=(0,), memory_mib=40960),
+        [replace(current, resource_slice_count=9)],
+    )
     spec = resource_slice_spec(DRIVER, desired, desired.slices[0], 1)
     keep_taint_times(spec, current.taint_times)
     assert list(desired.slices[0].devices) == list(original)
@@ -116,26 +135,40 @@ def test_a_slice_in_sync_apart_from_the_server_time_is_not_rewritten() -> None:
 
 def test_counter_values_compare_by_quantity_like_capacities() -> None:
     def content(value: str) -> dict[str, Any]:
-        return {"sharedCounters": [{"name": "set", "counters": {"mem": {"value": value}}}],
-                "devices": [{"name": "d", "consumesCounters": [
-                    {"counterSet": "set", "counters": {"mem": {"value": value}}}]}]}
+        return {
+            "sharedCounters": [{"name": "set", "counters": {"mem": {"value": value}}}],
+            "devices": [
+                {
+                    "name": "d",
+                    "consumesCounters": [
+                        {"counterSet": "set", "counters": {"mem": {"value": value}}}
+                    ],
+                }
+            ],
+        }
+
     assert content_key(content("1024Mi")) == content_key(content("1Gi"))
     assert content_key(content("1024Mi")) != content_key(content("2Gi"))
 
 
 _ANY_JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 
 
-@given(spec=st.dictionaries(st.sampled_from(["devices", "pool", "nodeSelector", "driver"]),
-                            _ANY_JSON, max_size=4),
-       metadata=_ANY_JSON)
-def test_a_malformed_slice_is_read_as_empty_never_raises(spec: dict[str, Any],
-                                                         metadata: Any) -> None:
+@given(
+    spec=st.dictionaries(
+        st.sampled_from(["devices", "pool", "nodeSelector", "driver"]), _ANY_JSON, max_size=4
+    ),
+    metadata=_ANY_JSON,
+)
+def test_a_malformed_slice_is_read_as_empty_never_raises(
+    spec: dict[str, Any], metadata: Any
+) -> None:
     # An API server that stores writes unchecked (or a bug elsewhere) can hand the informer
     # anything: one such slice must not stop the publisher's informer.
     existing = existing_slice({"metadata": metadata, "spec": spec}, "fabric.example.com")

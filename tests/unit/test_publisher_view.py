@@ -9,14 +9,18 @@ from app.publisher.view import CONTENT_KEY, SliceView
 DRIVER = "fabric.example.com"
 
 
-def resource_slice(name: str, rv: int, pool: str = "p1", *, generation: int = 1,
-                   key: str = "k") -> dict[str, Any]:
+def resource_slice(
+    name: str, rv: int, pool: str = "p1", *, generation: int = 1, key: str = "k"
+) -> dict[str, Any]:
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
         "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": str(rv)},
-        "spec": {"driver": DRIVER, "pool": {"name": pool, "generation": generation,
-                                            "resourceSliceCount": 1},
-                 CONTENT_KEY: key},
+        "spec": {
+            "driver": DRIVER,
+            "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1},
+            CONTENT_KEY: key,
+        },
     }
 
 
@@ -64,8 +68,11 @@ def test_resync_corrects_missing_outdated_and_gone_slices_only() -> None:
     view.on_event("ADDED", resource_slice("old", 3, key="a"))
     view.on_event("ADDED", resource_slice("gone", 3))
     view.on_answer(resource_slice("newer", 9), "k")  # written after the list was served
-    listed = [resource_slice("same", 3), resource_slice("old", 4, key="b"),
-              resource_slice("missing", 4)]
+    listed = [
+        resource_slice("same", 3),
+        resource_slice("old", 4, key="b"),
+        resource_slice("missing", 4),
+    ]
     assert view.correct(listed, 5) == 3
     assert view.names("p1") == ["missing", "newer", "old", "same"]
     old = view.get("old")

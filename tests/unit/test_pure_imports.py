@@ -14,8 +14,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-IO_LIBRARIES = ("sqlalchemy", "aiohttp", "kubernetes_asyncio", "asyncpg", "aiosqlite",
-                "tenacity", "alembic")
+IO_LIBRARIES = (
+    "sqlalchemy",
+    "aiohttp",
+    "kubernetes_asyncio",
+    "asyncpg",
+    "aiosqlite",
+    "tenacity",
+    "alembic",
+)
 PURE_MODULES = (
     "app.reservations",
     "app.claims.plan",
@@ -40,7 +47,12 @@ print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & io)))
 def test_a_pure_module_loads_no_io_library(module: str) -> None:
     finished = subprocess.run(
         [sys.executable, "-c", PROBE, module, json.dumps(IO_LIBRARIES)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert finished.returncode == 0, finished.stderr
     assert json.loads(finished.stdout) == []
 

@@ -107,7 +107,11 @@ def gpu_context() -> DeviceContext:
             "public-rackmount1",
             "/redfish/v1/Chassis/1U",
             Location(
-                region="Oregon", site="Onsite-Main", zone="35", row="North", rack="WEB43",
+                region="Oregon",
+                site="Onsite-Main",
+                zone="35",
+                row="North",
+                rack="WEB43",
                 chassis="1U",
             ),
             id="physical-address-and-placement-room-facility",
@@ -374,8 +378,9 @@ def test_compute_block_parts_are_not_devices() -> None:
 def test_gpu_in_a_compute_block_is_not_a_device() -> None:
     # A Compute block is a server's own: none of its parts is composable, not even a GPU.
     block = BlockInfo(uri="/b", block_types=("Compute",))
-    device = parse_device(gpu_payload(), "/b/Processors/GPU0", DeviceSource.PROCESSOR,
-                          DeviceContext(block))
+    device = parse_device(
+        gpu_payload(), "/b/Processors/GPU0", DeviceSource.PROCESSOR, DeviceContext(block)
+    )
     assert device is None
 
 
@@ -425,8 +430,9 @@ def test_drive_physical_location_ordinal_is_the_slot_and_array_location_is_ignor
 )
 def test_memory_blocks_give_memory_devices(payload: dict[str, Any], expected: DeviceType) -> None:
     block = BlockInfo(uri="/b", block_types=("Memory",))
-    device = parse_device({"@odata.id": "/m", **payload}, "/m", DeviceSource.MEMORY,
-                          DeviceContext(block))
+    device = parse_device(
+        {"@odata.id": "/m", **payload}, "/m", DeviceSource.MEMORY, DeviceContext(block)
+    )
     assert device is not None
     assert (device.device_type, device.memory_mib) == (expected, 65536)
 
@@ -455,23 +461,26 @@ def test_every_block_property_that_links_devices_has_a_parser(source: DeviceSour
     device of that kind's type."""
     payload, expected = MINIMAL_DEVICES[source]
     assert source in KIND_PARSERS
-    device = parse_device({"@odata.id": "/d", **payload}, "/d", source,
-                          DeviceContext(BlockInfo(uri="/b")))
+    device = parse_device(
+        {"@odata.id": "/d", **payload}, "/d", source, DeviceContext(BlockInfo(uri="/b"))
+    )
     assert device is not None
     assert device.device_type is expected
 
 
 def test_device_health_falls_back_to_the_block() -> None:
     block = BlockInfo(uri="/b", block_types=("Processor",), health=Health.CRITICAL, state="X")
-    device = parse_device(gpu_payload(Status=None), "/d", DeviceSource.PROCESSOR,
-                          DeviceContext(block))
+    device = parse_device(
+        gpu_payload(Status=None), "/d", DeviceSource.PROCESSOR, DeviceContext(block)
+    )
     assert device is not None
     assert (device.health, device.state) == (Health.CRITICAL, "X")
 
 
 def test_unknown_health_value_is_unknown_not_an_error() -> None:
-    device = parse_device(gpu_payload(Status={"Health": "Degraded"}), "/d",
-                          DeviceSource.PROCESSOR, gpu_context())
+    device = parse_device(
+        gpu_payload(Status={"Health": "Degraded"}), "/d", DeviceSource.PROCESSOR, gpu_context()
+    )
     assert device is not None
     assert device.health is Health.UNKNOWN
 
@@ -482,26 +491,46 @@ def test_unknown_health_value_is_unknown_not_an_error() -> None:
         pytest.param({"@odata.id": None}, "missing-field", "@odata.id", id="missing-odata-id"),
         pytest.param({"ProcessorType": None}, "missing-field", "ProcessorType", id="no-type"),
         pytest.param({"Manufacturer": 42}, "bad-type", "Manufacturer", id="vendor-not-string"),
-        pytest.param({"Model": "m" * (MAX_STRING_BYTES + 1)}, "bad-value", "Model",
-                     id="model-over-1kib"),
-        pytest.param({"SerialNumber": "é" * 513}, "bad-value", "SerialNumber",
-                     id="serial-over-1kib-in-utf8"),
-        pytest.param({"ProcessorMemory": [{"CapacityMiB": -1}]}, "bad-value", "CapacityMiB",
-                     id="negative-memory"),
-        pytest.param({"ProcessorMemory": [{"CapacityMiB": True}]}, "bad-type", "CapacityMiB",
-                     id="memory-is-boolean"),
-        pytest.param({"ProcessorMemory": [{"CapacityMiB": 1.5}]}, "bad-type", "CapacityMiB",
-                     id="memory-is-float"),
-        pytest.param({"ProcessorMemory": {"CapacityMiB": 1}}, "bad-type", "ProcessorMemory",
-                     id="memory-not-array"),
-        pytest.param({"ProcessorMemory": [{"CapacityMiB": 2**63}]}, "bad-value", "CapacityMiB",
-                     id="memory-beyond-int64"),
+        pytest.param(
+            {"Model": "m" * (MAX_STRING_BYTES + 1)}, "bad-value", "Model", id="model-over-1kib"
+        ),
+        pytest.param(
+            {"SerialNumber": "é" * 513}, "bad-value", "SerialNumber", id="serial-over-1kib-in-utf8"
+        ),
+        pytest.param(
+            {"ProcessorMemory": [{"CapacityMiB": -1}]},
+            "bad-value",
+            "CapacityMiB",
+            id="negative-memory",
+        ),
+        pytest.param(
+            {"ProcessorMemory": [{"CapacityMiB": True}]},
+            "bad-type",
+            "CapacityMiB",
+            id="memory-is-boolean",
+        ),
+        pytest.param(
+            {"ProcessorMemory": [{"CapacityMiB": 1.5}]},
+            "bad-type",
+            "CapacityMiB",
+            id="memory-is-float",
+        ),
+        pytest.param(
+            {"ProcessorMemory": {"CapacityMiB": 1}},
+            "bad-type",
+            "ProcessorMemory",
+            id="memory-not-array",
+        ),
+        pytest.param(
+            {"ProcessorMemory": [{"CapacityMiB": 2**63}]},
+            "bad-value",
+            "CapacityMiB",
+            id="memory-beyond-int64",
+        ),
         pytest.param({"Status": "OK"}, "bad-type", "Status", id="status-not-object"),
     ],
 )
-def test_bad_processor_data_is_a_bad_item(
-    change: dict[str, Any], kind: str, mentions: str
-) -> None:
+def test_bad_processor_data_is_a_bad_item(change: dict[str, Any], kind: str, mentions: str) -> None:
     with pytest.raises(BadItem) as caught:
         parse_device(gpu_payload(**change), "/d", DeviceSource.PROCESSOR, gpu_context())
     assert caught.value.kind == kind
@@ -513,8 +542,9 @@ def test_bad_processor_data_is_a_bad_item(
 def test_negative_drive_capacity_is_a_bad_item() -> None:
     block = BlockInfo(uri="/b", block_types=("Storage",))
     with pytest.raises(BadItem, match="CapacityBytes") as caught:
-        parse_device({"@odata.id": "/d", "CapacityBytes": -5}, "/d", DeviceSource.DRIVE,
-                     DeviceContext(block))
+        parse_device(
+            {"@odata.id": "/d", "CapacityBytes": -5}, "/d", DeviceSource.DRIVE, DeviceContext(block)
+        )
     assert caught.value.kind == "bad-value"
 
 
@@ -592,30 +622,73 @@ def redfish_error(*message_ids: str, code: str = "Base.1.18.GeneralError") -> di
     ("status", "body", "expected", "vendor_code"),
     [
         pytest.param(401, None, FabricAuthError, None, id="401-auth"),
-        pytest.param(403, redfish_error("Base.1.18.ResourceNotFound"), FabricAuthError,
-                     "Base.1.18.ResourceNotFound", id="403-stays-auth"),
-        pytest.param(404, redfish_error("Base.1.18.ResourceNotFound"), FabricNotFound,
-                     "Base.1.18.ResourceNotFound", id="404-not-found"),
-        pytest.param(409, redfish_error("Base.1.18.ResourceInUse"), FabricConflict,
-                     "Base.1.18.ResourceInUse", id="409-in-use"),
-        pytest.param(400, redfish_error("Base.1.8.ResourceInUse"), FabricConflict,
-                     "Base.1.8.ResourceInUse", id="400-with-resource-in-use-is-conflict"),
-        pytest.param(400, redfish_error("Base.1.18.PropertyUnknown",
-                                        "Base.1.18.PreconditionFailed"),
-                     FabricPreconditionFailed, "Base.1.18.PreconditionFailed",
-                     id="first-known-message-decides"),
+        pytest.param(
+            403,
+            redfish_error("Base.1.18.ResourceNotFound"),
+            FabricAuthError,
+            "Base.1.18.ResourceNotFound",
+            id="403-stays-auth",
+        ),
+        pytest.param(
+            404,
+            redfish_error("Base.1.18.ResourceNotFound"),
+            FabricNotFound,
+            "Base.1.18.ResourceNotFound",
+            id="404-not-found",
+        ),
+        pytest.param(
+            409,
+            redfish_error("Base.1.18.ResourceInUse"),
+            FabricConflict,
+            "Base.1.18.ResourceInUse",
+            id="409-in-use",
+        ),
+        pytest.param(
+            400,
+            redfish_error("Base.1.8.ResourceInUse"),
+            FabricConflict,
+            "Base.1.8.ResourceInUse",
+            id="400-with-resource-in-use-is-conflict",
+        ),
+        pytest.param(
+            400,
+            redfish_error("Base.1.18.PropertyUnknown", "Base.1.18.PreconditionFailed"),
+            FabricPreconditionFailed,
+            "Base.1.18.PreconditionFailed",
+            id="first-known-message-decides",
+        ),
         pytest.param(412, None, FabricPreconditionFailed, None, id="412"),
-        pytest.param(428, redfish_error("Base.1.18.PreconditionRequired"),
-                     FabricPreconditionFailed, "Base.1.18.PreconditionRequired", id="428"),
-        pytest.param(400, redfish_error("Base.1.18.PropertyUnknown"), FabricError,
-                     "Base.1.18.PropertyUnknown", id="400-other"),
-        pytest.param(500, redfish_error("Base.1.18.ResourceInUse"), FabricUnavailable,
-                     "Base.1.18.ResourceInUse", id="5xx-stays-unavailable"),
+        pytest.param(
+            428,
+            redfish_error("Base.1.18.PreconditionRequired"),
+            FabricPreconditionFailed,
+            "Base.1.18.PreconditionRequired",
+            id="428",
+        ),
+        pytest.param(
+            400,
+            redfish_error("Base.1.18.PropertyUnknown"),
+            FabricError,
+            "Base.1.18.PropertyUnknown",
+            id="400-other",
+        ),
+        pytest.param(
+            500,
+            redfish_error("Base.1.18.ResourceInUse"),
+            FabricUnavailable,
+            "Base.1.18.ResourceInUse",
+            id="5xx-stays-unavailable",
+        ),
         pytest.param(503, None, FabricUnavailable, None, id="503"),
         pytest.param(429, None, FabricUnavailable, None, id="429"),
         pytest.param(504, None, FabricTimeout, None, id="504-timeout"),
-        pytest.param(404, {"error": {"code": "Base.1.0.GeneralError"}}, FabricNotFound,
-                     "Base.1.0.GeneralError", id="code-only"),
+        pytest.param(
+            404,
+            {"error": {"code": "Base.1.0.GeneralError"}},
+            FabricNotFound,
+            "Base.1.0.GeneralError",
+            id="code-only",
+        ),
     ],
 )
 def test_http_errors_map_to_typed_errors(
@@ -638,9 +711,24 @@ def test_error_message_carries_the_vendor_text_on_one_line() -> None:
     status=st.integers(min_value=400, max_value=599),
     body=st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-            st.sampled_from(["error", "code", "message", "@Message.ExtendedInfo", "MessageId",
-                             "Message", "Messages"]), inner, max_size=4),
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "error",
+                        "code",
+                        "message",
+                        "@Message.ExtendedInfo",
+                        "MessageId",
+                        "Message",
+                        "Messages",
+                    ]
+                ),
+                inner,
+                max_size=4,
+            )
+        ),
         max_leaves=12,
     ),
 )
@@ -672,13 +760,22 @@ def test_retry_after_never_raises_or_goes_negative(value: str) -> None:
     [
         pytest.param({"TaskState": "Running"}, OperationState.RUNNING, id="running"),
         pytest.param({"TaskState": "New"}, OperationState.RUNNING, id="new"),
-        pytest.param({"TaskState": "Completed", "TaskStatus": "OK"}, OperationState.COMPLETED,
-                     id="completed"),
-        pytest.param({"TaskState": "Completed", "TaskStatus": "Critical"},
-                     OperationState.FAILED, id="completed-critical"),
-        pytest.param({"TaskState": "Exception",
-                      "Messages": [{"MessageId": "Base.1.18.ResourceInUse", "Message": "busy"}]},
-                     OperationState.FAILED, id="exception"),
+        pytest.param(
+            {"TaskState": "Completed", "TaskStatus": "OK"}, OperationState.COMPLETED, id="completed"
+        ),
+        pytest.param(
+            {"TaskState": "Completed", "TaskStatus": "Critical"},
+            OperationState.FAILED,
+            id="completed-critical",
+        ),
+        pytest.param(
+            {
+                "TaskState": "Exception",
+                "Messages": [{"MessageId": "Base.1.18.ResourceInUse", "Message": "busy"}],
+            },
+            OperationState.FAILED,
+            id="exception",
+        ),
         pytest.param({"TaskState": "Cancelled"}, OperationState.FAILED, id="cancelled"),
     ],
 )
@@ -721,14 +818,29 @@ def test_strings_over_one_kib_are_rejected(value: str) -> None:
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                 max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 DEVICE_KEYS = [
-    "@odata.id", "ProcessorType", "Manufacturer", "Model", "SerialNumber", "UUID",
-    "ProcessorMemory", "MemorySummary", "CapacityBytes", "CapacityMiB", "CXL", "Protocol",
-    "Status", "Location", "PhysicalLocation", "SpeedMbps", "FirmwareVersion",
+    "@odata.id",
+    "ProcessorType",
+    "Manufacturer",
+    "Model",
+    "SerialNumber",
+    "UUID",
+    "ProcessorMemory",
+    "MemorySummary",
+    "CapacityBytes",
+    "CapacityMiB",
+    "CXL",
+    "Protocol",
+    "Status",
+    "Location",
+    "PhysicalLocation",
+    "SpeedMbps",
+    "FirmwareVersion",
 ]
 
 
@@ -754,9 +866,7 @@ def test_arbitrary_device_payloads_give_a_device_none_or_a_bad_item(
         assert device.memory_mib is None or device.memory_mib >= 0
 
 
-@given(
-    regions=st.lists(st.none() | st.sampled_from(["a", "b", "c"]), min_size=1, max_size=5)
-)
+@given(regions=st.lists(st.none() | st.sampled_from(["a", "b", "c"]), min_size=1, max_size=5))
 def test_region_is_the_nearest_reported_one(regions: list[str | None]) -> None:
     chain = [ChassisPlace(chassis_id=f"c{i}", region=r) for i, r in enumerate(regions)]
     expected = next((r for r in regions if r), None)
@@ -766,11 +876,17 @@ def test_region_is_the_nearest_reported_one(regions: list[str | None]) -> None:
 
 @pytest.mark.parametrize(
     ("device", "block", "expected"),
-    [("OK", "Critical", "Critical"), ("Warning", "OK", "Warning"),
-     ("Unknown", "Warning", "Warning"), ("Unknown", "Unknown", "Unknown"),
-     ("Critical", "Unknown", "Critical"), ("Unknown", "OK", "Unknown"),
-     ("Unknown", "Critical", "Critical"), ("OK", "Unknown", "OK"), ("Warning", "Critical",
-     "Critical")],
+    [
+        ("OK", "Critical", "Critical"),
+        ("Warning", "OK", "Warning"),
+        ("Unknown", "Warning", "Warning"),
+        ("Unknown", "Unknown", "Unknown"),
+        ("Critical", "Unknown", "Critical"),
+        ("Unknown", "OK", "Unknown"),
+        ("Unknown", "Critical", "Critical"),
+        ("OK", "Unknown", "OK"),
+        ("Warning", "Critical", "Critical"),
+    ],
 )
 def test_device_health_is_the_worse_of_device_and_block(
     device: str, block: str, expected: str

@@ -41,14 +41,18 @@ def mockup_block(name: str, **changes: Any) -> BlockInfo:
 
 
 def gpu(**changes: Any) -> dict[str, Any]:
-    payload: dict[str, Any] = {"@odata.id": "/b/Processors/GPU0", "ProcessorType": "GPU",
-                               "Status": {"State": "Enabled", "Health": "OK"}}
+    payload: dict[str, Any] = {
+        "@odata.id": "/b/Processors/GPU0",
+        "ProcessorType": "GPU",
+        "Status": {"State": "Enabled", "Health": "OK"},
+    }
     payload.update(changes)
     return payload
 
 
-def parse_gpu(payload: dict[str, Any], block: BlockInfo | None = None,
-              location: Location | None = None) -> FabricDevice:
+def parse_gpu(
+    payload: dict[str, Any], block: BlockInfo | None = None, location: Location | None = None
+) -> FabricDevice:
     context = DeviceContext(block or BlockInfo(uri="/b"), location or Location())
     device = parse_device(payload, "/b/Processors/GPU0", DeviceSource.PROCESSOR, context)
     assert device is not None
@@ -62,15 +66,26 @@ def parse_gpu(payload: dict[str, Any], block: BlockInfo | None = None,
     ("name", "changes", "patterns", "says"),
     [
         pytest.param("ComputeBlock1", {}, (), "ResourceBlockType Compute", id="compute-type"),
-        pytest.param("SystemBlock11", {}, (), "ResourceBlockType ComputerSystem",
-                     id="computer-system-type"),
-        pytest.param("SystemBlock12", {"ResourceBlockType": []}, (),
-                     "/redfish/v1/Systems/SystemAfterAddResourceAction",
-                     id="top-level-computer-systems"),
-        pytest.param("OffloadBlock9", {"ResourceBlockType": []}, ("Offload*",), "'Offload*'",
-                     id="pattern-on-id"),
-        pytest.param("OffloadBlock9", {}, (f"{BLOCKS}/Offload?lock9",), "pattern",
-                     id="pattern-on-uri"),
+        pytest.param(
+            "SystemBlock11", {}, (), "ResourceBlockType ComputerSystem", id="computer-system-type"
+        ),
+        pytest.param(
+            "SystemBlock12",
+            {"ResourceBlockType": []},
+            (),
+            "/redfish/v1/Systems/SystemAfterAddResourceAction",
+            id="top-level-computer-systems",
+        ),
+        pytest.param(
+            "OffloadBlock9",
+            {"ResourceBlockType": []},
+            ("Offload*",),
+            "'Offload*'",
+            id="pattern-on-id",
+        ),
+        pytest.param(
+            "OffloadBlock9", {}, (f"{BLOCKS}/Offload?lock9",), "pattern", id="pattern-on-uri"
+        ),
     ],
 )
 def test_blocks_that_are_a_servers_own_say_why(
@@ -97,9 +112,16 @@ def test_blocks_with_empty_types_and_no_server_sign_are_not_server_owned_by_the_
 
 @pytest.mark.parametrize(
     ("payload", "expected"),
-    [({"ProcessorType": "CPU"}, True), ({"ProcessorType": " cpu "}, True),
-     ({"ProcessorType": "GPU"}, False), ({"ProcessorType": None}, False), ({}, False),
-     (None, False), ("CPU", False), ({"ProcessorType": 1}, False)],
+    [
+        ({"ProcessorType": "CPU"}, True),
+        ({"ProcessorType": " cpu "}, True),
+        ({"ProcessorType": "GPU"}, False),
+        ({"ProcessorType": None}, False),
+        ({}, False),
+        (None, False),
+        ("CPU", False),
+        ({"ProcessorType": 1}, False),
+    ],
 )
 def test_a_cpu_is_a_processor_of_type_cpu(payload: Any, expected: bool) -> None:
     assert is_cpu(payload) is expected
@@ -125,19 +147,30 @@ def test_nothing_in_a_compute_block_is_a_device(
 
 @pytest.mark.parametrize(
     "status",
-    [{}, {"Health": None}, {"Health": ""}, {"Health": "   "}, {"Health": "Degraded"},
-     {"Health": 3}, {"Health": ["OK"]}, {"Health": {"Value": "OK"}}],
+    [
+        {},
+        {"Health": None},
+        {"Health": ""},
+        {"Health": "   "},
+        {"Health": "Degraded"},
+        {"Health": 3},
+        {"Health": ["OK"]},
+        {"Health": {"Value": "OK"}},
+    ],
     ids=["missing", "null", "empty", "blank", "unrecognised", "number", "array", "object"],
 )
 def test_health_that_is_missing_null_empty_or_unrecognised_is_unknown(
-    status: dict[str, Any]
+    status: dict[str, Any],
 ) -> None:
     assert parse_health(status) is Health.UNKNOWN
     assert parse_gpu(gpu(Status=status)).health is Health.UNKNOWN
 
 
-@given(st.sampled_from(list(Health)), st.sampled_from([str.lower, str.upper, str.title]),
-       st.sampled_from(["", " ", "\t"]))
+@given(
+    st.sampled_from(list(Health)),
+    st.sampled_from([str.lower, str.upper, str.title]),
+    st.sampled_from(["", " ", "\t"]),
+)
 def test_health_is_read_without_case_or_padding(
     health: Health, spelling: Any, padding: str
 ) -> None:
@@ -177,8 +210,7 @@ def test_a_device_without_its_own_part_location_has_no_slot() -> None:
     enclosure = Location(chassis="encl-1", rack="r7", slot="bay-3")
     device = parse_gpu(gpu(), location=enclosure)
     assert device.location == Location(chassis="encl-1", rack="r7", slot=None)
-    own = parse_gpu(gpu(Location={"PartLocation": {"LocationOrdinalValue": 2}}),
-                    location=enclosure)
+    own = parse_gpu(gpu(Location={"PartLocation": {"LocationOrdinalValue": 2}}), location=enclosure)
     assert own.location.slot == "2"
 
 
@@ -188,18 +220,22 @@ def test_a_device_without_its_own_part_location_has_no_slot() -> None:
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        pytest.param({"message": "Block is in use\nby node-3"}, "Block is in use by node-3",
-                     id="top-level-message"),
+        pytest.param(
+            {"message": "Block is in use\nby node-3"},
+            "Block is in use by node-3",
+            id="top-level-message",
+        ),
         pytest.param({"Message": "Nope"}, "Nope", id="top-level-capital-message"),
         pytest.param({"error": "no such block"}, "no such block", id="error-string"),
         pytest.param("plain text\r\n  answer", "plain text answer", id="plain-text"),
-        pytest.param("<html><title>406</title><body>Not Acceptable</body></html>",
-                     "406 Not Acceptable", id="html"),
+        pytest.param(
+            "<html><title>406</title><body>Not Acceptable</body></html>",
+            "406 Not Acceptable",
+            id="html",
+        ),
     ],
 )
-def test_error_bodies_without_a_redfish_error_object_show_their_text(
-    body: Any, says: str
-) -> None:
+def test_error_bodies_without_a_redfish_error_object_show_their_text(body: Any, says: str) -> None:
     error = error_from_response(406, body, context="PATCH /s")
     assert str(error) == f"PATCH /s: HTTP 406: {says}"
 
@@ -212,8 +248,15 @@ def test_long_plain_text_errors_are_capped_on_one_line() -> None:
 
 @pytest.mark.parametrize("status", [400, 403, 405, 406, 501])
 def test_permanent_statuses_are_never_retryable(status: int) -> None:
-    for body in (None, {"message": "x"}, {"error": {"@Message.ExtendedInfo": [
-            {"MessageId": "Base.1.18.ServiceTemporarilyUnavailable"}]}}):
+    for body in (
+        None,
+        {"message": "x"},
+        {
+            "error": {
+                "@Message.ExtendedInfo": [{"MessageId": "Base.1.18.ServiceTemporarilyUnavailable"}]
+            }
+        },
+    ):
         error = error_from_response(status, body, context="POST /a")
         assert not error.retryable, (status, body)
         assert not isinstance(error, FabricUnavailable)
@@ -228,9 +271,16 @@ def test_a_500_and_a_502_stay_retryable() -> None:
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        ('"abc"', '"abc"'), ('""abc""', '"abc"'), ("abc", '"abc"'), (' "abc" ', '"abc"'),
-        ('W/"abc"', 'W/"abc"'), ('W/""abc""', 'W/"abc"'), ("W/abc", 'W/"abc"'),
-        ('""', None), ("", None), (None, None),
+        ('"abc"', '"abc"'),
+        ('""abc""', '"abc"'),
+        ("abc", '"abc"'),
+        (' "abc" ', '"abc"'),
+        ('W/"abc"', 'W/"abc"'),
+        ('W/""abc""', 'W/"abc"'),
+        ("W/abc", 'W/"abc"'),
+        ('""', None),
+        ("", None),
+        (None, None),
     ],
 )
 def test_etags_are_repaired_to_one_pair_of_quotes_keeping_a_weak_prefix(
@@ -257,14 +307,16 @@ def test_a_task_that_ends_badly_says_its_state(state: str) -> None:
 
 
 def device(serial: str | None = None, uuid: str | None = None) -> FabricDevice:
-    return FabricDevice(vendor_id="/d", attach_unit="/b", device_type=DeviceType.GPU,
-                        serial=serial, uuid=uuid)
+    return FabricDevice(
+        vendor_id="/d", attach_unit="/b", device_type=DeviceType.GPU, serial=serial, uuid=uuid
+    )
 
 
 def test_identity_by_serial_or_uuid_ignores_the_uri_and_uuid_case() -> None:
     assert device_identity(device("S1"), "serial") == "serial:S1"
     assert device_identity(device(uuid="AB-cd"), "uuid") == device_identity(
-        device(uuid="ab-CD"), "uuid")
+        device(uuid="ab-CD"), "uuid"
+    )
     assert device_identity(device("S1", "u"), "uri") is None
     assert device_identity(device(uuid="u"), "serial") is None
     with pytest.raises(ValueError, match="serial"):
@@ -273,8 +325,17 @@ def test_identity_by_serial_or_uuid_ignores_the_uri_and_uuid_case() -> None:
 
 @pytest.mark.parametrize(
     "placeholder",
-    ["", "  ", "0", "0000000", "00000000-0000-0000-0000-000000000000", "N/A", "Not Specified",
-     "To Be Filled By O.E.M.", "unknown"],
+    [
+        "",
+        "  ",
+        "0",
+        "0000000",
+        "00000000-0000-0000-0000-000000000000",
+        "N/A",
+        "Not Specified",
+        "To Be Filled By O.E.M.",
+        "unknown",
+    ],
 )
 def test_placeholder_serials_and_uuids_are_no_identity(placeholder: str) -> None:
     assert device_identity(device(placeholder, placeholder), "serial") is None

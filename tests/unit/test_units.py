@@ -17,12 +17,12 @@ from app.units import format_mib
     [
         (0, "0 MiB"),
         (1, "1 MiB"),
-        (512, "512 MiB"),          # below 1 GiB: MiB, not "0 GiB"
+        (512, "512 MiB"),  # below 1 GiB: MiB, not "0 GiB"
         (1023, "1023 MiB"),
         (1024, "1 GiB"),
-        (1536, "1.5 GiB"),         # one decimal is exact
+        (1536, "1.5 GiB"),  # one decimal is exact
         (2560, "2.5 GiB"),
-        (1300, "1300 MiB"),        # 1.3 GiB would be rounded: MiB instead
+        (1300, "1300 MiB"),  # 1.3 GiB would be rounded: MiB instead
         (1126, "1126 MiB"),
         (81920, "80 GiB"),
         (1024 * 1024, "1024 GiB"),

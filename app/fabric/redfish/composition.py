@@ -211,8 +211,9 @@ class Composer:
                 # The service refused the very ETag it still reports: it compares another
                 # spelling (quoted twice, header unlike @odata.etag). Nothing changed, so the
                 # write goes once more without If-Match rather than into a 412 loop.
-                logger.info("%s: the service refused its own ETag %s; sending without "
-                            "If-Match", what, etag)
+                logger.info(
+                    "%s: the service refused its own ETag %s; sending without If-Match", what, etag
+                )
                 etag = None
             try:
                 response = await self._write_change(system, etag, block_uri, attach)
@@ -238,8 +239,9 @@ class Composer:
                 continue
             via_block = not attach and not listed
             if not is_task_answer(response):
-                await self._verify(host_id, block_uri, attach=attach, what=what,
-                                   via_block=via_block)
+                await self._verify(
+                    host_id, block_uri, attach=attach, what=what, via_block=via_block
+                )
                 return Operation(None, OperationState.COMPLETED)
             monitor = self._tasks.monitor_of(response, what)
             if on_operation is not None:
@@ -250,8 +252,9 @@ class Composer:
             if end is not None:
                 if end.operation.state is OperationState.FAILED:
                     raise end.error or task_error(end.body, what, end.operation)
-                await self._verify(host_id, block_uri, attach=attach, what=what,
-                                   via_block=via_block)
+                await self._verify(
+                    host_id, block_uri, attach=attach, what=what, via_block=via_block
+                )
                 return end.operation
             unknown_outcomes += 1
             if unknown_outcomes >= self._transport.retry.attempts:

@@ -129,7 +129,8 @@ class RedfishInventory:
         if listing.local_units:
             logger.debug(
                 "redfish %s: %d server-owned blocks are not devices",
-                self._reader.transport.origin, len(listing.local_units),
+                self._reader.transport.origin,
+                len(listing.local_units),
             )
         return listing
 
@@ -198,23 +199,31 @@ class _Collector:
             if first.attach_unit != device.attach_unit:
                 del self._devices[vendor_id]
                 self._duplicates.add(vendor_id)
-                self._rejected.append(Rejected(
-                    vendor_id, f"device is linked from two blocks ({first.attach_unit} and "
-                    f"{device.attach_unit}): duplicate, left out", "duplicate"))
+                self._rejected.append(
+                    Rejected(
+                        vendor_id,
+                        f"device is linked from two blocks ({first.attach_unit} and "
+                        f"{device.attach_unit}): duplicate, left out",
+                        "duplicate",
+                    )
+                )
             return
         key = device_identity(device, self._identity)
         if key is not None:
             kept = self._by_identity.get(key)
             if kept is not None and kept in self._devices:
-                self._rejected.append(Rejected(
-                    vendor_id, f"device {vendor_id} has the {self._identity} of {kept} "
-                    f"(one physical device reached through two blocks): duplicate, listed "
-                    f"once as {kept}", "duplicate"))
+                self._rejected.append(
+                    Rejected(
+                        vendor_id,
+                        f"device {vendor_id} has the {self._identity} of {kept} "
+                        f"(one physical device reached through two blocks): duplicate, listed "
+                        f"once as {kept}",
+                        "duplicate",
+                    )
+                )
                 return
             self._by_identity[key] = vendor_id
         self._devices[vendor_id] = device
 
     def listing(self) -> Listing[FabricDevice]:
-        return Listing(
-            tuple(self._devices.values()), tuple(self._rejected), tuple(self._local)
-        )
+        return Listing(tuple(self._devices.values()), tuple(self._rejected), tuple(self._local))

@@ -132,8 +132,11 @@ class ResourceReader:
                 if expand is not None and not seen - {page_path} and err.status in (400, 501):
                     # Advertised but refused (seen in the wild, and in mockups served as they
                     # are): read this and every later collection without $expand.
-                    logger.info("redfish %s refuses $expand (%s); reading without it",
-                                self._transport.origin, err)
+                    logger.info(
+                        "redfish %s refuses $expand (%s); reading without it",
+                        self._transport.origin,
+                        err,
+                    )
                     self._expand_refused = True
                     expand, page_ref = None, uri
                     seen.clear()

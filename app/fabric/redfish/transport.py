@@ -243,7 +243,6 @@ class RedfishTransport:
                 message = message.replace(secret, "<redacted>")
         return message
 
-
     async def _send(
         self,
         method: str,

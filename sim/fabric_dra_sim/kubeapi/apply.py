@@ -26,10 +26,16 @@ FieldPath = tuple[str, ...]
 
 # Identity fields that belong to nobody (the real field manager strips them too).
 _UNOWNED: set[FieldPath] = {
-    ("f:apiVersion",), ("f:kind",), ("f:metadata", "f:name"), ("f:metadata", "f:namespace"),
-    ("f:metadata", "f:resourceVersion"), ("f:metadata", "f:uid"),
-    ("f:metadata", "f:generateName"), ("f:metadata", "f:managedFields"),
-    ("f:metadata", "f:creationTimestamp"), ("f:metadata", "f:generation"),
+    ("f:apiVersion",),
+    ("f:kind",),
+    ("f:metadata", "f:name"),
+    ("f:metadata", "f:namespace"),
+    ("f:metadata", "f:resourceVersion"),
+    ("f:metadata", "f:uid"),
+    ("f:metadata", "f:generateName"),
+    ("f:metadata", "f:managedFields"),
+    ("f:metadata", "f:creationTimestamp"),
+    ("f:metadata", "f:generation"),
 }
 
 
@@ -55,8 +61,11 @@ def field_set(obj: Any, prefix: FieldPath = ()) -> set[FieldPath]:
             elif isinstance(strategy, tuple):
                 for item in value:
                     # Optional key fields (a device status' shareID) are left out of the key.
-                    key = {k: item[k] for k in strategy if k in item} \
-                        if isinstance(item, dict) else {}
+                    key = (
+                        {k: item[k] for k in strategy if k in item}
+                        if isinstance(item, dict)
+                        else {}
+                    )
                     if key:
                         key_json = json.dumps(key, separators=(",", ":"), sort_keys=True)
                         out |= field_set(item, (*path, "k:" + key_json))
@@ -101,8 +110,11 @@ def _get(obj: Any, path: FieldPath) -> tuple[bool, Any]:
             current = current[rest]
         elif kind == "k" and isinstance(current, list):
             key = json.loads(rest)
-            match = [i for i in current
-                     if isinstance(i, dict) and all(i.get(k) == v for k, v in key.items())]
+            match = [
+                i
+                for i in current
+                if isinstance(i, dict) and all(i.get(k) == v for k, v in key.items())
+            ]
             if not match:
                 return False, None
             current = match[0]
@@ -127,8 +139,11 @@ def _remove(obj: Any, path: FieldPath) -> None:
             parent.remove(value)
     elif kind == "k" and isinstance(parent, list):
         key = json.loads(rest)
-        parent[:] = [i for i in parent
-                     if not (isinstance(i, dict) and all(i.get(k) == v for k, v in key.items()))]
+        parent[:] = [
+            i
+            for i in parent
+            if not (isinstance(i, dict) and all(i.get(k) == v for k, v in key.items()))
+        ]
 
 
 def _merge(live: Any, config: Any, path: tuple[str, ...]) -> Any:
@@ -146,9 +161,16 @@ def _merge(live: Any, config: Any, path: tuple[str, ...]) -> Any:
             elif isinstance(strategy, tuple):
                 merged = list(out[key])
                 for item in value:
-                    index = next((i for i, cur in enumerate(merged)
-                                  if isinstance(cur, dict) and isinstance(item, dict)
-                                  and all(cur.get(k) == item.get(k) for k in strategy)), None)
+                    index = next(
+                        (
+                            i
+                            for i, cur in enumerate(merged)
+                            if isinstance(cur, dict)
+                            and isinstance(item, dict)
+                            and all(cur.get(k) == item.get(k) for k in strategy)
+                        ),
+                        None,
+                    )
                     # (a missing optional key field matches only a missing one)
                     if index is None:
                         merged.append(copy.deepcopy(item))
@@ -200,16 +222,24 @@ def read_managed_fields(obj: dict[str, Any]) -> list[ManagerFields]:
     """The managers recorded on ``obj`` (entries without fieldsV1 own nothing)."""
     out: list[ManagerFields] = []
     for entry in obj.get("metadata", {}).get("managedFields") or []:
-        out.append(ManagerFields(
-            entry.get("manager", ""), entry.get("operation", "Update"),
-            entry.get("subresource", ""),
-            frozenset(from_fields_v1(entry.get("fieldsV1") or {})),
-            entry.get("apiVersion", "")))
+        out.append(
+            ManagerFields(
+                entry.get("manager", ""),
+                entry.get("operation", "Update"),
+                entry.get("subresource", ""),
+                frozenset(from_fields_v1(entry.get("fieldsV1") or {})),
+                entry.get("apiVersion", ""),
+            )
+        )
     return out
 
 
 def server_side_apply(
-    live: dict[str, Any], config: dict[str, Any], manager: str, *, force: bool,
+    live: dict[str, Any],
+    config: dict[str, Any],
+    manager: str,
+    *,
+    force: bool,
     subresource: str = "",
 ) -> tuple[dict[str, Any], list[ManagerFields]]:
     """Apply ``config`` (the manager's full intent) to ``live`` and return the new object and the
@@ -240,8 +270,9 @@ def server_side_apply(
                 conflicts.setdefault(index, set()).add(path)
     if conflicts and not force:
         raise _conflict_error([(managers[i], paths) for i, paths in conflicts.items()])
-    previous = next((m.fields for m in managers if _is_applier(m, manager, subresource)),
-                    frozenset())
+    previous = next(
+        (m.fields for m in managers if _is_applier(m, manager, subresource)), frozenset()
+    )
     merged = _merge(live, config, ())
     others: set[FieldPath] = set()
     new_managers: list[ManagerFields] = []
@@ -253,8 +284,11 @@ def server_side_apply(
         kept = frozenset(other.fields - conflicts.get(index, set()))
         others |= kept
         if kept:
-            new_managers.append(ManagerFields(other.manager, other.operation,
-                                              other.subresource, kept, other.api_version))
+            new_managers.append(
+                ManagerFields(
+                    other.manager, other.operation, other.subresource, kept, other.api_version
+                )
+            )
     for path in sorted(previous - wanted - others, key=len, reverse=True):
         _remove(merged, path)
         # A map or list emptied by the removal goes too, so that dropping the last label
@@ -268,8 +302,7 @@ def server_side_apply(
 
 
 def _is_applier(entry: ManagerFields, manager: str, subresource: str) -> bool:
-    return (entry.manager, entry.operation, entry.subresource) == (manager, "Apply",
-                                                                   subresource)
+    return (entry.manager, entry.operation, entry.subresource) == (manager, "Apply", subresource)
 
 
 def path_string(path: FieldPath) -> str:
@@ -291,10 +324,19 @@ def path_string(path: FieldPath) -> str:
 
 def _conflict_error(found: list[tuple[ManagerFields, set[FieldPath]]]) -> StatusError:
     ordered = sorted(found, key=lambda item: item[0].identifier())
-    pairs = [(entry, path_string(path)) for entry, paths in ordered
-             for path in sorted(paths, key=path_string)]
-    causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {e.describe()}",
-               "field": text} for e, text in pairs]
+    pairs = [
+        (entry, path_string(path))
+        for entry, paths in ordered
+        for path in sorted(paths, key=path_string)
+    ]
+    causes = [
+        {
+            "reason": "FieldManagerConflict",
+            "message": f"conflict with {e.describe()}",
+            "field": text,
+        }
+        for e, text in pairs
+    ]
     if len(pairs) == 1:
         entry, text = pairs[0]
         message = f"Apply failed with 1 conflict: conflict with {entry.describe()}: {text}"
@@ -308,7 +350,10 @@ def _conflict_error(found: list[tuple[ManagerFields, set[FieldPath]]]) -> Status
 
 
 def record_update(
-    old: dict[str, Any] | None, new: dict[str, Any], manager: str, subresource: str = "",
+    old: dict[str, Any] | None,
+    new: dict[str, Any],
+    manager: str,
+    subresource: str = "",
 ) -> list[ManagerFields]:
     """Managers after a non-apply write (POST, PUT, or a JSON, merge or strategic merge PATCH)
     by ``manager``: its ``Update`` entry (per subresource) takes every leaf it changed (all of
@@ -322,8 +367,7 @@ def record_update(
         managers: list[ManagerFields] = []
     else:
         old_fields = field_set(old)
-        changed = {p for p in new_fields
-                   if p not in old_fields or _get(old, p) != _get(new, p)}
+        changed = {p for p in new_fields if p not in old_fields or _get(old, p) != _get(new, p)}
         managers = read_managed_fields(old)
     if subresource == "status":
         changed = {p for p in changed if p[:1] == ("f:status",)}
@@ -332,38 +376,52 @@ def record_update(
     for entry in managers:
         # Fields that vanished from the object are owned by nobody any more.
         kept = frozenset((entry.fields - changed) & new_fields)
-        if entry.manager == manager and entry.operation == "Update" \
-                and entry.subresource == subresource:
+        if (
+            entry.manager == manager
+            and entry.operation == "Update"
+            and entry.subresource == subresource
+        ):
             mine |= kept
             continue
         if kept:
-            out.append(ManagerFields(entry.manager, entry.operation, entry.subresource, kept,
-                                     entry.api_version))
+            out.append(
+                ManagerFields(
+                    entry.manager, entry.operation, entry.subresource, kept, entry.api_version
+                )
+            )
     if mine:
         out.append(ManagerFields(manager, "Update", subresource, frozenset(mine)))
     return out
 
 
 def managed_fields_json(
-    managers: list[ManagerFields], api_version: str, now: str,
+    managers: list[ManagerFields],
+    api_version: str,
+    now: str,
     previous: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The ``metadata.managedFields`` JSON for ``managers``; an entry whose fields did not change
     keeps its old ``time``, and one that names no apiVersion gets ``api_version`` (the
     version of the write in progress).
     """
-    old_times = {(e.get("manager"), e.get("operation"), e.get("subresource", "")):
-                 (e.get("time"), e.get("fieldsV1")) for e in previous or []}
+    old_times = {
+        (e.get("manager"), e.get("operation"), e.get("subresource", "")): (
+            e.get("time"),
+            e.get("fieldsV1"),
+        )
+        for e in previous or []
+    }
     out: list[dict[str, Any]] = []
     for m in managers:
         fields_v1 = to_fields_v1(m.fields)
-        old_time, old_fields = old_times.get((m.manager, m.operation, m.subresource),
-                                             (None, None))
+        old_time, old_fields = old_times.get((m.manager, m.operation, m.subresource), (None, None))
         entry: dict[str, Any] = {
-            "manager": m.manager, "operation": m.operation,
+            "manager": m.manager,
+            "operation": m.operation,
             "apiVersion": m.api_version or api_version,
             "time": old_time if old_fields == fields_v1 and old_time else now,
-            "fieldsType": "FieldsV1", "fieldsV1": fields_v1,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": fields_v1,
         }
         if m.subresource:
             entry["subresource"] = m.subresource

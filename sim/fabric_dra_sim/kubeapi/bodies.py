@@ -42,16 +42,20 @@ _PARSE_PREFIX = "couldn't get version/kind; json parse error: "
 
 def unsupported_media_type(accepted: tuple[str, ...]) -> StatusError:
     """415 UnsupportedMediaType listing ``accepted`` (negotiation/errors.go)."""
-    return StatusError(415, "UnsupportedMediaType",
-                       "the body of the request was in an unknown format - accepted media "
-                       "types include: " + ", ".join(accepted))
+    return StatusError(
+        415,
+        "UnsupportedMediaType",
+        "the body of the request was in an unknown format - accepted media "
+        "types include: " + ", ".join(accepted),
+    )
 
 
 def too_large() -> StatusError:
     """413 RequestEntityTooLarge (k8s.io/apimachinery pkg/api/errors
     NewRequestEntityTooLargeError, raised by handlers/rest.go limitedReadBody)."""
-    return StatusError(413, "RequestEntityTooLarge",
-                       f"Request entity too large: limit is {MAX_REQUEST_BODY_BYTES}")
+    return StatusError(
+        413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_REQUEST_BODY_BYTES}"
+    )
 
 
 class ClientGone(Exception):
@@ -68,8 +72,11 @@ async def read_body(request: web.Request) -> bytes:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as err:
         raise too_large() from err
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError,
-            aiohttp.ClientPayloadError) as err:
+    except (
+        ConnectionResetError,
+        aiohttp.ClientConnectionResetError,
+        aiohttp.ClientPayloadError,
+    ) as err:
         raise ClientGone from err
     if len(raw) > MAX_REQUEST_BODY_BYTES:
         raise too_large()
@@ -135,6 +142,15 @@ def decode_value(raw: bytes, kind: str = JSON) -> Any:
     return decode_object(raw, kind)[0]
 
 
-__all__ = ["BUILTIN_MEDIA_TYPES", "MAX_REQUEST_BODY_BYTES", "NO_PROTOBUF_MEDIA_TYPES",
-           "ClientGone", "decode_object", "decode_value", "media_type", "read_body",
-           "too_large", "unsupported_media_type"]
+__all__ = [
+    "BUILTIN_MEDIA_TYPES",
+    "MAX_REQUEST_BODY_BYTES",
+    "NO_PROTOBUF_MEDIA_TYPES",
+    "ClientGone",
+    "decode_object",
+    "decode_value",
+    "media_type",
+    "read_body",
+    "too_large",
+    "unsupported_media_type",
+]

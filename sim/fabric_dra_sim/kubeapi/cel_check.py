@@ -61,8 +61,9 @@ def checker() -> CelChecker:
     return _checker
 
 
-def cel_expression_causes(expression: object, field: str, *,
-                          length_limit: bool = True) -> list[Cause]:
+def cel_expression_causes(
+    expression: object, field: str, *, length_limit: bool = True
+) -> list[Cause]:
     """Causes for a selector's ``cel.expression`` at ``field``: required, at most 10 KiB,
     compiles to a bool. Source: validateCELExpression / validateCELSelector.
 

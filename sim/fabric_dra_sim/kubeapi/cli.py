@@ -43,8 +43,9 @@ def _create_nodes(emulator: KubeEmulator, nodes: list[dict[str, object]]) -> Non
         try:
             emulator.create(dict(node))
         except StatusError as err:
-            raise click.BadParameter(f"Node {index + 1}: {err.message}",
-                                     param_hint="--nodes-file") from None
+            raise click.BadParameter(
+                f"Node {index + 1}: {err.message}", param_hint="--nodes-file"
+            ) from None
 
 
 async def _start(emulator: KubeEmulator, host: str, port: int) -> str:
@@ -58,18 +59,20 @@ async def _start(emulator: KubeEmulator, host: str, port: int) -> str:
         await emulator.start(host, port)
     except OSError as err:
         # asyncio's bind error repeats the address in strerror; the errno's own text is enough.
-        reason = (os.strerror(err.errno) if err.errno and err.errno > 0
-                  else err.strerror or str(err))
+        reason = os.strerror(err.errno) if err.errno and err.errno > 0 else err.strerror or str(err)
         if err.errno in (errno.EADDRINUSE, errno.EACCES):
-            raise click.BadParameter(f"cannot listen on {host} port {port}: {reason}",
-                                     param_hint="--port") from None
-        raise click.BadParameter(f"cannot listen on {host!r}: {reason}",
-                                 param_hint="--host") from None
+            raise click.BadParameter(
+                f"cannot listen on {host} port {port}: {reason}", param_hint="--port"
+            ) from None
+        raise click.BadParameter(
+            f"cannot listen on {host!r}: {reason}", param_hint="--host"
+        ) from None
     return _url(host, int(emulator.url.rsplit(":", 1)[1]))
 
 
-async def _serve(emulator: KubeEmulator, host: str, port: int,
-                 nodes: list[dict[str, object]]) -> None:
+async def _serve(
+    emulator: KubeEmulator, host: str, port: int, nodes: list[dict[str, object]]
+) -> None:
     # The signal handlers come first: the "serving" line tells a supervisor it may stop us
     # from then on, and a SIGINT before them would abort instead of stopping cleanly.
     stop = asyncio.Event()
@@ -80,8 +83,10 @@ async def _serve(emulator: KubeEmulator, host: str, port: int,
     _create_nodes(emulator, nodes)
     url = await _start(emulator, host, port)
     versions = ",".join(emulator.served_resource_versions)
-    click.echo(f"Kubernetes API emulator (Kubernetes {emulator.cluster.version}) serving "
-               f"resource.k8s.io {versions} at {url}")
+    click.echo(
+        f"Kubernetes API emulator (Kubernetes {emulator.cluster.version}) serving "
+        f"resource.k8s.io {versions} at {url}"
+    )
     try:
         await stop.wait()
     finally:
@@ -97,15 +102,15 @@ def _load_nodes(path: Path) -> object:
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
-        raise click.BadParameter(f"cannot read it: {err.strerror}",
-                                 param_hint="--nodes-file") from None
+        raise click.BadParameter(
+            f"cannot read it: {err.strerror}", param_hint="--nodes-file"
+        ) from None
     except UnicodeDecodeError:
         raise click.BadParameter("is not UTF-8 text", param_hint="--nodes-file") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise click.BadParameter(f"is not valid YAML{where}",
-                                 param_hint="--nodes-file") from None
+        raise click.BadParameter(f"is not valid YAML{where}", param_hint="--nodes-file") from None
 
 
 def _read_token(path: Path, flag: str) -> str:
@@ -120,39 +125,88 @@ def _read_token(path: Path, flag: str) -> str:
 
 @click.command("kube")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", default=6443, show_default=True, type=click.IntRange(0, 65535),
-              help="Port (plain HTTP; 0: any free port).")
-@click.option("--kubernetes-version", default=DEFAULT_KUBERNETES_VERSION, show_default=True,
-              help=f"Emulated Kubernetes release ({', '.join(PROFILES)}; also v1.34 or "
-                   "v1.34.2): its served versions, feature-gate defaults and schemas.")
-@click.option("--feature-gates", default="",
-              help="Gate overrides as kube-apiserver takes them, e.g. "
-                   "DRADeviceTaints=true,DRAAdminAccess=false.")
-@click.option("--resource-versions", default=None,
-              help="Comma list of resource.k8s.io versions to serve (first = preferred); "
-                   "default: the release's (v1 for 1.34+, v1alpha3 for 1.31).")
-@click.option("--history-size", default=1000, show_default=True, type=click.IntRange(min=1),
-              help="Watch events retained before 410 Expired.")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Require this bearer token (an unrestricted admin).")
-@click.option("--nodes-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="YAML list of Node objects to create at start.")
-@click.option("--rbac-manifests", multiple=True,
-              type=click.Path(exists=True, path_type=Path),
-              help="RBAC YAML file or folder (repeatable): Roles, ClusterRoles and bindings "
-                   "that restrict --rbac-user; other kinds are ignored.")
-@click.option("--rbac-user", default=DEFAULT_RBAC_USER, show_default=True,
-              help="The user whose requests RBAC checks.")
-@click.option("--rbac-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="File holding the bearer token that authenticates as --rbac-user "
-                   "(required with --rbac-manifests).")
-@click.option("--no-validation", is_flag=True,
-              help="Store writes without the schema and field-rule checks (benchmarks: the "
-                   "checks cost this Python emulator more than serving the request).")
-def cli(host: str, port: int, kubernetes_version: str, feature_gates: str,
-        resource_versions: str | None, history_size: int,
-        token_file: Path | None, nodes_file: Path | None, rbac_manifests: tuple[Path, ...],
-        rbac_user: str, rbac_token_file: Path | None, no_validation: bool) -> None:
+@click.option(
+    "--port",
+    default=6443,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port (plain HTTP; 0: any free port).",
+)
+@click.option(
+    "--kubernetes-version",
+    default=DEFAULT_KUBERNETES_VERSION,
+    show_default=True,
+    help=f"Emulated Kubernetes release ({', '.join(PROFILES)}; also v1.34 or "
+    "v1.34.2): its served versions, feature-gate defaults and schemas.",
+)
+@click.option(
+    "--feature-gates",
+    default="",
+    help="Gate overrides as kube-apiserver takes them, e.g. "
+    "DRADeviceTaints=true,DRAAdminAccess=false.",
+)
+@click.option(
+    "--resource-versions",
+    default=None,
+    help="Comma list of resource.k8s.io versions to serve (first = preferred); "
+    "default: the release's (v1 for 1.34+, v1alpha3 for 1.31).",
+)
+@click.option(
+    "--history-size",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Watch events retained before 410 Expired.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Require this bearer token (an unrestricted admin).",
+)
+@click.option(
+    "--nodes-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML list of Node objects to create at start.",
+)
+@click.option(
+    "--rbac-manifests",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="RBAC YAML file or folder (repeatable): Roles, ClusterRoles and bindings "
+    "that restrict --rbac-user; other kinds are ignored.",
+)
+@click.option(
+    "--rbac-user",
+    default=DEFAULT_RBAC_USER,
+    show_default=True,
+    help="The user whose requests RBAC checks.",
+)
+@click.option(
+    "--rbac-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File holding the bearer token that authenticates as --rbac-user "
+    "(required with --rbac-manifests).",
+)
+@click.option(
+    "--no-validation",
+    is_flag=True,
+    help="Store writes without the schema and field-rule checks (benchmarks: the "
+    "checks cost this Python emulator more than serving the request).",
+)
+def cli(
+    host: str,
+    port: int,
+    kubernetes_version: str,
+    feature_gates: str,
+    resource_versions: str | None,
+    history_size: int,
+    token_file: Path | None,
+    nodes_file: Path | None,
+    rbac_manifests: tuple[Path, ...],
+    rbac_user: str,
+    rbac_token_file: Path | None,
+    no_validation: bool,
+) -> None:
     """Serve an emulated Kubernetes API (resource.k8s.io, core, coordination) until Ctrl-C.
 
     With --rbac-manifests, requests bearing the --rbac-token-file token act as --rbac-user
@@ -168,8 +222,11 @@ def cli(host: str, port: int, kubernetes_version: str, feature_gates: str,
         resolve_gates(release, gates)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--feature-gates") from err
-    versions = (None if resource_versions is None else
-                [v.strip() for v in resource_versions.split(",") if v.strip()])
+    versions = (
+        None
+        if resource_versions is None
+        else [v.strip() for v in resource_versions.split(",") if v.strip()]
+    )
     try:
         resolve_served(release, versions)
     except ValueError as err:
@@ -179,15 +236,17 @@ def cli(host: str, port: int, kubernetes_version: str, feature_gates: str,
     if nodes_file:
         loaded = _load_nodes(nodes_file) or []
         if not isinstance(loaded, list) or not all(isinstance(n, dict) for n in loaded):
-            raise click.BadParameter("must be a YAML list of Node objects",
-                                     param_hint="--nodes-file")
+            raise click.BadParameter(
+                "must be a YAML list of Node objects", param_hint="--nodes-file"
+            )
         nodes = [{"apiVersion": "v1", "kind": "Node", **n} for n in loaded]
     rbac: RbacPolicy | None = None
     tokens: dict[str, str] = {}
     if rbac_manifests:
         if rbac_token_file is None:
-            raise click.BadParameter("is required with --rbac-manifests",
-                                     param_hint="--rbac-token-file")
+            raise click.BadParameter(
+                "is required with --rbac-manifests", param_hint="--rbac-token-file"
+            )
         try:
             rbac = RbacPolicy.from_manifests(rbac_manifests)
         except ValueError as err:
@@ -195,7 +254,14 @@ def cli(host: str, port: int, kubernetes_version: str, feature_gates: str,
         tokens[_read_token(rbac_token_file, "--rbac-token-file")] = rbac_user
     elif rbac_token_file is not None:
         raise click.BadParameter("needs --rbac-manifests", param_hint="--rbac-token-file")
-    emulator = KubeEmulator(kubernetes_version=kubernetes_version, feature_gates=gates,
-                            served_resource_versions=versions, history_size=history_size,
-                            validate=not no_validation, token=token, tokens=tokens, rbac=rbac)
+    emulator = KubeEmulator(
+        kubernetes_version=kubernetes_version,
+        feature_gates=gates,
+        served_resource_versions=versions,
+        history_size=history_size,
+        validate=not no_validation,
+        token=token,
+        tokens=tokens,
+        rbac=rbac,
+    )
     asyncio.run(_serve(emulator, host, port, nodes))

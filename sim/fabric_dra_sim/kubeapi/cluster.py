@@ -58,13 +58,20 @@ _GATE_SPECS: dict[str, tuple[tuple[int, bool, bool], ...]] = {
     DRA_DEVICE_TAINTS: ((33, False, False), (36, True, False), (37, True, False)),
     DRA_EXTENDED_RESOURCE: ((34, False, False), (36, True, False), (37, True, True)),
     DRA_PARTITIONABLE_DEVICES: ((33, False, False), (36, True, False)),
-    DRA_PRIORITIZED_LIST: ((33, False, False), (34, True, False), (36, True, False),
-                           (37, True, True)),
-    DRA_RESOURCE_CLAIM_DEVICE_STATUS: ((32, False, False), (33, True, False),
-                                       (37, True, True)),
+    DRA_PRIORITIZED_LIST: (
+        (33, False, False),
+        (34, True, False),
+        (36, True, False),
+        (37, True, True),
+    ),
+    DRA_RESOURCE_CLAIM_DEVICE_STATUS: ((32, False, False), (33, True, False), (37, True, True)),
     # Alpha (off) to 1.31, beta (still off) from 1.32, GA (on) in 1.34, locked from 1.35.
-    DYNAMIC_RESOURCE_ALLOCATION: ((26, False, False), (32, False, False), (34, True, False),
-                                  (35, True, True)),
+    DYNAMIC_RESOURCE_ALLOCATION: (
+        (26, False, False),
+        (32, False, False),
+        (34, True, False),
+        (35, True, True),
+    ),
 }
 _GATE_LAST_MINOR = {DRA_CONTROL_PLANE_CONTROLLER: 31}
 # The emulator's own defaults that differ from upstream (see the module docstring).
@@ -143,8 +150,9 @@ def parse_version(text: str) -> str:
     m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?", text.strip())
     version = f"{m.group(1)}.{m.group(2)}" if m else ""
     if version not in PROFILES:
-        raise ValueError(f"unsupported Kubernetes version {text!r}; supported: "
-                         f"{', '.join(PROFILES)}")
+        raise ValueError(
+            f"unsupported Kubernetes version {text!r}; supported: {', '.join(PROFILES)}"
+        )
     return version
 
 
@@ -173,15 +181,21 @@ def resolve_gates(prof: Profile, overrides: Mapping[str, bool] | None) -> frozen
     gates = dict(prof.gate_defaults)
     for name, value in (overrides or {}).items():
         if name in _ALL_STAGE_GATES:
-            raise ValueError(f"feature gate {name} is not supported by the emulator; name "
-                             f"each gate instead (Kubernetes {prof.version} knows "
-                             f"{', '.join(sorted(prof.gate_defaults))})")
+            raise ValueError(
+                f"feature gate {name} is not supported by the emulator; name "
+                f"each gate instead (Kubernetes {prof.version} knows "
+                f"{', '.join(sorted(prof.gate_defaults))})"
+            )
         if name not in prof.gate_defaults:
-            raise ValueError(f"unrecognized feature gate: {name} (Kubernetes {prof.version} "
-                             f"knows {', '.join(sorted(prof.gate_defaults))})")
+            raise ValueError(
+                f"unrecognized feature gate: {name} (Kubernetes {prof.version} "
+                f"knows {', '.join(sorted(prof.gate_defaults))})"
+            )
         if name in prof.locked and value != prof.gate_defaults[name]:
-            raise ValueError(f"cannot set feature gate {name} to {str(value).lower()}, "
-                             f"feature is locked to {str(prof.gate_defaults[name]).lower()}")
+            raise ValueError(
+                f"cannot set feature gate {name} to {str(value).lower()}, "
+                f"feature is locked to {str(prof.gate_defaults[name]).lower()}"
+            )
         gates[name] = bool(value)
     return frozenset(g for g, on in gates.items() if on)
 
@@ -200,8 +214,10 @@ def resolve_served(prof: Profile, served: Sequence[str] | None) -> tuple[str, ..
         raise ValueError(f"resource.k8s.io versions listed twice: {', '.join(versions)}")
     bad = [v for v in versions if v not in prof.servable]
     if bad:
-        raise ValueError(f"Kubernetes {prof.version} cannot serve resource.k8s.io "
-                         f"{', '.join(bad)}; it serves {', '.join(prof.servable)}")
+        raise ValueError(
+            f"Kubernetes {prof.version} cannot serve resource.k8s.io "
+            f"{', '.join(bad)}; it serves {', '.join(prof.servable)}"
+        )
     return versions
 
 
@@ -222,8 +238,10 @@ def parse_feature_gates(text: str) -> dict[str, bool]:
         if not eq or not name:
             raise ValueError(f"missing bool value for feature gate {item!r} (use Name=true)")
         if value not in ("true", "false"):
-            raise ValueError(f"invalid value of {name}={value}, err: strconv.ParseBool: "
-                             f"parsing {value!r}: invalid syntax")
+            raise ValueError(
+                f"invalid value of {name}={value}, err: strconv.ParseBool: "
+                f"parsing {value!r}: invalid syntax"
+            )
         out[name] = value == "true"
     return out
 

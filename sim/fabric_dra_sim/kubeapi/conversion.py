@@ -25,8 +25,15 @@ from .resources import RESOURCE_GROUP
 
 # The fields of a v1beta1 DeviceRequest that v1 moves under ``exactly``
 # (ExactDeviceRequest / v1beta1 DeviceRequest, k8s.io/api resource/v1 and v1beta1 types.go).
-EXACT_REQUEST_FIELDS = ("deviceClassName", "selectors", "allocationMode", "count",
-                        "adminAccess", "tolerations", "capacity")
+EXACT_REQUEST_FIELDS = (
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "tolerations",
+    "capacity",
+)
 _SAME_SHAPE = frozenset({"v1", "v1beta2"})
 _KINDS_WITH_REQUESTS = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
 
@@ -47,8 +54,7 @@ def convert(obj: dict[str, Any], to_version: str) -> dict[str, Any]:
     if from_version == to_version:
         return obj
     if not ({from_version, to_version} <= {"v1", "v1beta2", "v1beta1"}):
-        raise ValueError(f"no conversion between resource.k8s.io {from_version} and "
-                         f"{to_version}")
+        raise ValueError(f"no conversion between resource.k8s.io {from_version} and {to_version}")
     out = dict(obj)
     out["apiVersion"] = f"{RESOURCE_GROUP}/{to_version}"
     if from_version in _SAME_SHAPE and to_version in _SAME_SHAPE:
@@ -80,8 +86,10 @@ def _rewrite(obj: dict[str, Any], path: tuple[str, ...], convert_request: Any) -
     devices = node.get("devices")
     if not isinstance(devices, dict) or not isinstance(devices.get("requests"), list):
         return None
-    rebuilt: Any = {**node, "devices": {**devices, "requests": [
-        convert_request(r) for r in devices["requests"]]}}
+    rebuilt: Any = {
+        **node,
+        "devices": {**devices, "requests": [convert_request(r) for r in devices["requests"]]},
+    }
     for parent, key in zip(reversed(chain[:-1]), reversed(path[1:]), strict=True):
         rebuilt = {**parent, key: rebuilt}
     return rebuilt

@@ -78,8 +78,10 @@ def _slice_fields(device: str) -> list[Field]:
 def _request_fields(spec: str, exact: str, exact_struct: str) -> list[Field]:
     requests = f"{spec}.devices.requests[]"
     out: list[Field] = []
-    for where, struct in ((f"{requests}{exact}", exact_struct),
-                          (f"{requests}.firstAvailable[]", "DeviceSubRequest")):
+    for where, struct in (
+        (f"{requests}{exact}", exact_struct),
+        (f"{requests}.firstAvailable[]", "DeviceSubRequest"),
+    ):
         out += [
             (f"{where}.count", "int64", struct),
             (f"{where}.capacity.requests{{}}", "quantity", ""),
@@ -91,8 +93,11 @@ def _request_fields(spec: str, exact: str, exact_struct: str) -> list[Field]:
 _CLAIM_STATUS: list[Field] = [
     ("status.allocation.allocationTimestamp", "time", ""),
     ("status.allocation.devices.results[].consumedCapacity{}", "quantity", ""),
-    ("status.allocation.devices.results[].tolerations[].tolerationSeconds", "int64",
-     "DeviceToleration"),
+    (
+        "status.allocation.devices.results[].tolerations[].tolerationSeconds",
+        "int64",
+        "DeviceToleration",
+    ),
     ("status.devices[].conditions[].lastTransitionTime", "time", ""),
     ("status.devices[].conditions[].observedGeneration", "int64", "Condition"),
 ]
@@ -109,22 +114,31 @@ _FIELDS: dict[tuple[str, str, str], list[Field]] = {
         ("spec.devices[].basic.attributes{}.int", "int64", "DeviceAttribute"),
         ("spec.devices[].basic.capacity{}", "quantity", ""),
     ],
-    ("resource.k8s.io", "v1", "resourceclaims"):
-        _request_fields("spec", ".exactly", "ExactDeviceRequest") + _CLAIM_STATUS,
-    ("resource.k8s.io", "v1beta2", "resourceclaims"):
-        _request_fields("spec", ".exactly", "ExactDeviceRequest") + _CLAIM_STATUS,
-    ("resource.k8s.io", "v1beta1", "resourceclaims"):
-        _request_fields("spec", "", "DeviceRequest") + _CLAIM_STATUS,
+    ("resource.k8s.io", "v1", "resourceclaims"): _request_fields(
+        "spec", ".exactly", "ExactDeviceRequest"
+    )
+    + _CLAIM_STATUS,
+    ("resource.k8s.io", "v1beta2", "resourceclaims"): _request_fields(
+        "spec", ".exactly", "ExactDeviceRequest"
+    )
+    + _CLAIM_STATUS,
+    ("resource.k8s.io", "v1beta1", "resourceclaims"): _request_fields("spec", "", "DeviceRequest")
+    + _CLAIM_STATUS,
     ("resource.k8s.io", "v1alpha3", "resourceclaims"): [
-        ("spec.devices.requests[].count", "int64", "DeviceRequest")],
-    ("resource.k8s.io", "v1", "resourceclaimtemplates"):
-        _request_fields("spec.spec", ".exactly", "ExactDeviceRequest"),
-    ("resource.k8s.io", "v1beta2", "resourceclaimtemplates"):
-        _request_fields("spec.spec", ".exactly", "ExactDeviceRequest"),
-    ("resource.k8s.io", "v1beta1", "resourceclaimtemplates"):
-        _request_fields("spec.spec", "", "DeviceRequest"),
+        ("spec.devices.requests[].count", "int64", "DeviceRequest")
+    ],
+    ("resource.k8s.io", "v1", "resourceclaimtemplates"): _request_fields(
+        "spec.spec", ".exactly", "ExactDeviceRequest"
+    ),
+    ("resource.k8s.io", "v1beta2", "resourceclaimtemplates"): _request_fields(
+        "spec.spec", ".exactly", "ExactDeviceRequest"
+    ),
+    ("resource.k8s.io", "v1beta1", "resourceclaimtemplates"): _request_fields(
+        "spec.spec", "", "DeviceRequest"
+    ),
     ("resource.k8s.io", "v1alpha3", "resourceclaimtemplates"): [
-        ("spec.spec.devices.requests[].count", "int64", "DeviceRequest")],
+        ("spec.spec.devices.requests[].count", "int64", "DeviceRequest")
+    ],
     ("coordination.k8s.io", "v1", "leases"): [
         ("spec.leaseDurationSeconds", "int32", "LeaseSpec"),
         ("spec.leaseTransitions", "int32", "LeaseSpec"),
@@ -155,8 +169,11 @@ _FIELDS: dict[tuple[str, str, str], list[Field]] = {
         ("status.conditions[].lastTransitionTime", "time", ""),
     ],
     ("", "v1", "pods"): [
-        *((f"{c}.resources.{k}{{}}", "quantity", "") for c in _CONTAINERS
-          for k in ("requests", "limits")),
+        *(
+            (f"{c}.resources.{k}{{}}", "quantity", "")
+            for c in _CONTAINERS
+            for k in ("requests", "limits")
+        ),
         ("spec.overhead{}", "quantity", ""),
         ("spec.terminationGracePeriodSeconds", "int64", "PodSpec"),
         ("spec.activeDeadlineSeconds", "int64", "PodSpec"),
@@ -230,14 +247,16 @@ def _converter(kind: str, struct: str, path: str) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         check_int(value, bits, struct, json_path)
         return value
+
     return check
 
 
 def decode_error(rt: ResourceType, message: str) -> StatusError:
     """400 for a body the Go decoder refuses (k8s.io/apiserver pkg/endpoints/handlers
     rest.go: ``<Kind> in version "<v>" cannot be handled as a <Kind>: <error>``)."""
-    return bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a '
-                       f'{rt.kind}: {message}')
+    return bad_request(
+        f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {message}'
+    )
 
 
 def normalise(rt: ResourceType, obj: dict[str, Any]) -> None:
@@ -331,8 +350,9 @@ def _slice(spec: Any, version: str, now: Callable[[], str]) -> None:
                     mapping["allocationMultiplier"] = "1"
 
 
-def apply_defaults(rt: ResourceType, obj: dict[str, Any],
-                   now: Callable[[], str] = now_rfc3339) -> None:
+def apply_defaults(
+    rt: ResourceType, obj: dict[str, Any], now: Callable[[], str] = now_rfc3339
+) -> None:
     """Apply the defaulting functions of ``rt``'s version to ``obj`` in place (see the module
     docstring); ``now`` gives the ``metav1.Time`` string for a taint's ``timeAdded``.
     Malformed shapes are left alone for validation to report.

@@ -53,8 +53,9 @@ def _format(moment: datetime.datetime) -> str:
     return moment.strftime(_TIME_FORMAT)
 
 
-def check_preconditions(group: str, kind: str, obj: dict[str, Any],
-                        options: dict[str, Any]) -> None:
+def check_preconditions(
+    group: str, kind: str, obj: dict[str, Any], options: dict[str, Any]
+) -> None:
     """Raise StatusError 409 when ``options.preconditions`` (uid, resourceVersion) do not match
     ``obj`` (rest.BeforeDelete; the conflict names the kind, not the resource).
     """
@@ -64,16 +65,24 @@ def check_preconditions(group: str, kind: str, obj: dict[str, Any],
     meta = obj["metadata"]
     uid = preconditions.get("uid")
     if uid is not None and uid != meta.get("uid"):
-        raise conflict(group, kind, meta["name"],
-                       f"the UID in the precondition ({uid}) does not match the UID in record "
-                       f"({meta.get('uid')}). The object might have been deleted and then "
-                       "recreated")
+        raise conflict(
+            group,
+            kind,
+            meta["name"],
+            f"the UID in the precondition ({uid}) does not match the UID in record "
+            f"({meta.get('uid')}). The object might have been deleted and then "
+            "recreated",
+        )
     version = preconditions.get("resourceVersion")
     if version is not None and version != meta.get("resourceVersion"):
-        raise conflict(group, kind, meta["name"],
-                       f"the ResourceVersion in the precondition ({version}) does not match "
-                       f"the ResourceVersion in record ({meta.get('resourceVersion')}). The "
-                       "object might have been modified")
+        raise conflict(
+            group,
+            kind,
+            meta["name"],
+            f"the ResourceVersion in the precondition ({version}) does not match "
+            f"the ResourceVersion in record ({meta.get('resourceVersion')}). The "
+            "object might have been modified",
+        )
 
 
 def pod_grace_period(pod: dict[str, Any], requested: int | None) -> int:
@@ -99,8 +108,9 @@ def _bump_generation(meta: dict[str, Any]) -> None:
         meta["generation"] = int(meta["generation"]) + 1
 
 
-def plan_delete(old: dict[str, Any], options: dict[str, Any], *, graceful: bool,
-                now: datetime.datetime) -> DeletePlan:
+def plan_delete(
+    old: dict[str, Any], options: dict[str, Any], *, graceful: bool, now: datetime.datetime
+) -> DeletePlan:
     """Plan the DELETE of ``old`` with DeleteOptions ``options`` at ``now`` (aware UTC).
 
     ``graceful``: the kind has a graceful delete strategy (Pods). A kept object gets

@@ -45,8 +45,9 @@ def cause_invalid(field: str, value: Any, message: str) -> Cause:
 
 def cause_required(field: str, message: str = "") -> Cause:
     """A FieldValueRequired cause (field.Required)."""
-    return Cause("FieldValueRequired", "Required value" + (f": {message}" if message else ""),
-                 field)
+    return Cause(
+        "FieldValueRequired", "Required value" + (f": {message}" if message else ""), field
+    )
 
 
 def cause_too_many(field: str, limit: int) -> Cause:
@@ -97,8 +98,10 @@ def driver_name_warnings(value: Any, field: str) -> list[str]:
     WarningsOnUpdate).
     """
     if isinstance(value, str) and value != value.lower():
-        return [f"{field}: driver names should be lowercase; {json.dumps(value)} contains "
-                "uppercase characters"]
+        return [
+            f"{field}: driver names should be lowercase; {json.dumps(value)} contains "
+            "uppercase characters"
+        ]
     return []
 
 
@@ -129,16 +132,21 @@ def qualified_name_causes(value: str, field: str) -> list[Cause]:
         elif len(domain) > MAX_DOMAIN_LENGTH:
             out.append(cause_too_long(field, MAX_DOMAIN_LENGTH))
         else:
-            out.extend(cause_invalid(field, value, e)
-                       for e in names.dns_subdomain(domain.lower()))
+            out.extend(cause_invalid(field, value, e) for e in names.dns_subdomain(domain.lower()))
     if not ident:
         out.append(cause_required(field, "the id must not be empty"))
     elif len(ident) > MAX_ID_LENGTH:
         out.append(cause_too_long(field, MAX_ID_LENGTH))
     elif not names.C_IDENTIFIER_RE.match(ident):
-        out.append(cause_invalid(field, value, "a valid C identifier must start with alphabetic "
-                            "character or '_', followed by a string of alphanumeric characters "
-                            "or '_'"))
+        out.append(
+            cause_invalid(
+                field,
+                value,
+                "a valid C identifier must start with alphabetic "
+                "character or '_', followed by a string of alphanumeric characters "
+                "or '_'",
+            )
+        )
     return out
 
 
@@ -160,8 +168,13 @@ def _attribute_causes(value: Any, field: str) -> list[Cause]:
             if len(item) > MAX_STRING_LENGTH:
                 out.append(cause_too_long(f"{field}.{kind}", MAX_STRING_LENGTH))
             elif not names.SEMVER_RE.match(item):
-                out.append(cause_invalid(f"{field}.{kind}", item,
-                                    "must be a string compatible with semver.org spec 2.0.0"))
+                out.append(
+                    cause_invalid(
+                        f"{field}.{kind}",
+                        item,
+                        "must be a string compatible with semver.org spec 2.0.0",
+                    )
+                )
     return out
 
 
@@ -173,15 +186,22 @@ def _taint_causes(taint: Any, field: str) -> list[Cause]:
     else:
         out.extend(cause_invalid(f"{field}.key", key, e) for e in names.qualified_name(key))
     if taint.get("value"):
-        out.extend(cause_invalid(f"{field}.value", taint["value"], e)
-                   for e in names.label_value(taint["value"]))
+        out.extend(
+            cause_invalid(f"{field}.value", taint["value"], e)
+            for e in names.label_value(taint["value"])
+        )
     effect = taint.get("effect")
     if not effect:
         out.append(cause_required(f"{field}.effect"))
     elif effect not in TAINT_EFFECTS:
-        out.append(Cause("FieldValueNotSupported",
-                         f"Unsupported value: {json.dumps(effect)}: supported values: "
-                         + ", ".join(f'"{e}"' for e in TAINT_EFFECTS), f"{field}.effect"))
+        out.append(
+            Cause(
+                "FieldValueNotSupported",
+                f"Unsupported value: {json.dumps(effect)}: supported values: "
+                + ", ".join(f'"{e}"' for e in TAINT_EFFECTS),
+                f"{field}.effect",
+            )
+        )
     return out
 
 
@@ -194,14 +214,15 @@ def binding_causes(conditions: Any, failures: Any, field: str) -> list[Cause]:
     conditions = conditions if isinstance(conditions, list) else []
     failures = failures if isinstance(failures, list) else []
     out: list[Cause] = []
-    for name, values in (("bindingConditions", conditions),
-                         ("bindingFailureConditions", failures)):
+    for name, values in (("bindingConditions", conditions), ("bindingFailureConditions", failures)):
         if len(values) > MAX_BINDING_CONDITIONS:
             out.append(cause_too_many(f"{field}.{name}", MAX_BINDING_CONDITIONS))
             continue
         for i, value in enumerate(values):
-            out.extend(cause_invalid(f"{field}.{name}[{i}]", value, e)
-                       for e in names.qualified_name(str(value)))
+            out.extend(
+                cause_invalid(f"{field}.{name}[{i}]", value, e)
+                for e in names.qualified_name(str(value))
+            )
     seen: set[str] = set()
     for i, value in enumerate(conditions):
         if value in seen:
@@ -213,17 +234,29 @@ def binding_causes(conditions: Any, failures: Any, field: str) -> list[Cause]:
             out.append(cause_duplicate(f"{field}.bindingFailureConditions[{i}]", value))
         seen_failures.add(value)
         if value in conditions:
-            out.append(cause_invalid(f"{field}.bindingFailureConditions[{i}]", value,
-                                     "bindingFailureConditions must not overlap with "
-                                     "bindingConditions"))
+            out.append(
+                cause_invalid(
+                    f"{field}.bindingFailureConditions[{i}]",
+                    value,
+                    "bindingFailureConditions must not overlap with bindingConditions",
+                )
+            )
     if not conditions and failures:
-        out.append(cause_invalid(f"{field}.bindingConditions", conditions,
-                                 "bindingConditions are required to use "
-                                 "bindingFailureConditions"))
+        out.append(
+            cause_invalid(
+                f"{field}.bindingConditions",
+                conditions,
+                "bindingConditions are required to use bindingFailureConditions",
+            )
+        )
     if not failures and conditions:
-        out.append(cause_invalid(f"{field}.bindingFailureConditions", failures,
-                                 "bindingFailureConditions are required to use "
-                                 "bindingConditions"))
+        out.append(
+            cause_invalid(
+                f"{field}.bindingFailureConditions",
+                failures,
+                "bindingFailureConditions are required to use bindingConditions",
+            )
+        )
     return out
 
 
@@ -235,9 +268,14 @@ def _device_view(device: dict[str, Any], wrapped: bool) -> tuple[dict[str, Any],
 
 def _is_large_device(fields: dict[str, Any]) -> bool:
     attributes = fields.get("attributes") or {}
-    return bool(fields.get("taints") or fields.get("consumesCounters") or any(
-        isinstance(v, dict) and any(v.get(t) is not None for t in _LIST_TYPES)
-        for v in attributes.values()))
+    return bool(
+        fields.get("taints")
+        or fields.get("consumesCounters")
+        or any(
+            isinstance(v, dict) and any(v.get(t) is not None for t in _LIST_TYPES)
+            for v in attributes.values()
+        )
+    )
 
 
 def _node_selection_causes(
@@ -253,39 +291,62 @@ def _node_selection_causes(
     node_name = spec.get("nodeName")
     if node_name is not None and (not classic or node_name != ""):
         if node_name == "":
-            out.append(cause_invalid(f"{field}nodeName", "",
-                                     "must be either unset or set to a non-empty string"
-                                     if field == "spec." else "must not be empty"))
+            out.append(
+                cause_invalid(
+                    f"{field}nodeName",
+                    "",
+                    "must be either unset or set to a non-empty string"
+                    if field == "spec."
+                    else "must not be empty",
+                )
+            )
         else:
             chosen.append("`nodeName`")
-            out.extend(cause_invalid(f"{field}nodeName", node_name, e)
-                       for e in names.dns_subdomain(str(node_name)))
+            out.extend(
+                cause_invalid(f"{field}nodeName", node_name, e)
+                for e in names.dns_subdomain(str(node_name))
+            )
     selector = spec.get("nodeSelector")
     if selector is not None:
         chosen.append("`nodeSelector`")
         # k8s.io/kubernetes pkg/apis/core/validation ValidateNodeSelector
-        out.extend(nodeselector.node_selector_causes(selector, f"{field}nodeSelector",
-                                                     label_values=not classic))
+        out.extend(
+            nodeselector.node_selector_causes(
+                selector, f"{field}nodeSelector", label_values=not classic
+            )
+        )
         terms = selector.get("nodeSelectorTerms") if isinstance(selector, dict) else None
         if field == "spec." and len(terms or []) != 1:
             # Only the slice-wide selector has this extra limit (it simplifies merging the
             # selectors of devices allocated from different slices).
-            out.append(cause_invalid(f"{field}nodeSelector.nodeSelectorTerms", len(terms or []),
-                                     "must have exactly one selector term" if classic else
-                                     "must have exactly one node selector term"))
+            out.append(
+                cause_invalid(
+                    f"{field}nodeSelector.nodeSelectorTerms",
+                    len(terms or []),
+                    "must have exactly one selector term"
+                    if classic
+                    else "must have exactly one node selector term",
+                )
+            )
     all_nodes = spec.get("allNodes")
     if all_nodes is not None and (not classic or all_nodes is not False):
         if all_nodes is not True:
-            out.append(cause_invalid(f"{field}allNodes", all_nodes,
-                                     "must be either unset or set to true"))
+            out.append(
+                cause_invalid(f"{field}allNodes", all_nodes, "must be either unset or set to true")
+            )
         else:
             chosen.append("`allNodes`")
     if per_device_allowed:
         per_device = spec.get("perDeviceNodeSelection")
         if per_device is not None:
             if per_device is not True:
-                out.append(cause_invalid(f"{field}perDeviceNodeSelection", per_device,
-                                         "must be either unset or set to true"))
+                out.append(
+                    cause_invalid(
+                        f"{field}perDeviceNodeSelection",
+                        per_device,
+                        "must be either unset or set to true",
+                    )
+                )
             else:
                 chosen.append("`perDeviceNodeSelection`")
     return out, len(chosen)
@@ -293,10 +354,15 @@ def _node_selection_causes(
 
 def _selection_summary(spec: dict[str, Any], classic: bool) -> list[Cause]:
     """The slice-wide "exactly one node selection" rule (validateResourceSliceSpec)."""
-    chosen = [f"`{name}`" for name in ("nodeName", "nodeSelector", "allNodes",
-                                       "perDeviceNodeSelection")
-              if (spec.get(name) not in (None, "", False) if classic
-                  else spec.get(name) is not None and spec.get(name) not in ("", False))]
+    chosen = [
+        f"`{name}`"
+        for name in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
+        if (
+            spec.get(name) not in (None, "", False)
+            if classic
+            else spec.get(name) is not None and spec.get(name) not in ("", False)
+        )
+    ]
     if classic:
         message = "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required"
         if not chosen:
@@ -304,36 +370,54 @@ def _selection_summary(spec: dict[str, Any], classic: bool) -> list[Cause]:
         if len(chosen) > 1:
             return [cause_invalid("spec", "<spec>", message)]
         return []
-    message = "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` " \
-              "is required"
+    message = (
+        "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` "
+        "is required"
+    )
     if not chosen:
         return [cause_required("spec", message)]
     if len(chosen) > 1:
-        return [cause_invalid("spec", "{" + ", ".join(chosen) + "}",
-                              message + ", but multiple fields are set")]
+        return [
+            cause_invalid(
+                "spec", "{" + ", ".join(chosen) + "}", message + ", but multiple fields are set"
+            )
+        ]
     return []
 
 
-def _device_selection_causes(fields: dict[str, Any], prefix: str, per_device: bool,
-                             classic: bool) -> list[Cause]:
+def _device_selection_causes(
+    fields: dict[str, Any], prefix: str, per_device: bool, classic: bool
+) -> list[Cause]:
     if classic:
         return []
-    causes, count = _node_selection_causes(fields, f"{prefix}.", classic=False,
-                                           per_device_allowed=False)
-    rule = ("exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when "
-            "`perDeviceNodeSelection` is set to true in the ResourceSlice spec")
+    causes, count = _node_selection_causes(
+        fields, f"{prefix}.", classic=False, per_device_allowed=False
+    )
+    rule = (
+        "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when "
+        "`perDeviceNodeSelection` is set to true in the ResourceSlice spec"
+    )
     if per_device:
         if count == 0:
             causes.append(cause_required(prefix, rule))
         elif count > 1:
-            chosen = [f"`{n}`" for n in ("nodeName", "nodeSelector", "allNodes")
-                      if fields.get(n) not in (None, "", False)]
+            chosen = [
+                f"`{n}`"
+                for n in ("nodeName", "nodeSelector", "allNodes")
+                if fields.get(n) not in (None, "", False)
+            ]
             causes.append(cause_invalid(prefix, "{" + ", ".join(chosen) + "}", rule))
         return causes
     if any(fields.get(n) is not None for n in ("nodeName", "nodeSelector", "allNodes")):
-        return [cause_invalid(prefix, None, "`nodeName`, `nodeSelector` and `allNodes` can only "
-                              "be set if `perDeviceNodeSelection` is set to true in the "
-                              "ResourceSlice spec")]
+        return [
+            cause_invalid(
+                prefix,
+                None,
+                "`nodeName`, `nodeSelector` and `allNodes` can only "
+                "be set if `perDeviceNodeSelection` is set to true in the "
+                "ResourceSlice spec",
+            )
+        ]
     return []
 
 
@@ -360,11 +444,21 @@ def resource_slice_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
     pool = spec.get("pool") or {}
     out.extend(pool_name_causes(pool.get("name"), "spec.pool.name"))
     if (pool.get("resourceSliceCount") or 0) < 1:
-        out.append(cause_invalid("spec.pool.resourceSliceCount", pool.get("resourceSliceCount"),
-                                 "must be greater than zero"))
+        out.append(
+            cause_invalid(
+                "spec.pool.resourceSliceCount",
+                pool.get("resourceSliceCount"),
+                "must be greater than zero",
+            )
+        )
     if (pool.get("generation") or 0) < 0:
-        out.append(cause_invalid("spec.pool.generation", pool.get("generation"),
-                                 "must be greater than or equal to zero"))
+        out.append(
+            cause_invalid(
+                "spec.pool.generation",
+                pool.get("generation"),
+                "must be greater than or equal to zero",
+            )
+        )
     selection, _ = _node_selection_causes(spec, "spec.", classic, per_device_allowed=not classic)
     out.extend(selection)
     out.extend(_selection_summary(spec, classic))
@@ -372,13 +466,17 @@ def resource_slice_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
     # A JSON null item decodes as Go's zero struct (the schema lets nulls through).
     devices = [d if isinstance(d, dict) else {} for d in spec.get("devices") or []]
     if devices and spec.get("sharedCounters"):
-        out.append(cause_invalid("spec", "", "only one of `sharedCounters` or `devices` is "
-                                 "allowed"))
+        out.append(
+            cause_invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed")
+        )
     large = any(_is_large_device(_device_view(d, wrapped)[0]) for d in devices)
     limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if large else MAX_DEVICES
     if len(devices) > limit:
-        out.append(cause_too_long_items("spec.devices", limit) if classic
-                   else cause_too_many("spec.devices", limit))
+        out.append(
+            cause_too_long_items("spec.devices", limit)
+            if classic
+            else cause_too_many("spec.devices", limit)
+        )
     seen: set[str] = set()
     for i, device in enumerate(devices):
         field = f"spec.devices[{i}]"
@@ -404,9 +502,14 @@ def resource_slice_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
         for key in capacity:
             out.extend(qualified_name_causes(key, f"{prefix}.capacity[{key}]"))
         if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITY:
-            out.append(Cause("FieldValueTooMany", "Too many: the total number of attributes "
-                             f"and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITY}",
-                             prefix))
+            out.append(
+                Cause(
+                    "FieldValueTooMany",
+                    "Too many: the total number of attributes "
+                    f"and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITY}",
+                    prefix,
+                )
+            )
         if classic:
             continue
         taints = [t if isinstance(t, dict) else {} for t in fields.get("taints") or []]
@@ -414,8 +517,11 @@ def resource_slice_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
             out.append(cause_too_many(f"{prefix}.taints", MAX_TAINTS))
         for t, taint in enumerate(taints):
             out.extend(_taint_causes(taint, f"{prefix}.taints[{t}]"))
-        out.extend(binding_causes(fields.get("bindingConditions"),
-                                  fields.get("bindingFailureConditions"), prefix))
+        out.extend(
+            binding_causes(
+                fields.get("bindingConditions"), fields.get("bindingFailureConditions"), prefix
+            )
+        )
         out.extend(_device_selection_causes(fields, prefix, per_device, classic))
     if old is not None:
         old_spec = old.get("spec") or {}

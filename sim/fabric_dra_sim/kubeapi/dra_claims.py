@@ -78,8 +78,12 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def _not_supported(field: str, value: Any, allowed: tuple[str, ...]) -> Cause:
-    return Cause("FieldValueNotSupported", f"Unsupported value: {json.dumps(value)}: supported "
-                 "values: " + ", ".join(f'"{v}"' for v in allowed), field)
+    return Cause(
+        "FieldValueNotSupported",
+        f"Unsupported value: {json.dumps(value)}: supported "
+        "values: " + ", ".join(f'"{v}"' for v in allowed),
+        field,
+    )
 
 
 def _over_limit(items: list[Any], limit: int, field: str, classic: bool) -> list[Cause]:
@@ -115,7 +119,8 @@ def request_names(spec: dict[str, Any]) -> RequestNames:
         request = _dict(request)
         subs = _list(request.get("firstAvailable"))
         out[str(request.get("name") or "")] = (
-            {str(_dict(s).get("name") or "") for s in subs} if subs else None)
+            {str(_dict(s).get("name") or "") for s in subs} if subs else None
+        )
     return out
 
 
@@ -128,8 +133,10 @@ def _has_request(known: RequestNames, name: str) -> bool:
     return segments[1] in (known[segments[0]] or set())
 
 
-_REF_MESSAGE = ("must be the name of a request in the claim or the name of a request and a "
-                "subrequest separated by '/'")
+_REF_MESSAGE = (
+    "must be the name of a request in the claim or the name of a request and a "
+    "subrequest separated by '/'"
+)
 
 
 def _request_ref_causes(name: Any, field: str, known: RequestNames, classic: bool) -> list[Cause]:
@@ -142,15 +149,15 @@ def _request_ref_causes(name: Any, field: str, known: RequestNames, classic: boo
     segments = name.split("/")
     if len(segments) > 2:
         return [cause_invalid(field, name, _REF_MESSAGE)]
-    out = [cause_invalid(field, segment, e) for segment in segments
-           for e in names.dns_label(segment)]
+    out = [
+        cause_invalid(field, segment, e) for segment in segments for e in names.dns_label(segment)
+    ]
     if not _has_request(known, name):
         out.append(cause_invalid(field, name, _REF_MESSAGE))
     return out
 
 
-def _request_refs_causes(refs: Any, field: str, known: RequestNames,
-                         classic: bool) -> list[Cause]:
+def _request_refs_causes(refs: Any, field: str, known: RequestNames, classic: bool) -> list[Cause]:
     refs = _list(refs)
     over = _over_limit(refs, MAX_REQUESTS, field, classic)
     if over and not classic:
@@ -162,8 +169,14 @@ def _request_refs_causes(refs: Any, field: str, known: RequestNames,
 
 
 # -- shared pieces --------------------------------------------------------------------------
-def raw_extension_causes(value: Any, field: str, *, classic: bool, stored: bool = False,
-                         max_size: int = MAX_PARAMETERS_SIZE) -> list[Cause]:
+def raw_extension_causes(
+    value: Any,
+    field: str,
+    *,
+    classic: bool,
+    stored: bool = False,
+    max_size: int = MAX_PARAMETERS_SIZE,
+) -> list[Cause]:
     """An opaque JSON value that must be an object (validateRawExtension); over 10 KiB is
     refused unless already stored (1.32+; 1.31 had no limit).
     """
@@ -172,20 +185,31 @@ def raw_extension_causes(value: Any, field: str, *, classic: bool, stored: bool 
     if not classic and not stored and len(json.dumps(value, separators=(",", ":"))) > max_size:
         return [cause_too_long(field, max_size)]
     if not isinstance(value, dict):
-        return [cause_invalid(field, "<value omitted>", "parameters must be a valid JSON object"
-                              if classic else "must be a valid JSON object")]
+        return [
+            cause_invalid(
+                field,
+                "<value omitted>",
+                "parameters must be a valid JSON object"
+                if classic
+                else "must be a valid JSON object",
+            )
+        ]
     return []
 
 
-def _device_config_causes(config: Any, field: str, classic: bool,
-                          stored: bool = False) -> list[Cause]:
+def _device_config_causes(
+    config: Any, field: str, classic: bool, stored: bool = False
+) -> list[Cause]:
     """validateDeviceConfiguration: ``opaque`` required, its driver and parameters valid."""
     opaque = _dict(config).get("opaque")
     if not isinstance(opaque, dict):
         return [cause_required(f"{field}.opaque")]
     out = driver_name_causes(opaque.get("driver"), f"{field}.opaque.driver")
-    out.extend(raw_extension_causes(opaque.get("parameters"), f"{field}.opaque.parameters",
-                                    classic=classic, stored=stored))
+    out.extend(
+        raw_extension_causes(
+            opaque.get("parameters"), f"{field}.opaque.parameters", classic=classic, stored=stored
+        )
+    )
     return out
 
 
@@ -202,11 +226,11 @@ def toleration_causes(toleration: Any, field: str) -> list[Cause]:
     value = toleration.get("value") or ""
     if operator == "Exists":
         if value:
-            out.append(cause_invalid(f"{field}.value", value, "must be empty for operator "
-                                     "`Exists`"))
+            out.append(
+                cause_invalid(f"{field}.value", value, "must be empty for operator `Exists`")
+            )
     elif operator == "Equal":
-        out.extend(cause_invalid(f"{field}.value", value, e)
-                   for e in names.label_value(str(value)))
+        out.extend(cause_invalid(f"{field}.value", value, e) for e in names.label_value(str(value)))
     elif not operator:
         out.append(cause_required(f"{field}.operator"))
     else:
@@ -228,9 +252,11 @@ def _selectors_causes(selectors: Any, field: str, classic: bool, stored: bool) -
         if not isinstance(cel, dict):
             out.append(cause_required(f"{field}[{s}].cel"))
         elif not stored:
-            out.extend(cel_expression_causes(cel.get("expression"),
-                                             f"{field}[{s}].cel.expression",
-                                             length_limit=not classic))
+            out.extend(
+                cel_expression_causes(
+                    cel.get("expression"), f"{field}[{s}].cel.expression", length_limit=not classic
+                )
+            )
     return out + over
 
 
@@ -241,8 +267,11 @@ def _allocation_mode_causes(exact: dict[str, Any], field: str) -> list[Cause]:
     count = exact.get("count")
     if mode == "All":
         if count not in (None, 0):
-            return [cause_invalid(f"{field}.count", count,
-                                  "must not be specified when allocationMode is 'All'")]
+            return [
+                cause_invalid(
+                    f"{field}.count", count, "must not be specified when allocationMode is 'All'"
+                )
+            ]
     elif mode == "ExactCount":
         if isinstance(count, int) and count < 0:
             return [cause_invalid(f"{field}.count", count, "must be greater than zero")]
@@ -257,8 +286,7 @@ def _class_name_causes(name: Any, field: str) -> list[Cause]:
     return [cause_invalid(field, name, e) for e in names.dns_subdomain(str(name))]
 
 
-def _exact_causes(exact: dict[str, Any], field: str, classic: bool,
-                  stored: bool) -> list[Cause]:
+def _exact_causes(exact: dict[str, Any], field: str, classic: bool, stored: bool) -> list[Cause]:
     """validateExactDeviceRequest / validateDeviceSubRequest (without the name)."""
     out = _class_name_causes(exact.get("deviceClassName"), f"{field}.deviceClassName")
     out.extend(_selectors_causes(exact.get("selectors"), f"{field}.selectors", classic, stored))
@@ -273,14 +301,17 @@ def _has_main_request_fields(request: dict[str, Any]) -> bool:
     # k8s.io/kubernetes pkg/apis/resource/v1beta1/conversion.go hasAnyMainRequestFieldsSet
     # (the same in v1alpha3): a set class name, allocation mode or count, or present
     # selectors, adminAccess, tolerations or capacity.
-    return bool(request.get("deviceClassName") or request.get("allocationMode")
-                or request.get("count")) or any(
+    return bool(
+        request.get("deviceClassName") or request.get("allocationMode") or request.get("count")
+    ) or any(
         request.get(key) is not None
-        for key in ("selectors", "adminAccess", "tolerations", "capacity"))
+        for key in ("selectors", "adminAccess", "tolerations", "capacity")
+    )
 
 
-def _request_causes(request: Any, field: str, wrapped: bool, classic: bool,
-                    stored: bool) -> list[Cause]:
+def _request_causes(
+    request: Any, field: str, wrapped: bool, classic: bool, stored: bool
+) -> list[Cause]:
     request = _dict(request)
     name = str(request.get("name") or "")
     out = [cause_invalid(f"{field}.name", name, e) for e in names.dns_label(name)]
@@ -294,14 +325,24 @@ def _request_causes(request: Any, field: str, wrapped: bool, classic: bool,
     else:
         exact = request.get("exactly")
     if exact is not None and subs:
-        return [*out, cause_invalid(field, None, "exactly one of `exactly` or `firstAvailable` "
-                                    "is required, but multiple fields are set")]
+        return [
+            *out,
+            cause_invalid(
+                field,
+                None,
+                "exactly one of `exactly` or `firstAvailable` "
+                "is required, but multiple fields are set",
+            ),
+        ]
     if exact is None and not subs:
-        return [*out, cause_required(field, "exactly one of `exactly` or `firstAvailable` is "
-                                     "required")]
+        return [
+            *out,
+            cause_required(field, "exactly one of `exactly` or `firstAvailable` is required"),
+        ]
     if exact is not None:
-        return out + _exact_causes(_dict(exact), field if wrapped else f"{field}.exactly",
-                                   classic, stored)
+        return out + _exact_causes(
+            _dict(exact), field if wrapped else f"{field}.exactly", classic, stored
+        )
     path = f"{field}.firstAvailable"
     over = _over_limit(subs, MAX_SUBREQUESTS, path, classic)
     if over:
@@ -309,8 +350,9 @@ def _request_causes(request: Any, field: str, wrapped: bool, classic: bool,
     for j, sub in enumerate(subs):
         sub = _dict(sub)
         sub_name = str(sub.get("name") or "")
-        out.extend(cause_invalid(f"{path}[{j}].name", sub_name, e)
-                   for e in names.dns_label(sub_name))
+        out.extend(
+            cause_invalid(f"{path}[{j}].name", sub_name, e) for e in names.dns_label(sub_name)
+        )
         out.extend(_exact_causes(sub, f"{path}[{j}]", classic, stored))
     return out + _duplicates([_dict(s).get("name") for s in subs], path)
 
@@ -319,32 +361,51 @@ def _fully_qualified_causes(name: Any, field: str, classic: bool) -> list[Cause]
     name = str(name)
     out = qualified_name_causes(name, field)
     if "/" not in name:
-        out.append(cause_required(f"{field}.domain", "must include a prefix") if classic else
-                   cause_invalid(field, name, "a fully qualified name must be a domain and a "
-                                 "name separated by a slash"))
+        out.append(
+            cause_required(f"{field}.domain", "must include a prefix")
+            if classic
+            else cause_invalid(
+                field,
+                name,
+                "a fully qualified name must be a domain and a name separated by a slash",
+            )
+        )
     return out
 
 
-def _constraint_causes(constraint: Any, field: str, known: RequestNames, classic: bool,
-                       ctx: RuleContext) -> list[Cause]:
+def _constraint_causes(
+    constraint: Any, field: str, known: RequestNames, classic: bool, ctx: RuleContext
+) -> list[Cause]:
     constraint = _dict(constraint)
     out = _request_refs_causes(constraint.get("requests"), f"{field}.requests", known, classic)
     if constraint.get("matchAttribute") is not None:
-        out.extend(_fully_qualified_causes(constraint["matchAttribute"],
-                                           f"{field}.matchAttribute", classic))
+        out.extend(
+            _fully_qualified_causes(
+                constraint["matchAttribute"], f"{field}.matchAttribute", classic
+            )
+        )
     elif not classic and constraint.get("distinctAttribute") is not None:
-        out.extend(_fully_qualified_causes(constraint["distinctAttribute"],
-                                           f"{field}.distinctAttribute", classic))
+        out.extend(
+            _fully_qualified_causes(
+                constraint["distinctAttribute"], f"{field}.distinctAttribute", classic
+            )
+        )
     elif not classic and ctx.cluster.enabled(DRA_CONSUMABLE_CAPACITY):
-        out.append(cause_required(field, 'exactly one of "matchAttribute" or '
-                                  '"distinctAttribute" is required, but multiple fields are set'))
+        out.append(
+            cause_required(
+                field,
+                'exactly one of "matchAttribute" or '
+                '"distinctAttribute" is required, but multiple fields are set',
+            )
+        )
     else:
         out.append(cause_required(f"{field}.matchAttribute"))
     return out
 
 
-def device_claim_causes(spec: dict[str, Any], field: str, ctx: RuleContext, *,
-                        stored: bool = False) -> list[Cause]:
+def device_claim_causes(
+    spec: dict[str, Any], field: str, ctx: RuleContext, *, stored: bool = False
+) -> list[Cause]:
     """A claim spec's ``devices`` (validateDeviceClaim): at most 32 requests with unique DNS
     label names, each ``exactly`` or ``firstAvailable`` (at most 8 subrequests); class names,
     at most 32 CEL selectors that compile, allocation mode and count, tolerations; at most 32
@@ -363,10 +424,14 @@ def device_claim_causes(spec: dict[str, Any], field: str, ctx: RuleContext, *,
     over = _over_limit(requests, MAX_REQUESTS, f"{path}.requests", classic)
     if not over or classic:
         for i, request in enumerate(requests):
-            out.extend(_request_causes(request, f"{path}.requests[{i}]", wrapped, classic,
-                                       stored))
-        out.extend(_duplicates([_dict(r).get("name") for r in requests], f"{path}.requests",
-                               ".name" if classic else ""))
+            out.extend(_request_causes(request, f"{path}.requests[{i}]", wrapped, classic, stored))
+        out.extend(
+            _duplicates(
+                [_dict(r).get("name") for r in requests],
+                f"{path}.requests",
+                ".name" if classic else "",
+            )
+        )
     out.extend(over)
     for name, limit in (("constraints", MAX_CONSTRAINTS), ("config", MAX_CONFIG)):
         entries = _list(devices.get(name))
@@ -379,8 +444,11 @@ def device_claim_causes(spec: dict[str, Any], field: str, ctx: RuleContext, *,
             if name == "constraints":
                 out.extend(_constraint_causes(entry, entry_path, known, classic, ctx))
             else:
-                out.extend(_request_refs_causes(_dict(entry).get("requests"),
-                                                f"{entry_path}.requests", known, classic))
+                out.extend(
+                    _request_refs_causes(
+                        _dict(entry).get("requests"), f"{entry_path}.requests", known, classic
+                    )
+                )
                 out.extend(_device_config_causes(entry, entry_path, classic, stored))
         out.extend(over)
     if classic and spec.get("controller"):
@@ -407,8 +475,11 @@ def _admin_access_causes(spec: dict[str, Any], ctx: RuleContext) -> list[Cause]:
 
 
 def _admin_forbidden(path: str) -> Cause:
-    return cause_forbidden(path, f"admin access to devices requires the `{ADMIN_ACCESS_LABEL}: "
-                           "true` label on the containing namespace")
+    return cause_forbidden(
+        path,
+        f"admin access to devices requires the `{ADMIN_ACCESS_LABEL}: "
+        "true` label on the containing namespace",
+    )
 
 
 # -- claim status ---------------------------------------------------------------------------
@@ -419,9 +490,15 @@ def _uid_causes(value: Any, field: str) -> list[Cause]:
     except ValueError as err:
         return [cause_invalid(field, text, f"error validating uid: {err}")]
     if len(text) != 36 or text != text.lower():
-        return [cause_invalid(field, text, "uid must be in RFC 4122 normalized form, "
-                              "`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` with lowercase hexadecimal "
-                              "characters")]
+        return [
+            cause_invalid(
+                field,
+                text,
+                "uid must be in RFC 4122 normalized form, "
+                "`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` with lowercase hexadecimal "
+                "characters",
+            )
+        ]
     return []
 
 
@@ -435,8 +512,11 @@ def _result_causes(result: Any, field: str, known: RequestNames, classic: bool) 
     out.extend(cause_invalid(f"{field}.device", device, e) for e in names.dns_label(device))
     if classic:
         return out
-    out.extend(binding_causes(result.get("bindingConditions"),
-                              result.get("bindingFailureConditions"), field))
+    out.extend(
+        binding_causes(
+            result.get("bindingConditions"), result.get("bindingFailureConditions"), field
+        )
+    )
     for t, toleration in enumerate(_list(result.get("tolerations"))):
         out.extend(toleration_causes(toleration, f"{field}.tolerations[{t}]"))
     if result.get("shareID") is not None:
@@ -444,8 +524,9 @@ def _result_causes(result: Any, field: str, known: RequestNames, classic: bool) 
     return out
 
 
-def allocation_causes(allocation: dict[str, Any], field: str, known: RequestNames,
-                      classic: bool) -> list[Cause]:
+def allocation_causes(
+    allocation: dict[str, Any], field: str, known: RequestNames, classic: bool
+) -> list[Cause]:
     """A new allocation (validateAllocationResult): at most 32 results, each naming a request
     of the claim (``request/subrequest`` for firstAvailable) with valid driver, pool and device
     names; at most 64 config entries with source FromClass or FromClaim, real requests and
@@ -470,13 +551,19 @@ def allocation_causes(allocation: dict[str, Any], field: str, known: RequestName
                 out.append(cause_required(f"{config_path}.source"))
             elif source not in CONFIG_SOURCES:
                 out.append(_not_supported(f"{config_path}.source", source, CONFIG_SOURCES))
-            out.extend(_request_refs_causes(_dict(config).get("requests"),
-                                            f"{config_path}.requests", known, classic))
+            out.extend(
+                _request_refs_causes(
+                    _dict(config).get("requests"), f"{config_path}.requests", known, classic
+                )
+            )
             out.extend(_device_config_causes(config, config_path, classic))
     out.extend(over)
     if allocation.get("nodeSelector") is not None:
-        out.extend(node_selector_causes(allocation["nodeSelector"], f"{field}.nodeSelector",
-                                        label_values=not classic))
+        out.extend(
+            node_selector_causes(
+                allocation["nodeSelector"], f"{field}.nodeSelector", label_values=not classic
+            )
+        )
     if classic and allocation.get("controller"):
         out.extend(driver_name_causes(allocation["controller"], f"{field}.controller"))
     return out
@@ -489,29 +576,43 @@ def _condition_causes(condition: Any, field: str) -> list[Cause]:
     if not condition.get("type"):
         out.append(cause_required(f"{field}.type"))
     else:
-        out.extend(cause_invalid(f"{field}.type", condition["type"], e)
-                   for e in names.qualified_name(str(condition["type"])))
+        out.extend(
+            cause_invalid(f"{field}.type", condition["type"], e)
+            for e in names.qualified_name(str(condition["type"]))
+        )
     if condition.get("status") not in ("True", "False", "Unknown"):
-        out.append(_not_supported(f"{field}.status", condition.get("status"),
-                                  ("False", "True", "Unknown")))
+        out.append(
+            _not_supported(f"{field}.status", condition.get("status"), ("False", "True", "Unknown"))
+        )
     reason = str(condition.get("reason") or "")
     if not reason:
         out.append(cause_required(f"{field}.reason"))
     elif len(reason) > 1024:
         out.append(cause_too_long(f"{field}.reason", 1024))
     elif not names.CAMEL_REASON_RE.match(reason):
-        out.append(cause_invalid(f"{field}.reason", reason, "a condition reason must start with "
-                                 "alphabetic character, optionally followed by a string of "
-                                 "alphanumeric characters or '_,:', and must end with an "
-                                 "alphanumeric character or '_'"))
+        out.append(
+            cause_invalid(
+                f"{field}.reason",
+                reason,
+                "a condition reason must start with "
+                "alphabetic character, optionally followed by a string of "
+                "alphanumeric characters or '_,:', and must end with an "
+                "alphanumeric character or '_'",
+            )
+        )
     if not condition.get("lastTransitionTime"):
         out.append(cause_required(f"{field}.lastTransitionTime", "must be set"))
     if len(str(condition.get("message") or "")) > 32768:
         out.append(cause_too_long(f"{field}.message", 32768))
     generation = condition.get("observedGeneration")
     if isinstance(generation, int) and generation < 0:
-        out.append(cause_invalid(f"{field}.observedGeneration", condition["observedGeneration"],
-                                 "must be greater than or equal to zero"))
+        out.append(
+            cause_invalid(
+                f"{field}.observedGeneration",
+                condition["observedGeneration"],
+                "must be greater than or equal to zero",
+            )
+        )
     return out
 
 
@@ -533,8 +634,13 @@ def _network_data_causes(data: Any, field: str) -> list[Cause]:
                 raise ValueError(address)
             ipaddress.ip_interface(str(address))
         except ValueError:
-            out.append(cause_invalid(f"{field}.ips[{i}]", address, "must be a valid address in "
-                                     "CIDR form, (e.g. 10.9.8.7/24 or 2001:db8::1/64)"))
+            out.append(
+                cause_invalid(
+                    f"{field}.ips[{i}]",
+                    address,
+                    "must be a valid address in CIDR form, (e.g. 10.9.8.7/24 or 2001:db8::1/64)",
+                )
+            )
     return out + _duplicates(ips, f"{field}.ips")
 
 
@@ -555,15 +661,17 @@ def _device_status_causes(entry: Any, field: str, allocated: set[str]) -> list[C
     if entry.get("shareID") is not None:
         out.extend(_uid_causes(entry["shareID"], f"{field}.shareID"))
     if _shared_id(entry) not in allocated:
-        out.append(cause_invalid(field, _shared_id(entry),
-                                 "must be an allocated device in the claim"))
+        out.append(
+            cause_invalid(field, _shared_id(entry), "must be an allocated device in the claim")
+        )
     conditions = _list(entry.get("conditions"))
     if len(conditions) > MAX_CONDITIONS_PER_DEVICE:
         out.append(cause_too_many(f"{field}.conditions", MAX_CONDITIONS_PER_DEVICE))
     for c, condition in enumerate(conditions):
         out.extend(_condition_causes(condition, f"{field}.conditions[{c}]"))
-    out.extend(_duplicates([_dict(c).get("type") for c in conditions], f"{field}.conditions",
-                           ".type"))
+    out.extend(
+        _duplicates([_dict(c).get("type") for c in conditions], f"{field}.conditions", ".type")
+    )
     if entry.get("data") is not None:
         out.extend(raw_extension_causes(entry["data"], f"{field}.data", classic=False))
     out.extend(_network_data_causes(entry.get("networkData"), f"{field}.networkData"))
@@ -579,8 +687,13 @@ def _reserved_for_causes(reserved: list[Any], classic: bool) -> list[Cause]:
         for key in ("resource", "name", "uid"):
             if not _dict(consumer).get(key):
                 out.append(cause_required(f"status.reservedFor[{i}].{key}"))
-    return out + over + _duplicates([_dict(c).get("uid") for c in reserved],
-                                    "status.reservedFor", ".uid" if classic else "")
+    return (
+        out
+        + over
+        + _duplicates(
+            [_dict(c).get("uid") for c in reserved], "status.reservedFor", ".uid" if classic else ""
+        )
+    )
 
 
 def resource_claim_status_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
@@ -603,8 +716,10 @@ def resource_claim_status_causes(obj: dict[str, Any], ctx: RuleContext) -> list[
         out.extend(allocation_causes(allocation, "status.allocation", known, classic))
     out.extend(_reserved_for_causes(reserved, classic))
     if not classic:
-        allocated = {_shared_id(_dict(r)) for r in
-                     _list(_dict(_dict(allocation).get("devices")).get("results"))}
+        allocated = {
+            _shared_id(_dict(r))
+            for r in _list(_dict(_dict(allocation).get("devices")).get("results"))
+        }
         devices = _list(status.get("devices"))
         for i, entry in enumerate(devices):
             out.extend(_device_status_causes(entry, f"status.devices[{i}]", allocated))
@@ -613,14 +728,22 @@ def resource_claim_status_causes(obj: dict[str, Any], ctx: RuleContext) -> list[
     deallocating = classic and status.get("deallocationRequested") is True
     if reserved:
         if allocation is None:
-            out.append(cause_forbidden("status.reservedFor",
-                                       "may not be specified when `allocated` is not set"))
+            out.append(
+                cause_forbidden(
+                    "status.reservedFor", "may not be specified when `allocated` is not set"
+                )
+            )
         elif deleted or deallocating:
             old_reserved = _list(old_status.get("reservedFor"))
             if any(entry not in old_reserved for entry in reserved):
-                out.append(cause_forbidden("status.reservedFor", "new entries may not be added "
-                                           "while `deallocationRequested` or `deletionTimestamp` "
-                                           "are set"))
+                out.append(
+                    cause_forbidden(
+                        "status.reservedFor",
+                        "new entries may not be added "
+                        "while `deallocationRequested` or `deletionTimestamp` "
+                        "are set",
+                    )
+                )
     if old_allocation is not None and allocation is not None:
         if allocation != old_allocation:
             out.append(cause_invalid("status.allocation", "<allocation>", "field is immutable"))
@@ -632,8 +755,9 @@ def resource_claim_status_causes(obj: dict[str, Any], ctx: RuleContext) -> list[
     return out
 
 
-def _admin_status_causes(allocation: dict[str, Any], old_allocation: Any,
-                         ctx: RuleContext) -> list[Cause]:
+def _admin_status_causes(
+    allocation: dict[str, Any], old_allocation: Any, ctx: RuleContext
+) -> list[Cause]:
     """AuthorizedForAdminStatus: a new allocation granting admin access needs the namespace
     label (an allocation that already had it is immutable and not checked again).
     """
@@ -654,14 +778,24 @@ def _deallocation_causes(status: dict[str, Any], old_status: dict[str, Any]) -> 
     requested = status.get("deallocationRequested") is True
     was_requested = old_status.get("deallocationRequested") is True
     if not was_requested and requested and _list(status.get("reservedFor")):
-        out.append(cause_forbidden("status.deallocationRequested",
-                                   "deallocation cannot be requested while `reservedFor` is set"))
+        out.append(
+            cause_forbidden(
+                "status.deallocationRequested",
+                "deallocation cannot be requested while `reservedFor` is set",
+            )
+        )
     if status.get("allocation") is None and requested:
-        out.append(cause_forbidden("status", "`allocation` must be set when "
-                                   "`deallocationRequested` is set"))
+        out.append(
+            cause_forbidden(
+                "status", "`allocation` must be set when `deallocationRequested` is set"
+            )
+        )
     if was_requested and not requested and status.get("allocation") is not None:
-        out.append(cause_forbidden("status.deallocationRequested",
-                                   "may not be cleared when `allocation` is set"))
+        out.append(
+            cause_forbidden(
+                "status.deallocationRequested", "may not be cleared when `allocation` is set"
+            )
+        )
     return out
 
 
@@ -676,15 +810,21 @@ def drop_deallocated_status_devices(new: dict[str, Any], old: dict[str, Any]) ->
         return
 
     def ids(claim: dict[str, Any]) -> set[tuple[str, str, str]]:
-        results = _list(_dict(_dict(_dict(claim.get("status")).get("allocation"))
-                              .get("devices")).get("results"))
-        return {(str(_dict(r).get("driver")), str(_dict(r).get("pool")),
-                 str(_dict(r).get("device"))) for r in results}
+        results = _list(
+            _dict(_dict(_dict(claim.get("status")).get("allocation")).get("devices")).get("results")
+        )
+        return {
+            (str(_dict(r).get("driver")), str(_dict(r).get("pool")), str(_dict(r).get("device")))
+            for r in results
+        }
 
     gone = ids(old) - ids(new)
-    kept = [d for d in _list(status.get("devices"))
-            if (str(_dict(d).get("driver")), str(_dict(d).get("pool")),
-                str(_dict(d).get("device"))) not in gone]
+    kept = [
+        d
+        for d in _list(status.get("devices"))
+        if (str(_dict(d).get("driver")), str(_dict(d).get("pool")), str(_dict(d).get("device")))
+        not in gone
+    ]
     if kept:
         status["devices"] = kept
     else:
@@ -720,11 +860,13 @@ def _template_meta_causes(meta: Any, field: str) -> list[Cause]:
     out: list[Cause] = []
     for key, value in _dict(meta.get("labels")).items():
         out.extend(cause_invalid(f"{field}.labels", key, e) for e in names.qualified_name(key))
-        out.extend(cause_invalid(f"{field}.labels", value, e)
-                   for e in names.label_value(str(value)))
+        out.extend(
+            cause_invalid(f"{field}.labels", value, e) for e in names.label_value(str(value))
+        )
     for key in _dict(meta.get("annotations")):
-        out.extend(cause_invalid(f"{field}.annotations", key, e)
-                   for e in names.qualified_name(key.lower()))
+        out.extend(
+            cause_invalid(f"{field}.annotations", key, e) for e in names.qualified_name(key.lower())
+        )
     for key, value in meta.items():
         if key not in _TEMPLATE_META_FIELDS and value not in (None, "", [], {}, 0):
             out.append(cause_forbidden(f"{field}.{key}", "cannot be set"))
@@ -764,12 +906,10 @@ def device_class_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
     if not over or classic:
         config_stored = old_spec is not None and spec.get("config") == old_spec.get("config")
         for i, config in enumerate(configs):
-            out.extend(_device_config_causes(config, f"spec.config[{i}]", classic,
-                                             config_stored))
+            out.extend(_device_config_causes(config, f"spec.config[{i}]", classic, config_stored))
     out.extend(over)
     if classic and spec.get("suitableNodes") is not None:
-        out.extend(node_selector_causes(spec["suitableNodes"], "suitableNodes",
-                                        label_values=False))
+        out.extend(node_selector_causes(spec["suitableNodes"], "suitableNodes", label_values=False))
     return out
 
 
@@ -792,12 +932,16 @@ def pod_scheduling_context_causes(obj: dict[str, Any], ctx: RuleContext) -> list
     ValidatePodSchedulingContextStatusUpdate.
     """
     if not ctx.status_write:
-        return _node_list_causes(_dict(obj.get("spec")).get("potentialNodes"),
-                                 "spec.potentialNodes")
+        return _node_list_causes(
+            _dict(obj.get("spec")).get("potentialNodes"), "spec.potentialNodes"
+        )
     out: list[Cause] = []
     entries = _list(_dict(obj.get("status")).get("resourceClaims"))
     for i, entry in enumerate(entries):
-        out.extend(_node_list_causes(_dict(entry).get("unsuitableNodes"),
-                                     f"status.claims[{i}].unsuitableNodes"))
+        out.extend(
+            _node_list_causes(
+                _dict(entry).get("unsuitableNodes"), f"status.claims[{i}].unsuitableNodes"
+            )
+        )
     out.extend(_duplicates([_dict(e).get("name") for e in entries], "status.claims"))
     return out

@@ -48,31 +48,47 @@ class KubeEmulator:
     which no release serves together).
     """
 
-    def __init__(self, *, kubernetes_version: str | None = None,
-                 feature_gates: Mapping[str, bool] | None = None,
-                 served_resource_versions: Sequence[str] | None = None,
-                 history_size: int = 1000, validate: bool = True, token: str | None = None,
-                 git_version: str | None = None, bookmark_interval_s: float = 5.0,
-                 tokens: Mapping[str, str] | None = None,
-                 rbac: RbacPolicy | None = None) -> None:
-        if git_version is not None and kubernetes_version is not None and \
-                parse_version(git_version) != parse_version(kubernetes_version):
-            raise ValueError(f"git_version {git_version!r} contradicts kubernetes_version "
-                             f"{kubernetes_version!r}")
+    def __init__(
+        self,
+        *,
+        kubernetes_version: str | None = None,
+        feature_gates: Mapping[str, bool] | None = None,
+        served_resource_versions: Sequence[str] | None = None,
+        history_size: int = 1000,
+        validate: bool = True,
+        token: str | None = None,
+        git_version: str | None = None,
+        bookmark_interval_s: float = 5.0,
+        tokens: Mapping[str, str] | None = None,
+        rbac: RbacPolicy | None = None,
+    ) -> None:
+        if (
+            git_version is not None
+            and kubernetes_version is not None
+            and parse_version(git_version) != parse_version(kubernetes_version)
+        ):
+            raise ValueError(
+                f"git_version {git_version!r} contradicts kubernetes_version {kubernetes_version!r}"
+            )
         version = kubernetes_version or git_version or DEFAULT_KUBERNETES_VERSION
         self.cluster = build_cluster(version, feature_gates)
-        self.served_resource_versions = resolve_served(profile(version),
-                                                       served_resource_versions)
+        self.served_resource_versions = resolve_served(profile(version), served_resource_versions)
         self._types = served_types(self.served_resource_versions)
         self._history_size = history_size
         self._validate = validate
         self._faults = Faults()
-        self._api = Api(Store(history_size), self._types, validate=validate,
-                        cluster=self.cluster)
+        self._api = Api(Store(history_size), self._types, validate=validate, cluster=self.cluster)
         self._rbac = rbac
         self._ensure_namespaces()
-        self._state = ServerState(self._api, self._faults, full_git_version(version), token,
-                                  bookmark_interval_s, tokens=dict(tokens or {}), rbac=rbac)
+        self._state = ServerState(
+            self._api,
+            self._faults,
+            full_git_version(version),
+            token,
+            bookmark_interval_s,
+            tokens=dict(tokens or {}),
+            rbac=rbac,
+        )
         self._runner: web.AppRunner | None = None
         self._host = "127.0.0.1"
         self._port = 0
@@ -130,8 +146,9 @@ class KubeEmulator:
         # A namespaced Role implies its namespace exists, as it would in a real cluster.
         for namespace in self._rbac.namespaces if self._rbac is not None else ():
             if self.get("v1", "Namespace", namespace) is None:
-                self.create({"apiVersion": "v1", "kind": "Namespace",
-                             "metadata": {"name": namespace}})
+                self.create(
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+                )
 
     # -- observation and faults -------------------------------------------------------------
     @property
@@ -141,16 +158,27 @@ class KubeEmulator:
 
     def writes(self, path_contains: str = "") -> list[RequestRecord]:
         """The non-GET requests whose path contains ``path_contains``."""
-        return [r for r in self._faults.requests
-                if r.method not in ("GET", "HEAD") and path_contains in r.path]
+        return [
+            r
+            for r in self._faults.requests
+            if r.method not in ("GET", "HEAD") and path_contains in r.path
+        ]
 
-    def fail_next(self, n: int, *, method: str = "*", path_regex: str = ".*",
-                  status: int = 500, retry_after: int | None = None) -> None:
+    def fail_next(
+        self,
+        n: int,
+        *,
+        method: str = "*",
+        path_regex: str = ".*",
+        status: int = 500,
+        retry_after: int | None = None,
+    ) -> None:
         """Fail the next ``n`` matching requests with a Status body of HTTP ``status``; a
         ``retry_after`` (seconds) adds the Retry-After header. Raises ValueError for n < 1.
         """
-        self._faults.fail_next(n, method=method, path_regex=path_regex, status=status,
-                               retry_after=retry_after)
+        self._faults.fail_next(
+            n, method=method, path_regex=path_regex, status=status, retry_after=retry_after
+        )
 
     @property
     def latency_s(self) -> float:
@@ -185,8 +213,9 @@ class KubeEmulator:
                 return rt.group_resource
         raise ValueError(f"unknown resource {resource!r}")
 
-    def delay_responses(self, seconds: float, *, method: str = "*", path_regex: str = ".*",
-                        n: int | None = None) -> None:
+    def delay_responses(
+        self, seconds: float, *, method: str = "*", path_regex: str = ".*", n: int | None = None
+    ) -> None:
         """Hold back the response of the next ``n`` (None: every) requests whose method and
         path match by ``seconds`` after they took effect, so a write's watch event reaches
         watchers before its answer reaches the writer. ``seconds`` 0 removes every delay.
@@ -202,8 +231,9 @@ class KubeEmulator:
         """
         return self._faults.hold_response(method=method, path_regex=path_regex)
 
-    def drop_events(self, resource: str, event_type: str = "DELETED", *,
-                    name: str | None = None, n: int = 1) -> None:
+    def drop_events(
+        self, resource: str, event_type: str = "DELETED", *, name: str | None = None, n: int = 1
+    ) -> None:
         """Keep the next ``n`` watch events of ``resource`` (a plural) of ``event_type``
         (ADDED, MODIFIED or DELETED; of the object ``name`` when given) from every live watch,
         as when an event is lost between the server and a client. The history keeps them, so
@@ -215,10 +245,17 @@ class KubeEmulator:
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             raise ValueError(f"unknown event type {event_type!r}")
         self._api.store.event_drops.append(
-            EventDrop(n, self._group_resource(resource), event_type, name))
+            EventDrop(n, self._group_resource(resource), event_type, name)
+        )
 
-    def replay_event(self, resource: str, name: str, namespace: str | None = None, *,
-                     resource_version: str | None = None) -> str:
+    def replay_event(
+        self,
+        resource: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+    ) -> str:
         """Send an old watch event of one object again into every live watch of
         ``resource`` (a plural, e.g. "resourceslices"), as a misbehaving server or proxy
         might: the event that produced ``resource_version``, or by default the one before the
@@ -227,14 +264,22 @@ class KubeEmulator:
         """
         gr = self._group_resource(resource)
         key = (namespace or "", name)
-        events = [e for e in self._api.store.history(gr).events
-                  if (str((e.obj.get("metadata") or {}).get("namespace") or ""),
-                      str((e.obj.get("metadata") or {}).get("name") or "")) == key]
+        events = [
+            e
+            for e in self._api.store.history(gr).events
+            if (
+                str((e.obj.get("metadata") or {}).get("namespace") or ""),
+                str((e.obj.get("metadata") or {}).get("name") or ""),
+            )
+            == key
+        ]
         if resource_version is not None:
             chosen = [e for e in events if str(e.rv) == str(resource_version)]
             if not chosen:
-                raise LookupError(f"{resource} {key}: no event at resourceVersion "
-                                  f"{resource_version} in the history")
+                raise LookupError(
+                    f"{resource} {key}: no event at resourceVersion "
+                    f"{resource_version} in the history"
+                )
             event = chosen[0]
         elif len(events) >= 2:
             event = events[-2]
@@ -290,11 +335,13 @@ class KubeEmulator:
         rt = self._api.type_of(obj.get("apiVersion", ""), obj.get("kind", ""))
         meta = obj.get("metadata")
         namespace = (meta.get("namespace") if isinstance(meta, dict) else None) or (
-            "default" if rt.namespaced else "")
+            "default" if rt.namespaced else ""
+        )
         return self._api.create(rt, namespace, obj, manager="emulator")
 
-    def get(self, api_version: str, kind: str, name: str,
-            namespace: str | None = None) -> dict[str, Any] | None:
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
         """A copy of the object, or None."""
         rt = self._api.type_of(api_version, kind)
         try:
@@ -304,8 +351,9 @@ class KubeEmulator:
                 return None
             raise
 
-    def list(self, api_version: str, kind: str,
-             namespace: str | None = None) -> builtins.list[dict[str, Any]]:
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None
+    ) -> builtins.list[dict[str, Any]]:
         """Copies of all objects of that kind (in ``namespace`` when given)."""
         rt = self._api.type_of(api_version, kind)
         return self._api.list_objects(rt, namespace or "", [], []).items
@@ -316,20 +364,28 @@ class KubeEmulator:
         """
         rt = self._api.type_of(obj.get("apiVersion", ""), obj.get("kind", ""))
         meta = obj.get("metadata") or {}
-        return self._api.update(rt, meta.get("namespace") or "", meta.get("name", ""),
-                                copy.deepcopy(obj),
-                                subresource="status" if rt.has_status else "",
-                                manager="emulator")
+        return self._api.update(
+            rt,
+            meta.get("namespace") or "",
+            meta.get("name", ""),
+            copy.deepcopy(obj),
+            subresource="status" if rt.has_status else "",
+            manager="emulator",
+        )
 
     def update(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Replace ``obj`` through the main endpoint rules (like a PUT). Raises StatusError."""
         rt = self._api.type_of(obj.get("apiVersion", ""), obj.get("kind", ""))
         meta = obj.get("metadata") or {}
-        return self._api.update(rt, meta.get("namespace") or "", meta.get("name", ""),
-                                copy.deepcopy(obj), manager="emulator")
+        return self._api.update(
+            rt,
+            meta.get("namespace") or "",
+            meta.get("name", ""),
+            copy.deepcopy(obj),
+            manager="emulator",
+        )
 
-    def delete(self, api_version: str, kind: str, name: str,
-               namespace: str | None = None) -> None:
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
         """Delete like a DELETE without options (finalizers keep the object, marked for
         deletion). Raises StatusError 404 when there is no such object.
         """
@@ -340,10 +396,13 @@ class KubeEmulator:
     def _control_routes(self) -> builtins.list[web.RouteDef]:
         async def fail_next(request: web.Request) -> web.StreamResponse:
             body = await request.json()
-            self.fail_next(int(body.get("n", 1)), method=body.get("method", "*"),
-                           path_regex=body.get("path_regex", ".*"),
-                           status=int(body.get("status", 500)),
-                           retry_after=body.get("retry_after"))
+            self.fail_next(
+                int(body.get("n", 1)),
+                method=body.get("method", "*"),
+                path_regex=body.get("path_regex", ".*"),
+                status=int(body.get("status", 500)),
+                retry_after=body.get("retry_after"),
+            )
             return json_response({"ok": True})
 
         async def compact(_request: web.Request) -> web.StreamResponse:
@@ -370,10 +429,12 @@ class KubeEmulator:
             body = await control_body(request)
             try:
                 n = body.get("n")
-                self.delay_responses(float(body.get("seconds", 0)),
-                                     method=str(body.get("method", "*")),
-                                     path_regex=str(body.get("path_regex", ".*")),
-                                     n=None if n is None else int(n))
+                self.delay_responses(
+                    float(body.get("seconds", 0)),
+                    method=str(body.get("method", "*")),
+                    path_regex=str(body.get("path_regex", ".*")),
+                    n=None if n is None else int(n),
+                )
             except (ValueError, TypeError, re.error) as err:
                 raise bad_request(str(err)) from err
             return json_response({"ok": True})
@@ -382,9 +443,12 @@ class KubeEmulator:
             body = await control_body(request)
             try:
                 rv = body.get("resource_version")
-                replayed = self.replay_event(str(body["resource"]), str(body["name"]),
-                                             body.get("namespace"),
-                                             resource_version=None if rv is None else str(rv))
+                replayed = self.replay_event(
+                    str(body["resource"]),
+                    str(body["name"]),
+                    body.get("namespace"),
+                    resource_version=None if rv is None else str(rv),
+                )
             except (KeyError, ValueError, LookupError) as err:
                 raise bad_request(str(err)) from err
             return json_response({"resourceVersion": replayed})
@@ -397,10 +461,12 @@ class KubeEmulator:
                 raise bad_request(str(err)) from err
             return json_response({"expired": count})
 
-        return [web.post("/_emulator/fail_next", fail_next),
-                web.post("/_emulator/compact", compact),
-                web.post("/_emulator/close_watches", close_watches),
-                web.get("/_emulator/requests", requests),
-                web.post("/_emulator/delay_responses", delay_responses),
-                web.post("/_emulator/replay_event", replay_event),
-                web.post("/_emulator/expire_watches", expire_watches)]
+        return [
+            web.post("/_emulator/fail_next", fail_next),
+            web.post("/_emulator/compact", compact),
+            web.post("/_emulator/close_watches", close_watches),
+            web.get("/_emulator/requests", requests),
+            web.post("/_emulator/delay_responses", delay_responses),
+            web.post("/_emulator/replay_event", replay_event),
+            web.post("/_emulator/expire_watches", expire_watches),
+        ]

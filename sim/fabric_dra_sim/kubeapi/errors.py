@@ -77,7 +77,9 @@ def qualified(group: str, plural: str) -> str:
 def not_found(group: str, plural: str, name: str) -> StatusError:
     """404 NotFound: ``<resource> "<name>" not found`` (apimachinery errors.NewNotFound)."""
     return StatusError(
-        404, "NotFound", f'{qualified(group, plural)} "{name}" not found',
+        404,
+        "NotFound",
+        f'{qualified(group, plural)} "{name}" not found',
         _details(group, plural, name),
     )
 
@@ -85,7 +87,9 @@ def not_found(group: str, plural: str, name: str) -> StatusError:
 def already_exists(group: str, plural: str, name: str) -> StatusError:
     """409 AlreadyExists (apimachinery errors.NewAlreadyExists)."""
     return StatusError(
-        409, "AlreadyExists", f'{qualified(group, plural)} "{name}" already exists',
+        409,
+        "AlreadyExists",
+        f'{qualified(group, plural)} "{name}" already exists',
         _details(group, plural, name),
     )
 
@@ -93,7 +97,8 @@ def already_exists(group: str, plural: str, name: str) -> StatusError:
 def conflict(group: str, plural: str, name: str, why: str) -> StatusError:
     """409 Conflict: ``Operation cannot be fulfilled on ...`` (apimachinery errors.NewConflict)."""
     return StatusError(
-        409, "Conflict",
+        409,
+        "Conflict",
         f'Operation cannot be fulfilled on {qualified(group, plural)} "{name}": {why}',
         _details(group, plural, name),
     )
@@ -113,7 +118,9 @@ def invalid(kind: str, group: str, name: str, causes: list[Cause]) -> StatusErro
     joined = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
     qualified_kind = f"{kind}.{group}" if group else kind
     details: dict[str, Any] = {
-        "name": name, "kind": kind, "causes": [c.to_dict() for c in causes],
+        "name": name,
+        "kind": kind,
+        "causes": [c.to_dict() for c in causes],
     }
     if group:
         details["group"] = group
@@ -133,9 +140,11 @@ def method_not_allowed(message: str) -> StatusError:
 def unsupported_media_type(content_type: str) -> StatusError:
     """415 UnsupportedMediaType for an unknown patch or body content type."""
     return StatusError(
-        415, "UnsupportedMediaType", f'the body of the request was in an unknown format - '
-        f'accepted media types include: application/json-patch+json, '
-        f'application/merge-patch+json, application/apply-patch+yaml, '
+        415,
+        "UnsupportedMediaType",
+        f"the body of the request was in an unknown format - "
+        f"accepted media types include: application/json-patch+json, "
+        f"application/merge-patch+json, application/apply-patch+yaml, "
         f'application/strategic-merge-patch+json (got "{content_type}")',
     )
 
@@ -152,7 +161,9 @@ def unprocessable_patch(message: str) -> StatusError:
     errors.NewGenericServerResponse(422, ...): reason Invalid, the patch error as the cause.
     """
     return StatusError(
-        422, "Invalid", "the server rejected our request due to an error in our request",
+        422,
+        "Invalid",
+        "the server rejected our request due to an error in our request",
         {"causes": [{"reason": "UnexpectedServerResponse", "message": message}]},
     )
 

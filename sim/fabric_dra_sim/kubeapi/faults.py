@@ -20,8 +20,11 @@ _REASONS = {
     401: ("Unauthorized", "Unauthorized"),
     403: ("Forbidden", "forbidden: injected fault"),
     404: ("NotFound", "the server could not find the requested resource"),
-    409: ("Conflict", "Operation cannot be fulfilled: the object has been modified; please "
-                      "apply your changes to the latest version and try again"),
+    409: (
+        "Conflict",
+        "Operation cannot be fulfilled: the object has been modified; please "
+        "apply your changes to the latest version and try again",
+    ),
     410: ("Expired", "too old resource version"),
     422: ("Invalid", "the server rejected our request due to an error in our request"),
     429: ("TooManyRequests", "Too many requests, please try again later."),
@@ -114,8 +117,9 @@ class Faults:
         self.fresh_wait_s = 3.0
         self.requests: list[RequestRecord] = []
 
-    def delay_responses(self, seconds: float, *, method: str = "*", path_regex: str = ".*",
-                        n: int | None = None) -> None:
+    def delay_responses(
+        self, seconds: float, *, method: str = "*", path_regex: str = ".*", n: int | None = None
+    ) -> None:
         """Hold back the response of the next ``n`` (None: every) requests whose method and
         path (``re.search``) match by ``seconds``, after they took effect. ``seconds`` 0
         removes every delay rule. Raises ValueError for negative seconds or n < 1.
@@ -158,13 +162,19 @@ class Faults:
                 return hold
         return None
 
-    def fail_next(self, n: int, *, method: str = "*", path_regex: str = ".*",
-                  status: int = 500, retry_after: int | None = None) -> None:
+    def fail_next(
+        self,
+        n: int,
+        *,
+        method: str = "*",
+        path_regex: str = ".*",
+        status: int = 500,
+        retry_after: int | None = None,
+    ) -> None:
         """Make the next ``n`` requests whose method and path (``re.search``) match fail."""
         if n < 1:
             raise ValueError("n must be at least 1")
-        self.rules.append(FailRule(n, method.upper(), re.compile(path_regex), status,
-                                   retry_after))
+        self.rules.append(FailRule(n, method.upper(), re.compile(path_regex), status, retry_after))
 
     def take(self, method: str, path: str) -> StatusError | None:
         """The injected error for this request, consuming one use of the first match."""

@@ -74,8 +74,9 @@ def _subrequests(spec: Obj) -> Iterator[Obj]:
 
 def _results(obj: Obj | None) -> list[Obj]:
     allocation = _dict(_dict(_dict(obj).get("status")).get("allocation"))
-    return [r for r in _list(_dict(allocation.get("devices")).get("results"))
-            if isinstance(r, dict)]
+    return [
+        r for r in _list(_dict(allocation.get("devices")).get("results")) if isinstance(r, dict)
+    ]
 
 
 def _has(holders: Any, *fields: str) -> bool:
@@ -113,70 +114,96 @@ def drop_slice_fields(cluster: Cluster, version: str, new: Obj, old: Obj | None)
         _pop(_devices(new, version), "taints")
     old_spec = _dict(_dict(old).get("spec"))
     if _off(cluster, DRA_PARTITIONABLE_DEVICES) and not (
-            _has([old_spec], "sharedCounters")
-            or old_spec.get("perDeviceNodeSelection") is not None
-            or any(d.get(f) is not None for d in _devices(old, version)
-                   for f in _SLICE_PARTITIONABLE_DEVICE[1:])
-            or _has(_devices(old, version), "consumesCounters")):
+        _has([old_spec], "sharedCounters")
+        or old_spec.get("perDeviceNodeSelection") is not None
+        or any(
+            d.get(f) is not None
+            for d in _devices(old, version)
+            for f in _SLICE_PARTITIONABLE_DEVICE[1:]
+        )
+        or _has(_devices(old, version), "consumesCounters")
+    ):
         _pop([spec], "sharedCounters", "perDeviceNodeSelection")
         _pop(_devices(new, version), *_SLICE_PARTITIONABLE_DEVICE)
-    if _off(cluster, DRA_DEVICE_BINDING_CONDITIONS, DRA_RESOURCE_CLAIM_DEVICE_STATUS) \
-            and not _has(_devices(old, version), *_BINDING_FIELDS):
+    if _off(cluster, DRA_DEVICE_BINDING_CONDITIONS, DRA_RESOURCE_CLAIM_DEVICE_STATUS) and not _has(
+        _devices(old, version), *_BINDING_FIELDS
+    ):
         _pop(_devices(new, version), *_BINDING_FIELDS)
-    if _off(cluster, DRA_CONSUMABLE_CAPACITY) and not _slice_consumable_in_use(
-            old, version):
+    if _off(cluster, DRA_CONSUMABLE_CAPACITY) and not _slice_consumable_in_use(old, version):
         for device in _devices(new, version):
             device.pop("allowMultipleAllocations", None)
-            _pop((c for c in _dict(device.get("capacity")).values() if isinstance(c, dict)),
-                 "requestPolicy")
+            _pop(
+                (c for c in _dict(device.get("capacity")).values() if isinstance(c, dict)),
+                "requestPolicy",
+            )
 
 
 def _slice_consumable_in_use(old: Obj | None, version: str) -> bool:
     for device in _devices(old, version):
         if device.get("allowMultipleAllocations") is not None:
             return True
-        if any(_dict(c).get("requestPolicy") is not None
-               for c in _dict(device.get("capacity")).values()):
+        if any(
+            _dict(c).get("requestPolicy") is not None
+            for c in _dict(device.get("capacity")).values()
+        ):
             return True
     return False
 
 
 # -- ResourceClaim and ResourceClaimTemplate specs -----------------------------------------
-def _drop_claim_spec(cluster: Cluster, version: str, kind: str, new: Obj, old: Obj | None,
-                     old_results: list[Obj], new_results: list[Obj]) -> None:
+def _drop_claim_spec(
+    cluster: Cluster,
+    version: str,
+    kind: str,
+    new: Obj,
+    old: Obj | None,
+    old_results: list[Obj],
+    new_results: list[Obj],
+) -> None:
     spec, old_spec = _claim_spec(new, kind), _claim_spec(old, kind)
-    if _off(cluster, DRA_PRIORITIZED_LIST) and not _has(_requests(old_spec),
-                                                              "firstAvailable"):
+    if _off(cluster, DRA_PRIORITIZED_LIST) and not _has(_requests(old_spec), "firstAvailable"):
         _pop(_requests(spec), "firstAvailable")
     if _off(cluster, DRA_ADMIN_ACCESS) and not (
-            any(r.get("adminAccess") is not None for r in _exact(old_spec, version))
-            or any(r.get("adminAccess") is not None for r in old_results)):
+        any(r.get("adminAccess") is not None for r in _exact(old_spec, version))
+        or any(r.get("adminAccess") is not None for r in old_results)
+    ):
         _pop(_exact(spec, version), "adminAccess")
         _pop(new_results, "adminAccess")
     if _off(cluster, DRA_DEVICE_TAINTS) and not (
-            _has(_exact(old_spec, version), "tolerations")
-            or _has(_subrequests(old_spec), "tolerations") or _has(old_results, "tolerations")):
+        _has(_exact(old_spec, version), "tolerations")
+        or _has(_subrequests(old_spec), "tolerations")
+        or _has(old_results, "tolerations")
+    ):
         _pop(_exact(spec, version), "tolerations")
         _pop(_subrequests(spec), "tolerations")
         _pop(new_results, "tolerations")
-    constraints = [c for c in _list(_dict(spec.get("devices")).get("constraints"))
-                   if isinstance(c, dict)]
-    old_constraints = [c for c in _list(_dict(old_spec.get("devices")).get("constraints"))
-                       if isinstance(c, dict)]
+    constraints = [
+        c for c in _list(_dict(spec.get("devices")).get("constraints")) if isinstance(c, dict)
+    ]
+    old_constraints = [
+        c for c in _list(_dict(old_spec.get("devices")).get("constraints")) if isinstance(c, dict)
+    ]
     if _off(cluster, DRA_CONSUMABLE_CAPACITY) and not (
-            any(r.get("capacity") is not None for r in _exact(old_spec, version))
-            or any(s.get("capacity") is not None for s in _subrequests(old_spec))
-            or any(c.get("distinctAttribute") is not None for c in old_constraints)
-            or any(r.get("shareID") is not None or r.get("consumedCapacity") is not None
-                   for r in old_results)
-            or any(_dict(d).get("shareID") is not None for d in _list(
-                _dict(_dict(old).get("status")).get("devices")))):
+        any(r.get("capacity") is not None for r in _exact(old_spec, version))
+        or any(s.get("capacity") is not None for s in _subrequests(old_spec))
+        or any(c.get("distinctAttribute") is not None for c in old_constraints)
+        or any(
+            r.get("shareID") is not None or r.get("consumedCapacity") is not None
+            for r in old_results
+        )
+        or any(
+            _dict(d).get("shareID") is not None
+            for d in _list(_dict(_dict(old).get("status")).get("devices"))
+        )
+    ):
         _pop(_exact(spec, version), "capacity")
         _pop(_subrequests(spec), "capacity")
         _pop(constraints, "distinctAttribute")
         _pop(new_results, "shareID", "consumedCapacity")
-        _pop((d for d in _list(_dict(new.get("status")).get("devices")) if isinstance(d, dict)),
-             "shareID")
+        _pop(
+            (d for d in _list(_dict(new.get("status")).get("devices")) if isinstance(d, dict)),
+            "shareID",
+        )
     if _off(cluster, DRA_CONTROL_PLANE_CONTROLLER) and not old_spec.get("controller"):
         # release-1.31 resourceclaim(template)/strategy.go dropDisabledDRAControlPlaneController
         spec.pop("controller", None)
@@ -195,11 +222,11 @@ def drop_claim_fields(cluster: Cluster, version: str, new: Obj, old: Obj | None)
     _drop_claim_spec(cluster, version, "ResourceClaim", new, old, old_results, new_results)
     status = _dict(new.get("status"))
     old_status = _dict(_dict(old).get("status"))
-    if _off(cluster, DRA_RESOURCE_CLAIM_DEVICE_STATUS) and not _has([old_status],
-                                                                           "devices"):
+    if _off(cluster, DRA_RESOURCE_CLAIM_DEVICE_STATUS) and not _has([old_status], "devices"):
         status.pop("devices", None)
-    if _off(cluster, DRA_DEVICE_BINDING_CONDITIONS, DRA_RESOURCE_CLAIM_DEVICE_STATUS) \
-            and not _has(old_results, "bindingConditions", "bindingFailureConditions"):
+    if _off(cluster, DRA_DEVICE_BINDING_CONDITIONS, DRA_RESOURCE_CLAIM_DEVICE_STATUS) and not _has(
+        old_results, "bindingConditions", "bindingFailureConditions"
+    ):
         _pop(new_results, "bindingConditions", "bindingFailureConditions")
     if _off(cluster, DRA_CONTROL_PLANE_CONTROLLER):
         if not _dict(old_status.get("allocation")).get("controller"):
@@ -220,8 +247,7 @@ def drop_class_fields(cluster: Cluster, version: str, new: Obj, old: Obj | None)
     v1alpha3 spec.suitableNodes (DRAControlPlaneController, release-1.31).
     """
     spec, old_spec = _dict(new.get("spec")), _dict(_dict(old).get("spec"))
-    if _off(cluster, DRA_EXTENDED_RESOURCE) and old_spec.get(
-            "extendedResourceName") is None:
+    if _off(cluster, DRA_EXTENDED_RESOURCE) and old_spec.get("extendedResourceName") is None:
         spec.pop("extendedResourceName", None)
     if _off(cluster, DRA_CONTROL_PLANE_CONTROLLER) and old_spec.get("suitableNodes") is None:
         spec.pop("suitableNodes", None)
@@ -235,8 +261,9 @@ DROPPERS: dict[str, Callable[[Cluster, str, Obj, Obj | None], None]] = {
 }
 
 
-def drop_disabled_fields(cluster: Cluster, plural: str, version: str, new: Obj,
-                         old: Obj | None) -> None:
+def drop_disabled_fields(
+    cluster: Cluster, plural: str, version: str, new: Obj, old: Obj | None
+) -> None:
     """Apply the resource.k8s.io strategy of ``plural`` (no-op for other resources)."""
     dropper = DROPPERS.get(plural)
     if dropper is not None:

@@ -54,14 +54,23 @@ def directive(value: str | None, verb: str = "Create") -> str:
     value = value or ""
     if value not in DIRECTIVES:
         allowed = ", ".join(json.dumps(v) for v in DIRECTIVES)
-        raise invalid(f"{verb}Options", "meta.k8s.io", "", [Cause(
-            "FieldValueNotSupported",
-            f"Unsupported value: {json.dumps(value)}: supported values: {allowed}",
-            "fieldValidation")])
+        raise invalid(
+            f"{verb}Options",
+            "meta.k8s.io",
+            "",
+            [
+                Cause(
+                    "FieldValueNotSupported",
+                    f"Unsupported value: {json.dumps(value)}: supported values: {allowed}",
+                    "fieldValidation",
+                )
+            ],
+        )
     return value or WARN
 
 
 # -- reading JSON with duplicate keys ----------------------------------------------------------
+
 
 def parse_json(raw: bytes | str) -> tuple[Any, list[str]]:
     """``json.loads`` that also reports duplicate object keys.
@@ -150,6 +159,7 @@ def load_yaml(raw: bytes) -> tuple[Any, list[str]]:
 
 # -- the known fields of a schema -------------------------------------------------------------
 
+
 class Shape:
     """What a JSON schema node allows: known ``fields`` (a Go struct), ``values`` (a map's
     value shape), ``items`` (a list's element shape) with its ``list_keys`` (associative
@@ -224,6 +234,7 @@ def _fill(shape: Shape, schema: dict[str, Any], resolver: Any, memo: dict[str, S
 
 # -- strict decoding --------------------------------------------------------------------------
 
+
 class DecodeTypeError(Exception):
     """A value of the wrong JSON type for its Go field, as encoding/json refuses it.
 
@@ -295,8 +306,14 @@ def drop_unknown(shape: Shape, obj: Any, duplicates: Iterable[str] = ()) -> list
     return errors[:MAX_STRICT_ERRORS]
 
 
-def _walk(shape: Shape, node: Any, path: str, keys: list[str | int], duplicates: set[str],
-          errors: list[str]) -> None:
+def _walk(
+    shape: Shape,
+    node: Any,
+    path: str,
+    keys: list[str | int],
+    duplicates: set[str],
+    errors: list[str],
+) -> None:
     if isinstance(node, dict):
         if shape.fields is None and shape.values is None:
             return
@@ -368,13 +385,19 @@ def _walk_apply(shape: Shape, node: Any, path: str, errors: list[str]) -> None:
         for index, child in enumerate(node):
             element = f"[{index}]"
             if shape.list_keys and isinstance(child, dict):
-                element = "[" + ",".join(f"{k}={json.dumps(child.get(k))}"
-                                         for k in shape.list_keys if k in child) + "]"
+                element = (
+                    "["
+                    + ",".join(
+                        f"{k}={json.dumps(child.get(k))}" for k in shape.list_keys if k in child
+                    )
+                    + "]"
+                )
             _walk_apply(shape.items, child, path + element, errors)
 
 
-def typed_patch_error(kind: str, api_version: str, config: dict[str, Any],
-                      errors: Sequence[str]) -> StatusError:
+def typed_patch_error(
+    kind: str, api_version: str, config: dict[str, Any], errors: Sequence[str]
+) -> StatusError:
     """The 500 an apply configuration with undeclared fields gets, in every fieldValidation
     mode (k8s.io/apimachinery pkg/util/managedfields/internal/structuredmerge.go Apply:
     ``failed to create typed patch object (<ns>/<name>; <group>/<version>, Kind=<Kind>)``,
@@ -383,11 +406,13 @@ def typed_patch_error(kind: str, api_version: str, config: dict[str, Any],
     found = config.get("metadata")
     meta: dict[str, Any] = found if isinstance(found, dict) else {}
     group_version = api_version if "/" in api_version else f"/{api_version}"
-    joined = errors[0] if len(errors) == 1 else "errors:\n" + "\n".join(
-        f"  {e}" for e in errors)
+    joined = errors[0] if len(errors) == 1 else "errors:\n" + "\n".join(f"  {e}" for e in errors)
     where = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
-    return StatusError(500, "", f"failed to create typed patch object ({where}; "
-                                f"{group_version}, Kind={kind}): {joined}")
+    return StatusError(
+        500,
+        "",
+        f"failed to create typed patch object ({where}; {group_version}, Kind={kind}): {joined}",
+    )
 
 
 _JSON_PATCH_FIELDS = frozenset({"op", "path", "from", "value"})
@@ -402,8 +427,11 @@ def json_patch_errors(document: Any, duplicates: Sequence[str]) -> list[str]:
     if isinstance(document, list):
         for index, operation in enumerate(document):
             if isinstance(operation, dict):
-                errors.extend(f'json patch unknown field "[{index}].{key}"'
-                              for key in operation if key not in _JSON_PATCH_FIELDS)
+                errors.extend(
+                    f'json patch unknown field "[{index}].{key}"'
+                    for key in operation
+                    if key not in _JSON_PATCH_FIELDS
+                )
     return errors
 
 
@@ -419,8 +447,9 @@ def settle(errors: Sequence[str], field_validation: str, warnings: list[str]) ->
     warnings.extend(errors)
 
 
-def settle_patch(errors: Sequence[str], field_validation: str, warnings: list[str],
-                 shown: str) -> None:
+def settle_patch(
+    errors: Sequence[str], field_validation: str, warnings: list[str], shown: str
+) -> None:
     """The same for a JSON, merge or strategic merge patch: Strict is 422 Invalid on field
     ``patch`` with ``shown`` (the patched object, or the patch) as the value (patch.go
     jsonPatcher.applyPatchToCurrentObject, applyPatchToObject).
@@ -428,14 +457,23 @@ def settle_patch(errors: Sequence[str], field_validation: str, warnings: list[st
     if not errors or field_validation == IGNORE:
         return
     if field_validation == STRICT:
-        raise invalid("", "", "", [Cause(
-            "FieldValueInvalid", f"Invalid value: {json.dumps(shown)}: strict decoding error: "
-            + ", ".join(errors), "patch")])
+        raise invalid(
+            "",
+            "",
+            "",
+            [
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {json.dumps(shown)}: strict decoding error: "
+                    + ", ".join(errors),
+                    "patch",
+                )
+            ],
+        )
     warnings.extend(errors)
 
 
-def settle_apply(duplicates: Sequence[str], field_validation: str,
-                 warnings: list[str]) -> None:
+def settle_apply(duplicates: Sequence[str], field_validation: str, warnings: list[str]) -> None:
     """Duplicate keys of an apply configuration: Strict is 400 ``error strict decoding
     patch: ...`` with go-yaml's message, Warn one warning per line (patch.go applyPatcher,
     rest.go parseYAMLWarnings).
@@ -443,8 +481,10 @@ def settle_apply(duplicates: Sequence[str], field_validation: str,
     if not duplicates or field_validation == IGNORE:
         return
     if field_validation == STRICT:
-        raise bad_request("error strict decoding patch: error converting YAML to JSON: yaml: "
-                          "unmarshal errors:\n" + "\n".join(f"  {d}" for d in duplicates))
+        raise bad_request(
+            "error strict decoding patch: error converting YAML to JSON: yaml: "
+            "unmarshal errors:\n" + "\n".join(f"  {d}" for d in duplicates)
+        )
     warnings.extend(duplicates)
 
 
@@ -463,7 +503,23 @@ def go_value(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["DIRECTIVES", "IGNORE", "STRICT", "WARN", "DecodeTypeError", "Shape",
-           "apply_unknown", "compile_shape", "directive", "drop_unknown", "go_value",
-           "json_patch_errors", "load_yaml", "parse_json", "settle", "settle_apply",
-           "settle_patch", "typed_patch_error"]
+__all__ = [
+    "DIRECTIVES",
+    "IGNORE",
+    "STRICT",
+    "WARN",
+    "DecodeTypeError",
+    "Shape",
+    "apply_unknown",
+    "compile_shape",
+    "directive",
+    "drop_unknown",
+    "go_value",
+    "json_patch_errors",
+    "load_yaml",
+    "parse_json",
+    "settle",
+    "settle_apply",
+    "settle_patch",
+    "typed_patch_error",
+]

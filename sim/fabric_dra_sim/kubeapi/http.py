@@ -66,11 +66,13 @@ class ServerState:
     rbac: RbacPolicy | None = None
 
 
-def json_response(body: Any, status: int = 200,
-                  headers: dict[str, str] | None = None) -> web.Response:
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
     """A JSON response with kube-apiserver's content type."""
-    return web.Response(text=json.dumps(body), status=status, content_type="application/json",
-                        headers=headers)
+    return web.Response(
+        text=json.dumps(body), status=status, content_type="application/json", headers=headers
+    )
 
 
 def status_response(err: StatusError) -> web.Response:
@@ -96,8 +98,9 @@ def parse_target(api: Api, group: str, version: str, tail: str) -> Target:
         if rt is not None and rt.namespaced:
             rest = parts[3:]
             if len(rest) > 2:
-                raise StatusError(404, "NotFound", "the server could not find the requested "
-                                                   "resource")
+                raise StatusError(
+                    404, "NotFound", "the server could not find the requested resource"
+                )
             return _target(rt, parts[1], rest)
     if not parts:
         raise StatusError(404, "NotFound", "the server could not find the requested resource")
@@ -209,20 +212,25 @@ def _binding_node(body: Any) -> str:
     if body is None:
         return ""
     if not isinstance(body, dict):
-        raise bad_request(f"json: cannot unmarshal {json_kind(body)} into Go value of type "
-                          "v1.Binding")
+        raise bad_request(
+            f"json: cannot unmarshal {json_kind(body)} into Go value of type v1.Binding"
+        )
     target = body.get("target")
     if target is None:
         return ""
     if not isinstance(target, dict):
-        raise bad_request(f"json: cannot unmarshal {json_kind(target)} into Go struct field "
-                          "Binding.target of type v1.ObjectReference")
+        raise bad_request(
+            f"json: cannot unmarshal {json_kind(target)} into Go struct field "
+            "Binding.target of type v1.ObjectReference"
+        )
     name = target.get("name")
     if name is None:
         return ""
     if not isinstance(name, str):
-        raise bad_request(f"json: cannot unmarshal {json_kind(name)} into Go struct field "
-                          "Binding.target.name of type string")
+        raise bad_request(
+            f"json: cannot unmarshal {json_kind(name)} into Go struct field "
+            "Binding.target.name of type string"
+        )
     return name
 
 
@@ -236,11 +244,19 @@ class Handlers:
     async def version(self, _request: web.Request) -> web.StreamResponse:
         """``GET /version``."""
         parts = self.state.git_version.lstrip("v").split(".")
-        return json_response({
-            "major": parts[0], "minor": parts[1] if len(parts) > 1 else "0",
-            "gitVersion": self.state.git_version, "gitCommit": "0" * 40,
-            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
-            "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"})
+        return json_response(
+            {
+                "major": parts[0],
+                "minor": parts[1] if len(parts) > 1 else "0",
+                "gitVersion": self.state.git_version,
+                "gitCommit": "0" * 40,
+                "gitTreeState": "clean",
+                "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.24",
+                "compiler": "gc",
+                "platform": "linux/amd64",
+            }
+        )
 
     async def healthz(self, _request: web.Request) -> web.StreamResponse:
         """``GET /healthz`` (also livez, readyz)."""
@@ -262,17 +278,16 @@ class Handlers:
         """``GET /apis/<group>``."""
         doc = api_group(self.state.api.types, request.match_info["group"])
         if doc is None:
-            raise StatusError(404, "NotFound", "the server could not find the requested "
-                                               "resource")
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
         return json_response(doc)
 
     async def group_version(self, request: web.Request) -> web.StreamResponse:
         """``GET /apis/<group>/<version>``."""
-        doc = api_resource_list(self.state.api.types, request.match_info["group"],
-                                request.match_info["version"])
+        doc = api_resource_list(
+            self.state.api.types, request.match_info["group"], request.match_info["version"]
+        )
         if doc is None:
-            raise StatusError(404, "NotFound", "the server could not find the requested "
-                                               "resource")
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
         return json_response(doc)
 
     # -- resources --------------------------------------------------------------------------
@@ -283,8 +298,12 @@ class Handlers:
 
     async def group_resource(self, request: web.Request) -> web.StreamResponse:
         """Everything under ``/apis/<group>/<version>/``."""
-        target = parse_target(self.state.api, request.match_info["group"],
-                              request.match_info["version"], request.match_info["tail"])
+        target = parse_target(
+            self.state.api,
+            request.match_info["group"],
+            request.match_info["version"],
+            request.match_info["tail"],
+        )
         return await self._dispatch(request, target)
 
     async def _dispatch(self, request: web.Request, t: Target) -> web.StreamResponse:
@@ -295,12 +314,13 @@ class Handlers:
         dry_run_values = query.getall("dryRun", [])
         dry_run = bool(dry_run_values)
         if t.rt.namespaced and not t.namespace and (method != "GET" or t.name):
-            raise StatusError(404, "NotFound", "the server could not find the requested "
-                                               "resource")
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
         if t.subresource == "binding":
             if method != "POST":
-                raise method_not_allowed(f'the server does not allow this method on the '
-                                         f'requested resource ({method} pods/binding)')
+                raise method_not_allowed(
+                    f"the server does not allow this method on the "
+                    f"requested resource ({method} pods/binding)"
+                )
             return await self._bind(request, t)
         if method == "GET":
             if t.name:
@@ -311,72 +331,114 @@ class Handlers:
             return await self._list(request, t)
         if method == "POST":
             if t.name:
-                raise method_not_allowed(f"the server does not allow this method on the "
-                                         f"requested resource (POST {t.rt.plural}/{t.name})")
-            check_write_options("Create", dry_run=dry_run_values,
-                                field_manager=query.get("fieldManager", ""))
+                raise method_not_allowed(
+                    f"the server does not allow this method on the "
+                    f"requested resource (POST {t.rt.plural}/{t.name})"
+                )
+            check_write_options(
+                "Create", dry_run=dry_run_values, field_manager=query.get("fieldManager", "")
+            )
             field_validation = directive(query.get("fieldValidation"), "Create")
             body, duplicates = await _object_body(request)
             with self._warnings(request):
-                new_obj = api.create(t.rt, t.namespace, body,
-                                     manager=query.get("fieldManager") or _manager(request),
-                                     dry_run=dry_run, field_validation=field_validation,
-                                     duplicates=duplicates)
+                new_obj = api.create(
+                    t.rt,
+                    t.namespace,
+                    body,
+                    manager=query.get("fieldManager") or _manager(request),
+                    dry_run=dry_run,
+                    field_validation=field_validation,
+                    duplicates=duplicates,
+                )
             return json_response(new_obj, 201)
         if not t.name:
             if method == "DELETE":
                 return await self._delete_collection(request, t)
-            raise method_not_allowed(f"the server does not allow this method on the requested "
-                                     f"resource ({method} {t.rt.plural})")
+            raise method_not_allowed(
+                f"the server does not allow this method on the requested "
+                f"resource ({method} {t.rt.plural})"
+            )
         if method == "PUT":
-            check_write_options("Update", dry_run=dry_run_values,
-                                field_manager=query.get("fieldManager", ""))
+            check_write_options(
+                "Update", dry_run=dry_run_values, field_manager=query.get("fieldManager", "")
+            )
             field_validation = directive(query.get("fieldValidation"), "Update")
             body, duplicates = await _object_body(request)
             with self._warnings(request):
                 updated = api.update(
-                    t.rt, t.namespace, t.name, body, subresource=t.subresource,
-                    manager=query.get("fieldManager") or _manager(request), dry_run=dry_run,
-                    field_validation=field_validation, duplicates=duplicates)
+                    t.rt,
+                    t.namespace,
+                    t.name,
+                    body,
+                    subresource=t.subresource,
+                    manager=query.get("fieldManager") or _manager(request),
+                    dry_run=dry_run,
+                    field_validation=field_validation,
+                    duplicates=duplicates,
+                )
             return json_response(updated)
         if method == "PATCH":
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
-            check_write_options("Patch", dry_run=dry_run_values,
-                                field_manager=query.get("fieldManager", ""),
-                                force_given="force" in query,
-                                apply=content_type == APPLY_PATCH)
+            check_write_options(
+                "Patch",
+                dry_run=dry_run_values,
+                field_manager=query.get("fieldManager", ""),
+                force_given="force" in query,
+                apply=content_type == APPLY_PATCH,
+            )
             field_validation = directive(query.get("fieldValidation"), "Patch")
             raw = await read_body(request)
             with self._warnings(request):
                 obj, created = api.patch(
-                    t.rt, t.namespace, t.name, content_type, raw,
-                    subresource=t.subresource, manager=_manager(request),
+                    t.rt,
+                    t.namespace,
+                    t.name,
+                    content_type,
+                    raw,
+                    subresource=t.subresource,
+                    manager=_manager(request),
                     field_manager=query.get("fieldManager", ""),
-                    force=_flag(query.get("force")), dry_run=dry_run,
-                    field_validation=field_validation)
+                    force=_flag(query.get("force")),
+                    dry_run=dry_run,
+                    field_validation=field_validation,
+                )
             return json_response(obj, 201 if created else 200)
         if method == "DELETE":
             if t.subresource:
-                raise method_not_allowed("the server does not allow this method on the "
-                                         "requested resource")
-            options, delete_dry_run = delete_options(await _json_body(request),
-                                                     _query_lists(request))
+                raise method_not_allowed(
+                    "the server does not allow this method on the requested resource"
+                )
+            options, delete_dry_run = delete_options(
+                await _json_body(request), _query_lists(request)
+            )
             with self._warnings(request):
-                gone, deleted = api.delete(t.rt, t.namespace, t.name, options,
-                                           dry_run=delete_dry_run)
+                gone, deleted = api.delete(
+                    t.rt, t.namespace, t.name, options, dry_run=delete_dry_run
+                )
             # k8s.io/apiserver handlers/delete.go and registry store.go finalizeDelete: a kind
             # without ReturnDeletedObject answers a removal with a Success Status; an object
             # that stays (finalizers, graceful deletion) is answered with itself.
             if deleted and not t.rt.returns_deleted_object:
-                details: dict[str, Any] = {"name": t.name, "kind": t.rt.plural,
-                                           "uid": gone["metadata"]["uid"]}
+                details: dict[str, Any] = {
+                    "name": t.name,
+                    "kind": t.rt.plural,
+                    "uid": gone["metadata"]["uid"],
+                }
                 if t.rt.group:
                     details["group"] = t.rt.group
-                return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                      "status": "Success", "details": details})
+                return json_response(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Success",
+                        "details": details,
+                    }
+                )
             return json_response(gone, accepted_status(deleted, options))
-        raise method_not_allowed(f"the server does not allow this method on the requested "
-                                 f"resource ({method})")
+        raise method_not_allowed(
+            f"the server does not allow this method on the requested resource ({method})"
+        )
 
     @contextlib.contextmanager
     def _warnings(self, request: web.Request) -> Iterator[None]:
@@ -393,8 +455,9 @@ class Handlers:
 
     def _selectors(self, request: web.Request, t: Target) -> WatchFilter:
         labels = parse_label_selector(request.query.get("labelSelector", ""))
-        fields = parse_field_selector_for(request.query.get("fieldSelector", ""), t.rt.group,
-                                          t.rt.version, t.rt.kind)
+        fields = parse_field_selector_for(
+            request.query.get("fieldSelector", ""), t.rt.group, t.rt.version, t.rt.kind
+        )
         return WatchFilter(t.rt, t.namespace, labels, fields)
 
     async def _list(self, request: web.Request, t: Target) -> web.StreamResponse:
@@ -408,16 +471,28 @@ class Handlers:
         if requested > api.store.rv and not await self._wait_fresh(requested):
             raise too_large_resource_version(requested, api.store.rv)
         result = api.list_objects(
-            t.rt, t.namespace, flt.labels, flt.fields, opts.limit, opts.continue_token,
+            t.rt,
+            t.namespace,
+            flt.labels,
+            flt.fields,
+            opts.limit,
+            opts.continue_token,
             resource_version=opts.resource_version,
-            resource_version_match=opts.resource_version_match)
+            resource_version_match=opts.resource_version_match,
+        )
         meta: dict[str, Any] = {"resourceVersion": result.resource_version}
         if result.continue_token:
             meta["continue"] = result.continue_token
         if result.remaining is not None:
             meta["remainingItemCount"] = result.remaining
-        return json_response({"kind": f"{t.rt.kind}List", "apiVersion": t.rt.api_version,
-                              "metadata": meta, "items": result.items})
+        return json_response(
+            {
+                "kind": f"{t.rt.kind}List",
+                "apiVersion": t.rt.api_version,
+                "metadata": meta,
+                "items": result.items,
+            }
+        )
 
     async def _wait_get_resource_version(self, value: str) -> None:
         # k8s.io/apiserver pkg/storage/cacher/delegator.go CacheDelegator.Get: a GET with a
@@ -431,10 +506,15 @@ class Handlers:
             return
         if not (value.isascii() and value.isdigit()) or int(value) >= 2**64:
             shown = json.dumps(value)
-            problem = "value out of range" if value.isascii() and value.isdigit() \
-                else "invalid syntax"
-            raise StatusError(500, "", f"resourceVersion: Invalid value: {shown}: "
-                                       f"strconv.ParseUint: parsing {shown}: {problem}")
+            problem = (
+                "value out of range" if value.isascii() and value.isdigit() else "invalid syntax"
+            )
+            raise StatusError(
+                500,
+                "",
+                f"resourceVersion: Invalid value: {shown}: "
+                f"strconv.ParseUint: parsing {shown}: {problem}",
+            )
         requested = int(value)
         if requested > self.state.api.store.rv and not await self._wait_fresh(requested):
             raise too_large_resource_version(requested, self.state.api.store.rv)
@@ -460,10 +540,10 @@ class Handlers:
         for obj in result.items:
             meta = obj["metadata"]
             with contextlib.suppress(StatusError), self._warnings(request):
-                api.delete(t.rt, meta.get("namespace", ""), meta["name"], options,
-                           dry_run=dry_run)
-        return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                              "status": "Success"})
+                api.delete(t.rt, meta.get("namespace", ""), meta["name"], options, dry_run=dry_run)
+        return json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+        )
 
     async def _bind(self, request: web.Request, t: Target) -> web.StreamResponse:
         node = _binding_node(await _json_body(request))
@@ -473,13 +553,25 @@ class Handlers:
         pod = api.get(t.rt, t.namespace, t.name)
         current = (pod.get("spec") or {}).get("nodeName")
         if current:
-            raise StatusError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding '
-                                               f'"{t.name}": pod {t.name} is already assigned '
-                                               f'to node "{current}"')
+            raise StatusError(
+                409,
+                "Conflict",
+                f"Operation cannot be fulfilled on pods/binding "
+                f'"{t.name}": pod {t.name} is already assigned '
+                f'to node "{current}"',
+            )
         pod.setdefault("spec", {})["nodeName"] = node
         api.update(t.rt, t.namespace, t.name, pod, manager=_manager(request))
-        return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                              "status": "Success", "code": 201}, 201)
+        return json_response(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            },
+            201,
+        )
 
     async def _watch(self, request: web.Request, t: Target) -> web.StreamResponse:
         # k8s.io/apiserver pkg/endpoints/handlers/get.go (options, 400/422) and
@@ -518,8 +610,7 @@ class Handlers:
             else:
                 events = store.watch_events_since(t.rt.group_resource, rv)
                 if events is None:
-                    error = watch_too_old(rv, store.history(t.rt.group_resource)
-                                          .oldest_watch_rv)
+                    error = watch_too_old(rv, store.history(t.rt.group_resource).oldest_watch_rv)
                 else:
                     for event in events:
                         line = flt.render(event)
@@ -532,8 +623,10 @@ class Handlers:
         if error is None:
             store.watchers.add(watcher)
             self.state.watchers.add(watcher)
-        response = web.StreamResponse(status=200, headers={
-            "Content-Type": "application/json", "Cache-Control": "no-cache, private"})
+        response = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"},
+        )
         try:
             await response.prepare(request)
             if error is not None:
@@ -550,9 +643,16 @@ class Handlers:
             self.state.watchers.discard(watcher)
         return response
 
-    async def _stream(self, request: web.Request, response: web.StreamResponse, t: Target,
-                      flt: WatchFilter, watcher: Watcher, duration_s: float,
-                      bookmarks: bool) -> None:
+    async def _stream(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        t: Target,
+        flt: WatchFilter,
+        watcher: Watcher,
+        duration_s: float,
+        bookmarks: bool,
+    ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + duration_s
         next_bookmark = loop.time() + self.state.bookmark_interval_s
@@ -583,8 +683,10 @@ class Handlers:
                 await _end(response)
                 return
             if isinstance(item, WatchExpired):
-                await self._send(response, {"type": "ERROR", "object": StatusError(
-                    410, "Expired", item.message).body()})
+                await self._send(
+                    response,
+                    {"type": "ERROR", "object": StatusError(410, "Expired", item.message).body()},
+                )
                 await _end(response)
                 return
             line = flt.render(item)
@@ -595,8 +697,10 @@ class Handlers:
         meta: dict[str, Any] = {"resourceVersion": str(self.state.api.store.rv)}
         if initial_end:
             meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-        return {"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version,
-                                               "metadata": meta}}
+        return {
+            "type": "BOOKMARK",
+            "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta},
+        }
 
     @staticmethod
     async def _send(response: web.StreamResponse, line: dict[str, Any]) -> None:
@@ -634,8 +738,9 @@ def make_middleware(state: ServerState) -> Any:
             return response
         finally:
             if not path.startswith("/_emulator/"):
-                state.faults.requests.append(RequestRecord(request.method, path, status,
-                                                           content_type, query))
+                state.faults.requests.append(
+                    RequestRecord(request.method, path, status, content_type, query)
+                )
 
     async def _handle(request: web.Request, handler: Handler, path: str) -> web.StreamResponse:
         try:
@@ -664,11 +769,13 @@ def make_middleware(state: ServerState) -> Any:
             return web.Response(status=400)
         except web.HTTPException as err:
             if err.status == 404:
-                return status_response(StatusError(
-                    404, "NotFound", "the server could not find the requested resource"))
+                return status_response(
+                    StatusError(404, "NotFound", "the server could not find the requested resource")
+                )
             if err.status == 405:
-                return status_response(method_not_allowed(f"method {request.method} is not "
-                                                          f"allowed on {path}"))
+                return status_response(
+                    method_not_allowed(f"method {request.method} is not allowed on {path}")
+                )
             raise
 
     def _authorize(request: web.Request, path: str) -> None:
@@ -702,31 +809,34 @@ def make_middleware(state: ServerState) -> Any:
     return middleware
 
 
-def build_app(state: ServerState, extra_routes: list[web.RouteDef] | None = None
-              ) -> web.Application:
+def build_app(
+    state: ServerState, extra_routes: list[web.RouteDef] | None = None
+) -> web.Application:
     """The aiohttp application for ``state`` (plus optional control routes)."""
     handlers = Handlers(state)
     app = web.Application(middlewares=[make_middleware(state)], client_max_size=16 * 1024**2)
-    app.add_routes([
-        web.get("/version", handlers.version),
-        web.get("/version/", handlers.version),
-        web.get("/healthz", handlers.healthz),
-        web.get("/livez", handlers.healthz),
-        web.get("/readyz", handlers.healthz),
-        web.get("/api", handlers.core_versions),
-        web.get("/api/", handlers.core_versions),
-        web.get("/api/v1", handlers.core_resources),
-        web.get("/api/v1/", handlers.core_resources),
-        web.get("/apis", handlers.groups),
-        web.get("/apis/", handlers.groups),
-        web.get("/apis/{group}", handlers.group),
-        web.get("/apis/{group}/", handlers.group),
-        web.get("/apis/{group}/{version}", handlers.group_version),
-        web.get("/apis/{group}/{version}/", handlers.group_version),
-        web.route("*", "/api/v1/{tail:.+}", handlers.core_resource),
-        web.route("*", "/apis/{group}/{version}/{tail:.+}", handlers.group_resource),
-        *(extra_routes or []),
-    ])
+    app.add_routes(
+        [
+            web.get("/version", handlers.version),
+            web.get("/version/", handlers.version),
+            web.get("/healthz", handlers.healthz),
+            web.get("/livez", handlers.healthz),
+            web.get("/readyz", handlers.healthz),
+            web.get("/api", handlers.core_versions),
+            web.get("/api/", handlers.core_versions),
+            web.get("/api/v1", handlers.core_resources),
+            web.get("/api/v1/", handlers.core_resources),
+            web.get("/apis", handlers.groups),
+            web.get("/apis/", handlers.groups),
+            web.get("/apis/{group}", handlers.group),
+            web.get("/apis/{group}/", handlers.group),
+            web.get("/apis/{group}/{version}", handlers.group_version),
+            web.get("/apis/{group}/{version}/", handlers.group_version),
+            web.route("*", "/api/v1/{tail:.+}", handlers.core_resource),
+            web.route("*", "/apis/{group}/{version}/{tail:.+}", handlers.group_resource),
+            *(extra_routes or []),
+        ]
+    )
     return app
 
 

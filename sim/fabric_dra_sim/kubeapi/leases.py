@@ -30,9 +30,14 @@ def _strategy_causes(strategy: str, field: str) -> list[Cause]:
     path = f"{field}.strategy"
     if "/" not in strategy:
         if strategy not in LEASE_STRATEGIES:
-            return [Cause("FieldValueNotSupported",
-                          f"Unsupported value: {json.dumps(strategy)}: supported values: "
-                          + ", ".join(f'"{s}"' for s in LEASE_STRATEGIES), path)]
+            return [
+                Cause(
+                    "FieldValueNotSupported",
+                    f"Unsupported value: {json.dumps(strategy)}: supported values: "
+                    + ", ".join(f'"{s}"' for s in LEASE_STRATEGIES),
+                    path,
+                )
+            ]
         return []
     return [cause_invalid(path, strategy, e) for e in names.qualified_name(strategy)]
 
@@ -49,14 +54,20 @@ def lease_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
         out.append(cause_invalid("spec.leaseDurationSeconds", duration, "must be greater than 0"))
     transitions = spec.get("leaseTransitions")
     if isinstance(transitions, int) and transitions < 0:
-        out.append(cause_invalid("spec.leaseTransitions", transitions,
-                                 "must be greater than or equal to 0"))
+        out.append(
+            cause_invalid(
+                "spec.leaseTransitions", transitions, "must be greater than or equal to 0"
+            )
+        )
     if ctx.cluster.minor < _STRATEGY_MINOR or not ctx.cluster.enabled(COORDINATED_LEADER_ELECTION):
         return out
     strategy = spec.get("strategy")
     if isinstance(strategy, str):
         out.extend(_strategy_causes(strategy, "spec.strategy"))
     if spec.get("preferredHolder") and not strategy:
-        out.append(cause_forbidden("spec.preferredHolder",
-                                   "may only be specified if `strategy` is defined"))
+        out.append(
+            cause_forbidden(
+                "spec.preferredHolder", "may only be specified if `strategy` is defined"
+            )
+        )
     return out

@@ -103,15 +103,12 @@ def decode_continue(token: str) -> tuple[int, tuple[str, str]]:
     try:
         data = json.loads(base64.urlsafe_b64decode(token.encode()))
         if data.get("v") != "meta.k8s.io/v1":
-            raise ValueError("incorrect encoded start resourceVersion (version "
-                             "meta.k8s.io/v1)")
+            raise ValueError("incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
         rv = int(data["rv"])
         if rv == 0:
-            raise ValueError("incorrect encoded start resourceVersion (version "
-                             "meta.k8s.io/v1)")
+            raise ValueError("incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
         return rv, (str(data["start"][0]), str(data["start"][1]))
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError,
-            binascii.Error) as err:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, binascii.Error) as err:
         raise bad_request(f"invalid continue token: {err}") from err
 
 
@@ -131,7 +128,8 @@ INCONSISTENT_CONTINUE = (
     "start a new list without the continue parameter, or use the continue token in this "
     "response to retrieve the remainder of the results. Continuing with the provided token "
     "results in an inconsistent list - objects that were created, modified, or deleted "
-    "between the time the first chunk was returned and now may show up in the list.")
+    "between the time the first chunk was returned and now may show up in the list."
+)
 
 
 @dataclass(frozen=True)
@@ -181,8 +179,7 @@ def query_int(name: str, value: str) -> int:
         raise bad_request(f'strconv.ParseInt: parsing "{value}": invalid syntax for {name}')
     number = int(value)
     if not -_INT64_MAX - 1 <= number <= _INT64_MAX:
-        raise bad_request(f'strconv.ParseInt: parsing "{value}": value out of range for '
-                          f'{name}')
+        raise bad_request(f'strconv.ParseInt: parsing "{value}": value out of range for {name}')
     return number
 
 
@@ -200,13 +197,24 @@ def parse_list_options(query: Mapping[str, str], *, watch_list: bool) -> ListOpt
     send_initial = query_bool(initial_value) if initial_value is not None else None
     limit = query_int("limit", query.get("limit", ""))
     query_int("timeoutSeconds", query.get("timeoutSeconds", ""))
-    opts = ListOptions(watch, query.get("resourceVersion", ""),
-                       query.get("resourceVersionMatch", ""), send_initial,
-                       query.get("continue", ""), limit)
-    if (watch_list and opts.watch and opts.send_initial_events is None
-            and not opts.resource_version_match and opts.resource_version in ("", "0")):
-        opts = ListOptions(opts.watch, opts.resource_version, NOT_OLDER_THAN, True,
-                           opts.continue_token, opts.limit)
+    opts = ListOptions(
+        watch,
+        query.get("resourceVersion", ""),
+        query.get("resourceVersionMatch", ""),
+        send_initial,
+        query.get("continue", ""),
+        limit,
+    )
+    if (
+        watch_list
+        and opts.watch
+        and opts.send_initial_events is None
+        and not opts.resource_version_match
+        and opts.resource_version in ("", "0")
+    ):
+        opts = ListOptions(
+            opts.watch, opts.resource_version, NOT_OLDER_THAN, True, opts.continue_token, opts.limit
+        )
     causes = list_option_causes(opts, watch_list=watch_list)
     if causes:
         raise invalid("ListOptions", "meta.k8s.io", "", causes)
@@ -219,9 +227,11 @@ def _forbidden(field_name: str, detail: str) -> Cause:
 
 def _not_supported(field_name: str, value: str, supported: Sequence[str]) -> Cause:
     quoted = ", ".join(json.dumps(v) for v in supported)
-    return Cause("FieldValueNotSupported",
-                 f"Unsupported value: {json.dumps(value)}: supported values: {quoted}",
-                 field_name)
+    return Cause(
+        "FieldValueNotSupported",
+        f"Unsupported value: {json.dumps(value)}: supported values: {quoted}",
+        field_name,
+    )
 
 
 def list_option_causes(opts: ListOptions, *, watch_list: bool) -> list[Cause]:
@@ -233,39 +243,70 @@ def list_option_causes(opts: ListOptions, *, watch_list: bool) -> list[Cause]:
     if opts.watch:
         if opts.send_initial_events is not None:
             if match != NOT_OLDER_THAN:
-                causes.append(_forbidden("resourceVersionMatch", "sendInitialEvents requires "
-                                         f"setting resourceVersionMatch to {NOT_OLDER_THAN}"))
+                causes.append(
+                    _forbidden(
+                        "resourceVersionMatch",
+                        "sendInitialEvents requires "
+                        f"setting resourceVersionMatch to {NOT_OLDER_THAN}",
+                    )
+                )
             if not watch_list:
-                causes.append(_forbidden("sendInitialEvents", "sendInitialEvents is forbidden "
-                                         "for watch unless the WatchList feature gate is "
-                                         "enabled"))
+                causes.append(
+                    _forbidden(
+                        "sendInitialEvents",
+                        "sendInitialEvents is forbidden "
+                        "for watch unless the WatchList feature gate is "
+                        "enabled",
+                    )
+                )
         if match:
             if opts.send_initial_events is None:
-                causes.append(_forbidden("resourceVersionMatch", "resourceVersionMatch is "
-                                         "forbidden for watch unless sendInitialEvents is "
-                                         "provided"))
+                causes.append(
+                    _forbidden(
+                        "resourceVersionMatch",
+                        "resourceVersionMatch is "
+                        "forbidden for watch unless sendInitialEvents is "
+                        "provided",
+                    )
+                )
             if match != NOT_OLDER_THAN:
                 causes.append(_not_supported("resourceVersionMatch", match, [NOT_OLDER_THAN]))
             if opts.continue_token:
-                causes.append(_forbidden("resourceVersionMatch", "resourceVersionMatch is "
-                                         "forbidden when continue is provided"))
+                causes.append(
+                    _forbidden(
+                        "resourceVersionMatch",
+                        "resourceVersionMatch is forbidden when continue is provided",
+                    )
+                )
         return causes
     if match:
         if not opts.resource_version:
-            causes.append(_forbidden("resourceVersionMatch", "resourceVersionMatch is "
-                                     "forbidden unless resourceVersion is provided"))
+            causes.append(
+                _forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                )
+            )
         if opts.continue_token:
-            causes.append(_forbidden("resourceVersionMatch", "resourceVersionMatch is "
-                                     "forbidden when continue is provided"))
+            causes.append(
+                _forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden when continue is provided",
+                )
+            )
         if match not in (EXACT, NOT_OLDER_THAN):
-            causes.append(_not_supported("resourceVersionMatch", match,
-                                         [EXACT, NOT_OLDER_THAN, ""]))
+            causes.append(
+                _not_supported("resourceVersionMatch", match, [EXACT, NOT_OLDER_THAN, ""])
+            )
         if match == EXACT and opts.resource_version == "0":
-            causes.append(_forbidden("resourceVersionMatch", 'resourceVersionMatch "exact" is '
-                                     'forbidden for resourceVersion "0"'))
+            causes.append(
+                _forbidden(
+                    "resourceVersionMatch",
+                    'resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
+                )
+            )
     if opts.send_initial_events is not None:
-        causes.append(_forbidden("sendInitialEvents", "sendInitialEvents is forbidden for "
-                                 "list"))
+        causes.append(_forbidden("sendInitialEvents", "sendInitialEvents is forbidden for list"))
     return causes
 
 
@@ -283,15 +324,16 @@ def parse_list_resource_version(opts: ListOptions) -> int:
     if opts.continue_token:
         decode_continue(opts.continue_token)
         if rv not in ("", "0"):
-            raise bad_request("specifying resource version is not allowed when using "
-                              "continue")
+            raise bad_request("specifying resource version is not allowed when using continue")
         return 0
     if rv in ("", "0"):
         return 0
     number = _go_parse_uint(rv)
     if number is None:
-        raise bad_request(f'invalid resource version: resourceVersion: Invalid value: '
-                          f'"{rv}": strconv.ParseUint: parsing "{rv}": invalid syntax')
+        raise bad_request(
+            f"invalid resource version: resourceVersion: Invalid value: "
+            f'"{rv}": strconv.ParseUint: parsing "{rv}": invalid syntax'
+        )
     return number
 
 
@@ -304,10 +346,18 @@ def parse_watch_resource_version(opts: ListOptions, kind: str, group: str) -> in
         return 0
     number = _go_parse_uint(rv)
     if number is None:
-        raise invalid(kind, group, "", [Cause(
-            "FieldValueInvalid",
-            f'Invalid value: "{rv}": strconv.ParseUint: parsing "{rv}": invalid syntax',
-            "resourceVersion")])
+        raise invalid(
+            kind,
+            group,
+            "",
+            [
+                Cause(
+                    "FieldValueInvalid",
+                    f'Invalid value: "{rv}": strconv.ParseUint: parsing "{rv}": invalid syntax',
+                    "resourceVersion",
+                )
+            ],
+        )
     return number
 
 
@@ -316,11 +366,17 @@ def too_large_resource_version(requested: int, current: int) -> StatusError:
     ResourceVersionTooLarge cause and Retry-After (k8s.io/apiserver pkg/storage/errors.go
     NewTooLargeResourceVersionError, k8s.io/apimachinery pkg/api/errors NewTimeoutError)."""
     return StatusError(
-        504, "Timeout", f"Timeout: Too large resource version: {requested}, current: {current}",
-        {"causes": [{"reason": "ResourceVersionTooLarge",
-                     "message": "Too large resource version"}],
-         "retryAfterSeconds": TOO_LARGE_RETRY_S},
-        {"Retry-After": str(TOO_LARGE_RETRY_S)})
+        504,
+        "Timeout",
+        f"Timeout: Too large resource version: {requested}, current: {current}",
+        {
+            "causes": [
+                {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+            ],
+            "retryAfterSeconds": TOO_LARGE_RETRY_S,
+        },
+        {"Retry-After": str(TOO_LARGE_RETRY_S)},
+    )
 
 
 def watch_too_old(requested: int, oldest: int) -> StatusError:
@@ -346,5 +402,9 @@ class ExpiredContinue(StatusError):
 
 def expired_continue(start: tuple[str, str]) -> ExpiredContinue:
     """The :class:`ExpiredContinue` error for a token that stopped after key ``start``."""
-    return ExpiredContinue(410, "Expired", INCONSISTENT_CONTINUE,
-                           continue_token=encode_continue(-1, start[0], start[1]))
+    return ExpiredContinue(
+        410,
+        "Expired",
+        INCONSISTENT_CONTINUE,
+        continue_token=encode_continue(-1, start[0], start[1]),
+    )

@@ -10,7 +10,8 @@ import re
 
 DNS1123_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN_RE = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 C_IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 QUALIFIED_NAME_PART_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -18,7 +19,8 @@ LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 SEMVER_RE = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
 CAMEL_REASON_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 
 
@@ -28,8 +30,10 @@ def dns_label(value: str) -> list[str]:
     if len(value) > 63:
         errors.append("must be no more than 63 characters")
     if not DNS1123_LABEL_RE.match(value):
-        errors.append("a lowercase RFC 1123 label must consist of lower case alphanumeric "
-                      "characters or '-', and must start and end with an alphanumeric character")
+        errors.append(
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric "
+            "characters or '-', and must start and end with an alphanumeric character"
+        )
     return errors
 
 
@@ -39,9 +43,11 @@ def dns_subdomain(value: str, max_length: int = 253) -> list[str]:
     if len(value) > max_length:
         errors.append(f"must be no more than {max_length} characters")
     if not DNS1123_SUBDOMAIN_RE.match(value):
-        errors.append("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
-                      "characters, '-' or '.', and must start and end with an alphanumeric "
-                      "character")
+        errors.append(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+            "characters, '-' or '.', and must start and end with an alphanumeric "
+            "character"
+        )
     return errors
 
 
@@ -58,8 +64,10 @@ def qualified_name(value: str) -> list[str]:
     elif len(name) > 63:
         errors.append("name part must be no more than 63 characters")
     elif not QUALIFIED_NAME_PART_RE.match(name):
-        errors.append("name part must consist of alphanumeric characters, '-', '_' or '.', and "
-                      "must start and end with an alphanumeric character")
+        errors.append(
+            "name part must consist of alphanumeric characters, '-', '_' or '.', and "
+            "must start and end with an alphanumeric character"
+        )
     return errors
 
 
@@ -69,9 +77,11 @@ def label_value(value: str) -> list[str]:
     if len(value) > 63:
         errors.append("must be no more than 63 characters")
     if not LABEL_VALUE_RE.match(value):
-        errors.append("a valid label must be an empty string or consist of alphanumeric "
-                      "characters, '-', '_' or '.', and must start and end with an alphanumeric "
-                      "character")
+        errors.append(
+            "a valid label must be an empty string or consist of alphanumeric "
+            "characters, '-', '_' or '.', and must start and end with an alphanumeric "
+            "character"
+        )
     return errors
 
 

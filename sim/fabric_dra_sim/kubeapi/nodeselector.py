@@ -35,25 +35,39 @@ def requirement_causes(requirement: Any, field: str, *, label_values: bool) -> l
     out: list[Cause] = []
     if operator in ("In", "NotIn"):
         if not values:
-            out.append(dra.cause_required(f"{field}.values",
-                                      "must be specified when `operator` is 'In' or 'NotIn'"))
+            out.append(
+                dra.cause_required(
+                    f"{field}.values", "must be specified when `operator` is 'In' or 'NotIn'"
+                )
+            )
     elif operator in ("Exists", "DoesNotExist"):
         if values:
-            out.append(dra.cause_forbidden(f"{field}.values", "may not be specified when "
-                                           "`operator` is 'Exists' or 'DoesNotExist'"))
+            out.append(
+                dra.cause_forbidden(
+                    f"{field}.values",
+                    "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+                )
+            )
     elif operator in ("Gt", "Lt"):
         if len(values) != 1:
-            out.append(dra.cause_required(f"{field}.values", "must be specified single value when "
-                                      "`operator` is 'Lt' or 'Gt'"))
+            out.append(
+                dra.cause_required(
+                    f"{field}.values",
+                    "must be specified single value when `operator` is 'Lt' or 'Gt'",
+                )
+            )
     else:
-        out.append(dra.cause_invalid(f"{field}.operator", operator,
-                                     "not a valid selector operator"))
+        out.append(
+            dra.cause_invalid(f"{field}.operator", operator, "not a valid selector operator")
+        )
     key = requirement.get("key") or ""
     out.extend(dra.cause_invalid(f"{field}.key", key, e) for e in names.qualified_name(str(key)))
     if label_values:
         for i, value in enumerate(values):
-            out.extend(dra.cause_invalid(f"{field}.values[{i}]", value, e)
-                       for e in names.label_value(str(value)))
+            out.extend(
+                dra.cause_invalid(f"{field}.values[{i}]", value, e)
+                for e in names.label_value(str(value))
+            )
     return out
 
 
@@ -68,18 +82,26 @@ def field_requirement_causes(requirement: Any, field: str) -> list[Cause]:
     out: list[Cause] = []
     if operator in ("In", "NotIn"):
         if len(values) != 1:
-            out.append(dra.cause_required(f"{field}.values", "must be only one value when "
-                                      "`operator` is 'In' or 'NotIn' for node field selector"))
+            out.append(
+                dra.cause_required(
+                    f"{field}.values",
+                    "must be only one value when "
+                    "`operator` is 'In' or 'NotIn' for node field selector",
+                )
+            )
     else:
-        out.append(dra.cause_invalid(f"{field}.operator", operator,
-                                     "not a valid selector operator"))
+        out.append(
+            dra.cause_invalid(f"{field}.operator", operator, "not a valid selector operator")
+        )
     key = requirement.get("key")
     if key not in _FIELD_KEYS:
         out.append(dra.cause_invalid(f"{field}.key", key, "not a valid field selector key"))
     else:
         for i, value in enumerate(values):
-            out.extend(dra.cause_invalid(f"{field}.values[{i}]", value, e)
-                       for e in names.dns_subdomain(str(value)))
+            out.extend(
+                dra.cause_invalid(f"{field}.values[{i}]", value, e)
+                for e in names.dns_subdomain(str(value))
+            )
     return out
 
 
@@ -89,8 +111,11 @@ def term_causes(term: Any, field: str, *, label_values: bool) -> list[Cause]:
         return [dra.cause_invalid(field, term, "must be an object")]
     out: list[Cause] = []
     for j, requirement in enumerate(_as_list(term.get("matchExpressions"))):
-        out.extend(requirement_causes(requirement, f"{field}.matchExpressions[{j}]",
-                                      label_values=label_values))
+        out.extend(
+            requirement_causes(
+                requirement, f"{field}.matchExpressions[{j}]", label_values=label_values
+            )
+        )
     for j, requirement in enumerate(_as_list(term.get("matchFields"))):
         out.extend(field_requirement_causes(requirement, f"{field}.matchFields[{j}]"))
     return out
@@ -106,10 +131,12 @@ def node_selector_causes(selector: Any, field: str, *, label_values: bool = True
         return [dra.cause_invalid(field, json.dumps(selector)[:80], "must be an object")]
     terms = _as_list(selector.get("nodeSelectorTerms"))
     if not terms:
-        return [dra.cause_required(f"{field}.nodeSelectorTerms",
-                               "must have at least one node selector term")]
+        return [
+            dra.cause_required(
+                f"{field}.nodeSelectorTerms", "must have at least one node selector term"
+            )
+        ]
     out: list[Cause] = []
     for i, term in enumerate(terms):
-        out.extend(term_causes(term, f"{field}.nodeSelectorTerms[{i}]",
-                               label_values=label_values))
+        out.extend(term_causes(term, f"{field}.nodeSelectorTerms[{i}]", label_values=label_values))
     return out

@@ -43,8 +43,7 @@ def drop_path(obj: Any, path: str) -> None:
 
 def spec_part(obj: dict[str, Any]) -> dict[str, Any]:
     """Everything but metadata and status: a change here bumps metadata.generation."""
-    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion",
-                                                        "kind")}
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
 # Kinds whose strategy sets metadata.generation to 1 on create and bumps it when the spec
@@ -53,8 +52,11 @@ def spec_part(obj: dict[str, Any]) -> dict[str, Any]:
 # (PrepareForCreate, updatePodGeneration). The ResourceClaim, ResourceClaimTemplate and
 # PodSchedulingContext strategies never touch it, nor do those of Nodes, Namespaces, Events and
 # Leases, so their objects carry no generation.
-_GENERATION_KINDS = {(RESOURCE_GROUP, "resourceslices"), (RESOURCE_GROUP, "deviceclasses"),
-                     ("", "pods")}
+_GENERATION_KINDS = {
+    (RESOURCE_GROUP, "resourceslices"),
+    (RESOURCE_GROUP, "deviceclasses"),
+    ("", "pods"),
+}
 
 
 def uses_generation(rt: ResourceType) -> bool:

@@ -76,8 +76,14 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
-_SYSTEM_META = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-                "generation", "selfLink")
+_SYSTEM_META = (
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "selfLink",
+)
 
 
 def _check_name(rt: ResourceType, namespace: str, name: str, body: Any) -> None:
@@ -87,14 +93,19 @@ def _check_name(rt: ResourceType, namespace: str, name: str, body: Any) -> None:
     meta = body.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     if not meta.get("name"):
-        raise bad_request(f"the name of the object ({name} based on URL) was undeterminable: "
-                          "name must be provided")
+        raise bad_request(
+            f"the name of the object ({name} based on URL) was undeterminable: "
+            "name must be provided"
+        )
     if meta["name"] != name:
-        raise bad_request(f"the name of the object ({meta['name']}) does not match the name "
-                          f"on the URL ({name})")
+        raise bad_request(
+            f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
+        )
     if rt.namespaced and meta.get("namespace") and meta["namespace"] != namespace:
-        raise bad_request(f"the namespace of the object ({meta['namespace']}) does not match "
-                          f"the namespace on the request ({namespace})")
+        raise bad_request(
+            f"the namespace of the object ({meta['namespace']}) does not match "
+            f"the namespace on the request ({namespace})"
+        )
 
 
 class Api:
@@ -104,8 +115,9 @@ class Api:
     ``dropped``: plural -> dotted paths silently removed on write (a disabled feature gate).
     """
 
-    def __init__(self, store: Store, types: Sequence[ResourceType], *, validate: bool,
-                 cluster: Cluster) -> None:
+    def __init__(
+        self, store: Store, types: Sequence[ResourceType], *, validate: bool, cluster: Cluster
+    ) -> None:
         self.store = store
         self.types = list(types)
         self.validate = validate
@@ -133,9 +145,12 @@ class Api:
         for rt in self.types:
             if (rt.api_version, rt.kind) == (api_version, kind):
                 return rt
-        raise StatusError(404, "NotFound",
-                          f'the server could not find the requested resource ({kind} '
-                          f'{api_version} is not served)')
+        raise StatusError(
+            404,
+            "NotFound",
+            f"the server could not find the requested resource ({kind} "
+            f"{api_version} is not served)",
+        )
 
     def shown(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
         """Stored ``obj`` as ``rt``'s version shows it (the stored object itself when no
@@ -158,9 +173,16 @@ class Api:
 
     # -- list -----------------------------------------------------------------------------
     def list_objects(
-        self, rt: ResourceType, namespace: str, labels: Sequence[Requirement],
-        fields: Sequence[FieldRequirement], limit: int = 0, continue_token: str = "", *,
-        resource_version: str = "", resource_version_match: str = "",
+        self,
+        rt: ResourceType,
+        namespace: str,
+        labels: Sequence[Requirement],
+        fields: Sequence[FieldRequirement],
+        limit: int = 0,
+        continue_token: str = "",
+        *,
+        resource_version: str = "",
+        resource_version_match: str = "",
     ) -> ListResult:
         """Objects sorted by (namespace, name), filtered, paged by ``limit``/``continue``.
 
@@ -178,8 +200,9 @@ class Api:
         Expired (the version left the history: for a continue token with a token that
         continues at the latest version), 504 (an exact version not reached yet).
         """
-        opts = ListOptions(False, resource_version, resource_version_match, None,
-                           continue_token, limit)
+        opts = ListOptions(
+            False, resource_version, resource_version_match, None, continue_token, limit
+        )
         requested = parse_list_resource_version(opts)
         store = self.store
         gr = rt.group_resource
@@ -189,8 +212,9 @@ class Api:
             token_rv, start = decode_continue(continue_token)
             if token_rv > 0:
                 exact = token_rv
-        elif requested > 0 and (resource_version_match == EXACT
-                                or (not resource_version_match and limit > 0)):
+        elif requested > 0 and (
+            resource_version_match == EXACT or (not resource_version_match and limit > 0)
+        ):
             exact = requested
         list_rv = store.rv
         source = store.items(gr)
@@ -229,10 +253,12 @@ class Api:
         api_version = obj.setdefault("apiVersion", rt.api_version)
         kind = obj.setdefault("kind", rt.kind)
         if api_version != rt.api_version or kind != rt.kind:
-            raise bad_request(f"the API version in the data ({api_version}) does not match the "
-                              f"expected API version ({rt.api_version})" if kind == rt.kind else
-                              f"the kind in the data ({kind}) does not match the expected kind "
-                              f"({rt.kind})")
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the "
+                f"expected API version ({rt.api_version})"
+                if kind == rt.kind
+                else f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})"
+            )
         meta = obj.get("metadata")
         if meta is None:
             meta = obj["metadata"] = {}
@@ -240,8 +266,10 @@ class Api:
             raise bad_request("metadata must be an object")
         if rt.namespaced:
             if meta.get("namespace") and meta["namespace"] != namespace:
-                raise bad_request("the namespace of the provided object does not match the "
-                                  "namespace sent on the request")
+                raise bad_request(
+                    "the namespace of the provided object does not match the "
+                    "namespace sent on the request"
+                )
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
@@ -255,8 +283,13 @@ class Api:
         for path in self.dropped.get(rt.plural, []):
             drop_path(obj, path)
 
-    def context(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
-                status_write: bool = False) -> RuleContext:
+    def context(
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        status_write: bool = False,
+    ) -> RuleContext:
         """The :class:`RuleContext` of a write of ``obj`` (``old``: stored state or None);
         its warnings go to :attr:`warnings`.
         """
@@ -265,11 +298,16 @@ class Api:
             namespace = (obj.get("metadata") or {}).get("namespace") or ""
             ns = self.store.get(("", "namespaces"), ("", namespace))
             labels = dict(((ns or {}).get("metadata") or {}).get("labels") or {})
-        return RuleContext(self.cluster, rt.version if rt.group == RESOURCE_GROUP else "",
-                           old, status_write, labels, self.warnings)
+        return RuleContext(
+            self.cluster,
+            rt.version if rt.group == RESOURCE_GROUP else "",
+            old,
+            status_write,
+            labels,
+            self.warnings,
+        )
 
-    def _kind_causes(self, rt: ResourceType, obj: dict[str, Any],
-                     ctx: RuleContext) -> list[Cause]:
+    def _kind_causes(self, rt: ResourceType, obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
         if (rt.group, rt.plural) == ("coordination.k8s.io", "leases"):
             return leases.lease_causes(obj, ctx)
         if rt.group != RESOURCE_GROUP:
@@ -286,16 +324,26 @@ class Api:
             return dra_claims.pod_scheduling_context_causes(obj, ctx)
         return []
 
-    def _validate(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
-                  status_write: bool = False) -> None:
+    def _validate(
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        status_write: bool = False,
+    ) -> None:
         if not self.validate:
             return
         ctx = self.context(rt, obj, old, status_write)
         self.schemas.check(rt, obj)
         raise_if(rt, obj, metadata_causes(rt, obj) + self._kind_causes(rt, obj, ctx))
 
-    def _decode(self, rt: ResourceType, obj: dict[str, Any], field_validation: str | None,
-                duplicates: Sequence[str]) -> None:
+    def _decode(
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        field_validation: str | None,
+        duplicates: Sequence[str],
+    ) -> None:
         # k8s.io/apiserver pkg/endpoints/handlers create.go / update.go: the body is decoded
         # into the Go type, which has no room for unknown fields; fieldValidation says whether
         # that fails the request, warns or passes silently. None: already decoded (the last
@@ -309,10 +357,18 @@ class Api:
             raise not_found("", "namespaces", namespace)
 
     # -- create ---------------------------------------------------------------------------
-    def create(self, rt: ResourceType, namespace: str, body: Any, *, manager: str,
-               dry_run: bool = False, managers: list[Any] | None = None,
-               field_validation: str | None = STRICT,
-               duplicates: Sequence[str] = ()) -> dict[str, Any]:
+    def create(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        body: Any,
+        *,
+        manager: str,
+        dry_run: bool = False,
+        managers: list[Any] | None = None,
+        field_validation: str | None = STRICT,
+        duplicates: Sequence[str] = (),
+    ) -> dict[str, Any]:
         """POST: name or generateName, server fields, status reset where the strategy does it,
         validation, store, ADDED event. Raises StatusError 400/404/409/422.
 
@@ -329,21 +385,38 @@ class Api:
             # Retry on the (unlikely) clash instead of returning 409 for a generated name.
             for _ in range(8):
                 candidate = meta["generateName"] + random_suffix()
-                if self.store.get(rt.group_resource, (namespace if rt.namespaced else "",
-                                                      candidate)) is None:
+                if (
+                    self.store.get(
+                        rt.group_resource, (namespace if rt.namespaced else "", candidate)
+                    )
+                    is None
+                ):
                     break
             meta["name"] = candidate
         if meta.get("resourceVersion"):
             # The storage layer refuses this and the handler reports it as an internal error
             # (k8s.io/apiserver pkg/storage/etcd3 store.Create).
-            raise StatusError(500, "InternalError", "Internal error occurred: resourceVersion "
-                              "should not be set on objects to be created")
+            raise StatusError(
+                500,
+                "InternalError",
+                "Internal error occurred: resourceVersion "
+                "should not be set on objects to be created",
+            )
         for field_name in (*_SYSTEM_META, "managedFields"):
             meta.pop(field_name, None)
         if not meta.get("name"):
-            raise invalid(rt.kind, rt.group, "", [Cause(
-                "FieldValueRequired", "Required value: name or generateName is required",
-                "metadata.name")])
+            raise invalid(
+                rt.kind,
+                rt.group,
+                "",
+                [
+                    Cause(
+                        "FieldValueRequired",
+                        "Required value: name or generateName is required",
+                        "metadata.name",
+                    )
+                ],
+            )
         key = (namespace if rt.namespaced else "", meta["name"])
         clash = self.store.get(rt.group_resource, key)
         if clash is not None:
@@ -380,10 +453,20 @@ class Api:
         return copy.deepcopy(obj)
 
     # -- update ---------------------------------------------------------------------------
-    def update(self, rt: ResourceType, namespace: str, name: str, body: Any, *,
-               subresource: str = "", manager: str, dry_run: bool = False,
-               managers: list[Any] | None = None, field_validation: str | None = STRICT,
-               duplicates: Sequence[str] = ()) -> dict[str, Any]:
+    def update(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        body: Any,
+        *,
+        subresource: str = "",
+        manager: str,
+        dry_run: bool = False,
+        managers: list[Any] | None = None,
+        field_validation: str | None = STRICT,
+        duplicates: Sequence[str] = (),
+    ) -> dict[str, Any]:
         """PUT (also the last step of PATCH): preconditions, status split, finalizer rule,
         generation, validation; a no-op writes nothing. Raises StatusError 400/404/409/422.
         ``field_validation``, ``duplicates``: as for :meth:`create`.
@@ -398,9 +481,13 @@ class Api:
         if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta["resourceVersion"]:
             raise conflict(rt.group, rt.plural, name, STALE_OBJECT)
         if meta.get("uid") and meta["uid"] != old_meta["uid"]:
-            raise conflict(rt.group, rt.plural, name,
-                           f"Precondition failed: UID in precondition: {meta['uid']}, "
-                           f"UID in object meta: {old_meta['uid']}")
+            raise conflict(
+                rt.group,
+                rt.plural,
+                name,
+                f"Precondition failed: UID in precondition: {meta['uid']}, "
+                f"UID in object meta: {old_meta['uid']}",
+            )
         if subresource == "status":
             # ResetObjectMetaForStatus: a status write changes status and nothing else.
             new = copy.deepcopy(old)
@@ -426,14 +513,27 @@ class Api:
                 new["spec"] = copy.deepcopy(old.get("spec"))
         new_meta = new["metadata"]
         if old_meta.get("deletionTimestamp"):
-            added = [f for f in new_meta.get("finalizers") or []
-                     if f not in (old_meta.get("finalizers") or [])]
+            added = [
+                f
+                for f in new_meta.get("finalizers") or []
+                if f not in (old_meta.get("finalizers") or [])
+            ]
             if added:
-                raise invalid(rt.kind, rt.group, name, [Cause(
-                    "FieldValueForbidden", "Forbidden: no new finalizers can be added if the "
-                    "object is being deleted, found new finalizers []string{"
-                    + ", ".join(json.dumps(f) for f in sorted(added)) + "}",
-                    "metadata.finalizers")])
+                raise invalid(
+                    rt.kind,
+                    rt.group,
+                    name,
+                    [
+                        Cause(
+                            "FieldValueForbidden",
+                            "Forbidden: no new finalizers can be added if the "
+                            "object is being deleted, found new finalizers []string{"
+                            + ", ".join(json.dumps(f) for f in sorted(added))
+                            + "}",
+                            "metadata.finalizers",
+                        )
+                    ],
+                )
         self._drop(rt, new, old)
         if uses_generation(rt) and spec_part(new) != spec_part(old):
             new_meta["generation"] = int(old_meta.get("generation", 1)) + 1
@@ -442,7 +542,8 @@ class Api:
             managers = record_update(old, new, manager, subresource)
         now = now_rfc3339()
         new_meta["managedFields"] = managed_fields_json(
-            managers, rt.api_version, now, old_meta.get("managedFields"))
+            managers, rt.api_version, now, old_meta.get("managedFields")
+        )
         self._validate(rt, new, old, status_write=subresource == "status")
         if new == old:
             return copy.deepcopy(old)
@@ -454,15 +555,25 @@ class Api:
         if should_delete_during_update(old_meta, new_meta):
             self.store.remove(rt.group_resource, key, self.stored(rt, new))
         else:
-            self.store.put(rt.group_resource, key, self.stored(rt, new), "MODIFIED",
-                           stored_old)
+            self.store.put(rt.group_resource, key, self.stored(rt, new), "MODIFIED", stored_old)
         return copy.deepcopy(new)
 
     # -- patch ----------------------------------------------------------------------------
-    def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str,
-              raw: bytes, *, subresource: str = "", manager: str, field_manager: str = "",
-              force: bool = False, dry_run: bool = False,
-              field_validation: str = STRICT) -> tuple[dict[str, Any], bool]:
+    def patch(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        content_type: str,
+        raw: bytes,
+        *,
+        subresource: str = "",
+        manager: str,
+        field_manager: str = "",
+        force: bool = False,
+        dry_run: bool = False,
+        field_validation: str = STRICT,
+    ) -> tuple[dict[str, Any], bool]:
         """PATCH of any kind; returns (object, created). Apply creates a missing object.
 
         ``field_validation`` (Ignore, Warn, Strict) rules duplicate keys of the patch and
@@ -472,9 +583,17 @@ class Api:
         type), 422, 500.
         """
         if content_type == APPLY_PATCH:
-            return self._apply(rt, namespace, name, raw, subresource=subresource,
-                               field_manager=field_manager, force=force, dry_run=dry_run,
-                               field_validation=field_validation)
+            return self._apply(
+                rt,
+                namespace,
+                name,
+                raw,
+                subresource=subresource,
+                field_manager=field_manager,
+                force=force,
+                dry_run=dry_run,
+                field_validation=field_validation,
+            )
         if content_type not in (JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH):
             raise unsupported_media_type(content_type)
         try:
@@ -487,32 +606,67 @@ class Api:
         else:
             if not isinstance(document, dict):
                 raise bad_request("error decoding patch: the patch must be a JSON object")
-            patched = (merge_patch(old, document) if content_type == MERGE_PATCH
-                       else strategic_merge(old, document))
+            patched = (
+                merge_patch(old, document)
+                if content_type == MERGE_PATCH
+                else strategic_merge(old, document)
+            )
         if not isinstance(patched, dict):
             raise bad_request("the patched object is not a JSON object")
         if self.validate:
             # patch.go: strict errors of the patch document itself (duplicate keys; for a JSON
             # patch also unknown operation fields), then those of the patched object.
-            errors = (json_patch_errors(document, duplicates) if content_type == JSON_PATCH
-                      else [f'duplicate field "{d}"' for d in duplicates])
+            errors = (
+                json_patch_errors(document, duplicates)
+                if content_type == JSON_PATCH
+                else [f'duplicate field "{d}"' for d in duplicates]
+            )
             shown = ""
             if field_validation == STRICT:
-                shown = (go_value(document) if content_type == STRATEGIC_PATCH
-                         else json.dumps(patched, separators=(",", ":")))
+                shown = (
+                    go_value(document)
+                    if content_type == STRATEGIC_PATCH
+                    else json.dumps(patched, separators=(",", ":"))
+                )
             errors += self.schemas.drop_unknown(rt, patched)
             settle_patch(errors, field_validation, self.warnings, shown)
-        return self.update(rt, namespace, name, patched, subresource=subresource,
-                           manager=field_manager or manager, dry_run=dry_run,
-                           field_validation=None), False
+        return self.update(
+            rt,
+            namespace,
+            name,
+            patched,
+            subresource=subresource,
+            manager=field_manager or manager,
+            dry_run=dry_run,
+            field_validation=None,
+        ), False
 
-    def _apply(self, rt: ResourceType, namespace: str, name: str, raw: bytes, *,
-               subresource: str, field_manager: str, force: bool,
-               dry_run: bool, field_validation: str) -> tuple[dict[str, Any], bool]:
+    def _apply(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        raw: bytes,
+        *,
+        subresource: str,
+        field_manager: str,
+        force: bool,
+        dry_run: bool,
+        field_validation: str,
+    ) -> tuple[dict[str, Any], bool]:
         if not field_manager:
-            raise invalid("PatchOptions", "meta.k8s.io", "", [Cause(
-                "FieldValueRequired", "Required value: is required for apply patch",
-                "fieldManager")])
+            raise invalid(
+                "PatchOptions",
+                "meta.k8s.io",
+                "",
+                [
+                    Cause(
+                        "FieldValueRequired",
+                        "Required value: is required for apply patch",
+                        "fieldManager",
+                    )
+                ],
+            )
         try:
             config, duplicates = load_yaml(raw or b"")
         except yaml.YAMLError as err:
@@ -528,8 +682,10 @@ class Api:
             settle_apply(duplicates, field_validation, self.warnings)
         config_meta = config.get("metadata") or {}
         if config_meta.get("name", name) != name:
-            raise bad_request(f"the name of the object ({config_meta.get('name')}) does not "
-                              f"match the name on the URL ({name})")
+            raise bad_request(
+                f"the name of the object ({config_meta.get('name')}) does not "
+                f"match the name on the URL ({name})"
+            )
         found = self.store.get(rt.group_resource, (namespace if rt.namespaced else "", name))
         existing = None if found is None else self.shown(rt, found)
         if existing is None:
@@ -537,24 +693,45 @@ class Api:
                 raise not_found(rt.group, rt.plural, name)
             merged, managers = server_side_apply({}, config, field_manager, force=force)
             merged.setdefault("metadata", {})["name"] = name
-            return self.create(rt, namespace, merged, manager=field_manager, dry_run=dry_run,
-                               managers=managers, field_validation=None), True
-        merged, managers = server_side_apply(existing, config, field_manager, force=force,
-                                             subresource=subresource)
+            return self.create(
+                rt,
+                namespace,
+                merged,
+                manager=field_manager,
+                dry_run=dry_run,
+                managers=managers,
+                field_validation=None,
+            ), True
+        merged, managers = server_side_apply(
+            existing, config, field_manager, force=force, subresource=subresource
+        )
         merged_meta = merged.setdefault("metadata", {})
         # Only a resourceVersion in the applied configuration is a precondition.
         if config_meta.get("resourceVersion"):
             merged_meta["resourceVersion"] = config_meta["resourceVersion"]
         else:
             merged_meta["resourceVersion"] = existing["metadata"]["resourceVersion"]
-        return self.update(rt, namespace, name, merged, subresource=subresource,
-                           manager=field_manager, dry_run=dry_run, managers=managers,
-                           field_validation=None), False
+        return self.update(
+            rt,
+            namespace,
+            name,
+            merged,
+            subresource=subresource,
+            manager=field_manager,
+            dry_run=dry_run,
+            managers=managers,
+            field_validation=None,
+        ), False
 
     # -- delete ---------------------------------------------------------------------------
-    def delete(self, rt: ResourceType, namespace: str, name: str,
-               options: dict[str, Any] | None = None,
-               dry_run: bool = False) -> tuple[dict[str, Any], bool]:
+    def delete(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        options: dict[str, Any] | None = None,
+        dry_run: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
         """DELETE, following k8s.io/apiserver pkg/registry/generic/registry/store.go Delete.
 
         Returns (object, deleted): the removed object and True, or the object kept and
@@ -568,8 +745,12 @@ class Api:
         opts = options or {}
         old = self._get_visible(rt, namespace, name)
         check_preconditions(rt.group, rt.kind, old, opts)
-        plan = plan_delete(old, opts, graceful=rt.group_resource == ("", "pods"),
-                           now=datetime.datetime.now(datetime.UTC))
+        plan = plan_delete(
+            old,
+            opts,
+            graceful=rt.group_resource == ("", "pods"),
+            now=datetime.datetime.now(datetime.UTC),
+        )
         key = (namespace if rt.namespaced else "", name)
         shown = plan.obj
         if rt.plural == "namespaces" and plan.remove:
@@ -583,8 +764,13 @@ class Api:
             return copy.deepcopy(shown), plan.remove
         if plan.write:
             plan.obj["metadata"]["resourceVersion"] = str(self.store.next_rv())
-            self.store.put(rt.group_resource, key, self.stored(rt, plan.obj), "MODIFIED",
-                           self.store.get(rt.group_resource, key))
+            self.store.put(
+                rt.group_resource,
+                key,
+                self.stored(rt, plan.obj),
+                "MODIFIED",
+                self.store.get(rt.group_resource, key),
+            )
         if plan.remove:
             last = copy.deepcopy(plan.obj)
             last["metadata"]["resourceVersion"] = str(self.store.next_rv())
@@ -595,8 +781,12 @@ class Api:
                 return shown, False
             return last, True
         if plan.kubelet:
-            self.delete(rt, namespace, name, {"gracePeriodSeconds": 0, "preconditions": {
-                "uid": old["metadata"]["uid"]}})
+            self.delete(
+                rt,
+                namespace,
+                name,
+                {"gracePeriodSeconds": 0, "preconditions": {"uid": old["metadata"]["uid"]}},
+            )
         return copy.deepcopy(shown), False
 
     def _delete_namespace_contents(self, namespace: str) -> None:

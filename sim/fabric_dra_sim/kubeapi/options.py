@@ -32,9 +32,13 @@ def dry_run_causes(values: Sequence[str]) -> list[Cause]:
     """Causes for ``dryRun`` values other than ``All`` (ValidateDryRun: NotSupported)."""
     if all(v == DRY_RUN_ALL for v in values):
         return []
-    return [Cause("FieldValueNotSupported",
-                  f'Unsupported value: {_go_strings(values)}: supported values: "All"',
-                  "dryRun")]
+    return [
+        Cause(
+            "FieldValueNotSupported",
+            f'Unsupported value: {_go_strings(values)}: supported values: "All"',
+            "dryRun",
+        )
+    ]
 
 
 def field_manager_causes(manager: str) -> list[Cause]:
@@ -43,19 +47,35 @@ def field_manager_causes(manager: str) -> list[Cause]:
     """
     causes: list[Cause] = []
     if len(manager) > FIELD_MANAGER_MAX_LENGTH:
-        causes.append(Cause("FieldValueTooLong", f"Too long: may not be more than "
-                            f"{FIELD_MANAGER_MAX_LENGTH} bytes", "fieldManager"))
+        causes.append(
+            Cause(
+                "FieldValueTooLong",
+                f"Too long: may not be more than {FIELD_MANAGER_MAX_LENGTH} bytes",
+                "fieldManager",
+            )
+        )
     for index, char in enumerate(manager):
         # Go's unicode.IsPrint: the ASCII space is the only printable space.
         if not char.isprintable():
-            causes.append(Cause("FieldValueInvalid", f"Invalid value: {json.dumps(manager)}: "
-                                f"invalid character U+{ord(char):04X} (at position {index})",
-                                "fieldManager"))
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f"Invalid value: {json.dumps(manager)}: "
+                    f"invalid character U+{ord(char):04X} (at position {index})",
+                    "fieldManager",
+                )
+            )
     return causes
 
 
-def check_write_options(verb: str, *, dry_run: Sequence[str], field_manager: str = "",
-                        force_given: bool = False, apply: bool = False) -> None:
+def check_write_options(
+    verb: str,
+    *,
+    dry_run: Sequence[str],
+    field_manager: str = "",
+    force_given: bool = False,
+    apply: bool = False,
+) -> None:
     """Validate the options of a create, update or patch (``verb``: "Create", "Update",
     "Patch"). ``force_given``: the ``force`` parameter was sent; ``apply``: the patch is
     server-side apply.
@@ -66,8 +86,13 @@ def check_write_options(verb: str, *, dry_run: Sequence[str], field_manager: str
     """
     causes: list[Cause] = []
     if verb == "Patch" and force_given and not apply:
-        causes.append(Cause("FieldValueForbidden",
-                            "Forbidden: may not be specified for non-apply patch", "force"))
+        causes.append(
+            Cause(
+                "FieldValueForbidden",
+                "Forbidden: may not be specified for non-apply patch",
+                "force",
+            )
+        )
     causes += field_manager_causes(field_manager)
     causes += dry_run_causes(dry_run)
     if causes:
@@ -111,8 +136,10 @@ _PRECONDITION_FIELDS = {"uid": "types.UID", "resourceVersion": "string"}
 
 
 def _type_error(value: Any, path: str, go_type: str) -> StatusError:
-    return bad_request(f"json: cannot unmarshal {json_kind(value)} into Go struct field "
-                       f"DeleteOptions.{path} of type {go_type}")
+    return bad_request(
+        f"json: cannot unmarshal {json_kind(value)} into Go struct field "
+        f"DeleteOptions.{path} of type {go_type}"
+    )
 
 
 def _decode_delete_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -132,8 +159,9 @@ def _decode_delete_body(body: dict[str, Any]) -> dict[str, Any]:
     kind = body.get("kind") or "DeleteOptions"
     if kind != "DeleteOptions":
         shown = api_version or DEFAULT_DELETE_GROUP_VERSION
-        raise bad_request(f'no kind "{kind}" is registered for version "{shown}" in scheme '
-                          f'"{META_SCHEME}"')
+        raise bad_request(
+            f'no kind "{kind}" is registered for version "{shown}" in scheme "{META_SCHEME}"'
+        )
     options: dict[str, Any] = {}
     for key, value in body.items():
         go_type = _DELETE_FIELDS.get(key)
@@ -191,26 +219,39 @@ def delete_options(body: Any, query: Mapping[str, Sequence[str]]) -> tuple[dict[
         dry_run = list(options.get("dryRun") or [])
     else:
         # encoding/json into a struct: anything but an object is a type error.
-        raise bad_request(f"couldn't get version/kind; json parse error: json: cannot "
-                          f"unmarshal {json_kind(body)} into Go value of type "
-                          "struct { APIVersion string \"json:\\\"apiVersion,omitempty\\\"\"; "
-                          "Kind string \"json:\\\"kind,omitempty\\\"\" }")
+        raise bad_request(
+            f"couldn't get version/kind; json parse error: json: cannot "
+            f"unmarshal {json_kind(body)} into Go value of type "
+            'struct { APIVersion string "json:\\"apiVersion,omitempty\\""; '
+            'Kind string "json:\\"kind,omitempty\\"" }'
+        )
     causes: list[Cause] = []
     policy = options.get("propagationPolicy")
     if options.get("orphanDependents") is not None and policy is not None:
-        causes.append(Cause("FieldValueInvalid", f"Invalid value: {json.dumps(policy)}: "
-                            "orphanDependents and deletionPropagation cannot be both set",
-                            "propagationPolicy"))
+        causes.append(
+            Cause(
+                "FieldValueInvalid",
+                f"Invalid value: {json.dumps(policy)}: "
+                "orphanDependents and deletionPropagation cannot be both set",
+                "propagationPolicy",
+            )
+        )
     if policy is not None and policy not in _PROPAGATION:
-        causes.append(Cause("FieldValueNotSupported",
-                            f"Unsupported value: {json.dumps(policy)}: supported values: "
-                            '"Foreground", "Background", "Orphan", "nil"',
-                            "propagationPolicy"))
+        causes.append(
+            Cause(
+                "FieldValueNotSupported",
+                f"Unsupported value: {json.dumps(policy)}: supported values: "
+                '"Foreground", "Background", "Orphan", "nil"',
+                "propagationPolicy",
+            )
+        )
     causes += dry_run_causes(dry_run)
     grace = options.get("gracePeriodSeconds")
     if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int)):
-        raise bad_request(f"json: cannot unmarshal {type(grace).__name__} into Go struct "
-                          "field DeleteOptions.gracePeriodSeconds of type int64")
+        raise bad_request(
+            f"json: cannot unmarshal {type(grace).__name__} into Go struct "
+            "field DeleteOptions.gracePeriodSeconds of type int64"
+        )
     if causes:
         raise invalid("DeleteOptions", META_GROUP, "", causes)
     return options, bool(dry_run)

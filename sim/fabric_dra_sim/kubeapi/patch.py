@@ -161,7 +161,8 @@ def _remove(doc: JSON, path: str) -> tuple[JSON, JSON]:
     if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
         return doc, parent.pop(int(last))
     raise unprocessable_patch(
-        f"remove operation does not apply: doc is missing path: {path!r}: missing value")
+        f"remove operation does not apply: doc is missing path: {path!r}: missing value"
+    )
 
 
 def json_patch(target: JSON, operations: JSON) -> JSON:
@@ -218,12 +219,16 @@ def _merge_keyed_list(
     out = copy.deepcopy(original)
     for item in patch:
         if isinstance(item, dict) and item.get("$patch") == "replace":
-            return [copy.deepcopy({k: v for k, v in i.items() if k != "$patch"})
-                    for i in patch if not (isinstance(i, dict) and i.get("$patch"))]
+            return [
+                copy.deepcopy({k: v for k, v in i.items() if k != "$patch"})
+                for i in patch
+                if not (isinstance(i, dict) and i.get("$patch"))
+            ]
         key = _key_of(item, keys)
         if key is None:
-            raise bad_request(f"map: {item!r} does not contain declared merge key: "
-                              f"{','.join(keys)}")
+            raise bad_request(
+                f"map: {item!r} does not contain declared merge key: {','.join(keys)}"
+            )
         index = next((i for i, cur in enumerate(out) if _key_of(cur, keys) == key), None)
         if isinstance(item, dict) and item.get("$patch") == "delete":
             if index is not None:

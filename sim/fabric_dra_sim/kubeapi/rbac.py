@@ -54,9 +54,12 @@ class PolicyRule:
     @classmethod
     def from_dict(cls, rule: Mapping[str, Any]) -> PolicyRule:
         """Read a ``rules[]`` entry of a Role or ClusterRole."""
-        return cls(frozenset(rule.get("verbs") or ()), frozenset(rule.get("apiGroups") or ()),
-                   frozenset(rule.get("resources") or ()),
-                   frozenset(rule.get("resourceNames") or ()))
+        return cls(
+            frozenset(rule.get("verbs") or ()),
+            frozenset(rule.get("apiGroups") or ()),
+            frozenset(rule.get("resources") or ()),
+            frozenset(rule.get("resourceNames") or ()),
+        )
 
     def matches(self, attributes: RequestAttributes) -> bool:
         """True when this rule allows ``attributes`` (a resource request)."""
@@ -65,11 +68,12 @@ class PolicyRule:
         if "*" not in self.api_groups and attributes.api_group not in self.api_groups:
             return False
         combined = attributes.resource + (
-            f"/{attributes.subresource}" if attributes.subresource else "")
+            f"/{attributes.subresource}" if attributes.subresource else ""
+        )
         resource_ok = any(
-            r in ("*", combined)
-            or (attributes.subresource and r == f"*/{attributes.subresource}")
-            for r in self.resources)
+            r in ("*", combined) or (attributes.subresource and r == f"*/{attributes.subresource}")
+            for r in self.resources
+        )
         if not resource_ok:
             return False
         return not self.resource_names or attributes.name in self.resource_names
@@ -93,21 +97,26 @@ class RequestAttributes:
         (forbiddenMessage) and apimachinery errors.NewForbidden.
         """
         shown = self.resource + (f"/{self.subresource}" if self.subresource else "")
-        where = (f'in the namespace "{self.namespace}"' if self.namespace
-                 else "at the cluster scope")
-        why = (f'User "{user}" cannot {self.verb} resource "{shown}" in API group '
-               f'"{self.api_group}" {where}')
+        where = f'in the namespace "{self.namespace}"' if self.namespace else "at the cluster scope"
+        why = (
+            f'User "{user}" cannot {self.verb} resource "{shown}" in API group '
+            f'"{self.api_group}" {where}'
+        )
         target = qualified(self.api_group, self.resource)
-        message = (f'{target} "{self.name}" is forbidden: {why}' if self.name
-                   else f"{target} is forbidden: {why}")
+        message = (
+            f'{target} "{self.name}" is forbidden: {why}'
+            if self.name
+            else f"{target} is forbidden: {why}"
+        )
         details: dict[str, Any] = {"name": self.name, "kind": self.resource}
         if self.api_group:
             details["group"] = self.api_group
         return StatusError(403, "Forbidden", message, details)
 
 
-def request_attributes(method: str, path: str,
-                       query: Mapping[str, str]) -> RequestAttributes | None:
+def request_attributes(
+    method: str, path: str, query: Mapping[str, str]
+) -> RequestAttributes | None:
     """The attributes of a request to ``path``, or None for a non-resource URL.
 
     Paths: ``/api/v1/...`` and ``/apis/<group>/<version>/...``, then
@@ -193,8 +202,11 @@ class RbacPolicy:
         for path in map(Path, paths):
             if not path.exists():
                 raise FileNotFoundError(f"RBAC manifests: no such file or folder: {path}")
-            files = (sorted(p for p in path.rglob("*") if p.suffix in MANIFEST_SUFFIXES)
-                     if path.is_dir() else [path])
+            files = (
+                sorted(p for p in path.rglob("*") if p.suffix in MANIFEST_SUFFIXES)
+                if path.is_dir()
+                else [path]
+            )
             for file in files:
                 try:
                     documents = list(yaml.safe_load_all(file.read_text(encoding="utf-8")))
@@ -249,9 +261,15 @@ class RbacPolicy:
                 users.add(str(subject.get("name")))
             elif subject_kind == "Group":
                 groups.add(str(subject.get("name")))
-        self._grants.append(_Grant(namespace if kind == "RoleBinding" else "",
-                                   str(ref.get("kind")), str(ref.get("name")),
-                                   frozenset(users), frozenset(groups)))
+        self._grants.append(
+            _Grant(
+                namespace if kind == "RoleBinding" else "",
+                str(ref.get("kind")),
+                str(ref.get("name")),
+                frozenset(users),
+                frozenset(groups),
+            )
+        )
 
     @staticmethod
     def groups_of(user: str) -> frozenset[str]:
@@ -259,7 +277,7 @@ class RbacPolicy:
         groups = {"system:authenticated"}
         prefix = "system:serviceaccount:"
         if user.startswith(prefix):
-            namespace = user[len(prefix):].partition(":")[0]
+            namespace = user[len(prefix) :].partition(":")[0]
             groups |= {"system:serviceaccounts", f"system:serviceaccounts:{namespace}"}
         return frozenset(groups)
 
@@ -280,8 +298,7 @@ class RbacPolicy:
 
     def allows(self, user: str, attributes: RequestAttributes) -> bool:
         """True when some rule bound to ``user`` allows ``attributes``."""
-        return any(rule.matches(attributes)
-                   for rule in self.rules_for(user, attributes.namespace))
+        return any(rule.matches(attributes) for rule in self.rules_for(user, attributes.namespace))
 
     def check(self, user: str, attributes: RequestAttributes) -> None:
         """Raise the 403 StatusError when ``user`` may not do ``attributes``."""

@@ -59,19 +59,50 @@ class ResourceType:
 def _resource_types(version: str) -> list[ResourceType]:
     g = RESOURCE_GROUP
     out = [
-        ResourceType(g, version, "resourceslices", "ResourceSlice", False,
-                     selectable=("spec.driver", "spec.nodeName"), returns_deleted_object=True),
-        ResourceType(g, version, "resourceclaims", "ResourceClaim", True, ("status",),
-                     reset_status_on_create=True, returns_deleted_object=True),
-        ResourceType(g, version, "deviceclasses", "DeviceClass", False,
-                     returns_deleted_object=True),
-        ResourceType(g, version, "resourceclaimtemplates", "ResourceClaimTemplate", True,
-                     returns_deleted_object=True),
+        ResourceType(
+            g,
+            version,
+            "resourceslices",
+            "ResourceSlice",
+            False,
+            selectable=("spec.driver", "spec.nodeName"),
+            returns_deleted_object=True,
+        ),
+        ResourceType(
+            g,
+            version,
+            "resourceclaims",
+            "ResourceClaim",
+            True,
+            ("status",),
+            reset_status_on_create=True,
+            returns_deleted_object=True,
+        ),
+        ResourceType(
+            g, version, "deviceclasses", "DeviceClass", False, returns_deleted_object=True
+        ),
+        ResourceType(
+            g,
+            version,
+            "resourceclaimtemplates",
+            "ResourceClaimTemplate",
+            True,
+            returns_deleted_object=True,
+        ),
     ]
     if version == "v1alpha3":
-        out.append(ResourceType(g, version, "podschedulingcontexts", "PodSchedulingContext",
-                                True, ("status",), reset_status_on_create=True,
-                                returns_deleted_object=True))
+        out.append(
+            ResourceType(
+                g,
+                version,
+                "podschedulingcontexts",
+                "PodSchedulingContext",
+                True,
+                ("status",),
+                reset_status_on_create=True,
+                returns_deleted_object=True,
+            )
+        )
     return out
 
 
@@ -83,25 +114,67 @@ def served_types(resource_versions: Sequence[str]) -> list[ResourceType]:
     out = [
         # ReturnDeletedObject per kind: k8s.io/kubernetes pkg/registry/<group>/<kind>/storage
         # (namespaces, pods and every resource.k8s.io kind; not nodes, events, leases).
-        ResourceType("", "v1", "namespaces", "Namespace", False, ("status",), short_names=("ns",),
-                     selectable=("status.phase",), returns_deleted_object=True),
-        ResourceType("", "v1", "nodes", "Node", False, ("status",), short_names=("no",),
-                     selectable=("spec.unschedulable",)),
-        ResourceType("", "v1", "pods", "Pod", True, ("status", "binding"), short_names=("po",),
-                     reset_status_on_create=True, returns_deleted_object=True,
-                     selectable=("spec.nodeName", "spec.schedulerName", "status.phase")),
-        ResourceType("", "v1", "events", "Event", True, has_spec=False, short_names=("ev",),
-                     selectable=("involvedObject.kind", "involvedObject.name",
-                                 "involvedObject.namespace", "involvedObject.uid", "reason",
-                                 "type")),
-        ResourceType("events.k8s.io", "v1", "events", "Event", True, has_spec=False,
-                     short_names=("ev",)),
+        ResourceType(
+            "",
+            "v1",
+            "namespaces",
+            "Namespace",
+            False,
+            ("status",),
+            short_names=("ns",),
+            selectable=("status.phase",),
+            returns_deleted_object=True,
+        ),
+        ResourceType(
+            "",
+            "v1",
+            "nodes",
+            "Node",
+            False,
+            ("status",),
+            short_names=("no",),
+            selectable=("spec.unschedulable",),
+        ),
+        ResourceType(
+            "",
+            "v1",
+            "pods",
+            "Pod",
+            True,
+            ("status", "binding"),
+            short_names=("po",),
+            reset_status_on_create=True,
+            returns_deleted_object=True,
+            selectable=("spec.nodeName", "spec.schedulerName", "status.phase"),
+        ),
+        ResourceType(
+            "",
+            "v1",
+            "events",
+            "Event",
+            True,
+            has_spec=False,
+            short_names=("ev",),
+            selectable=(
+                "involvedObject.kind",
+                "involvedObject.name",
+                "involvedObject.namespace",
+                "involvedObject.uid",
+                "reason",
+                "type",
+            ),
+        ),
+        ResourceType(
+            "events.k8s.io", "v1", "events", "Event", True, has_spec=False, short_names=("ev",)
+        ),
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, has_spec=False),
     ]
     for version in resource_versions:
         if version not in RESOURCE_VERSIONS:
-            raise ValueError(f"unknown resource.k8s.io version {version!r}; "
-                             f"valid: {', '.join(RESOURCE_VERSIONS)}")
+            raise ValueError(
+                f"unknown resource.k8s.io version {version!r}; "
+                f"valid: {', '.join(RESOURCE_VERSIONS)}"
+            )
         out.extend(_resource_types(version))
     return out
 
@@ -118,9 +191,13 @@ def _group_versions(types: Sequence[ResourceType]) -> dict[str, list[str]]:
 
 def api_versions() -> dict[str, Any]:
     """``GET /api``: the core APIVersions document."""
-    return {"kind": "APIVersions", "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0",
-                                            "serverAddress": "127.0.0.1:6443"}]}
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}
+        ],
+    }
 
 
 def _group_doc(group: str, versions: list[str]) -> dict[str, Any]:
@@ -131,8 +208,11 @@ def _group_doc(group: str, versions: list[str]) -> dict[str, Any]:
 def api_group_list(types: Sequence[ResourceType]) -> dict[str, Any]:
     """``GET /apis``: APIGroupList; preferredVersion is the first served version."""
     groups = _group_versions(types)
-    return {"kind": "APIGroupList", "apiVersion": "v1",
-            "groups": [_group_doc(g, vs) for g, vs in groups.items()]}
+    return {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [_group_doc(g, vs) for g, vs in groups.items()],
+    }
 
 
 def api_group(types: Sequence[ResourceType], group: str) -> dict[str, Any] | None:
@@ -157,8 +237,11 @@ def api_resource_list(
     resources: list[dict[str, Any]] = []
     for rt in selected:
         entry: dict[str, Any] = {
-            "name": rt.plural, "singularName": rt.kind.lower(), "namespaced": rt.namespaced,
-            "kind": rt.kind, "verbs": list(VERBS),
+            "name": rt.plural,
+            "singularName": rt.kind.lower(),
+            "namespaced": rt.namespaced,
+            "kind": rt.kind,
+            "verbs": list(VERBS),
         }
         if rt.short_names:
             entry["shortNames"] = list(rt.short_names)
@@ -166,8 +249,19 @@ def api_resource_list(
         for sub in rt.subresources:
             sub_verbs = ["create"] if sub == "binding" else ["get", "patch", "update"]
             sub_kind = "Binding" if sub == "binding" else rt.kind
-            resources.append({"name": f"{rt.plural}/{sub}", "singularName": "",
-                              "namespaced": rt.namespaced, "kind": sub_kind, "verbs": sub_verbs})
+            resources.append(
+                {
+                    "name": f"{rt.plural}/{sub}",
+                    "singularName": "",
+                    "namespaced": rt.namespaced,
+                    "kind": sub_kind,
+                    "verbs": sub_verbs,
+                }
+            )
     gv = f"{group}/{version}" if group else version
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
-            "resources": resources}
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": gv,
+        "resources": resources,
+    }

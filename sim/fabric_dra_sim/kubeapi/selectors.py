@@ -64,15 +64,20 @@ def _requirement_errors(key: str, op: str, values: list[str]) -> list[str]:
         errors.append(f"key: Invalid value: {json.dumps(key)}: {'; '.join(key_errors)}")
     if op in (">", "<"):
         for index, value in enumerate(values):
-            if not (value.isascii() and _GO_INT_RE.fullmatch(value)
-                    and -2**63 <= int(value) < 2**63):
-                errors.append(f"values[{index}]: Invalid value: {json.dumps(value)}: for "
-                              "'Gt', 'Lt' operators, the value must be an integer")
+            if not (
+                value.isascii() and _GO_INT_RE.fullmatch(value) and -(2**63) <= int(value) < 2**63
+            ):
+                errors.append(
+                    f"values[{index}]: Invalid value: {json.dumps(value)}: for "
+                    "'Gt', 'Lt' operators, the value must be an integer"
+                )
     for index, value in enumerate(values):
         value_errors = label_value(value)
         if value_errors:
-            errors.append(f"values[{index}][{key}]: Invalid value: {json.dumps(value)}: "
-                          f"{'; '.join(value_errors)}")
+            errors.append(
+                f"values[{index}][{key}]: Invalid value: {json.dumps(value)}: "
+                f"{'; '.join(value_errors)}"
+            )
     return errors
 
 
@@ -161,8 +166,7 @@ def parse_field_selector(text: str, supported: Iterable[str]) -> list[FieldRequi
         path = m.group(1)
         if path not in allowed:
             raise bad_request(f"field label not supported: {path}")
-        out.append(FieldRequirement(path, "=" if m.group(2) in ("=", "==") else "!=",
-                                    m.group(3)))
+        out.append(FieldRequirement(path, "=" if m.group(2) in ("=", "==") else "!=", m.group(3)))
     return out
 
 
@@ -172,17 +176,41 @@ def parse_field_selector(text: str, supported: Iterable[str]) -> list[FieldRequi
 # function gets k8s.io/apimachinery pkg/runtime DefaultMetaV1FieldSelectorConversion
 # (metadata.name and metadata.namespace). ``spec.host`` is the Pod alias of spec.nodeName.
 _CORE_LABELS: dict[str, frozenset[str]] = {
-    "Pod": frozenset({
-        "metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
-        "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
-        "status.podIP", "status.podIPs", "status.nominatedNodeName", "spec.host"}),
+    "Pod": frozenset(
+        {
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.podIPs",
+            "status.nominatedNodeName",
+            "spec.host",
+        }
+    ),
     "Node": frozenset({"metadata.name", "spec.unschedulable"}),
     "Namespace": frozenset({"status.phase", "metadata.name"}),
-    "Event": frozenset({
-        "involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
-        "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
-        "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type",
-        "metadata.namespace", "metadata.name"}),
+    "Event": frozenset(
+        {
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+            "metadata.namespace",
+            "metadata.name",
+        }
+    ),
 }
 _SLICE_LABELS = frozenset({"metadata.name", "spec.nodeName", "spec.driver"})
 _DEFAULT_LABELS = frozenset({"metadata.name", "metadata.namespace"})
@@ -195,12 +223,17 @@ def _label_rule(group: str, version: str, kind: str) -> tuple[frozenset[str], Ca
     if group == "resource.k8s.io" and kind == "ResourceSlice":
         gvk = f"resource.k8s.io/{version}, Kind=ResourceSlice"
         return _SLICE_LABELS, lambda label: f"field label not supported for {gvk}: {label}"
-    return _DEFAULT_LABELS, lambda label: (f'"{label}" is not a known field selector: only '
-                                           f'"metadata.name", "metadata.namespace"')
+    return (
+        _DEFAULT_LABELS,
+        lambda label: (
+            f'"{label}" is not a known field selector: only "metadata.name", "metadata.namespace"'
+        ),
+    )
 
 
-def parse_field_selector_for(text: str, group: str, version: str,
-                             kind: str) -> list[FieldRequirement]:
+def parse_field_selector_for(
+    text: str, group: str, version: str, kind: str
+) -> list[FieldRequirement]:
     """Parse a ``fieldSelector`` for the served kind ``group/version, kind``: only the labels
     that kind's field label conversion accepts, with aliases resolved (``spec.host`` of a Pod
     is ``spec.nodeName``).
@@ -224,8 +257,7 @@ def parse_field_selector_for(text: str, group: str, version: str,
         if path not in allowed:
             raise bad_request(message(path))
         path = _ALIASES.get((group, kind, path), path)
-        out.append(FieldRequirement(path, "=" if m.group(2) in ("=", "==") else "!=",
-                                    m.group(3)))
+        out.append(FieldRequirement(path, "=" if m.group(2) in ("=", "==") else "!=", m.group(3)))
     return out
 
 
@@ -248,4 +280,3 @@ def fields_match(requirements: Iterable[FieldRequirement], obj: Mapping[str, Any
         if equal != (req.op == "="):
             return False
     return True
-

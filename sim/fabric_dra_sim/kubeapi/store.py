@@ -67,8 +67,11 @@ class EventDrop:
     def matches(self, event: StoreEvent) -> bool:
         """True when ``event`` is one this rule drops."""
         meta = event.obj.get("metadata") or {}
-        return (event.group_resource == self.group_resource and event.type == self.event_type
-                and (self.name is None or meta.get("name") == self.name))
+        return (
+            event.group_resource == self.group_resource
+            and event.type == self.event_type
+            and (self.name is None or meta.get("name") == self.name)
+        )
 
 
 @dataclass(eq=False)
@@ -211,8 +214,9 @@ class Store:
             return None
         return ring.since(rv)
 
-    def snapshot(self, gr: GroupResource,
-                 rv: int) -> Iterator[tuple[ObjectKey, dict[str, Any]]] | None:
+    def snapshot(
+        self, gr: GroupResource, rv: int
+    ) -> Iterator[tuple[ObjectKey, dict[str, Any]]] | None:
         """The objects of ``gr`` as they were at version ``rv``, sorted by key, or None when
         the history no longer reaches back that far.
 
@@ -235,17 +239,24 @@ class Store:
         return self._merged(bucket, overlay)
 
     @staticmethod
-    def _merged(bucket: dict[ObjectKey, dict[str, Any]],
-                overlay: dict[ObjectKey, dict[str, Any] | None],
-                ) -> Iterator[tuple[ObjectKey, dict[str, Any]]]:
+    def _merged(
+        bucket: dict[ObjectKey, dict[str, Any]],
+        overlay: dict[ObjectKey, dict[str, Any] | None],
+    ) -> Iterator[tuple[ObjectKey, dict[str, Any]]]:
         for key in sorted(bucket.keys() | overlay.keys()):
             obj = overlay[key] if key in overlay else bucket[key]
             if obj is not None:
                 yield key, obj
 
     # -- writes -------------------------------------------------------------------------
-    def put(self, gr: GroupResource, key: ObjectKey, obj: dict[str, Any], event_type: str,
-            old: dict[str, Any] | None) -> None:
+    def put(
+        self,
+        gr: GroupResource,
+        key: ObjectKey,
+        obj: dict[str, Any],
+        event_type: str,
+        old: dict[str, Any] | None,
+    ) -> None:
         """Store ``obj`` (its metadata.resourceVersion already set) and publish the event.
 
         Stored objects are never changed in place (every operation changes a copy and puts
@@ -254,14 +265,18 @@ class Store:
         bucket = self._objects.setdefault(gr, {})
         prev = bucket.get(key)
         bucket[key] = obj
-        self._publish(StoreEvent(int(obj["metadata"]["resourceVersion"]), event_type, gr,
-                                 obj, old or None, prev))
+        self._publish(
+            StoreEvent(
+                int(obj["metadata"]["resourceVersion"]), event_type, gr, obj, old or None, prev
+            )
+        )
 
     def remove(self, gr: GroupResource, key: ObjectKey, last: dict[str, Any]) -> None:
         """Drop the object and publish DELETED with ``last`` (carrying the new version)."""
         prev = self._objects.get(gr, {}).pop(key, None)
-        self._publish(StoreEvent(int(last["metadata"]["resourceVersion"]), "DELETED", gr,
-                                 last, None, prev))
+        self._publish(
+            StoreEvent(int(last["metadata"]["resourceVersion"]), "DELETED", gr, last, None, prev)
+        )
 
     def _publish(self, event: StoreEvent) -> None:
         ring = self.history(event.group_resource)

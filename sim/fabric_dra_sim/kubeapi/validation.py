@@ -60,7 +60,8 @@ def _registry(k8s_version: str) -> referencing.Registry[Any]:
     folder = _schema_root().joinpath(f"v{k8s_version}.0-local-strict")
     defs = json.loads(folder.joinpath("_definitions.json").read_text())
     resource = referencing.Resource.from_contents(
-        defs, default_specification=referencing.jsonschema.DRAFT202012)
+        defs, default_specification=referencing.jsonschema.DRAFT202012
+    )
     return resource @ referencing.Registry()
 
 
@@ -73,8 +74,9 @@ def schema_validator(kind: str, api_version: str, k8s_version: str | None = None
     Raises FileNotFoundError when ``kubernetes-validate`` has no schema for it.
     """
     if k8s_version is None:
-        k8s_version = (_ALPHA_SCHEMA_VERSION if api_version.endswith("/v1alpha3")
-                       else newest_schema_version())
+        k8s_version = (
+            _ALPHA_SCHEMA_VERSION if api_version.endswith("/v1alpha3") else newest_schema_version()
+        )
     folder = _schema_root().joinpath(f"v{k8s_version}.0-local-strict")
     schema = json.loads(folder.joinpath(_schema_file(kind, api_version)).read_text())
     return jsonschema.Draft202012Validator(schema, registry=_registry(k8s_version))
@@ -105,8 +107,9 @@ class SchemaValidator:
             found = self._shapes[id(validator)] = (validator, compile_shape(validator))
         return found[1]
 
-    def drop_unknown(self, rt: ResourceType, obj: dict[str, Any],
-                     duplicates: Sequence[str] = ()) -> list[str]:
+    def drop_unknown(
+        self, rt: ResourceType, obj: dict[str, Any], duplicates: Sequence[str] = ()
+    ) -> list[str]:
         """Remove the fields of ``obj`` the Go type of ``rt`` does not have, in place, and
         return the strict decoding errors (``unknown field "spec.foo"``, ``duplicate field
         "..."`` for ``duplicates`` paths), as fieldvalidation.drop_unknown does; nulls become
@@ -147,8 +150,11 @@ class SchemaValidator:
             for leaf in _leaves(error):
                 path = _field_path(leaf.absolute_path)
                 if leaf.validator == "additionalProperties":
-                    extra = [k for k in leaf.instance if k not in leaf.schema.get(
-                        "properties", {})] if isinstance(leaf.instance, dict) else []
+                    extra = (
+                        [k for k in leaf.instance if k not in leaf.schema.get("properties", {})]
+                        if isinstance(leaf.instance, dict)
+                        else []
+                    )
                     unknown.extend(f"{path + '.' if path else ''}{k}" for k in extra)
                 elif leaf.validator == "type":
                     # The Go decoder stops at the first value of the wrong type.
@@ -156,23 +162,40 @@ class SchemaValidator:
                         f'{rt.kind} in version "{rt.version}" cannot be handled as a '
                         f"{rt.kind}: json: cannot unmarshal {_json_type(leaf.instance)} into Go "
                         f"struct field {rt.kind}.{_dotted(leaf.absolute_path)} of type "
-                        f"{_schema_type(leaf.validator_value)}")
+                        f"{_schema_type(leaf.validator_value)}"
+                    )
                 elif leaf.validator == "required":
                     missing = leaf.message.split("'")[1] if "'" in leaf.message else ""
-                    causes.append(Cause("FieldValueRequired", "Required value",
-                                        f"{path + '.' if path else ''}{missing}"))
+                    causes.append(
+                        Cause(
+                            "FieldValueRequired",
+                            "Required value",
+                            f"{path + '.' if path else ''}{missing}",
+                        )
+                    )
                 elif leaf.validator == "enum":
                     allowed = ", ".join(f'"{v}"' for v in leaf.validator_value if v)
-                    causes.append(Cause("FieldValueNotSupported",
-                                        f"Unsupported value: {json.dumps(leaf.instance)}: "
-                                        f"supported values: {allowed}", path))
+                    causes.append(
+                        Cause(
+                            "FieldValueNotSupported",
+                            f"Unsupported value: {json.dumps(leaf.instance)}: "
+                            f"supported values: {allowed}",
+                            path,
+                        )
+                    )
                 else:
-                    causes.append(Cause("FieldValueInvalid",
-                                        f"Invalid value: {json.dumps(leaf.instance)[:80]}: "
-                                        f"{leaf.message[:200]}", path))
+                    causes.append(
+                        Cause(
+                            "FieldValueInvalid",
+                            f"Invalid value: {json.dumps(leaf.instance)[:80]}: "
+                            f"{leaf.message[:200]}",
+                            path,
+                        )
+                    )
         if unknown:
-            raise bad_request("strict decoding error: " + ", ".join(
-                f'unknown field "{u}"' for u in unknown))
+            raise bad_request(
+                "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown)
+            )
         raise invalid(rt.kind, rt.group, obj.get("metadata", {}).get("name", ""), causes)
 
 
@@ -194,8 +217,14 @@ def _dotted(path: Any) -> str:
 
 def _schema_type(expected: Any) -> str:
     names = [t for t in ([expected] if isinstance(expected, str) else expected) if t != "null"]
-    go = {"string": "string", "boolean": "bool", "integer": "int64", "number": "float64",
-          "object": "struct", "array": "slice"}
+    go = {
+        "string": "string",
+        "boolean": "bool",
+        "integer": "int64",
+        "number": "float64",
+        "object": "struct",
+        "array": "slice",
+    }
     return go.get(names[0], names[0]) if names else "interface {}"
 
 
@@ -230,8 +259,13 @@ def metadata_causes(rt: ResourceType, obj: dict[str, Any]) -> list[Cause]:
     causes: list[Cause] = []
     name = meta.get("name") or ""
     if not name:
-        causes.append(Cause("FieldValueRequired", "Required value: name or generateName is "
-                            "required", "metadata.name"))
+        causes.append(
+            Cause(
+                "FieldValueRequired",
+                "Required value: name or generateName is required",
+                "metadata.name",
+            )
+        )
     else:
         if rt.plural == "namespaces":
             errs = names.dns_label(name)
@@ -239,32 +273,54 @@ def metadata_causes(rt: ResourceType, obj: dict[str, Any]) -> list[Cause]:
             errs = names.path_segment_name(name)
         else:
             errs = names.dns_subdomain(name)
-        causes.extend(Cause("FieldValueInvalid", f'Invalid value: "{name}": {e}',
-                            "metadata.name") for e in errs)
+        causes.extend(
+            Cause("FieldValueInvalid", f'Invalid value: "{name}": {e}', "metadata.name")
+            for e in errs
+        )
     for key, value in (meta.get("labels") or {}).items():
         for e in names.qualified_name(key):
-            causes.append(Cause("FieldValueInvalid", f'Invalid value: "{key}": {e}',
-                                "metadata.labels"))
+            causes.append(
+                Cause("FieldValueInvalid", f'Invalid value: "{key}": {e}', "metadata.labels")
+            )
         for e in names.label_value(str(value)):
-            causes.append(Cause("FieldValueInvalid", f'Invalid value: "{value}": {e}',
-                                f"metadata.labels[{key}]"))
+            causes.append(
+                Cause(
+                    "FieldValueInvalid", f'Invalid value: "{value}": {e}', f"metadata.labels[{key}]"
+                )
+            )
     annotations = meta.get("annotations") or {}
     for key in annotations:
         for e in names.qualified_name(key.lower()):
-            causes.append(Cause("FieldValueInvalid", f'Invalid value: "{key}": {e}',
-                                "metadata.annotations"))
+            causes.append(
+                Cause("FieldValueInvalid", f'Invalid value: "{key}": {e}', "metadata.annotations")
+            )
     if sum(len(k) + len(str(v)) for k, v in annotations.items()) > 256 * 1024:
-        causes.append(Cause("FieldValueTooLong", "Too long: must have at most 262144 bytes",
-                            "metadata.annotations"))
+        causes.append(
+            Cause(
+                "FieldValueTooLong",
+                "Too long: must have at most 262144 bytes",
+                "metadata.annotations",
+            )
+        )
     seen: set[str] = set()
     for i, item in enumerate(meta.get("finalizers") or []):
         finalizer = item if isinstance(item, str) else ""  # JSON null decodes as ""
         for e in names.qualified_name(finalizer):
-            causes.append(Cause("FieldValueInvalid", f'Invalid value: "{finalizer}": {e}',
-                                f"metadata.finalizers[{i}]"))
+            causes.append(
+                Cause(
+                    "FieldValueInvalid",
+                    f'Invalid value: "{finalizer}": {e}',
+                    f"metadata.finalizers[{i}]",
+                )
+            )
         if finalizer in seen:
-            causes.append(Cause("FieldValueDuplicate", f'Duplicate value: "{finalizer}"',
-                                f"metadata.finalizers[{i}]"))
+            causes.append(
+                Cause(
+                    "FieldValueDuplicate",
+                    f'Duplicate value: "{finalizer}"',
+                    f"metadata.finalizers[{i}]",
+                )
+            )
         seen.add(finalizer)
     return causes
 
@@ -275,5 +331,4 @@ def raise_if(rt: ResourceType, obj: dict[str, Any], causes: list[Cause]) -> None
         raise invalid(rt.kind, rt.group, (obj.get("metadata") or {}).get("name", ""), causes)
 
 
-__all__ = ["SchemaValidator", "StatusError", "metadata_causes", "newest_schema_version",
-           "raise_if"]
+__all__ = ["SchemaValidator", "StatusError", "metadata_causes", "newest_schema_version", "raise_if"]

@@ -28,8 +28,9 @@ from fractions import Fraction
 from typing import Any
 
 # quantity.go splitREString / ErrFormatWrong, ErrNumeric, ErrSuffix.
-QUANTITY_FORMAT_ERROR = ("quantities must match the regular expression "
-                         "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
+QUANTITY_FORMAT_ERROR = (
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+)
 QUANTITY_NUMERIC_ERROR = "unable to parse numeric part of quantity"
 QUANTITY_SUFFIX_ERROR = "unable to parse quantity's suffix"
 
@@ -192,7 +193,7 @@ def canonical_quantity(text: str) -> str:
                 elif scale % 3 == 0 and not shifted.endswith("000") and shifted[0] != "0":
                     return text
                 signed = amount if positive else -amount
-                nanos = signed * 10**(scale + 9)
+                nanos = signed * 10 ** (scale + 9)
                 return _canonical(nanos, fmt)
     # The inf.Dec path: exact value, magnitude rounded up to a whole nano.
     try:
@@ -250,8 +251,10 @@ def check_int(value: Any, bits: int, struct: str, path: str) -> None:
     low, high = INT32 if bits == 32 else INT64
     if type(value) is int and low <= value <= high:
         return
-    raise ValueDecodeError(f"json: cannot unmarshal {json_kind(value)} into Go struct field "
-                           f"{struct}.{path} of type int{bits}")
+    raise ValueDecodeError(
+        f"json: cannot unmarshal {json_kind(value)} into Go struct field "
+        f"{struct}.{path} of type int{bits}"
+    )
 
 
 # --------------------------------------------------------------------------- times
@@ -318,13 +321,17 @@ def _parse_go_time(text: str, micro: bool) -> tuple[datetime.datetime | None, in
         n = 2
         while n < len(rest) and rest[n] in _DIGITS:
             n += 1
-        nanos, rest = int(rest[1:min(n, 10)].ljust(9, "0")), rest[n:]
+        nanos, rest = int(rest[1 : min(n, 10)].ljust(9, "0")), rest[n:]
     offset = 0
     if rest[:1] == "Z":
         rest = rest[1:]
     else:
-        if len(rest) < 6 or rest[3] != ":" or rest[0] not in "+-" or not all(
-                c in _DIGITS for c in rest[1:3] + rest[4:6]):
+        if (
+            len(rest) < 6
+            or rest[3] != ":"
+            or rest[0] not in "+-"
+            or not all(c in _DIGITS for c in rest[1:3] + rest[4:6])
+        ):
             raise _TimeParseError(rest, "Z07:00")
         hours, minutes = int(rest[1:3]), int(rest[4:6])
         if hours > 24:
@@ -360,8 +367,10 @@ def _time_from_json(value: Any, micro: bool) -> str | None:
         head = f"parsing time {_quote(value)}"
         if err.message:
             raise ValueDecodeError(head + err.message) from None
-        raise ValueDecodeError(f"{head} as {_quote(layout)}: cannot parse "
-                               f"{_quote(err.value_elem)} as {_quote(err.layout_elem)}") from None
+        raise ValueDecodeError(
+            f"{head} as {_quote(layout)}: cannot parse "
+            f"{_quote(err.value_elem)} as {_quote(err.layout_elem)}"
+        ) from None
     if instant is None:
         return value  # years the Python calendar lacks: kept as written
     if instant == datetime.datetime(1, 1, 1) and nanos == 0:
@@ -402,5 +411,14 @@ def micro_time_from_json(value: Any) -> str | None:
     return _time_from_json(value, True)
 
 
-__all__ = ["INT32", "INT64", "QUANTITY_FORMAT_ERROR", "ValueDecodeError", "canonical_quantity",
-           "check_int", "micro_time_from_json", "quantity_from_json", "time_from_json"]
+__all__ = [
+    "INT32",
+    "INT64",
+    "QUANTITY_FORMAT_ERROR",
+    "ValueDecodeError",
+    "canonical_quantity",
+    "check_int",
+    "micro_time_from_json",
+    "quantity_from_json",
+    "time_from_json",
+]

@@ -40,30 +40,46 @@ class StandIn(Protocol):
         """Stop everything started."""
 
 
-async def _structured(client: KubeClient, poll_interval_s: float, binding_timeout_s: float,
-                      namespace: str | None, claim_controller: bool) -> StandIn:
+async def _structured(
+    client: KubeClient,
+    poll_interval_s: float,
+    binding_timeout_s: float,
+    namespace: str | None,
+    claim_controller: bool,
+) -> StandIn:
     # Imported here: the allocator (CEL) loads only for the command that needs it.
     from app.kube.versions import discover_version
     from fabric_dra_sim.scheduler.structured import StructuredScheduler, StructuredSettings
 
-    settings = StructuredSettings(namespace=namespace, poll_interval_s=poll_interval_s,
-                                  binding_timeout_s=binding_timeout_s,
-                                  retry_interval_s=poll_interval_s,
-                                  claim_controller=claim_controller)
+    settings = StructuredSettings(
+        namespace=namespace,
+        poll_interval_s=poll_interval_s,
+        binding_timeout_s=binding_timeout_s,
+        retry_interval_s=poll_interval_s,
+        claim_controller=claim_controller,
+    )
     version = await discover_version(client.api)
-    click.echo(f"scheduler stand-in (structured parameters, resource.k8s.io/{version.value}) "
-               f"on {client.host}")
+    click.echo(
+        f"scheduler stand-in (structured parameters, resource.k8s.io/{version.value}) "
+        f"on {client.host}"
+    )
     return StructuredScheduler(client, version, settings)
 
 
-def _classic(client: KubeClient, poll_interval_s: float, namespace: str | None,
-             claim_controller: bool) -> StandIn:
+def _classic(
+    client: KubeClient, poll_interval_s: float, namespace: str | None, claim_controller: bool
+) -> StandIn:
     from fabric_dra_sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
 
     click.echo(f"scheduler stand-in (classic DRA, resource.k8s.io/v1alpha3) on {client.host}")
-    return ClassicScheduler(client, ClassicSchedulerSettings(
-        namespace=namespace, poll_interval_s=min(poll_interval_s, 1.0),
-        claim_controller=claim_controller))
+    return ClassicScheduler(
+        client,
+        ClassicSchedulerSettings(
+            namespace=namespace,
+            poll_interval_s=min(poll_interval_s, 1.0),
+            claim_controller=claim_controller,
+        ),
+    )
 
 
 class _Both:
@@ -81,15 +97,21 @@ class _Both:
             await part.stop()
 
 
-async def _stand_in(client: KubeClient, mode: str, poll_interval_s: float,
-                    binding_timeout_s: float, namespace: str | None,
-                    claim_controller: bool = True) -> StandIn:
+async def _stand_in(
+    client: KubeClient,
+    mode: str,
+    poll_interval_s: float,
+    binding_timeout_s: float,
+    namespace: str | None,
+    claim_controller: bool = True,
+) -> StandIn:
     from app.modes import discover_modes
 
     if mode == "auto":
         modes = await discover_modes(client.api, "auto")
         wanted = (["structured"] if modes.structured else []) + (
-            ["classic"] if modes.control_plane else [])
+            ["classic"] if modes.control_plane else []
+        )
     else:
         if mode == "classic":
             # Refused up front like structured on 1.31: without v1alpha3 and its
@@ -101,22 +123,31 @@ async def _stand_in(client: KubeClient, mode: str, poll_interval_s: float,
         # One claim controller per API server: with the first stand-in only.
         with_controller = claim_controller and not parts
         if part == "structured":
-            parts.append(await _structured(client, poll_interval_s, binding_timeout_s,
-                                           namespace, with_controller))
+            parts.append(
+                await _structured(
+                    client, poll_interval_s, binding_timeout_s, namespace, with_controller
+                )
+            )
         else:
             parts.append(_classic(client, poll_interval_s, namespace, with_controller))
     return parts[0] if len(parts) == 1 else _Both(parts)
 
 
-async def _serve(client_settings: KubeClientSettings, mode: str, poll_interval_s: float,
-                 binding_timeout_s: float, namespace: str | None,
-                 claim_controller: bool = True) -> None:
+async def _serve(
+    client_settings: KubeClientSettings,
+    mode: str,
+    poll_interval_s: float,
+    binding_timeout_s: float,
+    namespace: str | None,
+    claim_controller: bool = True,
+) -> None:
     from app.modes import ModeError
 
     async with await connect(client_settings) as client:
         try:
-            stand_in = await _stand_in(client, mode, poll_interval_s, binding_timeout_s,
-                                       namespace, claim_controller)
+            stand_in = await _stand_in(
+                client, mode, poll_interval_s, binding_timeout_s, namespace, claim_controller
+            )
         except ModeError as err:
             # app.modes words it for the controller's setting; here it is this flag.
             setting = "control-plane" if mode == "classic" else mode
@@ -135,8 +166,12 @@ def kube_url_option(ctx: click.Context, param: click.Parameter, value: str) -> s
 
     problem = http_origin_problem(value)
     if problem is not None:
-        raise click.BadParameter(f"{redact_url(value)!r} {problem} (the API server's origin, e.g. "
-                                 f"https://10.0.0.1:6443)", ctx=ctx, param=param)
+        raise click.BadParameter(
+            f"{redact_url(value)!r} {problem} (the API server's origin, e.g. "
+            f"https://10.0.0.1:6443)",
+            ctx=ctx,
+            param=param,
+        )
     return value.rstrip("/")
 
 
@@ -165,39 +200,75 @@ async def _run_until_signal(stand_in: StandIn) -> None:
 
 
 @click.command("scheduler")
-@click.option("--kube-url", required=True, callback=kube_url_option,
-              help="API server origin (http:// or https://, host, optional port; no path).")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Bearer token file.")
-@click.option("--poll-interval", default=5.0, show_default=True, type=click.FloatRange(min=0.01),
-              help="Seconds between binding-condition polls (also the retry interval of pods "
-                   "that fit nowhere).")
-@click.option("--binding-timeout", default=600.0, show_default=True,
-              type=click.FloatRange(min=0.01),
-              help="Seconds after allocation before a bind whose conditions are not met fails.")
+@click.option(
+    "--kube-url",
+    required=True,
+    callback=kube_url_option,
+    help="API server origin (http:// or https://, host, optional port; no path).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Bearer token file.",
+)
+@click.option(
+    "--poll-interval",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="Seconds between binding-condition polls (also the retry interval of pods "
+    "that fit nowhere).",
+)
+@click.option(
+    "--binding-timeout",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="Seconds after allocation before a bind whose conditions are not met fails.",
+)
 @click.option("--namespace", default=None, help="Only pods and claims of this namespace.")
-@click.option("--mode", type=click.Choice(["auto", "structured", "classic"]), default="auto",
-              show_default=True,
-              help="structured (kube-scheduler with structured parameters), classic (the 1.31 "
-                   "scheduler's side of PodSchedulingContexts), or auto: every one the API "
-                   "server serves.")
-@click.option("--claim-controller/--no-claim-controller", default=True, show_default=True,
-              help="Also run the claim controller stand-in (`fabric-dra sim claim-controller`); "
-                   "turn it off when one runs already.")
+@click.option(
+    "--mode",
+    type=click.Choice(["auto", "structured", "classic"]),
+    default="auto",
+    show_default=True,
+    help="structured (kube-scheduler with structured parameters), classic (the 1.31 "
+    "scheduler's side of PodSchedulingContexts), or auto: every one the API "
+    "server serves.",
+)
+@click.option(
+    "--claim-controller/--no-claim-controller",
+    default=True,
+    show_default=True,
+    help="Also run the claim controller stand-in (`fabric-dra sim claim-controller`); "
+    "turn it off when one runs already.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log each decision.")
-def cli(kube_url: str, token_file: Path | None, poll_interval: float, binding_timeout: float,
-        namespace: str | None, mode: str, claim_controller: bool, verbose: bool) -> None:
+def cli(
+    kube_url: str,
+    token_file: Path | None,
+    poll_interval: float,
+    binding_timeout: float,
+    namespace: str | None,
+    mode: str,
+    claim_controller: bool,
+    verbose: bool,
+) -> None:
     """Schedule pods that use ResourceClaims, as kube-scheduler's DRA plugin does (and, unless
     --no-claim-controller, kube-controller-manager's claim controller), until Ctrl-C."""
     setup_logging("INFO" if verbose else "WARNING")
     try:
-        client_settings = KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url,
-                                             token_file=token_file)
+        client_settings = KubeClientSettings(
+            mode=KubeAuthMode.URL, url=kube_url, token_file=token_file
+        )
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--kube-url") from err
     try:
-        asyncio.run(_serve(client_settings, mode, poll_interval, binding_timeout, namespace,
-                           claim_controller))
+        asyncio.run(
+            _serve(
+                client_settings, mode, poll_interval, binding_timeout, namespace, claim_controller
+            )
+        )
     except KubeError as err:
         raise click.ClickException(str(err)) from err
 
@@ -222,49 +293,68 @@ async def claim_controller_version(api_client: Any, wanted: str) -> Any:
     shown = ", ".join(served) or "no version"
     if wanted != "auto":
         if wanted not in served:
-            raise KubeVersionError(f"resource.k8s.io/{wanted} is not served (the API server "
-                                   f"serves {shown})")
+            raise KubeVersionError(
+                f"resource.k8s.io/{wanted} is not served (the API server serves {shown})"
+            )
         return ResourceApiVersion(wanted)
     for version in (*STRUCTURED_PREFERENCE, ResourceApiVersion.V1ALPHA3):
         if version.value in served:
             return version
-    raise KubeVersionError(f"the API server serves resource.k8s.io {shown}; the claim "
-                           f"controller needs v1, v1beta2, v1beta1 or v1alpha3")
+    raise KubeVersionError(
+        f"the API server serves resource.k8s.io {shown}; the claim "
+        f"controller needs v1, v1beta2, v1beta1 or v1alpha3"
+    )
 
 
-async def _serve_claim_controller(client_settings: KubeClientSettings, wanted: str,
-                                  namespace: str | None) -> None:
+async def _serve_claim_controller(
+    client_settings: KubeClientSettings, wanted: str, namespace: str | None
+) -> None:
     from fabric_dra_sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
 
     async with await connect(client_settings) as client:
         version = await claim_controller_version(client.api, wanted)
-        click.echo(f"claim controller stand-in (resource.k8s.io/{version.value}) on "
-                   f"{client.host}")
-        await _run_until_signal(ClaimController(client, version, ClaimControllerSettings(
-            namespace=namespace)))
+        click.echo(f"claim controller stand-in (resource.k8s.io/{version.value}) on {client.host}")
+        await _run_until_signal(
+            ClaimController(client, version, ClaimControllerSettings(namespace=namespace))
+        )
 
 
 @click.command("claim-controller")
-@click.option("--kube-url", required=True, callback=kube_url_option,
-              help="API server origin (http:// or https://, host, optional port; no path).")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Bearer token file.")
+@click.option(
+    "--kube-url",
+    required=True,
+    callback=kube_url_option,
+    help="API server origin (http:// or https://, host, optional port; no path).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Bearer token file.",
+)
 @click.option("--namespace", default=None, help="Only pods and claims of this namespace.")
-@click.option("--resource-api-version",
-              type=click.Choice(["auto", "v1", "v1beta2", "v1beta1", "v1alpha3"]),
-              default="auto", show_default=True,
-              help="resource.k8s.io version to speak; auto: the newest served (v1alpha3 on "
-                   "Kubernetes 1.31).")
+@click.option(
+    "--resource-api-version",
+    type=click.Choice(["auto", "v1", "v1beta2", "v1beta1", "v1alpha3"]),
+    default="auto",
+    show_default=True,
+    help="resource.k8s.io version to speak; auto: the newest served (v1alpha3 on Kubernetes 1.31).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log each write.")
-def claim_controller_cli(kube_url: str, token_file: Path | None, namespace: str | None,
-                         resource_api_version: str, verbose: bool) -> None:
+def claim_controller_cli(
+    kube_url: str,
+    token_file: Path | None,
+    namespace: str | None,
+    resource_api_version: str,
+    verbose: bool,
+) -> None:
     """Create claims from ResourceClaimTemplates, release and deallocate claims of pods that are
     gone, and delete unused template claims, as kube-controller-manager's resourceclaim
     controller does, until Ctrl-C."""
     setup_logging("INFO" if verbose else "WARNING")
     try:
-        client_settings = KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url,
-                                             token_file=token_file)
+        client_settings = KubeClientSettings(
+            mode=KubeAuthMode.URL, url=kube_url, token_file=token_file
+        )
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--kube-url") from err
     try:

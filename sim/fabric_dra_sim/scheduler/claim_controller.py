@@ -97,8 +97,10 @@ def template_claim_prefix(pod_name: str, claim_name: str) -> str:
     if len(prefix) <= _MAX_PREFIX:
         return prefix
     total = len(prefix)
-    return (f"{pod_name[: len(pod_name) * _MAX_PREFIX // total]}-"
-            f"{claim_name[: len(claim_name) * _MAX_PREFIX // total]}")
+    return (
+        f"{pod_name[: len(pod_name) * _MAX_PREFIX // total]}-"
+        f"{claim_name[: len(claim_name) * _MAX_PREFIX // total]}"
+    )
 
 
 def template_claim(
@@ -116,22 +118,37 @@ def template_claim(
         "generateName": template_claim_prefix(name, pod_claim.name),
         "namespace": namespace,
         "annotations": annotations,
-        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name,
-                             "uid": pod_uid(pod), "controller": True,
-                             "blockOwnerDeletion": True}],
+        "ownerReferences": [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": name,
+                "uid": pod_uid(pod),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
     }
     if meta.get("labels"):
         metadata["labels"] = dict(meta["labels"])
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": metadata,
-            "spec": copy.deepcopy(dict(inner.get("spec") or {}))}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": metadata,
+        "spec": copy.deepcopy(dict(inner.get("spec") or {})),
+    }
 
 
 def owning_pod(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     """(name, uid) of the controlling owner reference with apiVersion v1 and kind Pod
     (controller.go ``owningPod``), or None."""
     for owner in (obj.get("metadata") or {}).get("ownerReferences") or ():
-        if (isinstance(owner, Mapping) and owner.get("controller") is True
-                and owner.get("apiVersion") == "v1" and owner.get("kind") == "Pod"):
+        if (
+            isinstance(owner, Mapping)
+            and owner.get("controller") is True
+            and owner.get("apiVersion") == "v1"
+            and owner.get("kind") == "Pod"
+        ):
             return str(owner.get("name") or ""), str(owner.get("uid") or "")
     return None
 
@@ -155,9 +172,10 @@ def owned_claim(
 def is_pod_done(pod: Mapping[str, Any]) -> bool:
     """The pod will never run (again): phase Succeeded or Failed, or deleted before it was
     scheduled (controller.go ``isPodDone``)."""
-    return ((pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-            or bool((pod.get("metadata") or {}).get("deletionTimestamp")
-                    and not (pod.get("spec") or {}).get("nodeName")))
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or bool(
+        (pod.get("metadata") or {}).get("deletionTimestamp")
+        and not (pod.get("spec") or {}).get("nodeName")
+    )
 
 
 def needs_claims(pod: Mapping[str, Any], deleted: bool) -> bool:
@@ -229,9 +247,11 @@ class ClaimControllerSettings:
     namespace: str | None = None
     deleted_pods_remembered: int = 500
     informer: InformerSettings = field(
-        default_factory=lambda: InformerSettings(name="claim-controller"))
+        default_factory=lambda: InformerSettings(name="claim-controller")
+    )
     queue: WorkQueueSettings = field(
-        default_factory=lambda: WorkQueueSettings(name="claim-controller", max_delay_s=30.0))
+        default_factory=lambda: WorkQueueSettings(name="claim-controller", max_delay_s=30.0)
+    )
 
     def __post_init__(self) -> None:
         if self.deleted_pods_remembered < 1:
@@ -273,8 +293,12 @@ class ClaimController:
     the key is retried with backoff.
     """
 
-    def __init__(self, client: KubeClient, version: ResourceApiVersion,
-                 settings: ClaimControllerSettings | None = None) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        version: ResourceApiVersion,
+        settings: ClaimControllerSettings | None = None,
+    ) -> None:
         self.settings = settings or ClaimControllerSettings()
         self.version = version
         self.core = CoreV1Api(client.api)
@@ -283,7 +307,8 @@ class ClaimController:
         base = self.settings.informer
         self.pods = Informer(
             self.core.list_namespaced_pod if namespace else self.core.list_pod_for_all_namespaces,
-            dataclasses.replace(base, name="claim-controller-pods", namespace=namespace))
+            dataclasses.replace(base, name="claim-controller-pods", namespace=namespace),
+        )
         if namespace:
             list_claims: Any = self._bind(self.custom.list_namespaced_custom_object, namespace)
         else:
@@ -291,7 +316,8 @@ class ClaimController:
         self.claims = Informer(
             list_claims,
             dataclasses.replace(base, name="claim-controller-resourceclaims", namespace=None),
-            converter=lambda obj: claim_from_wire(obj, version, owned=True))
+            converter=lambda obj: claim_from_wire(obj, version, owned=True),
+        )
         self.pods.add_handler(self._on_pod)
         self.claims.add_handler(self._on_claim)
         self.queue: WorkQueue[Key] = WorkQueue(self.settings.queue)
@@ -307,6 +333,7 @@ class ClaimController:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             return function(group, version, *first, "resourceclaims", *args, **kwargs)
+
         return call
 
     # ------------------------------------------------------------------ lifecycle
@@ -382,8 +409,15 @@ class ClaimController:
                     await self.sync_context(namespace, name)
             except Exception as err:
                 # An odd object or a failing server must not stop the stand-in.
-                log.warning("%s %s/%s: %s: %s", kind, namespace, name, type(err).__name__,
-                            err, exc_info=not isinstance(err, KubeError))
+                log.warning(
+                    "%s %s/%s: %s: %s",
+                    kind,
+                    namespace,
+                    name,
+                    type(err).__name__,
+                    err,
+                    exc_info=not isinstance(err, KubeError),
+                )
                 self.queue.add_rate_limited(key)
             else:
                 self.queue.forget(key)
@@ -406,27 +440,38 @@ class ClaimController:
                 or an API call failed (the key is retried).
         """
         pod = self.pods.get(name, namespace)
-        if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp") or (
-                is_pod_done(pod)):
+        if (
+            pod is None
+            or (pod.get("metadata") or {}).get("deletionTimestamp")
+            or (is_pod_done(pod))
+        ):
             return
-        recorded = {str(s.get("name")): s for s in (pod.get("status") or {}).get(
-            "resourceClaimStatuses") or () if isinstance(s, Mapping)}
+        recorded = {
+            str(s.get("name")): s
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+            if isinstance(s, Mapping)
+        }
         new: dict[str, str] = {}
         for pod_claim in pod_claims(pod):
             if pod_claim.template_name is None:
                 continue
-            if pod_claim.name in recorded and not recorded[pod_claim.name].get(
-                    "resourceClaimName"):
+            if pod_claim.name in recorded and not recorded[pod_claim.name].get("resourceClaimName"):
                 continue  # recorded as not needed
             if pod_claim.claim_name:
                 claim = self._claim(namespace, pod_claim.claim_name)
                 if claim is not None and owner_pod_uid(claim) == pod_uid(pod):
                     continue
-                log.info("pod %s/%s claim %s: ResourceClaim %s is gone or not the pod's; "
-                         "making a new one", namespace, name, pod_claim.name,
-                         pod_claim.claim_name)
-            found = owned_claim([*self.claims.objects(), *self._created.values()], pod,
-                                pod_claim.name)
+                log.info(
+                    "pod %s/%s claim %s: ResourceClaim %s is gone or not the pod's; "
+                    "making a new one",
+                    namespace,
+                    name,
+                    pod_claim.name,
+                    pod_claim.claim_name,
+                )
+            found = owned_claim(
+                [*self.claims.objects(), *self._created.values()], pod, pod_claim.name
+            )
             if found is None:
                 found = await self._create_from_template(pod, pod_claim)
             new[pod_claim.name] = str((found.get("metadata") or {}).get("name"))
@@ -438,38 +483,63 @@ class ClaimController:
     async def _create_from_template(self, pod: JsonDict, pod_claim: PodClaim) -> JsonDict:
         namespace, name = pod_key(pod)
         template_name = str(pod_claim.template_name)
-        template = claim_template_from_wire(await call_json(
-            self.custom.get_namespaced_custom_object(
-                GROUP, self.version.value, namespace, "resourceclaimtemplates", template_name,
-                _preload_content=False),
-            f"pod {namespace}/{name} claim {pod_claim.name}: read ResourceClaimTemplate "
-            f"{template_name}"), self.version)
+        template = claim_template_from_wire(
+            await call_json(
+                self.custom.get_namespaced_custom_object(
+                    GROUP,
+                    self.version.value,
+                    namespace,
+                    "resourceclaimtemplates",
+                    template_name,
+                    _preload_content=False,
+                ),
+                f"pod {namespace}/{name} claim {pod_claim.name}: read ResourceClaimTemplate "
+                f"{template_name}",
+            ),
+            self.version,
+        )
         body = claim_to_wire(template_claim(template, pod, pod_claim), self.version)
-        created = claim_from_wire(await call_json(
-            self.custom.create_namespaced_custom_object(
-                GROUP, self.version.value, namespace, "resourceclaims", body,
-                _preload_content=False),
-            f"pod {namespace}/{name} claim {pod_claim.name}: create ResourceClaim"),
-            self.version)
+        created = claim_from_wire(
+            await call_json(
+                self.custom.create_namespaced_custom_object(
+                    GROUP,
+                    self.version.value,
+                    namespace,
+                    "resourceclaims",
+                    body,
+                    _preload_content=False,
+                ),
+                f"pod {namespace}/{name} claim {pod_claim.name}: create ResourceClaim",
+            ),
+            self.version,
+        )
         self._created[pod_key(created)] = created
         self.counters.created += 1
-        log.info("pod %s/%s: created ResourceClaim %s from template %s", namespace, name,
-                 created["metadata"]["name"], template_name)
+        log.info(
+            "pod %s/%s: created ResourceClaim %s from template %s",
+            namespace,
+            name,
+            created["metadata"]["name"],
+            template_name,
+        )
         return created
 
     async def _record(self, pod: JsonDict, new: Mapping[str, str]) -> None:
         namespace, name = pod_key(pod)
-        merged = {str(s.get("name")): s.get("resourceClaimName")
-                  for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
-                  if isinstance(s, Mapping) and s.get("resourceClaimName")}
+        merged = {
+            str(s.get("name")): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+            if isinstance(s, Mapping) and s.get("resourceClaimName")
+        }
         merged.update(new)
         statuses = [{"name": n, "resourceClaimName": merged[n]} for n in sorted(merged)]
         body: Any = {"status": {"resourceClaimStatuses": statuses}}
         # The generated signature does not list _content_type; the client honours it.
         patch: Any = self.core.patch_namespaced_pod_status
-        await call_json(patch(
-            name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False),
-            f"update Pod {namespace}/{name} status (resourceClaimStatuses)")
+        await call_json(
+            patch(name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False),
+            f"update Pod {namespace}/{name} status (resourceClaimStatuses)",
+        )
 
     async def _reserve_for_bound_pod(self, pod: JsonDict) -> None:
         namespace, name = pod_key(pod)
@@ -480,19 +550,31 @@ class ClaimController:
             if claim is None:
                 return
             if pod_claim.template_name and owner_pod_uid(claim) != pod_uid(pod):
-                raise KubeError(f"pod {namespace}/{name}: ResourceClaim {namespace}/"
-                                f"{pod_claim.claim_name} was not created for this pod")
+                raise KubeError(
+                    f"pod {namespace}/{name}: ResourceClaim {namespace}/"
+                    f"{pod_claim.claim_name} was not created for this pod"
+                )
             status = claim.get("status") or {}
-            if (status.get("allocation") and not reserved_for_pod(claim, pod_uid(pod))
-                    and can_be_reserved(claim)):
+            if (
+                status.get("allocation")
+                and not reserved_for_pod(claim, pod_uid(pod))
+                and can_be_reserved(claim)
+            ):
                 body = copy.deepcopy(claim)
-                body["status"] = {**status, "reservedFor": [
-                    *(status.get("reservedFor") or ()),
-                    {"resource": "pods", "name": name, "uid": pod_uid(pod)}]}
+                body["status"] = {
+                    **status,
+                    "reservedFor": [
+                        *(status.get("reservedFor") or ()),
+                        {"resource": "pods", "name": name, "uid": pod_uid(pod)},
+                    ],
+                }
                 await self._write_status(body, f"reserve ResourceClaim for pod {name}")
                 self.counters.reserved += 1
-            elif (self.version is ResourceApiVersion.V1ALPHA3 and not status.get("allocation")
-                  and (claim.get("spec") or {}).get("controller")):
+            elif (
+                self.version is ResourceApiVersion.V1ALPHA3
+                and not status.get("allocation")
+                and (claim.get("spec") or {}).get("controller")
+            ):
                 await self._ensure_context(pod)
 
     async def _ensure_context(self, pod: JsonDict) -> None:
@@ -502,24 +584,62 @@ class ClaimController:
         node = str((pod.get("spec") or {}).get("nodeName"))
         what = f"PodSchedulingContext {namespace}/{name}"
         try:
-            context = await call_json(self.custom.get_namespaced_custom_object(
-                GROUP, self.version.value, namespace, "podschedulingcontexts", name,
-                _preload_content=False), f"read {what}")
+            context = await call_json(
+                self.custom.get_namespaced_custom_object(
+                    GROUP,
+                    self.version.value,
+                    namespace,
+                    "podschedulingcontexts",
+                    name,
+                    _preload_content=False,
+                ),
+                f"read {what}",
+            )
         except KubeNotFound:
-            body = {"apiVersion": self.version.api_version, "kind": "PodSchedulingContext",
-                    "metadata": {"name": name, "namespace": namespace, "ownerReferences": [{
-                        "apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod_uid(pod),
-                        "controller": True}]},
-                    "spec": {"selectedNode": node}}
-            await call_json(self.custom.create_namespaced_custom_object(
-                GROUP, self.version.value, namespace, "podschedulingcontexts", body,
-                _preload_content=False), f"create {what}")
+            body = {
+                "apiVersion": self.version.api_version,
+                "kind": "PodSchedulingContext",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": name,
+                            "uid": pod_uid(pod),
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {"selectedNode": node},
+            }
+            await call_json(
+                self.custom.create_namespaced_custom_object(
+                    GROUP,
+                    self.version.value,
+                    namespace,
+                    "podschedulingcontexts",
+                    body,
+                    _preload_content=False,
+                ),
+                f"create {what}",
+            )
             return
         if (context.get("spec") or {}).get("selectedNode") != node:
             context.setdefault("spec", {})["selectedNode"] = node
-            await call_json(self.custom.replace_namespaced_custom_object(
-                GROUP, self.version.value, namespace, "podschedulingcontexts", name, context,
-                _preload_content=False), f"update {what}")
+            await call_json(
+                self.custom.replace_namespaced_custom_object(
+                    GROUP,
+                    self.version.value,
+                    namespace,
+                    "podschedulingcontexts",
+                    name,
+                    context,
+                    _preload_content=False,
+                ),
+                f"update {what}",
+            )
 
     # ------------------------------------------------------------------ claims
     async def sync_claim(self, namespace: str, name: str) -> None:
@@ -532,8 +652,11 @@ class ClaimController:
         claim = self._claim(namespace, name)
         if claim is None:
             return
-        reserved = [r for r in (claim.get("status") or {}).get("reservedFor") or ()
-                    if isinstance(r, Mapping)]
+        reserved = [
+            r
+            for r in (claim.get("status") or {}).get("reservedFor") or ()
+            if isinstance(r, Mapping)
+        ]
         remaining = [dict(r) for r in reserved if not await self._gone(namespace, r)]
         finalizers = list((claim.get("metadata") or {}).get("finalizers") or ())
         deleting = bool((claim.get("metadata") or {}).get("deletionTimestamp"))
@@ -548,8 +671,9 @@ class ClaimController:
                 log.info("claim %s/%s: no consumer left; deallocated", namespace, name)
             if (claim.get("status") or {}).get("deallocationRequested") and not remaining:
                 self.counters.deallocation_requests += 1
-            if (DELETE_PROTECTION in ((claim.get("metadata") or {}).get("finalizers") or ())
-                    and not (claim.get("status") or {}).get("allocation")):
+            if DELETE_PROTECTION in (
+                (claim.get("metadata") or {}).get("finalizers") or ()
+            ) and not (claim.get("status") or {}).get("allocation"):
                 claim = await self._drop_finalizer(claim)
         elif DELETE_PROTECTION in finalizers and deleting and not remaining:
             if (claim.get("status") or {}).get("allocation"):
@@ -589,7 +713,8 @@ class ClaimController:
         try:
             pod = await call_json(
                 self.core.read_namespaced_pod(name, namespace, _preload_content=False),
-                f"read Pod {namespace}/{name}")
+                f"read Pod {namespace}/{name}",
+            )
         except KubeNotFound:
             return True
         return pod_uid(pod) != uid
@@ -597,11 +722,21 @@ class ClaimController:
     async def _write_status(self, body: JsonDict, what: str) -> JsonDict:
         # An update, not a patch: it must fail when the claim changed meanwhile.
         namespace, name = pod_key(body)
-        written = claim_from_wire(await call_json(
-            self.custom.replace_namespaced_custom_object_status(
-                GROUP, self.version.value, namespace, "resourceclaims", name,
-                claim_to_wire(body, self.version), _preload_content=False),
-            f"{what} {namespace}/{name}"), self.version)
+        written = claim_from_wire(
+            await call_json(
+                self.custom.replace_namespaced_custom_object_status(
+                    GROUP,
+                    self.version.value,
+                    namespace,
+                    "resourceclaims",
+                    name,
+                    claim_to_wire(body, self.version),
+                    _preload_content=False,
+                ),
+                f"{what} {namespace}/{name}",
+            ),
+            self.version,
+        )
         self._created.pop((namespace, name), None)
         return written
 
@@ -612,11 +747,21 @@ class ClaimController:
         finalizers.remove(DELETE_PROTECTION)
         body["metadata"]["finalizers"] = finalizers
         try:
-            return claim_from_wire(await call_json(
-                self.custom.replace_namespaced_custom_object(
-                    GROUP, self.version.value, namespace, "resourceclaims", name,
-                    claim_to_wire(body, self.version), _preload_content=False),
-                f"remove finalizer of ResourceClaim {namespace}/{name}"), self.version)
+            return claim_from_wire(
+                await call_json(
+                    self.custom.replace_namespaced_custom_object(
+                        GROUP,
+                        self.version.value,
+                        namespace,
+                        "resourceclaims",
+                        name,
+                        claim_to_wire(body, self.version),
+                        _preload_content=False,
+                    ),
+                    f"remove finalizer of ResourceClaim {namespace}/{name}",
+                ),
+                self.version,
+            )
         except KubeNotFound:
             return body  # the last finalizer went: the claim is gone
 
@@ -629,9 +774,18 @@ class ClaimController:
         if precondition:
             options["preconditions"] = {"uid": (claim.get("metadata") or {}).get("uid")}
         try:
-            await call_json(self.custom.delete_namespaced_custom_object(
-                GROUP, self.version.value, namespace, "resourceclaims", name, body=options,
-                _preload_content=False), f"delete ResourceClaim {namespace}/{name}")
+            await call_json(
+                self.custom.delete_namespaced_custom_object(
+                    GROUP,
+                    self.version.value,
+                    namespace,
+                    "resourceclaims",
+                    name,
+                    body=options,
+                    _preload_content=False,
+                ),
+                f"delete ResourceClaim {namespace}/{name}",
+            )
         except KubeNotFound:
             return
         self._deleted_claims.add(uid)
@@ -644,9 +798,17 @@ class ClaimController:
         gone (the garbage collector's part, v1alpha3 only)."""
         what = f"PodSchedulingContext {namespace}/{name}"
         try:
-            context = await call_json(self.custom.get_namespaced_custom_object(
-                GROUP, self.version.value, namespace, "podschedulingcontexts", name,
-                _preload_content=False), f"read {what}")
+            context = await call_json(
+                self.custom.get_namespaced_custom_object(
+                    GROUP,
+                    self.version.value,
+                    namespace,
+                    "podschedulingcontexts",
+                    name,
+                    _preload_content=False,
+                ),
+                f"read {what}",
+            )
         except KubeNotFound:
             return
         owner = owning_pod(context)
@@ -657,10 +819,18 @@ class ClaimController:
             return
         if await self._confirmed_gone(namespace, owner):
             with contextlib.suppress(KubeNotFound):
-                await call_json(self.custom.delete_namespaced_custom_object(
-                    GROUP, self.version.value, namespace, "podschedulingcontexts", name,
-                    body={"preconditions": {"uid": (context.get("metadata") or {}).get(
-                        "uid")}}, _preload_content=False), f"delete {what}")
+                await call_json(
+                    self.custom.delete_namespaced_custom_object(
+                        GROUP,
+                        self.version.value,
+                        namespace,
+                        "podschedulingcontexts",
+                        name,
+                        body={"preconditions": {"uid": (context.get("metadata") or {}).get("uid")}},
+                        _preload_content=False,
+                    ),
+                    f"delete {what}",
+                )
 
 
 __all__ = [

@@ -93,7 +93,8 @@ class ClassicSchedulerSettings:
     allocation_timeout_s: float = 10.0
     retry_interval_s: float = 0.2
     informer: InformerSettings = field(
-        default_factory=lambda: InformerSettings(name="classic-scheduler"))
+        default_factory=lambda: InformerSettings(name="classic-scheduler")
+    )
     claim_controller: bool = True
 
 
@@ -120,15 +121,23 @@ class ClassicScheduler:
         base = settings.informer
         namespace = settings.namespace
         self.pods = Informer(
-            functools.partial(self._core.list_namespaced_pod, namespace) if namespace
-            else self._core.list_pod_for_all_namespaces, replace(base, name="pods"))
+            functools.partial(self._core.list_namespaced_pod, namespace)
+            if namespace
+            else self._core.list_pod_for_all_namespaces,
+            replace(base, name="pods"),
+        )
         self.nodes = Informer(self._core.list_node, replace(base, name="nodes"))
         self.claims = self._informer("resourceclaims", namespace)
         self.contexts = self._informer("podschedulingcontexts", namespace)
         self.pods.add_handler(self._on_pod)
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self.claim_controller = ClaimController(client, VERSION, ClaimControllerSettings(
-            namespace=namespace, informer=base)) if settings.claim_controller else None
+        self.claim_controller = (
+            ClaimController(
+                client, VERSION, ClaimControllerSettings(namespace=namespace, informer=base)
+            )
+            if settings.claim_controller
+            else None
+        )
         self.bound: dict[str, str] = {}
         self.unschedulable: dict[str, str] = {}
         self.abandoned = 0
@@ -136,14 +145,20 @@ class ClassicScheduler:
 
     def _informer(self, plural: str, namespace: str | None) -> Informer:
         if namespace:
-            list_function = functools.partial(self._custom.list_namespaced_custom_object,
-                                              GROUP, VERSION.value, namespace, plural)
+            list_function = functools.partial(
+                self._custom.list_namespaced_custom_object, GROUP, VERSION.value, namespace, plural
+            )
         else:
-            list_function = functools.partial(self._custom.list_cluster_custom_object,
-                                              GROUP, VERSION.value, plural)
-        return Informer(list_function, replace(self.settings.informer, name=plural),
-                        converter=lambda obj: claim_from_wire(obj, VERSION)
-                        if plural == "resourceclaims" else obj)
+            list_function = functools.partial(
+                self._custom.list_cluster_custom_object, GROUP, VERSION.value, plural
+            )
+        return Informer(
+            list_function,
+            replace(self.settings.informer, name=plural),
+            converter=lambda obj: (
+                claim_from_wire(obj, VERSION) if plural == "resourceclaims" else obj
+            ),
+        )
 
     async def start(self) -> None:
         """Start the informers; pods are scheduled from then on."""
@@ -192,8 +207,9 @@ class ClassicScheduler:
             return
         task = self._tasks.get(key)
         if task is None or task.done():
-            self._tasks[key] = asyncio.create_task(self._schedule(*key),
-                                                   name=f"classic-schedule-{key[1]}")
+            self._tasks[key] = asyncio.create_task(
+                self._schedule(*key), name=f"classic-schedule-{key[1]}"
+            )
 
     async def _schedule(self, namespace: str, name: str) -> None:
         try:
@@ -263,23 +279,24 @@ class ClassicScheduler:
         unsuitable = {node for n in names for node in entries[n]}
         candidates = [n for n in potential if n not in unsuitable]
         if not candidates:
-            self.unschedulable[key] = (f"every potential node is unsuitable for claims "
-                                       f"{', '.join(names)}")
+            self.unschedulable[key] = (
+                f"every potential node is unsuitable for claims {', '.join(names)}"
+            )
             await asyncio.sleep(self.settings.retry_interval_s)
             return False
         # kube-scheduler scores nodes and breaks ties at random; a stable spread by pod uid
         # keeps pods from all racing for the same first node.
         selected = str(candidates[zlib.crc32(uid.encode()) % len(candidates)])
         await self._patch_context(namespace, name, {"spec": {"selectedNode": selected}})
-        if await self._wait_for_allocation(namespace, name, [n for n, _ in claims], pod,
-                                           selected):
+        if await self._wait_for_allocation(namespace, name, [n for n, _ in claims], pod, selected):
             return False  # the next round binds
         await self._abandon(pod, selected)
         return False
 
     def _potential_nodes(self, claims: Sequence[tuple[str, JsonDict]]) -> list[str]:
         selectors = [
-            c["status"]["allocation"]["nodeSelector"] for _, c in claims
+            c["status"]["allocation"]["nodeSelector"]
+            for _, c in claims
             if ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
         ]
         names = []
@@ -289,25 +306,44 @@ class ClassicScheduler:
                 names.append(parsed.name)
         return names[:MAX_NODES]
 
-    async def _ensure_context(self, pod: JsonDict, potential: list[str],
-                              context: JsonDict | None) -> JsonDict:
+    async def _ensure_context(
+        self, pod: JsonDict, potential: list[str], context: JsonDict | None
+    ) -> JsonDict:
         namespace, name = pod_key(pod)
         if context is not None and (context.get("metadata") or {}).get("deletionTimestamp"):
             await asyncio.sleep(self.settings.poll_interval_s)
             raise KubeConflict(f"PodSchedulingContext {namespace}/{name} is being deleted")
         if context is None:
             body = {
-                "apiVersion": VERSION.api_version, "kind": "PodSchedulingContext",
-                "metadata": {"name": name, "namespace": namespace, "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod_uid(pod),
-                     "controller": True}]},
+                "apiVersion": VERSION.api_version,
+                "kind": "PodSchedulingContext",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": name,
+                            "uid": pod_uid(pod),
+                            "controller": True,
+                        }
+                    ],
+                },
                 "spec": {"potentialNodes": potential},
             }
             try:
-                return await call_json(self._custom.create_namespaced_custom_object(
-                    GROUP, VERSION.value, namespace, "podschedulingcontexts", body,
-                    _preload_content=False),
-                    f"create PodSchedulingContext {namespace}/{name}")
+                return await call_json(
+                    self._custom.create_namespaced_custom_object(
+                        GROUP,
+                        VERSION.value,
+                        namespace,
+                        "podschedulingcontexts",
+                        body,
+                        _preload_content=False,
+                    ),
+                    f"create PodSchedulingContext {namespace}/{name}",
+                )
             except KubeAlreadyExists:
                 context = await self._read_context(namespace, name)
                 if context is None:
@@ -322,8 +358,9 @@ class ClassicScheduler:
             return await self._patch_context(namespace, name, {"spec": changes})
         return context
 
-    async def _wait_for_answers(self, namespace: str, name: str,
-                                names: list[str]) -> dict[str, list[str]] | None:
+    async def _wait_for_answers(
+        self, namespace: str, name: str, names: list[str]
+    ) -> dict[str, list[str]] | None:
         """Every named claim's unsuitable nodes, once each has an entry; None on timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.answer_timeout_s
@@ -340,8 +377,9 @@ class ClassicScheduler:
         self.unschedulable[f"{namespace}/{name}"] = "no answer from the DRA driver"
         return None
 
-    async def _wait_for_allocation(self, namespace: str, name: str, names: list[str],
-                                   pod: JsonDict, selected: str) -> bool:
+    async def _wait_for_allocation(
+        self, namespace: str, name: str, names: list[str], pod: JsonDict, selected: str
+    ) -> bool:
         """True once every claim is allocated and reserved for the pod; False on timeout or
         when a driver lists ``selected`` as unsuitable for a claim still unallocated."""
         loop = asyncio.get_running_loop()
@@ -353,14 +391,16 @@ class ClassicScheduler:
                 return True  # gone: the next round ends
             claims = self._claims_of(current) or []
             if len(claims) == len(names) and all(
-                    (c.get("status") or {}).get("allocation") and reserved_for_pod(c, uid)
-                    for _, c in claims):
+                (c.get("status") or {}).get("allocation") and reserved_for_pod(c, uid)
+                for _, c in claims
+            ):
                 return True
             context = self.contexts.get(name, namespace) or {}
             unallocated = {n for n, c in claims if not (c.get("status") or {}).get("allocation")}
             for entry in (context.get("status") or {}).get("resourceClaims") or []:
                 if entry.get("name") in unallocated and selected in (
-                        entry.get("unsuitableNodes") or []):
+                    entry.get("unsuitableNodes") or []
+                ):
                     return False
             await asyncio.sleep(self.settings.poll_interval_s)
         return False
@@ -380,8 +420,10 @@ class ClassicScheduler:
             status = current.get("status") or {}
             if not status.get("allocation") or reserved_for_pod(current, pod_uid(pod)):
                 return None
-            status = {**status, "reservedFor": [*(status.get("reservedFor") or []),
-                                                consumer_entry(pod)]}
+            status = {
+                **status,
+                "reservedFor": [*(status.get("reservedFor") or []), consumer_entry(pod)],
+            }
             return {**current, "status": status}
 
         await self._update_claim_status(claim, change)
@@ -389,6 +431,7 @@ class ClassicScheduler:
     async def _give_back(self, claim: JsonDict, uid: str) -> None:
         """The 1.31 PostFilter/Unreserve: remove pod ``uid`` from ``reservedFor`` and request
         deallocation when no consumer is left."""
+
         async def change(current: JsonDict) -> JsonDict | None:
             status = dict(current.get("status") or {})
             consumers = [r for r in status.get("reservedFor") or [] if r.get("uid") != uid]
@@ -408,17 +451,24 @@ class ClassicScheduler:
         namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
         current: JsonDict | None = claim
         for attempt in range(WRITE_ATTEMPTS):
-            if current is None or (current.get("metadata") or {}).get("uid") != metadata.get(
-                    "uid"):
+            if current is None or (current.get("metadata") or {}).get("uid") != metadata.get("uid"):
                 return
             body = await change(current)
             if body is None:
                 return
             try:
-                await call_json(self._custom.replace_namespaced_custom_object_status(
-                    GROUP, VERSION.value, namespace, "resourceclaims", name,
-                    claim_to_wire(body, VERSION), _preload_content=False),
-                    f"update ResourceClaim {namespace}/{name} status")
+                await call_json(
+                    self._custom.replace_namespaced_custom_object_status(
+                        GROUP,
+                        VERSION.value,
+                        namespace,
+                        "resourceclaims",
+                        name,
+                        claim_to_wire(body, VERSION),
+                        _preload_content=False,
+                    ),
+                    f"update ResourceClaim {namespace}/{name} status",
+                )
                 return
             except KubeNotFound:
                 return
@@ -426,34 +476,68 @@ class ClassicScheduler:
                 if attempt == WRITE_ATTEMPTS - 1:
                     raise
                 try:
-                    current = claim_from_wire(await call_json(
-                        self._custom.get_namespaced_custom_object(
-                            GROUP, VERSION.value, namespace, "resourceclaims", name,
-                            _preload_content=False),
-                        f"read ResourceClaim {namespace}/{name}"), VERSION)
+                    current = claim_from_wire(
+                        await call_json(
+                            self._custom.get_namespaced_custom_object(
+                                GROUP,
+                                VERSION.value,
+                                namespace,
+                                "resourceclaims",
+                                name,
+                                _preload_content=False,
+                            ),
+                            f"read ResourceClaim {namespace}/{name}",
+                        ),
+                        VERSION,
+                    )
                 except KubeNotFound:
                     return
 
     # ------------------------------------------------------------------ contexts
     async def _read_context(self, namespace: str, name: str) -> JsonDict | None:
         try:
-            return await call_json(self._custom.get_namespaced_custom_object(
-                GROUP, VERSION.value, namespace, "podschedulingcontexts", name,
-                _preload_content=False), f"read PodSchedulingContext {namespace}/{name}")
+            return await call_json(
+                self._custom.get_namespaced_custom_object(
+                    GROUP,
+                    VERSION.value,
+                    namespace,
+                    "podschedulingcontexts",
+                    name,
+                    _preload_content=False,
+                ),
+                f"read PodSchedulingContext {namespace}/{name}",
+            )
         except KubeNotFound:
             return None
 
     async def _patch_context(self, namespace: str, name: str, body: JsonDict) -> JsonDict:
-        return await call_json(self._custom.patch_namespaced_custom_object(
-            GROUP, VERSION.value, namespace, "podschedulingcontexts", name, body,
-            _content_type=MERGE_PATCH, _preload_content=False),
-            f"patch PodSchedulingContext {namespace}/{name}")
+        return await call_json(
+            self._custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION.value,
+                namespace,
+                "podschedulingcontexts",
+                name,
+                body,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            ),
+            f"patch PodSchedulingContext {namespace}/{name}",
+        )
 
     async def _delete_context(self, namespace: str, name: str) -> None:
         with contextlib.suppress(KubeNotFound):
-            await call_json(self._custom.delete_namespaced_custom_object(
-                GROUP, VERSION.value, namespace, "podschedulingcontexts", name,
-                _preload_content=False), f"delete PodSchedulingContext {namespace}/{name}")
+            await call_json(
+                self._custom.delete_namespaced_custom_object(
+                    GROUP,
+                    VERSION.value,
+                    namespace,
+                    "podschedulingcontexts",
+                    name,
+                    _preload_content=False,
+                ),
+                f"delete PodSchedulingContext {namespace}/{name}",
+            )
 
 
 __all__ = ["ClassicScheduler", "ClassicSchedulerSettings"]

@@ -74,8 +74,13 @@ def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
             out.append(PodClaim(name, str(entry["resourceClaimName"])))
         elif entry.get("resourceClaimTemplateName"):
             recorded = statuses.get(name)
-            out.append(PodClaim(name, str(recorded) if recorded else None,
-                                str(entry["resourceClaimTemplateName"])))
+            out.append(
+                PodClaim(
+                    name,
+                    str(recorded) if recorded else None,
+                    str(entry["resourceClaimTemplateName"]),
+                )
+            )
     return out
 
 
@@ -99,7 +104,8 @@ def is_ours(pod: Mapping[str, Any], scheduler_name: str = DEFAULT_SCHEDULER) -> 
     """The pod names ``scheduler_name`` (an empty ``spec.schedulerName`` means the default
     scheduler, as the API server's defaulting does)."""
     return str((pod.get("spec") or {}).get("schedulerName") or DEFAULT_SCHEDULER) == (
-        scheduler_name)
+        scheduler_name
+    )
 
 
 def is_pending(pod: Mapping[str, Any], scheduler_name: str = DEFAULT_SCHEDULER) -> bool:
@@ -118,7 +124,8 @@ def candidate_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any
     """Nodes a pod may go to: not ``spec.unschedulable`` and not being deleted, sorted by
     name."""
     usable = [
-        n for n in nodes
+        n
+        for n in nodes
         if not (n.get("spec") or {}).get("unschedulable")
         and not (n.get("metadata") or {}).get("deletionTimestamp")
         and (n.get("metadata") or {}).get("name")
@@ -143,8 +150,12 @@ def reserved_for_pod(claim: Mapping[str, Any], uid: str) -> bool:
 def owner_pod_uid(claim: Mapping[str, Any]) -> str | None:
     """The uid of the pod that controls ``claim`` (a template claim), or None."""
     for owner in (claim.get("metadata") or {}).get("ownerReferences") or ():
-        if (isinstance(owner, Mapping) and owner.get("kind") == "Pod"
-                and owner.get("controller") is True and owner.get("uid")):
+        if (
+            isinstance(owner, Mapping)
+            and owner.get("kind") == "Pod"
+            and owner.get("controller") is True
+            and owner.get("uid")
+        ):
             return str(owner["uid"])
     return None
 
@@ -160,14 +171,18 @@ async def bind_pod(core: CoreV1Api, pod: Mapping[str, Any], node: str) -> bool:
         KubeError: any other failure.
     """
     namespace, name = pod_key(pod)
-    body: Any = {"apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": pod_uid(pod)},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    body: Any = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "namespace": namespace, "uid": pod_uid(pod)},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
     try:
         # The server answers a Status the typed client cannot turn into a V1Binding.
-        await call_json(core.create_namespaced_pod_binding(name, namespace, body,
-                                                           _preload_content=False),
-                        f"bind Pod {namespace}/{name} to node {node}")
+        await call_json(
+            core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False),
+            f"bind Pod {namespace}/{name} to node {node}",
+        )
     except (KubeNotFound, KubeConflict) as err:
         log.info("pod %s/%s: not bound to %s: %s", namespace, name, node, err)
         return False

@@ -103,7 +103,6 @@ STATUS_WRITE_ATTEMPTS = 4
 MAX_DELETED_REMEMBERED = 1000
 
 
-
 def rfc3339(moment: dt.datetime) -> str:
     """``moment`` in UTC as RFC 3339 with whole seconds (metav1.Time)."""
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -151,10 +150,10 @@ class StructuredSettings:
     binding_timeout_s: float = 600.0
     retry_interval_s: float = 5.0
     failed_device_memory_s: float = 60.0
-    informer: InformerSettings = field(
-        default_factory=lambda: InformerSettings(name="scheduler"))
+    informer: InformerSettings = field(default_factory=lambda: InformerSettings(name="scheduler"))
     queue: WorkQueueSettings = field(
-        default_factory=lambda: WorkQueueSettings(name="scheduler", max_delay_s=30.0))
+        default_factory=lambda: WorkQueueSettings(name="scheduler", max_delay_s=30.0)
+    )
     claim_controller: bool = True
 
     def __post_init__(self) -> None:
@@ -201,18 +200,20 @@ class BindingVerdict:
 
 def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     allocation = (claim.get("status") or {}).get("allocation") or {}
-    return [r for r in (allocation.get("devices") or {}).get("results") or ()
-            if isinstance(r, Mapping)]
+    return [
+        r for r in (allocation.get("devices") or {}).get("results") or () if isinstance(r, Mapping)
+    ]
 
 
 def _device_id(entry: Mapping[str, Any]) -> DeviceId:
-    return (str(entry.get("driver") or ""), str(entry.get("pool") or ""),
-            str(entry.get("device") or ""))
+    return (
+        str(entry.get("driver") or ""),
+        str(entry.get("pool") or ""),
+        str(entry.get("device") or ""),
+    )
 
 
-def binding_verdict(
-    claim: Mapping[str, Any], now: dt.datetime, timeout_s: float
-) -> BindingVerdict:
+def binding_verdict(claim: Mapping[str, Any], now: dt.datetime, timeout_s: float) -> BindingVerdict:
     """Judge an allocated claim's binding conditions (KEP-5007, kube-scheduler PreBind).
 
     Every result with ``bindingConditions`` needs each of them True on the
@@ -226,7 +227,8 @@ def binding_verdict(
         if isinstance(entry, Mapping):
             conditions[_device_id(entry)] = {
                 str(c.get("type")): str(c.get("status"))
-                for c in entry.get("conditions") or () if isinstance(c, Mapping)
+                for c in entry.get("conditions") or ()
+                if isinstance(c, Mapping)
             }
     failed: list[DeviceId] = []
     failed_types: list[str] = []
@@ -234,8 +236,11 @@ def binding_verdict(
     for result in _results(claim):
         device = _device_id(result)
         found = conditions.get(device, {})
-        true_failures = [str(t) for t in result.get("bindingFailureConditions") or ()
-                         if found.get(str(t)) == "True"]
+        true_failures = [
+            str(t)
+            for t in result.get("bindingFailureConditions") or ()
+            if found.get(str(t)) == "True"
+        ]
         if true_failures:
             failed.append(device)
             failed_types.extend(true_failures)
@@ -243,30 +248,39 @@ def binding_verdict(
             waiting.append(device)
     if failed:
         names = ", ".join("/".join(d[1:]) for d in failed)
-        return BindingVerdict("failed", f"binding failure condition {', '.join(failed_types)} "
-                              f"is True for device {names}", tuple(failed))
+        return BindingVerdict(
+            "failed",
+            f"binding failure condition {', '.join(failed_types)} is True for device {names}",
+            tuple(failed),
+        )
     if not waiting:
         return BindingVerdict("ready")
     names = ", ".join("/".join(d[1:]) for d in waiting)
     allocated_at = parse_time(
-        ((claim.get("status") or {}).get("allocation") or {}).get("allocationTimestamp"))
+        ((claim.get("status") or {}).get("allocation") or {}).get("allocationTimestamp")
+    )
     if allocated_at is not None and now >= allocated_at + dt.timedelta(seconds=timeout_s):
-        return BindingVerdict("failed", f"binding conditions of device {names} not met within "
-                              f"{timeout_s:g}s of the allocation", tuple(waiting))
-    return BindingVerdict("waiting", f"waiting for the binding conditions of device {names}",
-                          tuple(waiting))
+        return BindingVerdict(
+            "failed",
+            f"binding conditions of device {names} not met within {timeout_s:g}s of the allocation",
+            tuple(waiting),
+        )
+    return BindingVerdict(
+        "waiting", f"waiting for the binding conditions of device {names}", tuple(waiting)
+    )
 
 
 def allocated_status(
-    status: Mapping[str, Any], allocation: Mapping[str, Any] | None, pod: Mapping[str, Any],
+    status: Mapping[str, Any],
+    allocation: Mapping[str, Any] | None,
+    pod: Mapping[str, Any],
     now: dt.datetime,
 ) -> JsonDict:
     """The claim status after the scheduler's one write: ``allocation`` (when given) with
     ``allocationTimestamp`` ``now``, and the pod added to ``reservedFor``."""
     new = copy.deepcopy(dict(status))
     if allocation is not None:
-        new["allocation"] = {**copy.deepcopy(dict(allocation)),
-                             "allocationTimestamp": rfc3339(now)}
+        new["allocation"] = {**copy.deepcopy(dict(allocation)), "allocationTimestamp": rfc3339(now)}
     reserved = [r for r in new.get("reservedFor") or () if isinstance(r, Mapping)]
     if not any(r.get("uid") == pod_uid(pod) for r in reserved):
         reserved.append(consumer_entry(pod))
@@ -403,8 +417,11 @@ class StructuredScheduler:
     """
 
     def __init__(
-        self, client: KubeClient, version: ResourceApiVersion,
-        settings: StructuredSettings | None = None, *,
+        self,
+        client: KubeClient,
+        version: ResourceApiVersion,
+        settings: StructuredSettings | None = None,
+        *,
         clock: Callable[[], dt.datetime] = utcnow,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -418,23 +435,33 @@ class StructuredScheduler:
         namespace = self.settings.namespace
 
         def informer_settings(name: str, namespaced: bool) -> InformerSettings:
-            return dataclasses.replace(self.settings.informer, name=f"scheduler-{name}",
-                                       namespace=namespace if namespaced else None)
+            return dataclasses.replace(
+                self.settings.informer,
+                name=f"scheduler-{name}",
+                namespace=namespace if namespaced else None,
+            )
 
         self.pods = Informer(
             self.core.list_namespaced_pod if namespace else self.core.list_pod_for_all_namespaces,
-            informer_settings("pods", True))
+            informer_settings("pods", True),
+        )
         self.claims = Informer(
-            self.resources.list_namespaced_resource_claim if namespace
+            self.resources.list_namespaced_resource_claim
+            if namespace
             else self.resources.list_resource_claim_for_all_namespaces,
             informer_settings("resourceclaims", True),
-            converter=lambda obj: claim_from_wire(obj, version))
-        self.slices = Informer(self.resources.list_resource_slice,
-                               informer_settings("resourceslices", False),
-                               converter=lambda obj: slice_from_wire(obj, version))
-        self.classes = Informer(self.resources.list_device_class,
-                                informer_settings("deviceclasses", False),
-                                converter=lambda obj: device_class_from_wire(obj, version))
+            converter=lambda obj: claim_from_wire(obj, version),
+        )
+        self.slices = Informer(
+            self.resources.list_resource_slice,
+            informer_settings("resourceslices", False),
+            converter=lambda obj: slice_from_wire(obj, version),
+        )
+        self.classes = Informer(
+            self.resources.list_device_class,
+            informer_settings("deviceclasses", False),
+            converter=lambda obj: device_class_from_wire(obj, version),
+        )
         self.nodes = Informer(self.core.list_node, informer_settings("nodes", False))
         self.pods.add_handler(self._on_pod)
         self.claims.add_handler(self._on_claim)
@@ -451,9 +478,17 @@ class StructuredScheduler:
         self._written: dict[Key, JsonDict] = {}
         self._deleted_rv: dict[Key, int] = {}
         self._task: asyncio.Task[None] | None = None
-        self.claim_controller = ClaimController(client, version, ClaimControllerSettings(
-            namespace=namespace, informer=self.settings.informer,
-            queue=self.settings.queue)) if self.settings.claim_controller else None
+        self.claim_controller = (
+            ClaimController(
+                client,
+                version,
+                ClaimControllerSettings(
+                    namespace=namespace, informer=self.settings.informer, queue=self.settings.queue
+                ),
+            )
+            if self.settings.claim_controller
+            else None
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -463,8 +498,9 @@ class StructuredScheduler:
         Raises:
             KubeError: ``/version`` cannot be read.
         """
-        info = await call_json(self._version_api.get_code(_preload_content=False),
-                               "read the API server's /version")
+        info = await call_json(
+            self._version_api.get_code(_preload_content=False), "read the API server's /version"
+        )
         self.kubernetes_minor = server_minor(str(info.get("gitVersion") or ""))
         informers = (self.pods, self.claims, self.slices, self.classes, self.nodes)
         for informer in informers:
@@ -516,8 +552,11 @@ class StructuredScheduler:
         # pods in PreBind only poll, as kube-scheduler's do.
         for pod in self.pods.objects():
             pkey = pod_key(pod)
-            if pkey[0] == key[0] and pkey not in self._pre_binding and is_pending(
-                    pod, self.settings.scheduler_name):
+            if (
+                pkey[0] == key[0]
+                and pkey not in self._pre_binding
+                and is_pending(pod, self.settings.scheduler_name)
+            ):
                 self.queue.add(("pod", *pkey))
 
     async def _on_cluster_change(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
@@ -550,10 +589,15 @@ class StructuredScheduler:
 
     async def _read_claim(self, namespace: str, name: str) -> JsonDict | None:
         try:
-            claim = claim_from_wire(await call_json(
-                self.resources.read_namespaced_resource_claim(name, namespace,
-                                                              _preload_content=False),
-                f"read ResourceClaim {namespace}/{name}"), self.version)
+            claim = claim_from_wire(
+                await call_json(
+                    self.resources.read_namespaced_resource_claim(
+                        name, namespace, _preload_content=False
+                    ),
+                    f"read ResourceClaim {namespace}/{name}",
+                ),
+                self.version,
+            )
         except KubeNotFound:
             return None
         self._remember(claim)
@@ -573,8 +617,15 @@ class StructuredScheduler:
                 self.queue.add_after(key, retry.delay_s)
             except Exception as err:
                 # An odd object or a failing server must not stop the stand-in.
-                log.warning("%s %s/%s: %s: %s", key[0], key[1], key[2], type(err).__name__,
-                            err, exc_info=not isinstance(err, KubeError))
+                log.warning(
+                    "%s %s/%s: %s: %s",
+                    key[0],
+                    key[1],
+                    key[2],
+                    type(err).__name__,
+                    err,
+                    exc_info=not isinstance(err, KubeError),
+                )
                 self.queue.add_rate_limited(key)
             else:
                 self.queue.forget(key)
@@ -608,18 +659,24 @@ class StructuredScheduler:
         claims = []
         for pod_claim in pod_claims(pod):
             if pod_claim.claim_name is None:
-                raise self._unschedulable(pod, f"claim {pod_claim.name}: waiting for the "
-                                          "claim from its template")
+                raise self._unschedulable(
+                    pod, f"claim {pod_claim.name}: waiting for the claim from its template"
+                )
             claim = self._claim(namespace, pod_claim.claim_name)
             if claim is None:
-                raise self._unschedulable(pod, f"waiting for ResourceClaim "
-                                          f"{namespace}/{pod_claim.claim_name}")
+                raise self._unschedulable(
+                    pod, f"waiting for ResourceClaim {namespace}/{pod_claim.claim_name}"
+                )
             if (claim.get("metadata") or {}).get("deletionTimestamp"):
-                raise self._unschedulable(pod, f"ResourceClaim {namespace}/"
-                                          f"{pod_claim.claim_name} is being deleted")
+                raise self._unschedulable(
+                    pod, f"ResourceClaim {namespace}/{pod_claim.claim_name} is being deleted"
+                )
             if pod_claim.template_name and owner_pod_uid(claim) != pod_uid(pod):
-                raise self._unschedulable(pod, f"ResourceClaim {namespace}/"
-                                          f"{pod_claim.claim_name} was not created for this pod")
+                raise self._unschedulable(
+                    pod,
+                    f"ResourceClaim {namespace}/"
+                    f"{pod_claim.claim_name} was not created for this pod",
+                )
             claims.append(claim)
         return claims
 
@@ -640,9 +697,9 @@ class StructuredScheduler:
             wanted = [claim_from_object(c) for c in pending]
         except SpecError as err:
             raise self._unschedulable(pod, f"claim cannot be allocated: {err}") from err
-        in_use = devices_in_use(self._claims_in(),
-                                exclude={_uid(c) for c in pending}) | (
-            self.failed_devices.active())
+        in_use = devices_in_use(self._claims_in(), exclude={_uid(c) for c in pending}) | (
+            self.failed_devices.active()
+        )
         pools = gather_pools(self.slices.objects())
         classes = {c.name: c for c in map(device_class_from_json, self.classes.objects())}
         chosen: tuple[str, Mapping[str, Mapping[str, Any]]] | None = None
@@ -655,15 +712,15 @@ class StructuredScheduler:
             if not wanted:
                 chosen = (node_name, {})
                 break
-            outcome = self.allocator.allocate(wanted, classes, pools, in_use,
-                                              node_from_json(node))
+            outcome = self.allocator.allocate(wanted, classes, pools, in_use, node_from_json(node))
             if outcome.failure is None:
                 chosen = (node_name, outcome.allocations)
                 break
             reasons.append(f"{node_name}: {outcome.failure.message}")
         if chosen is None:
-            raise self._unschedulable(pod, "no node fits: " + ("; ".join(reasons) or
-                                                               "no schedulable node"))
+            raise self._unschedulable(
+                pod, "no node fits: " + ("; ".join(reasons) or "no schedulable node")
+            )
         node_name, allocations = chosen
         self.unschedulable.pop(key, None)
         written: list[JsonDict] = []
@@ -671,13 +728,18 @@ class StructuredScheduler:
             for claim in claims:
                 if reserved_for_pod(claim, pod_uid(pod)):
                     continue
-                allocation = None if _allocation(claim) else allocations.get(
-                    _uid(claim) or "/".join(pod_key(claim)))
+                allocation = (
+                    None
+                    if _allocation(claim)
+                    else allocations.get(_uid(claim) or "/".join(pod_key(claim)))
+                )
                 if allocation is not None:
                     allocation = for_release(allocation, self.kubernetes_minor)
                 if allocation is None and not _allocation(claim):
-                    raise _Retry(f"the allocator gave no allocation for claim "
-                                 f"{'/'.join(pod_key(claim))}", self.settings.retry_interval_s)
+                    raise _Retry(
+                        f"the allocator gave no allocation for claim {'/'.join(pod_key(claim))}",
+                        self.settings.retry_interval_s,
+                    )
                 written.append(await self._reserve(claim, pod, allocation))
                 if allocation is not None:
                     self.counters.allocations += 1
@@ -686,15 +748,18 @@ class StructuredScheduler:
             # attempt took, and retry.
             for claim in written:
                 await self._unreserve(claim, pod_uid(pod))
-            raise _Retry(f"claims changed while being allocated ({err}); retrying",
-                         self.settings.poll_interval_s) from err
+            raise _Retry(
+                f"claims changed while being allocated ({err}); retrying",
+                self.settings.poll_interval_s,
+            ) from err
         log.info("pod %s/%s: claims allocated and reserved on node %s", *key, node_name)
         self._chosen[key] = node_name
         self._pre_binding.add(key)
         return 0.0
 
-    async def _reserve(self, claim: JsonDict, pod: JsonDict,
-                       allocation: Mapping[str, Any] | None) -> JsonDict:
+    async def _reserve(
+        self, claim: JsonDict, pod: JsonDict, allocation: Mapping[str, Any] | None
+    ) -> JsonDict:
         """Add the finalizer (when allocating), then write allocation and reservedFor in one
         status update. Raises KubeConflict when the claim changed meanwhile (the caller rolls
         back and retries), KubeNotFound when it is gone."""
@@ -703,18 +768,27 @@ class StructuredScheduler:
         if allocation is not None and DELETE_PROTECTION not in finalizers:
             body = copy.deepcopy(claim)
             body["metadata"]["finalizers"] = [*finalizers, DELETE_PROTECTION]
-            claim = claim_from_wire(await call_json(
-                self.resources.replace_namespaced_resource_claim(
-                    name, namespace, claim_to_wire(body, self.version), _preload_content=False),
-                f"add finalizer to ResourceClaim {namespace}/{name}"), self.version)
+            claim = claim_from_wire(
+                await call_json(
+                    self.resources.replace_namespaced_resource_claim(
+                        name, namespace, claim_to_wire(body, self.version), _preload_content=False
+                    ),
+                    f"add finalizer to ResourceClaim {namespace}/{name}",
+                ),
+                self.version,
+            )
             self._remember(claim)
         body = copy.deepcopy(claim)
-        body["status"] = allocated_status(claim.get("status") or {}, allocation, pod,
-                                          self.clock())
-        claim = claim_from_wire(await call_json(
-            self.resources.replace_namespaced_resource_claim_status(
-                name, namespace, claim_to_wire(body, self.version), _preload_content=False),
-            f"allocate ResourceClaim {namespace}/{name}"), self.version)
+        body["status"] = allocated_status(claim.get("status") or {}, allocation, pod, self.clock())
+        claim = claim_from_wire(
+            await call_json(
+                self.resources.replace_namespaced_resource_claim_status(
+                    name, namespace, claim_to_wire(body, self.version), _preload_content=False
+                ),
+                f"allocate ResourceClaim {namespace}/{name}",
+            ),
+            self.version,
+        )
         self._remember(claim)
         return claim
 
@@ -764,11 +838,16 @@ class StructuredScheduler:
         """Remove pod ``uid`` from the claim's ``reservedFor`` (and the allocation with the
         last consumer): one status update, re-read and retried on conflict."""
         await self._update_status(
-            claim, lambda c: without_consumers(c.get("status") or {}, [uid]),
-            "give back ResourceClaim")
+            claim,
+            lambda c: without_consumers(c.get("status") or {}, [uid]),
+            "give back ResourceClaim",
+        )
 
     async def _update_status(
-        self, claim: JsonDict | None, change: Callable[[JsonDict], JsonDict | None], what: str,
+        self,
+        claim: JsonDict | None,
+        change: Callable[[JsonDict], JsonDict | None],
+        what: str,
     ) -> JsonDict | None:
         """Read-modify-write of a claim's status: ``change`` returns the new status or None
         (nothing to write). Returns the claim as written (or as it stands); None when gone.
@@ -783,11 +862,18 @@ class StructuredScheduler:
             body = copy.deepcopy(claim)
             body["status"] = status
             try:
-                written = claim_from_wire(await call_json(
-                    self.resources.replace_namespaced_resource_claim_status(
-                        name, namespace, claim_to_wire(body, self.version),
-                        _preload_content=False),
-                    f"{what} {namespace}/{name}"), self.version)
+                written = claim_from_wire(
+                    await call_json(
+                        self.resources.replace_namespaced_resource_claim_status(
+                            name,
+                            namespace,
+                            claim_to_wire(body, self.version),
+                            _preload_content=False,
+                        ),
+                        f"{what} {namespace}/{name}",
+                    ),
+                    self.version,
+                )
             except KubeNotFound:
                 return None
             except KubeConflict:

@@ -27,40 +27,91 @@ async def test_v1alpha3_claims_with_controller_and_scheduling_contexts() -> None
         async with client.ApiClient(client.Configuration(host=url)) as api_client:
             api: Any = client.CustomObjectsApi(api_client)
             claim = await api.create_namespaced_custom_object(
-                group, version, "default", "resourceclaims", {
-                    "apiVersion": "resource.k8s.io/v1alpha3", "kind": "ResourceClaim",
+                group,
+                version,
+                "default",
+                "resourceclaims",
+                {
+                    "apiVersion": "resource.k8s.io/v1alpha3",
+                    "kind": "ResourceClaim",
                     "metadata": {"name": "c"},
-                    "spec": {"controller": "fabric.example.com", "devices": {"requests": [
-                        {"name": "gpu", "deviceClassName": "gpu"}]}}})
+                    "spec": {
+                        "controller": "fabric.example.com",
+                        "devices": {"requests": [{"name": "gpu", "deviceClassName": "gpu"}]},
+                    },
+                },
+            )
             assert claim["spec"]["controller"] == "fabric.example.com"
             context = await api.create_namespaced_custom_object(
-                group, version, "default", "podschedulingcontexts", {
-                    "apiVersion": "resource.k8s.io/v1alpha3", "kind": "PodSchedulingContext",
+                group,
+                version,
+                "default",
+                "podschedulingcontexts",
+                {
+                    "apiVersion": "resource.k8s.io/v1alpha3",
+                    "kind": "PodSchedulingContext",
                     "metadata": {"name": "pod-1"},
                     "spec": {"potentialNodes": ["n1", "n2"]},
-                    "status": {"resourceClaims": [{"name": "ignored"}]}})
+                    "status": {"resourceClaims": [{"name": "ignored"}]},
+                },
+            )
             assert "status" not in context
             answered = await api.patch_namespaced_custom_object_status(
-                group, version, "default", "podschedulingcontexts", "pod-1",
+                group,
+                version,
+                "default",
+                "podschedulingcontexts",
+                "pod-1",
                 {"status": {"resourceClaims": [{"name": "gpu", "unsuitableNodes": ["n2"]}]}},
-                _content_type=merge)
+                _content_type=merge,
+            )
             assert answered["status"]["resourceClaims"][0]["unsuitableNodes"] == ["n2"]
             assert "generation" not in answered["metadata"]
             status = await api.patch_namespaced_custom_object_status(
-                group, version, "default", "resourceclaims", "c",
-                {"status": {"allocation": {"controller": "fabric.example.com", "devices": {
-                    "results": [{"request": "gpu", "driver": "fabric.example.com",
-                                 "pool": "p", "device": "d0"}]}},
-                    "deallocationRequested": True}}, _content_type=merge)
+                group,
+                version,
+                "default",
+                "resourceclaims",
+                "c",
+                {
+                    "status": {
+                        "allocation": {
+                            "controller": "fabric.example.com",
+                            "devices": {
+                                "results": [
+                                    {
+                                        "request": "gpu",
+                                        "driver": "fabric.example.com",
+                                        "pool": "p",
+                                        "device": "d0",
+                                    }
+                                ]
+                            },
+                        },
+                        "deallocationRequested": True,
+                    }
+                },
+                _content_type=merge,
+            )
             assert status["status"]["deallocationRequested"] is True
             with pytest.raises(ApiException) as caught:
                 await api.create_namespaced_custom_object(
-                    group, version, "default", "resourceclaims", {
-                        "apiVersion": "resource.k8s.io/v1alpha3", "kind": "ResourceClaim",
+                    group,
+                    version,
+                    "default",
+                    "resourceclaims",
+                    {
+                        "apiVersion": "resource.k8s.io/v1alpha3",
+                        "kind": "ResourceClaim",
                         "metadata": {"name": "bad"},
-                        "spec": {"devices": {"requests": [
-                            {"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}},
-                    field_validation="Strict")
+                        "spec": {
+                            "devices": {
+                                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]
+                            }
+                        },
+                    },
+                    field_validation="Strict",
+                )
             assert caught.value.status == 400
     finally:
         await emu.stop()
@@ -68,12 +119,22 @@ async def test_v1alpha3_claims_with_controller_and_scheduling_contexts() -> None
 
 async def test_cli_serves_nodes_from_a_file_until_sigterm(tmp_path: Path) -> None:
     nodes = tmp_path / "nodes.yaml"
-    nodes.write_text("- metadata: {name: node-1, labels: {rack: r1}}\n"
-                     "- metadata: {name: node-2}\n")
+    nodes.write_text("- metadata: {name: node-1, labels: {rack: r1}}\n- metadata: {name: node-2}\n")
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from app.cli import main; main()", "sim", "kube",
-        "--port", "0", "--resource-versions", "v1,v1beta1", "--nodes-file", str(nodes),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        "from app.cli import main; main()",
+        "sim",
+        "kube",
+        "--port",
+        "0",
+        "--resource-versions",
+        "v1,v1beta1",
+        "--nodes-file",
+        str(nodes),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert process.stdout is not None
         line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()

@@ -19,11 +19,17 @@ def untyped(api: Any) -> Any:
 
 @pytest.mark.parametrize(
     ("kubernetes_version", "versions"),
-    [("1.34", ("v1",)), ("1.34", ("v1beta2", "v1beta1")), ("1.35", ("v1beta1",)),
-     ("1.31", ("v1alpha3",)), ("1.37", ("v1", "v1beta2", "v1beta1"))],
+    [
+        ("1.34", ("v1",)),
+        ("1.34", ("v1beta2", "v1beta1")),
+        ("1.35", ("v1beta1",)),
+        ("1.31", ("v1alpha3",)),
+        ("1.37", ("v1", "v1beta2", "v1beta1")),
+    ],
 )
 async def test_served_resource_versions_are_discovered_with_the_first_preferred(
-    kubernetes_version: str, versions: tuple[str, ...],
+    kubernetes_version: str,
+    versions: tuple[str, ...],
 ) -> None:
     emu = KubeEmulator(kubernetes_version=kubernetes_version, served_resource_versions=versions)
     url = await emu.start()
@@ -46,8 +52,13 @@ async def test_v1_resource_list_has_verbs_scope_kinds_and_the_status_subresource
 ) -> None:
     resources = await untyped(client.ResourceV1Api(api_client)).get_api_resources()
     by_name = {r.name: r for r in resources.resources}
-    assert set(by_name) == {"resourceslices", "resourceclaims", "resourceclaims/status",
-                            "deviceclasses", "resourceclaimtemplates"}
+    assert set(by_name) == {
+        "resourceslices",
+        "resourceclaims",
+        "resourceclaims/status",
+        "deviceclasses",
+        "resourceclaimtemplates",
+    }
     assert by_name["resourceslices"].namespaced is False
     assert by_name["resourceclaims"].namespaced is True
     assert by_name["resourceclaims"].kind == "ResourceClaim"
@@ -80,14 +91,19 @@ async def test_core_and_coordination_discovery_and_version(api_client: client.Ap
     assert (info.major, info.minor) == ("1", "34")
 
 
-@pytest.mark.parametrize(("given", "git_version", "minor"), [
-    ({"kubernetes_version": "v1.31.4"}, "v1.31.4", "31"),
-    ({"kubernetes_version": "1.36"}, "v1.36.0", "36"),
-    ({"kubernetes_version": "v1.37"}, "v1.37.0", "37"),
-    ({"git_version": "v1.35.1"}, "v1.35.1", "35"),
-])
+@pytest.mark.parametrize(
+    ("given", "git_version", "minor"),
+    [
+        ({"kubernetes_version": "v1.31.4"}, "v1.31.4", "31"),
+        ({"kubernetes_version": "1.36"}, "v1.36.0", "36"),
+        ({"kubernetes_version": "v1.37"}, "v1.37.0", "37"),
+        ({"git_version": "v1.35.1"}, "v1.35.1", "35"),
+    ],
+)
 async def test_the_kubernetes_version_is_what_version_reports(
-    given: dict[str, str], git_version: str, minor: str,
+    given: dict[str, str],
+    git_version: str,
+    minor: str,
 ) -> None:
     emu = KubeEmulator(**given)  # type: ignore[arg-type]
     url = await emu.start()
@@ -115,10 +131,14 @@ def test_an_unknown_resource_version_is_refused() -> None:
 
 def test_versions_no_release_serves_together_are_refused() -> None:
     # v1 (1.34+) and the classic-DRA v1alpha3 (1.31) never share a cluster.
-    with pytest.raises(ValueError, match=re.escape(
-            "Kubernetes 1.34 cannot serve resource.k8s.io v1alpha3; it serves v1, v1beta2, "
-            "v1beta1")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "Kubernetes 1.34 cannot serve resource.k8s.io v1alpha3; it serves v1, v1beta2, v1beta1"
+        ),
+    ):
         KubeEmulator(served_resource_versions=("v1", "v1alpha3"))
-    with pytest.raises(ValueError, match=re.escape("Kubernetes 1.31 cannot serve "
-                                                   "resource.k8s.io v1")):
+    with pytest.raises(
+        ValueError, match=re.escape("Kubernetes 1.31 cannot serve resource.k8s.io v1")
+    ):
         KubeEmulator(kubernetes_version="1.31", served_resource_versions=("v1",))

@@ -24,10 +24,11 @@ def untyped(api: Any) -> Any:
 
 
 async def test_429_carries_retry_after_in_header_and_status(
-    emulator: KubeEmulator, api_client: client.ApiClient, builders: Builders,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
-    emulator.fail_next(1, method="POST", path_regex="/resourceslices$", status=429,
-                       retry_after=7)
+    emulator.fail_next(1, method="POST", path_regex="/resourceslices$", status=429, retry_after=7)
     api: Any = client.ResourceV1Api(api_client)
     with pytest.raises(ApiException) as caught:
         await api.create_resource_slice(builders["slice"]("s1"))
@@ -40,10 +41,14 @@ async def test_429_carries_retry_after_in_header_and_status(
     assert (await api.create_resource_slice(builders["slice"]("s1"))).metadata.name == "s1"
 
 
-@pytest.mark.parametrize(("status", "reason"), [(500, "InternalError"), (409, "Conflict"),
-                                                (503, "ServiceUnavailable")])
+@pytest.mark.parametrize(
+    ("status", "reason"), [(500, "InternalError"), (409, "Conflict"), (503, "ServiceUnavailable")]
+)
 async def test_injected_failures_are_real_status_bodies(
-    emulator: KubeEmulator, api_client: client.ApiClient, status: int, reason: str,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
+    status: int,
+    reason: str,
 ) -> None:
     emulator.fail_next(2, method="GET", path_regex="resourceslices", status=status)
     api: Any = client.ResourceV1Api(api_client)
@@ -52,12 +57,18 @@ async def test_injected_failures_are_real_status_bodies(
             await api.list_resource_slice()
         body = json.loads(caught.value.body or b"{}")
         assert (caught.value.status, body["kind"], body["reason"], body["code"]) == (
-            status, "Status", reason, status)
+            status,
+            "Status",
+            reason,
+            status,
+        )
     assert (await api.list_resource_slice()).items == []
 
 
 async def test_faults_only_hit_matching_method_and_path(
-    emulator: KubeEmulator, api_client: client.ApiClient, builders: Builders,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     emulator.fail_next(1, method="DELETE", path_regex="resourceslices")
     api: Any = client.ResourceV1Api(api_client)
@@ -69,7 +80,8 @@ async def test_faults_only_hit_matching_method_and_path(
 
 
 async def test_latency_slows_every_request(
-    emulator: KubeEmulator, api_client: client.ApiClient,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
 ) -> None:
     emulator.latency_s = 0.2
     loop = asyncio.get_running_loop()
@@ -80,15 +92,27 @@ async def test_latency_slows_every_request(
 
 
 async def test_drop_fields_silently_removes_gated_fields(
-    emulator: KubeEmulator, api_client: client.ApiClient, builders: Builders,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
-    emulator.drop_fields("resourceslices", ["spec.devices[].bindingConditions",
-                                            "spec.devices[].bindingFailureConditions",
-                                            "spec.devices[].bindsToNode"])
+    emulator.drop_fields(
+        "resourceslices",
+        [
+            "spec.devices[].bindingConditions",
+            "spec.devices[].bindingFailureConditions",
+            "spec.devices[].bindsToNode",
+        ],
+    )
     body = builders["slice"]("s1", devices=2)
     for device in body["spec"]["devices"]:
-        device.update({"bindsToNode": True, "bindingConditions": ["example.com/ready"],
-                       "bindingFailureConditions": ["example.com/failed"]})
+        device.update(
+            {
+                "bindsToNode": True,
+                "bindingConditions": ["example.com/ready"],
+                "bindingFailureConditions": ["example.com/failed"],
+            }
+        )
     created = await untyped(client.ResourceV1Api(api_client)).create_resource_slice(body)
     for device in created.spec.devices:
         assert device.binds_to_node is None
@@ -98,7 +122,9 @@ async def test_drop_fields_silently_removes_gated_fields(
 
 
 async def test_request_log_counts_writes(
-    emulator: KubeEmulator, api_client: client.ApiClient, builders: Builders,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     await api.create_resource_slice(builders["slice"]("s1"))
@@ -108,8 +134,9 @@ async def test_request_log_counts_writes(
     assert [(w.method, w.status) for w in writes] == [("POST", 201), ("PATCH", 200)]
     assert writes[1].content_type == "application/strategic-merge-patch+json"
     assert emulator.writes("/resourceclaims") == []
-    assert any(r.method == "GET" and r.path.endswith("/resourceslices/s1")
-               for r in emulator.requests)
+    assert any(
+        r.method == "GET" and r.path.endswith("/resourceslices/s1") for r in emulator.requests
+    )
 
 
 async def test_bearer_token_is_required_when_configured() -> None:
@@ -120,8 +147,9 @@ async def test_bearer_token_is_required_when_configured() -> None:
             with pytest.raises(ApiException) as caught:
                 await untyped(client.ResourceV1Api(anonymous)).list_resource_slice()
             assert caught.value.status == 401
-        config = client.Configuration(host=url, api_key={"BearerToken": "s3cret"},
-                                      api_key_prefix={"BearerToken": "Bearer"})
+        config = client.Configuration(
+            host=url, api_key={"BearerToken": "s3cret"}, api_key_prefix={"BearerToken": "Bearer"}
+        )
         async with client.ApiClient(config) as authorised:
             listed = await untyped(client.ResourceV1Api(authorised)).list_resource_slice()
             assert listed.items == []
@@ -130,7 +158,8 @@ async def test_bearer_token_is_required_when_configured() -> None:
 
 
 async def test_restart_keeping_the_store_on_the_same_port(
-    emulator: KubeEmulator, builders: Builders,
+    emulator: KubeEmulator,
+    builders: Builders,
 ) -> None:
     url = emulator.url
     emulator.create(builders["slice"]("s1"))
@@ -142,7 +171,8 @@ async def test_restart_keeping_the_store_on_the_same_port(
 
 
 async def test_restart_losing_the_store_makes_old_versions_expire(
-    emulator: KubeEmulator, builders: Builders,
+    emulator: KubeEmulator,
+    builders: Builders,
 ) -> None:
     created = emulator.create(builders["slice"]("s1"))
     await emulator.restart(keep_store=False)
@@ -154,20 +184,26 @@ async def test_restart_losing_the_store_makes_old_versions_expire(
         assert (await untyped(client.CoreV1Api(api_client)).read_namespace("default")).metadata.name
         async with watch.Watch() as w:
             with pytest.raises(ApiException) as caught:
-                async for _ in w.stream(api.list_resource_slice, timeout_seconds=2,
-                                        resource_version=created["metadata"]["resourceVersion"]):
+                async for _ in w.stream(
+                    api.list_resource_slice,
+                    timeout_seconds=2,
+                    resource_version=created["metadata"]["resourceVersion"],
+                ):
                     pass
         assert caught.value.status == 410
 
 
-async def test_stop_ends_open_watches(emulator: KubeEmulator,
-                                      api_client: client.ApiClient) -> None:
+async def test_stop_ends_open_watches(emulator: KubeEmulator, api_client: client.ApiClient) -> None:
     api: Any = client.ResourceV1Api(api_client)
 
     async def consume() -> list[Any]:
         async with watch.Watch() as w:
-            return [e async for e in w.stream(api.list_resource_slice, resource_version="0",
-                                              timeout_seconds=30)]
+            return [
+                e
+                async for e in w.stream(
+                    api.list_resource_slice, resource_version="0", timeout_seconds=30
+                )
+            ]
 
     task = asyncio.create_task(consume())
     for _ in range(500):
@@ -180,8 +216,10 @@ async def test_stop_ends_open_watches(emulator: KubeEmulator,
 
 async def test_http_control_endpoints(emulator: KubeEmulator, builders: Builders) -> None:
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{emulator.url}/_emulator/fail_next", json={
-                "n": 1, "method": "GET", "path_regex": "nodes", "status": 500}) as resp:
+        async with session.post(
+            f"{emulator.url}/_emulator/fail_next",
+            json={"n": 1, "method": "GET", "path_regex": "nodes", "status": 500},
+        ) as resp:
             assert resp.status == 200
         async with session.get(f"{emulator.url}/api/v1/nodes") as resp:
             assert resp.status == 500
@@ -189,21 +227,29 @@ async def test_http_control_endpoints(emulator: KubeEmulator, builders: Builders
             assert int((await resp.json())["resourceVersion"]) >= 1
         async with session.get(f"{emulator.url}/_emulator/requests") as resp:
             log = await resp.json()
-        assert log[-1] == {"method": "GET", "path": "/api/v1/nodes", "status": 500,
-                           "content_type": "", "query": ""}
+        assert log[-1] == {
+            "method": "GET",
+            "path": "/api/v1/nodes",
+            "status": 500,
+            "content_type": "",
+            "query": "",
+        }
 
 
 async def test_method_not_allowed_and_bad_json_get_status_bodies(
     emulator: KubeEmulator,
 ) -> None:
     async with aiohttp.ClientSession() as session:
-        async with session.put(f"{emulator.url}/apis/resource.k8s.io/v1/resourceslices",
-                               json={}) as resp:
+        async with session.put(
+            f"{emulator.url}/apis/resource.k8s.io/v1/resourceslices", json={}
+        ) as resp:
             assert resp.status == 405
             assert (await resp.json())["reason"] == "MethodNotAllowed"
-        async with session.post(f"{emulator.url}/apis/resource.k8s.io/v1/resourceslices",
-                                data=b"{not json", headers={
-                                    "Content-Type": "application/json"}) as resp:
+        async with session.post(
+            f"{emulator.url}/apis/resource.k8s.io/v1/resourceslices",
+            data=b"{not json",
+            headers={"Content-Type": "application/json"},
+        ) as resp:
             assert resp.status == 400
             assert (await resp.json())["kind"] == "Status"
         async with session.get(f"{emulator.url}/apis/resource.k8s.io/v1/widgets") as resp:
@@ -212,7 +258,9 @@ async def test_method_not_allowed_and_bad_json_get_status_bodies(
 
 
 async def test_a_held_answer_follows_its_watch_event_and_a_dropped_event_is_never_sent(
-    emulator: KubeEmulator, api_client: client.ApiClient, builders: Builders,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     start = (await api.list_resource_slice()).metadata.resource_version
@@ -220,8 +268,9 @@ async def test_a_held_answer_follows_its_watch_event_and_a_dropped_event_is_neve
 
     async def consume() -> None:
         async with watch.Watch() as w:
-            async for event in w.stream(api.list_resource_slice, resource_version=start,
-                                        timeout_seconds=30):
+            async for event in w.stream(
+                api.list_resource_slice, resource_version=start, timeout_seconds=30
+            ):
                 await events.put((event["type"], event["object"].metadata.name))
 
     watching = asyncio.create_task(consume())

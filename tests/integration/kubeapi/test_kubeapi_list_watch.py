@@ -29,35 +29,45 @@ async def _make_slices(api: Any, builders: Builders) -> None:
         await api.create_resource_slice(body)
 
 
-@pytest.mark.parametrize(("selector", "expected"), [
-    ("tier=gold", ["a"]),
-    ("tier==gold", ["a"]),
-    ("tier!=gold", ["b", "c"]),
-    ("tier in (gold,silver)", ["a", "b"]),
-    ("tier notin (gold, silver)", ["c"]),
-    ("rack", ["a", "b"]),
-    ("!rack", ["c"]),
-    ("rack=r1,tier!=gold", ["b"]),
-    ("", ["a", "b", "c"]),
-])
-async def test_label_selectors(api_client: client.ApiClient, builders: Builders,
-                               selector: str, expected: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("tier=gold", ["a"]),
+        ("tier==gold", ["a"]),
+        ("tier!=gold", ["b", "c"]),
+        ("tier in (gold,silver)", ["a", "b"]),
+        ("tier notin (gold, silver)", ["c"]),
+        ("rack", ["a", "b"]),
+        ("!rack", ["c"]),
+        ("rack=r1,tier!=gold", ["b"]),
+        ("", ["a", "b", "c"]),
+    ],
+)
+async def test_label_selectors(
+    api_client: client.ApiClient, builders: Builders, selector: str, expected: list[str]
+) -> None:
     api: Any = client.ResourceV1Api(api_client)
     await _make_slices(api, builders)
     listed = await api.list_resource_slice(label_selector=selector)
     assert [s.metadata.name for s in listed.items] == expected
 
 
-@pytest.mark.parametrize(("selector", "expected"), [
-    ("metadata.name=b", ["b"]),
-    ("metadata.name!=b", ["a", "c"]),
-    ("spec.driver=fabric.example.com", ["a", "b"]),
-    ("spec.nodeName=node-1", ["b"]),
-    ("spec.nodeName=", ["a"]),
-    ("spec.driver=fabric.example.com,spec.nodeName!=node-1", ["a"]),
-])
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("metadata.name=b", ["b"]),
+        ("metadata.name!=b", ["a", "c"]),
+        ("spec.driver=fabric.example.com", ["a", "b"]),
+        ("spec.nodeName=node-1", ["b"]),
+        ("spec.nodeName=", ["a"]),
+        ("spec.driver=fabric.example.com,spec.nodeName!=node-1", ["a"]),
+    ],
+)
 async def test_field_selectors_on_resource_slices(
-    api_client: client.ApiClient, builders: Builders, selector: str, expected: list[str],
+    api_client: client.ApiClient,
+    builders: Builders,
+    selector: str,
+    expected: list[str],
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     await _make_slices(api, builders)
@@ -81,15 +91,20 @@ async def test_unsupported_field_selector_or_bad_label_selector_is_400(
 async def test_pod_field_selector_on_node_name(api_client: client.ApiClient) -> None:
     core: Any = client.CoreV1Api(api_client)
     for name, node in (("p1", "node-1"), ("p2", "node-2")):
-        await core.create_namespaced_pod("default", {
-            "metadata": {"name": name},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}})
+        await core.create_namespaced_pod(
+            "default",
+            {
+                "metadata": {"name": name},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+            },
+        )
     pods = await core.list_pod_for_all_namespaces(field_selector="spec.nodeName=node-2")
     assert [p.metadata.name for p in pods.items] == ["p2"]
 
 
 async def test_limit_and_continue_page_through_everything(
-    api_client: client.ApiClient, builders: Builders,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     for i in range(5):
@@ -110,7 +125,9 @@ async def test_limit_and_continue_page_through_everything(
 
 
 async def test_continue_token_older_than_history_is_410(
-    emulator: KubeEmulator, api_client: client.ApiClient, builders: Builders,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     for i in range(3):
@@ -134,7 +151,8 @@ async def _collect(stream: Any, count: int) -> list[dict[str, Any]]:
 
 
 async def test_watch_from_a_version_sees_added_modified_deleted_in_order(
-    api_client: client.ApiClient, builders: Builders,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     start = (await api.list_resource_slice()).metadata.resource_version
@@ -143,8 +161,9 @@ async def test_watch_from_a_version_sees_added_modified_deleted_in_order(
     await api.replace_resource_slice("s1", created)
     await api.delete_resource_slice("s1")
     async with watch.Watch() as w:
-        events = await _collect(w.stream(api.list_resource_slice, resource_version=start,
-                                         timeout_seconds=5), 3)
+        events = await _collect(
+            w.stream(api.list_resource_slice, resource_version=start, timeout_seconds=5), 3
+        )
     assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
     versions = [int(e["object"].metadata.resource_version) for e in events]
     assert versions == sorted(versions)
@@ -152,7 +171,8 @@ async def test_watch_from_a_version_sees_added_modified_deleted_in_order(
 
 
 async def test_list_then_watch_from_zero_gets_current_state_then_live_events(
-    api_client: client.ApiClient, builders: Builders,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     await api.create_resource_slice(builders["slice"]("existing"))
@@ -166,7 +186,8 @@ async def test_list_then_watch_from_zero_gets_current_state_then_live_events(
 
 
 async def test_watch_with_selector_reports_objects_leaving_as_deleted(
-    api_client: client.ApiClient, builders: Builders,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     body = builders["slice"]("s1")
@@ -175,30 +196,45 @@ async def test_watch_with_selector_reports_objects_leaving_as_deleted(
     start = created.metadata.resource_version
     await api.patch_resource_slice("s1", {"metadata": {"labels": {"managed": "no"}}})
     async with watch.Watch() as w:
-        events = await _collect(w.stream(api.list_resource_slice, resource_version=start,
-                                         label_selector="managed=yes", timeout_seconds=5), 1)
+        events = await _collect(
+            w.stream(
+                api.list_resource_slice,
+                resource_version=start,
+                label_selector="managed=yes",
+                timeout_seconds=5,
+            ),
+            1,
+        )
     assert events[0]["type"] == "DELETED"
 
 
 async def test_bookmarks_arrive_periodically_and_at_timeout(
-    api_client: client.ApiClient, builders: Builders,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     created = await api.create_resource_slice(builders["slice"]("s1"))
     loop = asyncio.get_running_loop()
     started = loop.time()
     async with watch.Watch() as w:
-        events = [e async for e in w.stream(
-            api.list_resource_slice, resource_version=created.metadata.resource_version,
-            allow_watch_bookmarks=True, timeout_seconds=1)]
+        events = [
+            e
+            async for e in w.stream(
+                api.list_resource_slice,
+                resource_version=created.metadata.resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=1,
+            )
+        ]
     elapsed = loop.time() - started
     assert 0.9 <= elapsed < 3
     assert events
     assert all(e["type"] == "BOOKMARK" for e in events)
     # interval 0.2 s over 1 s, plus the one at the timeout
     assert len(events) >= 4
-    assert events[-1]["raw_object"]["metadata"]["resourceVersion"] \
-        == created.metadata.resource_version
+    assert (
+        events[-1]["raw_object"]["metadata"]["resourceVersion"] == created.metadata.resource_version
+    )
     assert w.resource_version == created.metadata.resource_version
 
 
@@ -207,13 +243,19 @@ async def test_timeout_seconds_ends_the_stream_without_bookmarks(
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     async with watch.Watch() as w:
-        events = [e async for e in w.stream(api.list_resource_slice, resource_version="0",
-                                            timeout_seconds=1)]
+        events = [
+            e
+            async for e in w.stream(
+                api.list_resource_slice, resource_version="0", timeout_seconds=1
+            )
+        ]
     assert events == []
 
 
 async def test_watch_from_a_compacted_version_is_410_expired(
-    emulator: KubeEmulator, api_client: client.ApiClient, builders: Builders,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
+    builders: Builders,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
     first = await api.create_resource_slice(builders["slice"]("s1"))
@@ -221,9 +263,14 @@ async def test_watch_from_a_compacted_version_is_410_expired(
     emulator.compact()
     async with watch.Watch() as w:
         with pytest.raises(ApiException) as caught:
-            await _collect(w.stream(api.list_resource_slice,
-                                    resource_version=first.metadata.resource_version,
-                                    timeout_seconds=2), 1)
+            await _collect(
+                w.stream(
+                    api.list_resource_slice,
+                    resource_version=first.metadata.resource_version,
+                    timeout_seconds=2,
+                ),
+                1,
+            )
     assert caught.value.status == 410
     assert "Expired" in str(caught.value.reason)
 
@@ -237,9 +284,13 @@ async def test_small_history_expires_old_versions() -> None:
             start = (await core.list_node()).metadata.resource_version
             for i in range(4):
                 await core.create_node({"metadata": {"name": f"n{i}"}})
-            async with aiohttp.ClientSession() as session, session.get(
-                f"{url}/api/v1/nodes", params={"watch": "1", "resourceVersion": start},
-            ) as resp:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(
+                    f"{url}/api/v1/nodes",
+                    params={"watch": "1", "resourceVersion": start},
+                ) as resp,
+            ):
                 line = json.loads(await resp.content.readline())
             assert line["type"] == "ERROR"
             assert line["object"]["code"] == 410
@@ -249,14 +300,16 @@ async def test_small_history_expires_old_versions() -> None:
 
 
 async def test_close_watches_cuts_open_streams(
-    emulator: KubeEmulator, api_client: client.ApiClient,
+    emulator: KubeEmulator,
+    api_client: client.ApiClient,
 ) -> None:
     api: Any = client.ResourceV1Api(api_client)
 
     async def consume() -> None:
         async with watch.Watch() as w:
-            async for _ in w.stream(api.list_resource_slice, resource_version="0",
-                                    timeout_seconds=30):
+            async for _ in w.stream(
+                api.list_resource_slice, resource_version="0", timeout_seconds=30
+            ):
                 pass
 
     task = asyncio.create_task(consume())
@@ -271,14 +324,23 @@ async def test_close_watches_cuts_open_streams(
 
 
 async def test_send_initial_events_ends_with_the_initial_events_end_bookmark(
-    emulator: KubeEmulator, builders: Builders,
+    emulator: KubeEmulator,
+    builders: Builders,
 ) -> None:
     emulator.create(builders["slice"]("s1"))
-    async with aiohttp.ClientSession() as session, session.get(
-        f"{emulator.url}/apis/resource.k8s.io/v1/resourceslices",
-        params={"watch": "true", "sendInitialEvents": "true", "allowWatchBookmarks": "true",
-                "resourceVersionMatch": "NotOlderThan", "timeoutSeconds": "1"},
-    ) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"{emulator.url}/apis/resource.k8s.io/v1/resourceslices",
+            params={
+                "watch": "true",
+                "sendInitialEvents": "true",
+                "allowWatchBookmarks": "true",
+                "resourceVersionMatch": "NotOlderThan",
+                "timeoutSeconds": "1",
+            },
+        ) as resp,
+    ):
         lines = [json.loads(line) async for line in resp.content if line.strip()]
     assert lines[0]["type"] == "ADDED"
     assert lines[1]["type"] == "BOOKMARK"

@@ -25,15 +25,18 @@ class Http:
         self.session = session
         self.url = url
 
-    async def call(self, method: str, path: str, body: Any = None,
-                   content_type: str = "application/json") -> tuple[int, Any]:
+    async def call(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body)
-        async with self.session.request(method, self.url + path, data=data,
-                                        headers={"Content-Type": content_type}) as resp:
+        async with self.session.request(
+            method, self.url + path, data=data, headers={"Content-Type": content_type}
+        ) as resp:
             return resp.status, await resp.json()
 
-    async def ok(self, method: str, path: str, body: Any = None,
-                 content_type: str = "application/json") -> Any:
+    async def ok(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
         status, answer = await self.call(method, path, body, content_type)
         assert status in (200, 201), answer
         return answer
@@ -41,8 +44,9 @@ class Http:
 
 @pytest.fixture
 async def http() -> AsyncIterator[Http]:
-    emu = KubeEmulator(served_resource_versions=("v1", "v1beta2", "v1beta1"),
-                       feature_gates=all_gates_on("1.34"))
+    emu = KubeEmulator(
+        served_resource_versions=("v1", "v1beta2", "v1beta1"), feature_gates=all_gates_on("1.34")
+    )
     url = await emu.start()
     try:
         async with aiohttp.ClientSession() as session:
@@ -51,26 +55,38 @@ async def http() -> AsyncIterator[Http]:
         await emu.stop()
 
 
-def beta1_slice(name: str, node: str = "node-1", driver: str = DRIVER,
-                **device: Any) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice",
-            "metadata": {"name": name, "labels": {"rack": "r1"}},
-            "spec": {"driver": driver, "nodeName": node,
-                     "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
-                     "devices": [{"name": "gpu-0", "basic": {
-                         "attributes": {"model": {"string": "a100"}}, **device}}]}}
+def beta1_slice(
+    name: str, node: str = "node-1", driver: str = DRIVER, **device: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name, "labels": {"rack": "r1"}},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
+            "devices": [
+                {"name": "gpu-0", "basic": {"attributes": {"model": {"string": "a100"}}, **device}}
+            ],
+        },
+    }
 
 
 async def test_a_v1beta1_slice_is_read_listed_and_updated_through_v1_and_v1beta2(
     http: Http,
 ) -> None:
-    taint = {"key": "example.com/unhealthy", "effect": "NoSchedule",
-             "timeAdded": "2026-01-01T00:00:00Z"}
+    taint = {
+        "key": "example.com/unhealthy",
+        "effect": "NoSchedule",
+        "timeAdded": "2026-01-01T00:00:00Z",
+    }
     await http.ok("POST", f"{G}/v1beta1/resourceslices", beta1_slice("s1", taints=[taint]))
     v1 = await http.ok("GET", f"{G}/v1/resourceslices/s1")
     assert v1["apiVersion"] == "resource.k8s.io/v1"
-    assert v1["spec"]["devices"] == [{"name": "gpu-0", "taints": [taint],
-                                      "attributes": {"model": {"string": "a100"}}}]
+    assert v1["spec"]["devices"] == [
+        {"name": "gpu-0", "taints": [taint], "attributes": {"model": {"string": "a100"}}}
+    ]
     v1beta2 = await http.ok("GET", f"{G}/v1beta2/resourceslices/s1")
     assert {**v1beta2, "apiVersion": v1["apiVersion"]} == v1
     listed = await http.ok("GET", f"{G}/v1/resourceslices")
@@ -84,9 +100,12 @@ async def test_a_v1beta1_slice_is_read_listed_and_updated_through_v1_and_v1beta2
     assert beta1["spec"]["devices"][0]["basic"]["attributes"]["model"] == {"string": "h100"}
     assert beta1["metadata"]["resourceVersion"] == updated["metadata"]["resourceVersion"]
     # A merge patch through v1beta1 works on the v1beta1 shape.
-    patched = await http.ok("PATCH", f"{G}/v1beta1/resourceslices/s1",
-                            {"metadata": {"labels": {"rack": "r2"}}},
-                            "application/merge-patch+json")
+    patched = await http.ok(
+        "PATCH",
+        f"{G}/v1beta1/resourceslices/s1",
+        {"metadata": {"labels": {"rack": "r2"}}},
+        "application/merge-patch+json",
+    )
     assert patched["spec"]["devices"][0]["basic"]["taints"] == [taint]
     status, gone = await http.call("DELETE", f"{G}/v1beta2/resourceslices/s1")
     assert (status, gone["apiVersion"]) == (200, "resource.k8s.io/v1beta2")
@@ -96,22 +115,46 @@ async def test_a_v1beta1_slice_is_read_listed_and_updated_through_v1_and_v1beta2
 async def test_a_v1_claim_is_flat_through_v1beta1_and_its_status_written_there_shows_in_v1(
     http: Http,
 ) -> None:
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": "c1"},
-             "spec": {"devices": {"requests": [
-                 {"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 2,
-                                             "allocationMode": "ExactCount"}}]}}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c1"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu",
+                            "count": 2,
+                            "allocationMode": "ExactCount",
+                        },
+                    }
+                ]
+            }
+        },
+    }
     await http.ok("POST", f"{G}/v1/namespaces/default/resourceclaims", claim)
     beta1 = await http.ok("GET", f"{G}/v1beta1/namespaces/default/resourceclaims/c1")
     assert beta1["spec"]["devices"]["requests"] == [
-        {"name": "gpu", "deviceClassName": "gpu", "count": 2, "allocationMode": "ExactCount"}]
-    beta1["status"] = {"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": DRIVER, "pool": "p", "device": "gpu-0"},
-        {"request": "gpu", "driver": DRIVER, "pool": "p", "device": "gpu-1"}]}}}
+        {"name": "gpu", "deviceClassName": "gpu", "count": 2, "allocationMode": "ExactCount"}
+    ]
+    beta1["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": DRIVER, "pool": "p", "device": "gpu-0"},
+                    {"request": "gpu", "driver": DRIVER, "pool": "p", "device": "gpu-1"},
+                ]
+            }
+        }
+    }
     await http.ok("PUT", f"{G}/v1beta1/namespaces/default/resourceclaims/c1/status", beta1)
     v1 = await http.ok("GET", f"{G}/v1/namespaces/default/resourceclaims/c1")
     assert [r["device"] for r in v1["status"]["allocation"]["devices"]["results"]] == [
-        "gpu-0", "gpu-1"]
+        "gpu-0",
+        "gpu-1",
+    ]
     assert v1["spec"] == claim["spec"]
 
 
@@ -132,11 +175,19 @@ async def test_watches_show_every_write_in_their_own_version_with_selectors_appl
     listed = await http.ok("GET", f"{G}/v1/resourceslices")
     since = listed["metadata"]["resourceVersion"]
     selector = "fieldSelector=spec.nodeName%3Dnode-1,spec.driver%3D" + DRIVER
-    v1_watch = asyncio.create_task(_watch_lines(
-        http, f"{G}/v1/resourceslices?watch=true&resourceVersion={since}&{selector}", 2))
-    beta1_watch = asyncio.create_task(_watch_lines(
-        http, f"{G}/v1beta1/resourceslices?watch=true&resourceVersion={since}"
-              "&labelSelector=rack%3Dr1", 3))
+    v1_watch = asyncio.create_task(
+        _watch_lines(
+            http, f"{G}/v1/resourceslices?watch=true&resourceVersion={since}&{selector}", 2
+        )
+    )
+    beta1_watch = asyncio.create_task(
+        _watch_lines(
+            http,
+            f"{G}/v1beta1/resourceslices?watch=true&resourceVersion={since}"
+            "&labelSelector=rack%3Dr1",
+            3,
+        )
+    )
     await asyncio.sleep(0.1)
     await http.ok("POST", f"{G}/v1beta1/resourceslices", beta1_slice("s1"))
     await http.ok("POST", f"{G}/v1beta1/resourceslices", beta1_slice("s2", node="node-2"))
@@ -145,17 +196,23 @@ async def test_watches_show_every_write_in_their_own_version_with_selectors_appl
     await http.ok("PUT", f"{G}/v1/resourceslices/s1", v1_body)
     seen_v1, seen_beta1 = await asyncio.gather(v1_watch, beta1_watch)
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in seen_v1] == [
-        ("ADDED", "s1"), ("MODIFIED", "s1")]
+        ("ADDED", "s1"),
+        ("MODIFIED", "s1"),
+    ]
     assert {e["object"]["apiVersion"] for e in seen_v1} == {"resource.k8s.io/v1"}
-    assert seen_v1[1]["object"]["spec"]["devices"][0]["attributes"]["model"] == {
-        "string": "h100"}
+    assert seen_v1[1]["object"]["spec"]["devices"][0]["attributes"]["model"] == {"string": "h100"}
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in seen_beta1] == [
-        ("ADDED", "s1"), ("ADDED", "s2"), ("MODIFIED", "s1")]
+        ("ADDED", "s1"),
+        ("ADDED", "s2"),
+        ("MODIFIED", "s1"),
+    ]
     assert seen_beta1[2]["object"]["spec"]["devices"][0]["basic"]["attributes"]["model"] == {
-        "string": "h100"}
+        "string": "h100"
+    }
     # The initial events of a fresh watch are converted too.
     initial = await _watch_lines(
-        http, f"{G}/v1beta2/resourceslices?watch=true&fieldSelector=spec.nodeName%3Dnode-2", 1)
+        http, f"{G}/v1beta2/resourceslices?watch=true&fieldSelector=spec.nodeName%3Dnode-2", 1
+    )
     assert initial[0]["object"]["apiVersion"] == "resource.k8s.io/v1beta2"
     assert initial[0]["object"]["spec"]["devices"][0]["name"] == "gpu-0"
     assert "basic" not in initial[0]["object"]["spec"]["devices"][0]
@@ -166,7 +223,8 @@ async def test_each_write_is_validated_in_the_version_it_was_written_in(http: Ht
     body = beta1_slice("s1")
     body["spec"]["devices"] = [{"name": "gpu-0", "attributes": {}}]
     status, answer = await http.call(
-        "POST", f"{G}/v1beta1/resourceslices?fieldValidation=Strict", body)
+        "POST", f"{G}/v1beta1/resourceslices?fieldValidation=Strict", body
+    )
     assert status == 400
     assert "strict decoding error" in answer["message"]
     status, _ = await http.call("POST", f"{G}/v1/resourceslices", beta1_slice("s1"))
@@ -176,8 +234,10 @@ async def test_each_write_is_validated_in_the_version_it_was_written_in(http: Ht
     body["spec"]["devices"][0]["basic"]["attributes"] = {"bad name!": {"string": "x"}}
     status, answer = await http.call("POST", f"{G}/v1beta1/resourceslices", body)
     assert status == 422
-    assert any(c["field"].startswith("spec.devices[0].basic.attributes")
-               for c in answer["details"]["causes"]), answer
+    assert any(
+        c["field"].startswith("spec.devices[0].basic.attributes")
+        for c in answer["details"]["causes"]
+    ), answer
 
 
 async def test_a_disabled_gate_drops_fields_silently_and_an_enabled_one_keeps_them() -> None:
@@ -189,12 +249,21 @@ async def test_a_disabled_gate_drops_fields_silently_and_an_enabled_one_keeps_th
         try:
             async with aiohttp.ClientSession() as session:
                 http = Http(session, url)
-                status, created = await http.call("POST", f"{G}/v1/resourceslices", {
-                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                    "metadata": {"name": "s1"},
-                    "spec": {"driver": DRIVER, "allNodes": True,
-                             "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
-                             "devices": [{"name": "gpu-0", "taints": [taint]}]}})
+                status, created = await http.call(
+                    "POST",
+                    f"{G}/v1/resourceslices",
+                    {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "ResourceSlice",
+                        "metadata": {"name": "s1"},
+                        "spec": {
+                            "driver": DRIVER,
+                            "allNodes": True,
+                            "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
+                            "devices": [{"name": "gpu-0", "taints": [taint]}],
+                        },
+                    },
+                )
                 assert status == 201
                 assert ("taints" in created["spec"]["devices"][0]) is kept
         finally:

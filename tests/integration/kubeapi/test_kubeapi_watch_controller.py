@@ -32,12 +32,17 @@ CONFIG = PoolConfig(driver_name=DRIVER, binds_to_node=False, taints_supported=Fa
 
 
 def resource_slice(name: str, label: str = "0") -> dict[str, Any]:
-    return {"apiVersion": V1, "kind": "ResourceSlice",
-            "metadata": {"name": name, "labels": {"round": label}},
-            "spec": {"driver": DRIVER, "allNodes": True,
-                     "pool": {"name": f"pool-{name}", "generation": 0,
-                              "resourceSliceCount": 1},
-                     "devices": [{"name": "dev-0"}]}}
+    return {
+        "apiVersion": V1,
+        "kind": "ResourceSlice",
+        "metadata": {"name": name, "labels": {"round": label}},
+        "spec": {
+            "driver": DRIVER,
+            "allNodes": True,
+            "pool": {"name": f"pool-{name}", "generation": 0, "resourceSliceCount": 1},
+            "devices": [{"name": "dev-0"}],
+        },
+    }
 
 
 def other_driver_slice(name: str) -> dict[str, Any]:
@@ -58,11 +63,13 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[EventType, str, str]] = []
 
-    async def __call__(self, event_type: EventType, obj: dict[str, Any],
-                       old: dict[str, Any] | None) -> None:
+    async def __call__(
+        self, event_type: EventType, obj: dict[str, Any], old: dict[str, Any] | None
+    ) -> None:
         del old
-        self.events.append((event_type, obj["metadata"]["name"],
-                            obj["metadata"]["resourceVersion"]))
+        self.events.append(
+            (event_type, obj["metadata"]["name"], obj["metadata"]["resourceVersion"])
+        )
 
 
 # ``emu`` (Kubernetes 1.34, every DRA gate on) and ``client`` are in
@@ -70,16 +77,25 @@ class Recorder:
 
 
 def informer_settings() -> InformerSettings:
-    return InformerSettings(name="resourceslices", page_size=2, watch_timeout_s=5.0,
-                            watch_timeout_jitter=0.2, client_timeout_margin_s=2.0,
-                            list_timeout_s=5.0, backoff_initial_s=0.02, backoff_max_s=0.1)
+    return InformerSettings(
+        name="resourceslices",
+        page_size=2,
+        watch_timeout_s=5.0,
+        watch_timeout_jitter=0.2,
+        client_timeout_margin_s=2.0,
+        list_timeout_s=5.0,
+        backoff_initial_s=0.02,
+        backoff_max_s=0.1,
+    )
 
 
 @contextlib.asynccontextmanager
-async def informing(client: KubeClient, emu: KubeEmulator,
-                    recorder: Recorder) -> AsyncIterator[Informer]:
-    informer = Informer(ResourceV1Api(client.api).list_resource_slice, informer_settings(),
-                        rng=random.Random(3))
+async def informing(
+    client: KubeClient, emu: KubeEmulator, recorder: Recorder
+) -> AsyncIterator[Informer]:
+    informer = Informer(
+        ResourceV1Api(client.api).list_resource_slice, informer_settings(), rng=random.Random(3)
+    )
     informer.add_handler(recorder)
     informer.start()
     try:
@@ -95,13 +111,16 @@ def cache_versions(informer: Informer) -> dict[str, str]:
 
 
 def store_versions(emu: KubeEmulator) -> dict[str, str]:
-    return {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
-            for o in emu.list(V1, "ResourceSlice")}
+    return {
+        o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+        for o in emu.list(V1, "ResourceSlice")
+    }
 
 
 # -- informer -----------------------------------------------------------------------------
 async def test_the_informer_relists_on_error_410_inside_a_live_watch(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     emu.create(resource_slice("a"))
     recorder = Recorder()
@@ -112,29 +131,33 @@ async def test_the_informer_relists_on_error_410_inside_a_live_watch(
         # Written while the informer is between the ERROR and its relist.
         emu.create(resource_slice("b"))
         relabel(emu, "a", "1")
-        await eventually(lambda: cache_versions(informer) == store_versions(emu),
-                         what="the cache to catch up")
+        await eventually(
+            lambda: cache_versions(informer) == store_versions(emu), what="the cache to catch up"
+        )
         assert informer.gone_count >= 1 and informer.list_count > lists
         assert informer.is_healthy()
 
 
 async def test_the_informer_recovers_from_falling_a_window_behind(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     recorder = Recorder()
     async with informing(client, emu, recorder) as informer:
         emu.set_history_size("resourceslices", 3)
         for i in range(8):  # in one go: the watch cannot drain in between
             emu.create(resource_slice(f"s{i}"))
-        await eventually(lambda: cache_versions(informer) == store_versions(emu),
-                         what="the cache to catch up")
+        await eventually(
+            lambda: cache_versions(informer) == store_versions(emu), what="the cache to catch up"
+        )
         assert informer.gone_count >= 1
         added = Counter(name for kind, name, _ in recorder.events if kind == "ADDED")
         assert all(count == 1 for count in added.values()), added
 
 
 async def test_a_replayed_old_event_does_not_take_the_informer_back(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     emu.create(resource_slice("a"))
     recorder = Recorder()
@@ -154,7 +177,8 @@ async def test_a_replayed_old_event_does_not_take_the_informer_back(
 
 
 async def test_a_replayed_deletion_of_an_earlier_incarnation_keeps_the_object(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     emu.create(resource_slice("a"))
     emu.delete(V1, "ResourceSlice", "a")
@@ -173,14 +197,29 @@ async def test_a_replayed_deletion_of_an_earlier_incarnation_keeps_the_object(
 
 # -- publisher ----------------------------------------------------------------------------
 def gpus(count: int, rack: str) -> list[PoolDevice]:
-    return [PoolDevice(name=f"gpu-{rack}-{i:04d}", device_type="gpu",
-                       location=Location(region="us-east", rack=rack), vendor="Example",
-                       model="X100", memory_mib=81920, health="OK") for i in range(count)]
+    return [
+        PoolDevice(
+            name=f"gpu-{rack}-{i:04d}",
+            device_type="gpu",
+            location=Location(region="us-east", rack=rack),
+            vendor="Example",
+            model="X100",
+            memory_mib=81920,
+            health="OK",
+        )
+        for i in range(count)
+    ]
 
 
 def publisher_settings() -> PublisherSettings:
-    return PublisherSettings(debounce_s=0.01, workers=4, retry_base_s=0.02, retry_max_s=0.2,
-                             request_timeout_s=5.0, informer=informer_settings())
+    return PublisherSettings(
+        debounce_s=0.01,
+        workers=4,
+        retry_base_s=0.02,
+        retry_max_s=0.2,
+        request_timeout_s=5.0,
+        informer=informer_settings(),
+    )
 
 
 @contextlib.asynccontextmanager
@@ -223,7 +262,9 @@ async def assert_second_sync_writes_nothing(emu: KubeEmulator, publisher: Publis
 
 @pytest.mark.parametrize("delayed", ["POST", "PUT", "DELETE"])
 async def test_write_answers_after_their_watch_events_change_nothing(
-    emu: KubeEmulator, client: KubeClient, delayed: str,
+    emu: KubeEmulator,
+    client: KubeClient,
+    delayed: str,
 ) -> None:
     first = desired_pools(gpus(130, "rack-1") + gpus(3, "rack-2"), CONFIG)
     emu.delay_responses(0.3, method=delayed, path_regex="resourceslices")
@@ -238,7 +279,8 @@ async def test_write_answers_after_their_watch_events_change_nothing(
 
 
 async def test_a_replayed_old_slice_event_starts_no_write(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     desired = desired_pools(gpus(3, "rack-1"), CONFIG)
     async with publishing(client) as publisher:
@@ -260,7 +302,8 @@ async def test_a_replayed_old_slice_event_starts_no_write(
 
 
 async def test_publishing_through_expired_watches_converges(
-    emu: KubeEmulator, client: KubeClient,
+    emu: KubeEmulator,
+    client: KubeClient,
 ) -> None:
     async with publishing(client) as publisher:
         await eventually(lambda: emu.open_watches >= 1, what="the publisher's watch")
@@ -271,8 +314,7 @@ async def test_publishing_through_expired_watches_converges(
                 await asyncio.sleep(0.05)
 
         expiring = asyncio.create_task(expire_repeatedly())
-        await publish(publisher, desired_pools(gpus(300, "rack-1") + gpus(5, "rack-2"),
-                                               CONFIG))
+        await publish(publisher, desired_pools(gpus(300, "rack-1") + gpus(5, "rack-2"), CONFIG))
         await expiring
         await publisher.wait_idle(20)
         assert pool_layout(emu) == {"us-east/rack-1": [0, 1, 2], "us-east/rack-2": [0]}

@@ -20,8 +20,9 @@ from fabric_dra_sim.kubeapi.errors import StatusError
 
 keys = st.text(alphabet="abc", min_size=1, max_size=2)
 leaves = st.one_of(st.integers(), st.text(max_size=3))
-trees = st.recursive(leaves, lambda inner: st.dictionaries(keys, inner, min_size=1,
-                                                             max_size=3), max_leaves=8)
+trees = st.recursive(
+    leaves, lambda inner: st.dictionaries(keys, inner, min_size=1, max_size=3), max_leaves=8
+)
 
 
 @given(st.dictionaries(keys, trees, max_size=3))
@@ -31,8 +32,10 @@ def test_fields_v1_round_trip(obj: dict[str, Any]) -> None:
 
 
 def test_field_set_uses_keys_for_keyed_lists_and_values_for_finalizers() -> None:
-    obj = {"metadata": {"name": "x", "finalizers": ["a/b"]},
-           "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    obj = {
+        "metadata": {"name": "x", "finalizers": ["a/b"]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
     assert field_set(obj) == {
         ("f:metadata", "f:finalizers", 'v:"a/b"'),
         ("f:status", "f:conditions", 'k:{"type":"Ready"}', "f:type"),
@@ -42,7 +45,8 @@ def test_field_set_uses_keys_for_keyed_lists_and_values_for_finalizers() -> None
 
 def _stamp(obj: dict[str, Any], managers: list[Any]) -> dict[str, Any]:
     obj.setdefault("metadata", {})["managedFields"] = managed_fields_json(
-        managers, "v1", "2026-01-01T00:00:00Z")
+        managers, "v1", "2026-01-01T00:00:00Z"
+    )
     return obj
 
 

@@ -18,14 +18,28 @@ from fabric_dra_sim.kubeapi.selectors import (
 LABELS = {"tier": "gold", "rack": "r1"}
 
 
-@pytest.mark.parametrize(("selector", "matches"), [
-    ("tier=gold", True), ("tier==gold", True), ("tier=silver", False),
-    ("tier!=gold", False), ("zone!=a", True), ("tier in (gold, silver)", True),
-    ("tier in (silver)", False), ("tier notin (silver)", True), ("zone notin (a)", True),
-    ("rack", True), ("zone", False), ("!zone", True), ("!rack", False),
-    ("tier=gold,rack=r1", True), ("tier=gold,rack=r2", False), ("", True),
-    ("tier in (gold),!zone", True),
-])
+@pytest.mark.parametrize(
+    ("selector", "matches"),
+    [
+        ("tier=gold", True),
+        ("tier==gold", True),
+        ("tier=silver", False),
+        ("tier!=gold", False),
+        ("zone!=a", True),
+        ("tier in (gold, silver)", True),
+        ("tier in (silver)", False),
+        ("tier notin (silver)", True),
+        ("zone notin (a)", True),
+        ("rack", True),
+        ("zone", False),
+        ("!zone", True),
+        ("!rack", False),
+        ("tier=gold,rack=r1", True),
+        ("tier=gold,rack=r2", False),
+        ("", True),
+        ("tier in (gold),!zone", True),
+    ],
+)
 def test_label_selector_matching(selector: str, matches: bool) -> None:
     assert labels_match(parse_label_selector(selector), LABELS) is matches
 

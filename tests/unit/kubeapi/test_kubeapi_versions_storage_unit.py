@@ -21,12 +21,19 @@ def api(store: Store, **gates: bool) -> Api:
 
 
 def beta1_slice(**device: Any) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceSlice",
-            "metadata": {"name": "s1"},
-            "spec": {"driver": "fabric.example.com", "allNodes": True,
-                     "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
-                     "devices": [{"name": "gpu-0", "basic": {
-                         "attributes": {"m": {"string": "a"}}, **device}}]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "s1"},
+        "spec": {
+            "driver": "fabric.example.com",
+            "allNodes": True,
+            "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
+            "devices": [
+                {"name": "gpu-0", "basic": {"attributes": {"m": {"string": "a"}}, **device}}
+            ],
+        },
+    }
 
 
 def slice_type(server: Api, version: str) -> Any:

@@ -69,8 +69,9 @@ def test_each_resource_has_its_own_window() -> None:
         _create(store, NODES, f"n{i}")
     # The busy resource evicted its old events; the quiet one still reaches back.
     assert store.watch_events_since(NODES, start) is None
-    assert [e.obj["metadata"]["name"] for e in store.watch_events_since(PODS, start) or []] \
-        == ["quiet"]
+    assert [e.obj["metadata"]["name"] for e in store.watch_events_since(PODS, start) or []] == [
+        "quiet"
+    ]
 
 
 def test_history_size_can_be_set_per_resource() -> None:

@@ -50,8 +50,12 @@ def test_finalizers_keep_the_object_marked_now_with_a_zero_grace_period() -> Non
 
 
 def test_deleting_again_while_finalizers_remain_changes_nothing() -> None:
-    marked = _obj(finalizers=["f"], deletionTimestamp="2026-01-01T11:00:00Z",
-                  deletionGracePeriodSeconds=0, generation=2)
+    marked = _obj(
+        finalizers=["f"],
+        deletionTimestamp="2026-01-01T11:00:00Z",
+        deletionGracePeriodSeconds=0,
+        generation=2,
+    )
     plan = plan_delete(marked, {}, graceful=False, now=NOW)
     assert (plan.write, plan.remove) == (False, False)
     assert plan.obj == marked
@@ -65,14 +69,17 @@ def test_a_scheduled_pod_is_marked_for_its_grace_period_and_left_to_the_kubelet(
     assert plan.obj["metadata"]["generation"] == 2
 
 
-@pytest.mark.parametrize(("pod", "requested", "period"), [
-    (_pod(), None, 30),
-    (_pod(terminationGracePeriodSeconds=5), None, 5),
-    (_pod(terminationGracePeriodSeconds=5), 2, 2),
-    (_pod(node=""), 20, 0),
-    (_pod(phase="Succeeded"), None, 0),
-    (_pod(phase="Failed"), 9, 0),
-])
+@pytest.mark.parametrize(
+    ("pod", "requested", "period"),
+    [
+        (_pod(), None, 30),
+        (_pod(terminationGracePeriodSeconds=5), None, 5),
+        (_pod(terminationGracePeriodSeconds=5), 2, 2),
+        (_pod(node=""), 20, 0),
+        (_pod(phase="Succeeded"), None, 0),
+        (_pod(phase="Failed"), 9, 0),
+    ],
+)
 def test_pod_grace_period(pod: dict[str, Any], requested: int | None, period: int) -> None:
     assert pod_grace_period(pod, requested) == period
 
@@ -85,12 +92,14 @@ def test_an_unscheduled_pod_is_stored_marked_then_removed() -> None:
 
 def test_a_terminating_pod_is_pending_unless_the_grace_period_shortens() -> None:
     terminating = _pod()
-    terminating["metadata"].update(deletionTimestamp="2026-01-01T12:00:30Z",
-                                   deletionGracePeriodSeconds=30)
+    terminating["metadata"].update(
+        deletionTimestamp="2026-01-01T12:00:30Z", deletionGracePeriodSeconds=30
+    )
     pending = plan_delete(terminating, {}, graceful=True, now=NOW)
     assert (pending.write, pending.remove) == (False, False)
-    assert plan_delete(terminating, {"gracePeriodSeconds": 30}, graceful=True,
-                       now=NOW).write is False
+    assert (
+        plan_delete(terminating, {"gracePeriodSeconds": 30}, graceful=True, now=NOW).write is False
+    )
     shortened = plan_delete(terminating, {"gracePeriodSeconds": 0}, graceful=True, now=NOW)
     assert (shortened.write, shortened.remove) == (True, True)
     assert shortened.obj["metadata"]["deletionTimestamp"] == "2026-01-01T12:00:00Z"
@@ -98,31 +107,37 @@ def test_a_terminating_pod_is_pending_unless_the_grace_period_shortens() -> None
 
 def test_preconditions_name_the_kind_like_before_delete() -> None:
     with pytest.raises(StatusError) as caught:
-        check_preconditions("resource.k8s.io", "ResourceClaim", _obj(),
-                            {"preconditions": {"uid": "other"}})
+        check_preconditions(
+            "resource.k8s.io", "ResourceClaim", _obj(), {"preconditions": {"uid": "other"}}
+        )
     assert caught.value.code == 409
     assert caught.value.message == (
         'Operation cannot be fulfilled on ResourceClaim.resource.k8s.io "x": the UID in the '
         "precondition (other) does not match the UID in record (u1). The object might have "
-        "been deleted and then recreated")
+        "been deleted and then recreated"
+    )
     with pytest.raises(StatusError) as caught:
         check_preconditions("", "Pod", _obj(), {"preconditions": {"resourceVersion": "4"}})
     assert caught.value.message.endswith(
         "the ResourceVersion in the precondition (4) does not match the ResourceVersion in "
-        "record (5). The object might have been modified")
-    check_preconditions("", "Pod", _obj(), {"preconditions": {"uid": "u1",
-                                                              "resourceVersion": "5"}})
+        "record (5). The object might have been modified"
+    )
+    check_preconditions("", "Pod", _obj(), {"preconditions": {"uid": "u1", "resourceVersion": "5"}})
 
 
-@pytest.mark.parametrize(("old", "new", "expected"), [
-    ({"deletionTimestamp": "t", "deletionGracePeriodSeconds": 0}, {}, True),
-    ({"deletionTimestamp": "t"}, {}, True),
-    ({"deletionTimestamp": "t", "deletionGracePeriodSeconds": 30}, {}, False),
-    ({"deletionTimestamp": "t"}, {"finalizers": ["f"]}, False),
-    ({}, {}, False),
-])
-def test_should_delete_during_update(old: dict[str, Any], new: dict[str, Any],
-                                     expected: bool) -> None:
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ({"deletionTimestamp": "t", "deletionGracePeriodSeconds": 0}, {}, True),
+        ({"deletionTimestamp": "t"}, {}, True),
+        ({"deletionTimestamp": "t", "deletionGracePeriodSeconds": 30}, {}, False),
+        ({"deletionTimestamp": "t"}, {"finalizers": ["f"]}, False),
+        ({}, {}, False),
+    ],
+)
+def test_should_delete_during_update(
+    old: dict[str, Any], new: dict[str, Any], expected: bool
+) -> None:
     assert should_delete_during_update(old, new) is expected
 
 

@@ -18,10 +18,22 @@ IdentityMode = Literal["uri", "serial", "uuid"]
 
 IDENTITY_MODES: tuple[IdentityMode, ...] = ("uri", "serial", "uuid")
 
-_PLACEHOLDERS = frozenset({
-    "n/a", "na", "none", "null", "unknown", "not specified", "not available", "not applicable",
-    "to be filled by o.e.m.", "default string", "system serial number", "123456789",
-})
+_PLACEHOLDERS = frozenset(
+    {
+        "n/a",
+        "na",
+        "none",
+        "null",
+        "unknown",
+        "not specified",
+        "not available",
+        "not applicable",
+        "to be filled by o.e.m.",
+        "default string",
+        "system serial number",
+        "123456789",
+    }
+)
 
 
 def device_identity(device: FabricDevice, mode: IdentityMode) -> str | None:
