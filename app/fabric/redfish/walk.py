@@ -96,6 +96,86 @@ class ChassisCache:
         return chain
 
 
+DeviceLink = tuple[DeviceSource, str]
+"""A device of a block: where it was listed and the URI it is reached at."""
+
+Fetched = tuple[DeviceSource, str, Any]
+"""A device read for a block: its source, its URI, and its payload or the :class:`BadItem`."""
+
+
+class _BlockReads:
+    """The reads for one block: resources expanded inside its body are used, not read again."""
+
+    def __init__(self, reader: ResourceReader, body: Any) -> None:
+        self._reader = reader
+        self._inline = inline_resources(body)
+
+    async def read(self, item_uri: str) -> Any:
+        """The resource at ``item_uri``, from the block's body if it came expanded there.
+
+        Raises:
+            BadItem: the resource could not be read.
+        """
+        found = self._inline.get(norm_uri(item_uri))
+        return await self._reader.read_item(item_uri) if found is None else found
+
+    async def fetch(self, item: DeviceLink) -> Fetched:
+        """The device ``item`` with its payload, or with the :class:`BadItem` reading it."""
+        source, device_uri = item
+        try:
+            return source, device_uri, await self.read(device_uri)
+        except BadItem as err:
+            return source, device_uri, err
+
+    async def fetch_simple(self, storage_uri: str) -> tuple[str, Any]:
+        """A SimpleStorage resource with its payload, or with the :class:`BadItem` reading it."""
+        try:
+            return storage_uri, await self.read(storage_uri)
+        except BadItem as err:
+            return storage_uri, err
+
+
+def _device_results(fetched: Sequence[Fetched], context: DeviceContext) -> list[BlockResult]:
+    """The devices parsed from ``fetched``, a Rejected entry for each unreadable or bad one."""
+    results: list[BlockResult] = []
+    for source, device_uri, payload in fetched:
+        if isinstance(payload, BadItem):
+            results.append(Rejected(device_uri, f"device: {payload.reason}", payload.kind))
+            continue
+        try:
+            device = parse_device(payload, device_uri, source, context)
+        except BadItem as err:
+            results.append(Rejected(device_uri, f"device: {err.reason}", err.kind))
+            continue
+        if device is not None:
+            results.append(device)
+    return results
+
+
+def _simple_storage_results(
+    fetched: Sequence[tuple[str, Any]], context: DeviceContext
+) -> list[BlockResult]:
+    """The devices of the SimpleStorage resources in ``fetched``: a Rejected entry for a
+    resource that could not be read or parsed, and for each of its bad devices."""
+    results: list[BlockResult] = []
+    for storage_uri, payload in fetched:
+        if isinstance(payload, BadItem):
+            results.append(Rejected(storage_uri, f"storage: {payload.reason}", payload.kind))
+            continue
+        try:
+            entries = parse_simple_storage(payload, storage_uri, context)
+        except BadItem as err:
+            results.append(Rejected(storage_uri, f"storage: {err.reason}", err.kind))
+            continue
+        for entry in entries:
+            if isinstance(entry, FabricDevice):
+                results.append(entry)
+            else:
+                vendor_id, problem = entry
+                results.append(Rejected(vendor_id, f"device: {problem.reason}", problem.kind))
+    return results
+
+
 class DeviceWalk:
     """The per-listing walk from one ResourceBlock to its devices."""
 
@@ -123,61 +203,29 @@ class DeviceWalk:
         read first: a CPU among them makes the block server-owned, and its memory, NICs and
         storage are then not read at all.
         """
-        inline = inline_resources(body)
-
-        async def read(item_uri: str) -> Any:
-            found = inline.get(norm_uri(item_uri))
-            return await self._reader.read_item(item_uri) if found is None else found
-
+        reads = _BlockReads(self._reader, body)
         try:
-            block = parse_block(await read(uri) if body is None else body, uri)
+            block = parse_block(await reads.read(uri) if body is None else body, uri)
         except BadItem as err:
             return [Rejected(uri, f"resource block: {err.reason}", err.kind)]
         reason = self._server_owned.by_block(block)
         if reason is not None:
             self._server_owned.learn(block.uri, reason)
             return [ServerOwnedBlock(block.uri, reason)]
-
-        async def fetch(item: tuple[DeviceSource, str]) -> tuple[DeviceSource, str, Any]:
-            source, device_uri = item
-            try:
-                return source, device_uri, await read(device_uri)
-            except BadItem as err:
-                return source, device_uri, err
-
         processors = [d for d in block.device_links if d[0] is DeviceSource.PROCESSOR]
-        fetched = await gather(fetch, processors)
+        fetched = await gather(reads.fetch, processors)
         reason = cpu_reason([(device_uri, payload) for _, device_uri, payload in fetched])
         if reason is not None:
             self._server_owned.learn(block.uri, reason)
             return [ServerOwnedBlock(block.uri, reason)]
         if all(not isinstance(payload, BadItem) for _, _, payload in fetched):
             self._server_owned.learn(block.uri, None)
-        results: list[BlockResult] = []
-        device_links = [d for d in block.device_links if d[0] is not DeviceSource.PROCESSOR]
-        known = {device_uri for _, device_uri in block.device_links}
-        for storage_uri in block.storage:
-            try:
-                drives = storage_drive_links(await read(storage_uri), storage_uri)
-            except BadItem as err:
-                results.append(Rejected(storage_uri, f"storage: {err.reason}", err.kind))
-                continue
-            for drive in drives:
-                if drive not in known:
-                    known.add(drive)
-                    device_links.append((DeviceSource.DRIVE, drive))
+        device_links, results = await self._other_device_links(block, reads)
         simple_storage = block.simple_storage
         if not fetched and not device_links and not simple_storage:
             return results
-
-        async def fetch_simple(storage_uri: str) -> tuple[str, Any]:
-            try:
-                return storage_uri, await read(storage_uri)
-            except BadItem as err:
-                return storage_uri, err
-
-        fetched += await gather(fetch, device_links)
-        fetched_simple = await gather(fetch_simple, simple_storage)
+        fetched += await gather(reads.fetch, device_links)
+        fetched_simple = await gather(reads.fetch_simple, simple_storage)
         try:
             location = await self._location(block, fetched)
         except BadItem as err:
@@ -187,37 +235,33 @@ class DeviceWalk:
             block, self._blocks_by_system, self._system_ids, index=self._systems_by_block
         )
         context = DeviceContext(block, location, holders[0] if holders else None)
-        for source, device_uri, payload in fetched:
-            if isinstance(payload, BadItem):
-                results.append(Rejected(device_uri, f"device: {payload.reason}", payload.kind))
-                continue
-            try:
-                device = parse_device(payload, device_uri, source, context)
-            except BadItem as err:
-                results.append(Rejected(device_uri, f"device: {err.reason}", err.kind))
-                continue
-            if device is not None:
-                results.append(device)
-        for storage_uri, payload in fetched_simple:
-            if isinstance(payload, BadItem):
-                results.append(Rejected(storage_uri, f"storage: {payload.reason}", payload.kind))
-                continue
-            try:
-                entries = parse_simple_storage(payload, storage_uri, context)
-            except BadItem as err:
-                results.append(Rejected(storage_uri, f"storage: {err.reason}", err.kind))
-                continue
-            for entry in entries:
-                if isinstance(entry, FabricDevice):
-                    results.append(entry)
-                else:
-                    vendor_id, problem = entry
-                    results.append(Rejected(vendor_id, f"device: {problem.reason}", problem.kind))
+        results += _device_results(fetched, context)
+        results += _simple_storage_results(fetched_simple, context)
         return results
 
-    async def _location(
-        self, block: BlockInfo, fetched: Sequence[tuple[DeviceSource, str, Any]]
-    ) -> Location:
+    async def _other_device_links(
+        self, block: BlockInfo, reads: _BlockReads
+    ) -> tuple[list[DeviceLink], list[BlockResult]]:
+        """The block's devices other than its processors: its own links, then the drives of
+        its ``Storage`` resources not already linked; and a Rejected entry for each
+        ``Storage`` resource that could not be read or parsed.
+        """
+        rejected: list[BlockResult] = []
+        device_links = [d for d in block.device_links if d[0] is not DeviceSource.PROCESSOR]
+        known = {device_uri for _, device_uri in block.device_links}
+        for storage_uri in block.storage:
+            try:
+                drives = storage_drive_links(await reads.read(storage_uri), storage_uri)
+            except BadItem as err:
+                rejected.append(Rejected(storage_uri, f"storage: {err.reason}", err.kind))
+                continue
+            for drive in drives:
+                if drive not in known:
+                    known.add(drive)
+                    device_links.append((DeviceSource.DRIVE, drive))
+        return device_links, rejected
+
+    async def _location(self, block: BlockInfo, fetched: Sequence[Fetched]) -> Location:
         chassis_uri = block.chassis[0] if block.chassis else None
         if chassis_uri is None:
             # No chassis on the block: use the first device's own Links.Chassis.

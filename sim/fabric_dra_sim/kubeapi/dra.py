@@ -421,28 +421,9 @@ def _device_selection_causes(
     return []
 
 
-def resource_slice_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
-    """All Go-side ResourceSlice rules for a create (``ctx.old`` None) or update.
-
-    ``ctx.version`` is the resource.k8s.io version the object was written in: v1beta1 and
-    v1alpha3 wrap device fields in ``basic``; v1alpha3 follows the 1.31 rules (value-typed
-    nodeName/allNodes where empty means unset, no perDeviceNodeSelection, ``basic``
-    required). A driver name with uppercase letters is accepted with a warning (appended to
-    ``ctx.warnings``), as the real server does.
-    Source: k8s.io/kubernetes pkg/apis/resource/validation ValidateResourceSlice,
-    ValidateResourceSliceUpdate; pkg/registry/resource/resourceslice/strategy.go warnings.
-    """
-    spec = obj.get("spec") or {}
-    old = ctx.old
-    version = ctx.version
-    classic = version == "v1alpha3"
-    wrapped = version in ("v1beta1", "v1alpha3")
-    out: list[Cause] = []
-    out.extend(driver_name_causes(spec.get("driver"), "spec.driver"))
-    if not classic:
-        ctx.warnings.extend(driver_name_warnings(spec.get("driver"), "spec.driver"))
-    pool = spec.get("pool") or {}
-    out.extend(pool_name_causes(pool.get("name"), "spec.pool.name"))
+def _pool_causes(pool: dict[str, Any]) -> list[Cause]:
+    """The pool's rules: a valid name, a slice count above zero, a generation not negative."""
+    out = pool_name_causes(pool.get("name"), "spec.pool.name")
     if (pool.get("resourceSliceCount") or 0) < 1:
         out.append(
             cause_invalid(
@@ -459,12 +440,14 @@ def resource_slice_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
                 "must be greater than or equal to zero",
             )
         )
-    selection, _ = _node_selection_causes(spec, "spec.", classic, per_device_allowed=not classic)
-    out.extend(selection)
-    out.extend(_selection_summary(spec, classic))
-    per_device = spec.get("perDeviceNodeSelection") is True
-    # A JSON null item decodes as Go's zero struct (the schema lets nulls through).
-    devices = [d if isinstance(d, dict) else {} for d in spec.get("devices") or []]
+    return out
+
+
+def _device_list_causes(
+    spec: dict[str, Any], devices: list[dict[str, Any]], classic: bool, wrapped: bool
+) -> list[Cause]:
+    """The rules on the device list as a whole: not beside sharedCounters, and its length."""
+    out: list[Cause] = []
     if devices and spec.get("sharedCounters"):
         out.append(
             cause_invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed")
@@ -477,59 +460,130 @@ def resource_slice_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
             if classic
             else cause_too_many("spec.devices", limit)
         )
-    seen: set[str] = set()
-    for i, device in enumerate(devices):
-        field = f"spec.devices[{i}]"
-        name = device.get("name") or ""
-        if not name:
-            out.append(cause_required(f"{field}.name"))
-        else:
-            out.extend(cause_invalid(f"{field}.name", name, e) for e in names.dns_label(name))
-            if name in seen:
-                out.append(cause_duplicate(f"{field}.name", name))
-            seen.add(name)
-        if classic and not isinstance(device.get("basic"), dict):
-            # 1.31 validateDevice: a v1alpha3 device without `basic` has nothing to allocate.
-            out.append(cause_required(f"{field}.basic"))
-            continue
-        fields, sub = _device_view(device, wrapped)
-        prefix = f"{field}{sub}"
-        attributes = fields.get("attributes") or {}
-        capacity = fields.get("capacity") or {}
-        for key, value in attributes.items():
-            out.extend(qualified_name_causes(key, f"{prefix}.attributes[{key}]"))
-            out.extend(_attribute_causes(value, f"{prefix}.attributes[{key}]"))
-        for key in capacity:
-            out.extend(qualified_name_causes(key, f"{prefix}.capacity[{key}]"))
-        if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITY:
-            out.append(
-                Cause(
-                    "FieldValueTooMany",
-                    "Too many: the total number of attributes "
-                    f"and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITY}",
-                    prefix,
-                )
-            )
-        if classic:
-            continue
-        taints = [t if isinstance(t, dict) else {} for t in fields.get("taints") or []]
-        if len(taints) > MAX_TAINTS:
-            out.append(cause_too_many(f"{prefix}.taints", MAX_TAINTS))
-        for t, taint in enumerate(taints):
-            out.extend(_taint_causes(taint, f"{prefix}.taints[{t}]"))
-        out.extend(
-            binding_causes(
-                fields.get("bindingConditions"), fields.get("bindingFailureConditions"), prefix
+    return out
+
+
+def _device_name_causes(name: str, field: str, seen: set[str]) -> list[Cause]:
+    """A device's name: required, a DNS label, unique in the slice (``seen`` gets it)."""
+    if not name:
+        return [cause_required(f"{field}.name")]
+    out = [cause_invalid(f"{field}.name", name, e) for e in names.dns_label(name)]
+    if name in seen:
+        out.append(cause_duplicate(f"{field}.name", name))
+    seen.add(name)
+    return out
+
+
+def _attributes_and_capacity_causes(fields: dict[str, Any], prefix: str) -> list[Cause]:
+    """A device's attributes and capacity: qualified names, valid values, and how many."""
+    out: list[Cause] = []
+    attributes = fields.get("attributes") or {}
+    capacity = fields.get("capacity") or {}
+    for key, value in attributes.items():
+        out.extend(qualified_name_causes(key, f"{prefix}.attributes[{key}]"))
+        out.extend(_attribute_causes(value, f"{prefix}.attributes[{key}]"))
+    for key in capacity:
+        out.extend(qualified_name_causes(key, f"{prefix}.capacity[{key}]"))
+    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITY:
+        out.append(
+            Cause(
+                "FieldValueTooMany",
+                "Too many: the total number of attributes "
+                f"and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITY}",
+                prefix,
             )
         )
-        out.extend(_device_selection_causes(fields, prefix, per_device, classic))
-    if old is not None:
-        old_spec = old.get("spec") or {}
+    return out
+
+
+def _device_causes(
+    device: dict[str, Any],
+    field: str,
+    seen: set[str],
+    *,
+    classic: bool,
+    wrapped: bool,
+    per_device: bool,
+) -> list[Cause]:
+    """The rules for one device at ``field`` (``spec.devices[i]``); ``seen``: the names so
+    far. v1alpha3 (``classic``) checks only the name, ``basic`` and attributes/capacity."""
+    out = _device_name_causes(device.get("name") or "", field, seen)
+    if classic and not isinstance(device.get("basic"), dict):
+        # 1.31 validateDevice: a v1alpha3 device without `basic` has nothing to allocate.
+        out.append(cause_required(f"{field}.basic"))
+        return out
+    fields, sub = _device_view(device, wrapped)
+    prefix = f"{field}{sub}"
+    out.extend(_attributes_and_capacity_causes(fields, prefix))
+    if classic:
+        return out
+    taints = [t if isinstance(t, dict) else {} for t in fields.get("taints") or []]
+    if len(taints) > MAX_TAINTS:
+        out.append(cause_too_many(f"{prefix}.taints", MAX_TAINTS))
+    for t, taint in enumerate(taints):
+        out.extend(_taint_causes(taint, f"{prefix}.taints[{t}]"))
+    out.extend(
+        binding_causes(
+            fields.get("bindingConditions"), fields.get("bindingFailureConditions"), prefix
+        )
+    )
+    out.extend(_device_selection_causes(fields, prefix, per_device, classic))
+    return out
+
+
+def _immutable_causes(spec: dict[str, Any], old_spec: dict[str, Any]) -> list[Cause]:
+    """An update's changes to the fields that cannot change: pool name, driver, node name."""
+    pool = spec.get("pool") or {}
+    return [
+        cause_invalid(name, new_value, "field is immutable")
         for name, new_value, old_value in (
             ("spec.pool.name", pool.get("name"), (old_spec.get("pool") or {}).get("name")),
             ("spec.driver", spec.get("driver"), old_spec.get("driver")),
             ("spec.nodeName", spec.get("nodeName"), old_spec.get("nodeName")),
-        ):
-            if new_value != old_value:
-                out.append(cause_invalid(name, new_value, "field is immutable"))
+        )
+        if new_value != old_value
+    ]
+
+
+def resource_slice_causes(obj: dict[str, Any], ctx: RuleContext) -> list[Cause]:
+    """All Go-side ResourceSlice rules for a create (``ctx.old`` None) or update.
+
+    ``ctx.version`` is the resource.k8s.io version the object was written in: v1beta1 and
+    v1alpha3 wrap device fields in ``basic``; v1alpha3 follows the 1.31 rules (value-typed
+    nodeName/allNodes where empty means unset, no perDeviceNodeSelection, ``basic``
+    required). A driver name with uppercase letters is accepted with a warning (appended to
+    ``ctx.warnings``), as the real server does.
+    Source: k8s.io/kubernetes pkg/apis/resource/validation ValidateResourceSlice,
+    ValidateResourceSliceUpdate; pkg/registry/resource/resourceslice/strategy.go warnings.
+    """
+    spec = obj.get("spec") or {}
+    version = ctx.version
+    classic = version == "v1alpha3"
+    wrapped = version in ("v1beta1", "v1alpha3")
+    out: list[Cause] = []
+    out.extend(driver_name_causes(spec.get("driver"), "spec.driver"))
+    if not classic:
+        ctx.warnings.extend(driver_name_warnings(spec.get("driver"), "spec.driver"))
+    out.extend(_pool_causes(spec.get("pool") or {}))
+    selection, _ = _node_selection_causes(spec, "spec.", classic, per_device_allowed=not classic)
+    out.extend(selection)
+    out.extend(_selection_summary(spec, classic))
+    per_device = spec.get("perDeviceNodeSelection") is True
+    # A JSON null item decodes as Go's zero struct (the schema lets nulls through).
+    devices = [d if isinstance(d, dict) else {} for d in spec.get("devices") or []]
+    out.extend(_device_list_causes(spec, devices, classic, wrapped))
+    seen: set[str] = set()
+    for i, device in enumerate(devices):
+        out.extend(
+            _device_causes(
+                device,
+                f"spec.devices[{i}]",
+                seen,
+                classic=classic,
+                wrapped=wrapped,
+                per_device=per_device,
+            )
+        )
+    if ctx.old is not None:
+        out.extend(_immutable_causes(spec, ctx.old.get("spec") or {}))
     return out

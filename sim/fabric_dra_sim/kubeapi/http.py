@@ -720,6 +720,84 @@ def _bearer_token(header: str) -> str | None:
     return parts[1]
 
 
+def _authorize(state: ServerState, request: web.Request, path: str) -> None:
+    """Raise 401 or 403 unless the request's bearer token may make this request."""
+    # A token from ``tokens`` names a restricted user checked against the RBAC policy;
+    # the admin token (or, without one, a request carrying no token) is unrestricted,
+    # like a test harness holding cluster-admin. Once any bearer token is configured, a
+    # token nobody issued is refused with 401, as kube-apiserver's bearer token
+    # authenticator refuses it (k8s.io/apiserver pkg/authentication/request/bearertoken:
+    # an unrecognised token is an error, never anonymous access).
+    bearer = _bearer_token(request.headers.get("Authorization", ""))
+    if bearer is None:
+        # Anonymous requests may read the public info paths (the
+        # system:public-info-viewer ClusterRole bound to system:unauthenticated,
+        # k8s.io/kubernetes plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go).
+        if state.token is not None and path not in PUBLIC_INFO_PATHS:
+            raise unauthorized()
+        return
+    if state.token is not None and bearer == state.token:
+        return
+    user = state.tokens.get(bearer)
+    if user is None:
+        if state.token is not None or state.tokens:
+            raise unauthorized()
+        return
+    if state.rbac is None:
+        return
+    attributes = request_attributes(request.method, path, request.query)
+    if attributes is not None:
+        state.rbac.check(user, attributes)
+
+
+async def _with_faults(
+    state: ServerState, request: web.Request, handler: Handler, path: str
+) -> web.StreamResponse:
+    """Run ``handler`` with the injected faults: latency, an error instead of the handler,
+    a delayed answer, an answer held until the test releases it."""
+    if state.faults.latency_s > 0:
+        await asyncio.sleep(state.faults.latency_s)
+    injected = state.faults.take(request.method, path)
+    if injected is not None:
+        raise injected
+    response = await handler(request)
+    delay = state.faults.take_delay(request.method, path)
+    if delay > 0 and not response.prepared:
+        # The request took effect (its watch event is already out); only its
+        # answer is late, as behind a slow proxy or a client-side stall.
+        await asyncio.sleep(delay)
+    hold = state.faults.take_hold(request.method, path)
+    if hold is not None and not response.prepared:
+        hold.reached.set()
+        await hold.released.wait()
+    return response
+
+
+async def _handle(
+    state: ServerState, request: web.Request, handler: Handler, path: str
+) -> web.StreamResponse:
+    """Authorize and run the request, its errors answered as Kubernetes Status objects."""
+    try:
+        if not path.startswith("/_emulator/"):
+            _authorize(state, request, path)
+        return await _with_faults(state, request, handler, path)
+    except StatusError as err:
+        return status_response(err)
+    except ClientGone:
+        # The client went away mid-body: no answer reaches it, and nothing is logged.
+        return web.Response(status=400)
+    except web.HTTPException as err:
+        if err.status == 404:
+            return status_response(
+                StatusError(404, "NotFound", "the server could not find the requested resource")
+            )
+        if err.status == 405:
+            return status_response(
+                method_not_allowed(f"method {request.method} is not allowed on {path}")
+            )
+        raise
+
+
 def make_middleware(state: ServerState) -> Any:
     """Authentication, latency, injected faults, error mapping and the request log."""
 
@@ -730,7 +808,7 @@ def make_middleware(state: ServerState) -> Any:
         content_type = request.headers.get("Content-Type", "")
         status = 500
         try:
-            response = await _handle(request, handler, path)
+            response = await _handle(state, request, handler, path)
             if not response.prepared:
                 for header in warning_headers(request.get(WARNINGS_KEY, ())):
                     response.headers.add("Warning", header)
@@ -741,70 +819,6 @@ def make_middleware(state: ServerState) -> Any:
                 state.faults.requests.append(
                     RequestRecord(request.method, path, status, content_type, query)
                 )
-
-    async def _handle(request: web.Request, handler: Handler, path: str) -> web.StreamResponse:
-        try:
-            if not path.startswith("/_emulator/"):
-                _authorize(request, path)
-            if state.faults.latency_s > 0:
-                await asyncio.sleep(state.faults.latency_s)
-            injected = state.faults.take(request.method, path)
-            if injected is not None:
-                raise injected
-            response = await handler(request)
-            delay = state.faults.take_delay(request.method, path)
-            if delay > 0 and not response.prepared:
-                # The request took effect (its watch event is already out); only its
-                # answer is late, as behind a slow proxy or a client-side stall.
-                await asyncio.sleep(delay)
-            hold = state.faults.take_hold(request.method, path)
-            if hold is not None and not response.prepared:
-                hold.reached.set()
-                await hold.released.wait()
-            return response
-        except StatusError as err:
-            return status_response(err)
-        except ClientGone:
-            # The client went away mid-body: no answer reaches it, and nothing is logged.
-            return web.Response(status=400)
-        except web.HTTPException as err:
-            if err.status == 404:
-                return status_response(
-                    StatusError(404, "NotFound", "the server could not find the requested resource")
-                )
-            if err.status == 405:
-                return status_response(
-                    method_not_allowed(f"method {request.method} is not allowed on {path}")
-                )
-            raise
-
-    def _authorize(request: web.Request, path: str) -> None:
-        # A token from ``tokens`` names a restricted user checked against the RBAC policy;
-        # the admin token (or, without one, a request carrying no token) is unrestricted,
-        # like a test harness holding cluster-admin. Once any bearer token is configured, a
-        # token nobody issued is refused with 401, as kube-apiserver's bearer token
-        # authenticator refuses it (k8s.io/apiserver pkg/authentication/request/bearertoken:
-        # an unrecognised token is an error, never anonymous access).
-        bearer = _bearer_token(request.headers.get("Authorization", ""))
-        if bearer is None:
-            # Anonymous requests may read the public info paths (the
-            # system:public-info-viewer ClusterRole bound to system:unauthenticated,
-            # k8s.io/kubernetes plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go).
-            if state.token is not None and path not in PUBLIC_INFO_PATHS:
-                raise unauthorized()
-            return
-        if state.token is not None and bearer == state.token:
-            return
-        user = state.tokens.get(bearer)
-        if user is None:
-            if state.token is not None or state.tokens:
-                raise unauthorized()
-            return
-        if state.rbac is None:
-            return
-        attributes = request_attributes(request.method, path, request.query)
-        if attributes is not None:
-            state.rbac.check(user, attributes)
 
     return middleware
 

@@ -11,7 +11,7 @@ update.go, patch.go, delete.go) answer a failure with 422 Invalid on kind
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .errors import Cause, StatusError, bad_request, invalid
@@ -142,15 +142,65 @@ def _type_error(value: Any, path: str, go_type: str) -> StatusError:
     )
 
 
-def _decode_delete_body(body: dict[str, Any]) -> dict[str, Any]:
-    # k8s.io/apiserver pkg/endpoints/handlers/delete.go DeleteResource: the body is decoded
-    # with the meta internal scheme, every error a 400 BadRequest. DeleteOptions is an
-    # unversioned type there (k8s.io/apimachinery pkg/apis/meta/internalversion/register.go
-    # AddUnversionedTypes), so any apiVersion decodes it; another kind is not registered
-    # (k8s.io/apimachinery pkg/runtime/error.go notRegisteredErr), a missing apiVersion and
-    # kind default to meta.k8s.io/v1 DeleteOptions (pkg/runtime/serializer/json/json.go
-    # gvkWithDefaults). Field types follow encoding/json (sigs.k8s.io/json); a null leaves a
-    # field at its zero value, so it is dropped here.
+def _decode_int64(value: Any, key: str, go_type: str) -> Any:
+    """An int64 field: a JSON number that fits in 64 bits, kept as sent."""
+    try:
+        check_int(value, 64, "DeleteOptions", key)
+    except ValueDecodeError as err:
+        raise bad_request(str(err)) from err
+    return value
+
+
+def _decode_bool(value: Any, key: str, go_type: str) -> Any:
+    """A bool field: only a JSON true or false."""
+    if not isinstance(value, bool):
+        raise _type_error(value, key, go_type)
+    return value
+
+
+def _decode_string_list(value: Any, key: str, go_type: str) -> list[str]:
+    """A []string field: a JSON array of strings, a null item decoding as ``""``."""
+    if not isinstance(value, list):
+        raise _type_error(value, key, go_type)
+    for item in value:
+        if item is not None and not isinstance(item, str):
+            raise _type_error(item, key, "string")
+    return ["" if item is None else item for item in value]
+
+
+def _decode_preconditions(value: Any, key: str, go_type: str) -> dict[str, Any]:
+    """The Preconditions object: its known string fields, unknown and null ones dropped."""
+    if not isinstance(value, dict):
+        raise _type_error(value, key, go_type)
+    kept: dict[str, Any] = {}
+    for name, item in value.items():
+        item_type = _PRECONDITION_FIELDS.get(name)
+        if item_type is None or item is None:
+            continue
+        if not isinstance(item, str):
+            raise _type_error(item, f"preconditions.{name}", item_type)
+        kept[name] = item
+    return kept
+
+
+def _decode_string(value: Any, key: str, go_type: str) -> Any:
+    """A field of a string type (string, v1.DeletionPropagation): only a JSON string."""
+    if not isinstance(value, str):
+        raise _type_error(value, key, go_type)
+    return value
+
+
+# How a DeleteOptions field of each Go type decodes; a type not listed is a string type.
+_DECODERS: dict[str, Callable[[Any, str, str], Any]] = {
+    "int64": _decode_int64,
+    "bool": _decode_bool,
+    "[]string": _decode_string_list,
+    "v1.Preconditions": _decode_preconditions,
+}
+
+
+def _check_delete_kind(body: dict[str, Any]) -> None:
+    """Raise unless ``body``'s apiVersion and kind name DeleteOptions (missing ones do)."""
     for key in ("apiVersion", "kind"):
         value = body.get(key)
         if value is not None and not isinstance(value, str):
@@ -162,41 +212,24 @@ def _decode_delete_body(body: dict[str, Any]) -> dict[str, Any]:
         raise bad_request(
             f'no kind "{kind}" is registered for version "{shown}" in scheme "{META_SCHEME}"'
         )
+
+
+def _decode_delete_body(body: dict[str, Any]) -> dict[str, Any]:
+    # k8s.io/apiserver pkg/endpoints/handlers/delete.go DeleteResource: the body is decoded
+    # with the meta internal scheme, every error a 400 BadRequest. DeleteOptions is an
+    # unversioned type there (k8s.io/apimachinery pkg/apis/meta/internalversion/register.go
+    # AddUnversionedTypes), so any apiVersion decodes it; another kind is not registered
+    # (k8s.io/apimachinery pkg/runtime/error.go notRegisteredErr), a missing apiVersion and
+    # kind default to meta.k8s.io/v1 DeleteOptions (pkg/runtime/serializer/json/json.go
+    # gvkWithDefaults). Field types follow encoding/json (sigs.k8s.io/json); a null leaves a
+    # field at its zero value, so it is dropped here.
+    _check_delete_kind(body)
     options: dict[str, Any] = {}
     for key, value in body.items():
         go_type = _DELETE_FIELDS.get(key)
         if go_type is None or value is None:
             continue  # unknown fields are dropped by the non-strict decoder
-        if go_type == "int64":
-            try:
-                check_int(value, 64, "DeleteOptions", key)
-            except ValueDecodeError as err:
-                raise bad_request(str(err)) from err
-        elif go_type == "bool":
-            if not isinstance(value, bool):
-                raise _type_error(value, key, "bool")
-        elif go_type == "[]string":
-            if not isinstance(value, list):
-                raise _type_error(value, key, "[]string")
-            for item in value:
-                if item is not None and not isinstance(item, str):
-                    raise _type_error(item, key, "string")
-            value = ["" if item is None else item for item in value]
-        elif go_type == "v1.Preconditions":
-            if not isinstance(value, dict):
-                raise _type_error(value, key, go_type)
-            kept: dict[str, Any] = {}
-            for name, item in value.items():
-                item_type = _PRECONDITION_FIELDS.get(name)
-                if item_type is None or item is None:
-                    continue
-                if not isinstance(item, str):
-                    raise _type_error(item, f"preconditions.{name}", item_type)
-                kept[name] = item
-            value = kept
-        elif not isinstance(value, str):
-            raise _type_error(value, key, go_type)
-        options[key] = value
+        options[key] = _DECODERS.get(go_type, _decode_string)(value, key, go_type)
     return options
 
 
