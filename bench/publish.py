@@ -26,7 +26,8 @@ from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connec
 from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, pool_name
-from app.publisher.publisher import Publisher, PublisherSettings
+from app.publisher.publisher import Publisher
+from app.publisher.settings import PublisherSettings
 from bench.common import (
     at_least,
     command_line,

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 Handler = Callable[[Any], Awaitable[web.StreamResponse]]
-"""A route's handler; :mod:`app.admin.app` passes it a validated call object."""
+"""A route's handler; :mod:`app.admin.pipeline` passes it a validated call object."""
 
 OPEN = "open"
 READ = "read"

@@ -1,5 +1,6 @@
 """Publishing the desired pools as ResourceSlices: the pure classify / plan step (``plan``),
-the informer-and-work-queue loop that applies it (``publisher``) and its metrics (``metrics``).
+the informer-and-work-queue loop that applies it (``publisher``), its settings (``settings``),
+its status snapshots (``status``) and its metrics (``metrics``).
 
 Importing the package defines the classes below and starts nothing.
 """
@@ -11,15 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.publisher.metrics import PublisherMetrics
-    from app.publisher.publisher import PoolStatus, Publisher, PublisherSettings, PublisherStatus
+    from app.publisher.publisher import Publisher
+    from app.publisher.settings import PublisherSettings
+    from app.publisher.status import PoolStatus, PublisherStatus
 
 # Loaded on first use, so that importing a pure submodule (``plan``) loads no I/O library.
 _EXPORTS = {
     "PublisherMetrics": "app.publisher.metrics",
-    "PoolStatus": "app.publisher.publisher",
+    "PoolStatus": "app.publisher.status",
     "Publisher": "app.publisher.publisher",
-    "PublisherSettings": "app.publisher.publisher",
-    "PublisherStatus": "app.publisher.publisher",
+    "PublisherSettings": "app.publisher.settings",
+    "PublisherStatus": "app.publisher.status",
 }
 
 

@@ -43,7 +43,7 @@ from kubernetes_asyncio.client import ResourceV1Api, ResourceV1beta1Api, Resourc
 from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeConflict, KubeError, KubeNotFound
-from app.kube.informer import EventType, Informer, InformerSettings
+from app.kube.informer import EventType, Informer
 from app.kube.versions import (
     ResourceApiVersion,
     ResourceSliceV1alpha3Api,
@@ -67,6 +67,8 @@ from app.publisher.plan import (
     plan_pool,
     taint_times,
 )
+from app.publisher.settings import PublisherSettings
+from app.publisher.status import PoolStatus, PublisherStatus
 from app.publisher.view import (
     CONTENT_KEY,
     SliceView,
@@ -85,133 +87,6 @@ BINDING_PATHS = (
     "spec.devices[].bindingFailureConditions",
     "spec.devices[].bindsToNode",
 )
-
-
-@dataclass(frozen=True)
-class PublisherSettings:
-    """Settings of the :class:`Publisher`.
-
-    Attributes:
-        debounce_s: seconds to wait after a desired change or a watch event before syncing a
-            pool, so a burst of changes makes one sync (> 0).
-        workers: pools synced at the same time (>= 1).
-        write_concurrency: writes sent at the same time within one phase (deletes, updates or
-            creates) of one pool's sync (>= 1).
-        retry_base_s / retry_max_s: per-pool backoff after a failed sync: base * 2**failures,
-            capped (seconds).
-        conflict_retries: re-reads and re-plans within one sync after a 409, before the pool
-            is requeued with backoff (>= 0).
-        request_timeout_s: client timeout of each write or read, seconds (> 0).
-        resync_period_s: seconds between full resyncs (> 0): the slices are listed from the API
-            server, the local view is corrected, and every pool is synced (see
-            :meth:`Publisher.resync`). The default is upstream's 10 minutes (``resyncPeriod``
-            in k8s.io/dynamic-resource-allocation/resourceslice/resourceslicecontroller.go).
-        informer: settings of the ResourceSlice informer; its ``field_selector`` is replaced by
-            ``spec.driver=<driver>``. The default lists 50 slices a page: a slice holds up to
-            128 devices, so a page of 500 would be some 60 MB of JSON at once.
-    """
-
-    debounce_s: float = 1.0
-    workers: int = 8
-    write_concurrency: int = 8
-    retry_base_s: float = 0.5
-    retry_max_s: float = 300.0
-    conflict_retries: int = 3
-    request_timeout_s: float = 30.0
-    resync_period_s: float = 600.0
-    informer: InformerSettings = field(
-        default_factory=lambda: InformerSettings(name="resourceslices", page_size=50)
-    )
-
-    def __post_init__(self) -> None:
-        if self.debounce_s <= 0:
-            raise ValueError("publisher: debounce_s must be > 0")
-        if self.workers < 1 or self.write_concurrency < 1:
-            raise ValueError("publisher: workers and write_concurrency must be >= 1")
-        if not 0 < self.retry_base_s <= self.retry_max_s:
-            raise ValueError("publisher: need 0 < retry_base_s <= retry_max_s")
-        if self.conflict_retries < 0:
-            raise ValueError("publisher: conflict_retries must be >= 0")
-        if self.request_timeout_s <= 0:
-            raise ValueError("publisher: request_timeout_s must be > 0")
-        if self.resync_period_s <= 0:
-            raise ValueError("publisher: resync_period_s must be > 0")
-
-
-@dataclass(frozen=True)
-class PoolStatus:
-    """What the publisher knows about one pool.
-
-    Attributes:
-        name: the pool.
-        desired: True when the pool is in the desired state (False: being removed).
-        generation: the highest ``pool.generation`` among its slices; None without slices.
-        resource_slices: names of its slices on the API server (as last seen or written).
-        devices: devices in the desired pool (0 when not desired).
-        last_error: the last failed sync's error; None after a successful sync.
-        dropped_paths: field paths the API server dropped from this pool's slices.
-    """
-
-    name: str
-    desired: bool
-    generation: int | None
-    resource_slices: tuple[str, ...]
-    devices: int
-    last_error: str | None
-    dropped_paths: tuple[str, ...]
-
-    def to_json(self) -> JsonDict:
-        """A JSON-ready dict."""
-        return {
-            "name": self.name,
-            "desired": self.desired,
-            "generation": self.generation,
-            "resource_slices": list(self.resource_slices),
-            "devices": self.devices,
-            "last_error": self.last_error,
-            "dropped_paths": list(self.dropped_paths),
-        }
-
-
-@dataclass(frozen=True)
-class PublisherStatus:
-    """A snapshot of the publisher.
-
-    Attributes:
-        synced: the informer has listed and a desired state was given (writes may happen).
-        queue_depth: pools queued, delayed or being synced.
-        writes: successful API writes by verb (create, update, delete) since start.
-        dropped_paths: every field path the API server dropped from our writes.
-        taints_dropped / binding_conditions_dropped: see :class:`Publisher`.
-        pools: pool name -> :class:`PoolStatus`, desired pools and pools with slices.
-        resyncs: full resyncs (:meth:`Publisher.resync`) completed since start.
-        resync_corrections: slices those resyncs found wrong in the local view (missing,
-            outdated, or gone from the API server).
-    """
-
-    synced: bool
-    queue_depth: int
-    writes: Mapping[str, int]
-    dropped_paths: tuple[str, ...]
-    taints_dropped: bool
-    binding_conditions_dropped: bool
-    pools: Mapping[str, PoolStatus]
-    resyncs: int = 0
-    resync_corrections: int = 0
-
-    def to_json(self) -> JsonDict:
-        """A JSON-ready dict."""
-        return {
-            "synced": self.synced,
-            "queue_depth": self.queue_depth,
-            "writes": dict(self.writes),
-            "dropped_paths": list(self.dropped_paths),
-            "taints_dropped": self.taints_dropped,
-            "binding_conditions_dropped": self.binding_conditions_dropped,
-            "pools": {name: pool.to_json() for name, pool in self.pools.items()},
-            "resyncs": self.resyncs,
-            "resync_corrections": self.resync_corrections,
-        }
 
 
 class _Conflicts(Exception):

@@ -30,7 +30,8 @@ from schemathesis.specs.openapi.checks import (
 )
 from test_admin import AUTH, Live, live_status, make_context, seed
 
-from app.admin.app import OPENAPI, make_app, routes, serve
+from app.admin.app import make_app, routes, serve
+from app.admin.pipeline import OPENAPI
 from app.db.engine import Database
 
 CHECKS = [

@@ -26,7 +26,8 @@ from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, resource_slice_spec
 from app.publisher.metrics import PublisherMetrics
 from app.publisher.plan import slice_index
-from app.publisher.publisher import Publisher, PublisherSettings
+from app.publisher.publisher import Publisher
+from app.publisher.settings import PublisherSettings
 from fabric_dra_sim.kubeapi import KubeEmulator
 from fabric_dra_sim.kubeapi.cluster import all_gates_on
 

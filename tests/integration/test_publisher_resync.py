@@ -22,7 +22,8 @@ from app.kube.informer import InformerEvent, InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, resource_slice_spec
 from app.publisher.metrics import PublisherMetrics
-from app.publisher.publisher import Publisher, PublisherSettings
+from app.publisher.publisher import Publisher
+from app.publisher.settings import PublisherSettings
 from fabric_dra_sim.kubeapi import KubeEmulator
 
 DRIVER = "fabric.example.com"

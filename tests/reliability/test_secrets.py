@@ -31,7 +31,7 @@ from reliability_driver import (
 )
 from reliability_service import Running, start_service
 
-import app.admin.app as admin_app
+import app.admin.pipeline as admin_pipeline
 from app.config import load_settings
 from app.db.engine import Database
 from app.fabric.factory import backend_from_settings
@@ -154,13 +154,13 @@ async def test_the_admin_token_is_compared_with_hmac_compare_digest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[tuple[bytes, bytes]] = []
-    real = admin_app.hmac.compare_digest
+    real = admin_pipeline.hmac.compare_digest
 
     def recording(a: bytes, b: bytes) -> bool:
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(admin_app.hmac, "compare_digest", recording)
+    monkeypatch.setattr(admin_pipeline.hmac, "compare_digest", recording)
     status, _ = await http("POST", running.base + "/api/v1/reservations/1/release", token="nope")
     assert status == 403
     status, _ = await http(

@@ -22,7 +22,8 @@ from app.kube.client import KubeAuthMode, KubeClientSettings, connect
 from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import PoolConfig, PoolDevice, desired_pools
-from app.publisher.publisher import Publisher, PublisherSettings
+from app.publisher.publisher import Publisher
+from app.publisher.settings import PublisherSettings
 from fabric_dra_sim.kubeapi import KubeEmulator
 
 DRIVER = "fabric.example.com"

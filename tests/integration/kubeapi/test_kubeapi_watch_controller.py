@@ -21,7 +21,8 @@ from app.kube.informer import EventType, Informer, InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools
 from app.publisher.plan import slice_index
-from app.publisher.publisher import Publisher, PublisherSettings
+from app.publisher.publisher import Publisher
+from app.publisher.settings import PublisherSettings
 from fabric_dra_sim.kubeapi import KubeEmulator
 
 DRIVER = "fabric.example.com"
