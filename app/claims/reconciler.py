@@ -18,16 +18,17 @@ the binding condition is False with reason ``WaitingForDetach`` and no failure c
 the claim is queued again as soon as the journal commits that device's release
 (:func:`app.claims.plan.wait_for_holder`).
 
-A periodic sweep releases reservations whose claim has been missing for the grace period (the
-controller may have been down when it went away), reports devices the fabric shows attached
-with no reservation (and detaches them when configured to), and keeps the reservation gauges.
+A periodic sweep (:mod:`app.claims.sweep`) releases reservations whose claim has been missing
+for the grace period (the controller may have been down when it went away), reports devices
+the fabric shows attached with no reservation (and detaches them when configured to), and
+keeps the reservation gauges. The claim's ``status.devices`` is written by
+:mod:`app.claims.status`.
 On start, :meth:`ClaimReconciler.recover` compares unfinished journal entries with the fabric
 and settles each one before any new work (DESIGN.md invariants 1-3).
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import time
@@ -54,11 +55,9 @@ from app.claims.model import (
     InvalidClaimConfig,
     WantedDevice,
     consumer_pods,
-    device_status_entries,
     effective_config,
     node_from_allocation,
     rfc3339,
-    same_device_status,
     wanted_devices,
 )
 from app.claims.plan import (
@@ -69,17 +68,17 @@ from app.claims.plan import (
     reservation_key,
     wait_for_holder,
 )
+from app.claims.status import ClaimStatusWriter
+from app.claims.sweep import ClaimSweep
 from app.clock import utcnow
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
 from app.fabric.types import FabricDevice
 from app.hostmap import HostIndex, host_for_node
-from app.inventory.queries import host_refs, still_unmanaged, unmanaged_attachments
+from app.inventory.queries import host_refs
 from app.journal import (
     FAILED,
-    RELEASED,
-    STATES,
     ClaimRef,
     DeviceHeld,
     HeldDevice,
@@ -88,19 +87,17 @@ from app.journal import (
     UnknownDevice,
 )
 from app.jsontypes import JsonDict
-from app.kube.client import FIELD_VALIDATION_STRICT, KubeClient, call_json
+from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
 from app.kube.runtime import Controller, ErrorRing, Pass, RuntimeSettings
-from app.kube.update import update_with_retry
-from app.kube.versions import ResourceApiVersion, claim_from_wire, claim_to_wire, resource_api
+from app.kube.versions import ResourceApiVersion, claim_from_wire, resource_api
 from app.kube.workqueue import WorkQueue, WorkQueueSettings
 from app.metrics import ClaimMetrics
 
 log = logging.getLogger(__name__)
 MAX_RECENT_ERRORS = 100
 MODE = "structured"
-STATUS_WRITE_ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -218,8 +215,6 @@ class ClaimReconciler:
         # (any mode's: the journal's release listener covers this process's writes of both
         # modes and of the admin actions; the sweep covers releases by other processes).
         self._release_waiters: dict[str, set[str]] = {}
-        self._missing_since: dict[str, float] = {}
-        self._unmanaged_since: dict[str, float] = {}
         self._host_index: HostIndex | None = None
         self._host_index_at = -1e9
         self._retry_reason: dict[str, str] = {}
@@ -238,8 +233,29 @@ class ClaimReconciler:
             on_done=self._settled,
             observe=self._observe,
         )
-        self.runtime.add_loop("claims-sweep", self._sweep_loop)
-        self.unmanaged: list[dict[str, str]] = []
+        self.status_writer = ClaimStatusWriter(
+            self._resources,
+            version,
+            settings.driver_name,
+            settings.binding_conditions,
+            settings.binding_failure_conditions,
+            lambda: self.clock(),
+            metrics,
+        )
+        self.sweeper = ClaimSweep(
+            self.journal,
+            db,
+            backend,
+            self.claims,
+            self.queue.add,
+            self._release_waiters,
+            mode=MODE,
+            interval_s=settings.sweep_interval_s,
+            orphan_grace_s=settings.orphan_grace_s,
+            detach_unmanaged=settings.detach_unmanaged,
+            metrics=metrics,
+        )
+        self.runtime.add_loop("claims-sweep", self.sweeper.loop)
         self.node_from_pod_claims: set[str] = set()
         self.started = self.runtime.started
 
@@ -450,7 +466,9 @@ class ClaimReconciler:
         if lost and claim is not None:
             # The device was attached and the fabric lost it: say so before attaching it
             # again, so that nothing reads the claim as ready meanwhile.
-            claim = await self._write_status(claim, [*reports.values(), *lost.values()]) or claim
+            claim = (
+                await self.status_writer.write(claim, [*reports.values(), *lost.values()]) or claim
+            )
         for reservation, device in attach:
             key = reservation_key(reservation)
             report, retry = await self.ops.attach(
@@ -474,7 +492,7 @@ class ClaimReconciler:
             self._waiting.pop(uid, None)
         if claim is not None and (reports or self._has_our_status(claim)):
             await self._at("before-status")
-            await self._write_status(claim, list(reports.values()))
+            await self.status_writer.write(claim, list(reports.values()))
         return requeue
 
     async def _at(self, step: str) -> None:
@@ -664,76 +682,6 @@ class ClaimReconciler:
         return await self.ops.release(reservation, claim)
 
     # ------------------------------------------------------------------ writes to the claim
-    async def _write_status(self, claim: JsonDict, reports: list[DeviceReport]) -> JsonDict | None:
-        """Write our ``status.devices`` entries. Returns the claim as the API server answered
-        the write (a later write in the same pass compares with it, not with the cache), or
-        None when nothing was written."""
-        metadata = claim.get("metadata") or {}
-        namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
-        # The cached claim is usually current; a 409 means it was not, and we read it fresh.
-        # Only status.devices is replaced, in a copy of the status: the cached claim is not
-        # changed.
-        first: JsonDict = {**claim, "status": dict(claim.get("status") or {})}
-
-        async def read() -> JsonDict | None:
-            try:
-                return claim_from_wire(
-                    await call_json(
-                        self._resources.read_namespaced_resource_claim(
-                            name, namespace, _preload_content=False
-                        ),
-                        f"read ResourceClaim {namespace}/{name}",
-                    ),
-                    self.version,
-                    owned=True,
-                )
-            except KubeNotFound:
-                return None
-
-        async def write(fresh: JsonDict) -> JsonDict | None:
-            current = list((fresh.get("status") or {}).get("devices") or [])
-            wanted = set(wanted_devices(fresh, self.settings.driver_name))
-            entries = device_status_entries(
-                fresh,
-                self.settings.driver_name,
-                [r for r in reports if r.wanted in wanted],
-                self.settings.binding_conditions,
-                self.settings.binding_failure_conditions,
-                self.clock(),
-            )
-            if same_device_status(entries, current):
-                return None
-            fresh.setdefault("status", {})["devices"] = entries
-            # Strict: a device status field this server's version does not know would
-            # otherwise be dropped with only a Warning header, and a lost binding condition
-            # leaves the pod waiting with nobody told.
-            written = await call_json(
-                self._resources.replace_namespaced_resource_claim_status(
-                    name,
-                    namespace,
-                    claim_to_wire(fresh, self.version),
-                    field_validation=FIELD_VALIDATION_STRICT,
-                    _preload_content=False,
-                ),
-                f"update ResourceClaim {namespace}/{name} status",
-            )
-            return claim_from_wire(written, self.version, owned=True)
-
-        def conflict(_: KubeError) -> None:
-            # Someone else wrote the claim since we read it: it is read again and re-applied.
-            if self.metrics:
-                self.metrics.status_conflicts.inc()
-
-        return await update_with_retry(
-            first,
-            write,
-            read,
-            gone=None,
-            attempts=STATUS_WRITE_ATTEMPTS,
-            uid=str(metadata.get("uid")),
-            on_conflict=conflict,
-        )
-
     async def _event(self, claim: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         await self.events.record(claim, type_, reason, message)
 
@@ -747,80 +695,14 @@ class ClaimReconciler:
         """
         return await self.ops.recover(modes=(MODE,))
 
-    async def _sweep_loop(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-            except Exception as err:
-                log.warning("claim sweep failed: %s", err, exc_info=True)
-            await asyncio.sleep(self.settings.sweep_interval_s)
-
     async def sweep(self) -> None:
-        """Release reservations of claims missing for the grace period; report (and maybe
-        detach) unmanaged attachments; update gauges."""
-        now = time.monotonic()
-        everything = await self.journal.active()
-        active = [r for r in everything if r.mode == MODE]
-        # Releases written by another process are not in this process's journal feed: claims
-        # waiting for a device no longer held are queued here.
-        held = {r.device_name for r in everything if r.exclusive}
-        for device, uids in list(self._release_waiters.items()):
-            if device not in held:
-                for uid in uids:
-                    self.queue.add(uid)
-        if self.claims.has_synced.is_set():
-            missing = {r.claim.uid for r in active if self.claim_by_uid(r.claim.uid) is None}
-            for uid in list(self._missing_since):
-                if uid not in missing:
-                    del self._missing_since[uid]
-            for uid in missing:
-                first = self._missing_since.setdefault(uid, now)
-                if now - first >= self.settings.orphan_grace_s:
-                    self.queue.add(uid)
-        if self.metrics:
-            for state in STATES:
-                if state != RELEASED:
-                    self.metrics.reservations.labels(state).set(
-                        sum(1 for r in active if r.state == state)
-                    )
-        self.unmanaged = await unmanaged_attachments(self.db)
-        if self.metrics:
-            self.metrics.unmanaged_attachments.set(len(self.unmanaged))
-        seen = {u["vendor_id"] for u in self.unmanaged}
-        for vendor_id in list(self._unmanaged_since):
-            if vendor_id not in seen:
-                del self._unmanaged_since[vendor_id]
-        for item in self.unmanaged:
-            first = self._unmanaged_since.setdefault(item["vendor_id"], now)
-            if self.settings.detach_unmanaged and now - first >= self.settings.orphan_grace_s:
-                await self._detach_unmanaged(item)
+        """Run the periodic sweep once (see :class:`app.claims.sweep.ClaimSweep`)."""
+        await self.sweeper.sweep()
 
-    async def _detach_unmanaged(self, item: Mapping[str, str]) -> None:
-        from app.fabric.types import DeviceType, FabricDevice
-
-        device = FabricDevice(
-            vendor_id=item["vendor_id"],
-            attach_unit=item["attach_unit"],
-            device_type=DeviceType(item["device_type"]),
-        )
-        if not await still_unmanaged(self.db, item["vendor_id"], item["host_id"]):
-            return  # reserved, or moved, since the sweep listed it
-        try:
-            await self.backend.detach(device, item["host_id"])
-        except FabricError as err:
-            log.warning(
-                "could not detach unmanaged device %s from host %s: %s",
-                item["name"],
-                item["host_id"],
-                err,
-            )
-            return
-        log.warning(
-            "detached unmanaged device %s from host %s (no reservation held it)",
-            item["name"],
-            item["host_id"],
-        )
-        self._unmanaged_since.pop(item["vendor_id"], None)
+    @property
+    def unmanaged(self) -> list[dict[str, str]]:
+        """The devices the fabric showed attached with no reservation at the last sweep."""
+        return self.sweeper.unmanaged
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:

@@ -27,9 +27,10 @@ from app.allocator import (
 )
 from app.allocator.model import DeviceId
 from app.controlplane import plan as cp
+from app.heldfeed import HeldFeed
 from app.hostmap import HostIndex, HostRef, host_for_node
-from app.journal import HeldDevice, HeldFeed
 from app.kube.informer import Informer
+from app.reservations import HeldDevice
 
 Source = Literal["slices", "classes", "nodes", "hosts"]
 SOURCES: tuple[Source, ...] = ("slices", "classes", "nodes", "hosts")

@@ -86,7 +86,7 @@ class Database:
     # SQLite has one writer at a time; waiting for its lock means polling with sleeps that grow
     # to 100 ms. Queueing writers here instead keeps them in order at no cost.
     _write_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    # The journal's feed of held devices (app.journal.HeldFeed), created by the journal.
+    # The journal's feed of held devices (app.heldfeed.HeldFeed), created by the journal.
     held_feed: Any = field(default=None, repr=False)
     # The same engine (and pool) with the SQLite BEGIN mode preset, built once.
     _immediate: AsyncEngine | None = field(default=None, repr=False)

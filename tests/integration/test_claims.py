@@ -889,7 +889,7 @@ async def test_an_attach_never_sent_is_never_counted(harness: Harness) -> None:
 
 async def test_claim_status_is_written_with_strict_field_validation(harness: Harness) -> None:
     # A device status field the server does not know must fail the write, not vanish with
-    # only a Warning header (app/claims/reconciler.py _write_status).
+    # only a Warning header (app/claims/status.py ClaimStatusWriter.write).
     device = harness.device_names()[0]
     harness.create_claim("c1")
     async with running(harness.reconciler()):

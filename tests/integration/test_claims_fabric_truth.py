@@ -364,5 +364,5 @@ async def test_an_unmanaged_device_reserved_since_the_sweep_listed_it_is_not_det
         NODES[0],
         NODES[0],
     )
-    await reconciler._detach_unmanaged(item)
+    await reconciler.sweeper.detach_unmanaged_device(item)
     assert harness.sim.holders(block) == [NODES[0]]

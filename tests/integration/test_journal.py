@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.db.engine import Database
 from app.db.models import Device, Reservation
+from app.heldfeed import HeldFeed
 from app.inventory import InventorySync
 from app.journal import (
     ATTACHED,
@@ -24,7 +25,6 @@ from app.journal import (
     ClaimRef,
     DeviceHeld,
     HeldDevice,
-    HeldFeed,
     Journal,
     UnknownDevice,
 )

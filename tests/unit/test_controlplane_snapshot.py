@@ -9,8 +9,9 @@ from typing import Any
 
 from app.controlplane import plan as cp
 from app.controlplane.snapshot import SnapshotCache
+from app.heldfeed import HeldFeed
 from app.hostmap import HostRef
-from app.journal import HeldDevice, HeldFeed
+from app.reservations import HeldDevice
 
 
 class Listing:

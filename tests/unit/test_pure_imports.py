@@ -25,6 +25,7 @@ IO_LIBRARIES = (
 )
 PURE_MODULES = (
     "app.reservations",
+    "app.heldfeed",
     "app.claims.plan",
     "app.claims.drift",
     "app.controlplane.plan",
