@@ -68,7 +68,12 @@ class SyncResult:
 
 
 def _public_name(err: Exception) -> str:
-    """The name of the nearest public class of ``err`` (backends keep private subclasses)."""
+    """The name of the nearest class of ``err`` that the backend interface defines
+    (:mod:`app.fabric.errors`, e.g. ``FabricUnavailable``): backends raise subclasses of their
+    own, which say nothing to an operator. Any other error: the nearest public class."""
+    for cls in type(err).__mro__:
+        if cls.__module__ == FabricError.__module__:
+            return cls.__name__
     for cls in type(err).__mro__:
         if not cls.__name__.startswith("_"):
             return cls.__name__
