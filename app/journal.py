@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -216,6 +217,32 @@ def _view(row: Any) -> ReservationView:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Wanted:
+    """What a reserve asks for (see :meth:`Journal.reserve`)."""
+
+    claim: ClaimRef
+    request: str
+    device_name: str
+    pool: str
+    mode: str
+    node: str | None
+    host_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """What a transition writes besides the state (see :meth:`Journal.transition`)."""
+
+    error: str | None = None
+    count_attempt: bool = False
+    node: str | None = None
+    host_id: str | None = None
+    operation_id: str | None = None
+    clear_operation: bool = False
+    detached: bool = False
+
+
 class Journal:
     """Reads and writes reservations. Each method is one short database transaction.
 
@@ -251,7 +278,7 @@ class Journal:
             DeviceHeld: another claim holds the device.
         """
         view, _ = await self._reserve(
-            claim, request, device_name, pool, mode, node, host_id, attaching=False
+            _Wanted(claim, request, device_name, pool, mode, node, host_id), attaching=False
         )
         return view
 
@@ -279,25 +306,14 @@ class Journal:
             DeviceHeld: another claim holds the device.
         """
         return await self._reserve(
-            claim, request, device_name, pool, mode, node, host_id, attaching=True
+            _Wanted(claim, request, device_name, pool, mode, node, host_id), attaching=True
         )
 
     async def _reserve(
-        self,
-        claim: ClaimRef,
-        request: str,
-        device_name: str,
-        pool: str,
-        mode: str,
-        node: str | None,
-        host_id: str | None,
-        *,
-        attaching: bool,
+        self, wanted: _Wanted, *, attaching: bool
     ) -> tuple[ReservationView, FabricDevice | None]:
         try:
-            view, device, inserted = await self._reserve_once(
-                claim, request, device_name, pool, mode, node, host_id, attaching=attaching
-            )
+            view, device, inserted = await self._reserve_once(wanted, attaching=attaching)
         except (DeviceHeld, UnknownDevice):
             raise
         except BaseException:
@@ -308,17 +324,9 @@ class Journal:
         return view, device
 
     async def _reserve_once(
-        self,
-        claim: ClaimRef,
-        request: str,
-        device_name: str,
-        pool: str,
-        mode: str,
-        node: str | None,
-        host_id: str | None,
-        *,
-        attaching: bool,
+        self, wanted: _Wanted, *, attaching: bool
     ) -> tuple[ReservationView, FabricDevice | None, bool]:
+        claim, request, device_name = wanted.claim, wanted.request, wanted.device_name
         try:
             # One transaction for the check and the insert (BEGIN IMMEDIATE on SQLite); the
             # time is taken inside it, so journal times follow commit order.
@@ -344,13 +352,13 @@ class Journal:
                             "claim_namespace": claim.namespace,
                             "claim_name": claim.name,
                             "request": request,
-                            "mode": mode,
+                            "mode": wanted.mode,
                             "device_id": device[0],
                             "device_name": device_name,
-                            "pool": pool,
+                            "pool": wanted.pool,
                             "exclusive": exclusive,
-                            "node": node,
-                            "host_id": host_id,
+                            "node": wanted.node,
+                            "host_id": wanted.host_id,
                             "state": ATTACHING if attaching else PENDING,
                             "attempts": 1 if attaching else 0,
                             "created_at": now,
@@ -416,19 +424,10 @@ class Journal:
         Raises:
             ValueError: an unknown state.
         """
-        moved = await self._transition(
-            reservation_id,
-            expected,
-            state,
-            error=error,
-            count_attempt=count_attempt,
-            node=node,
-            host_id=host_id,
-            operation_id=operation_id,
-            clear_operation=clear_operation,
-            detached=detached,
-            with_device=False,
+        change = _Change(
+            error, count_attempt, node, host_id, operation_id, clear_operation, detached
         )
+        moved = await self._transition(reservation_id, expected, state, change, with_device=False)
         return moved[0] if moved else None
 
     async def begin_attach(
@@ -444,7 +443,11 @@ class Journal:
             UnknownDevice: the device row is gone (the transition is not kept).
         """
         moved = await self._transition(
-            reservation_id, (PENDING, ATTACHING), ATTACHING, count_attempt=True, with_device=True
+            reservation_id,
+            (PENDING, ATTACHING),
+            ATTACHING,
+            _Change(count_attempt=True),
+            with_device=True,
         )
         if moved is None:
             return None
@@ -479,8 +482,7 @@ class Journal:
             reservation_id,
             expected,
             DETACHING,
-            error=error,
-            count_attempt=True,
+            _Change(error=error, count_attempt=True),
             with_device=True,
             device_required=False,
         )
@@ -513,14 +515,8 @@ class Journal:
         reservation_id: int,
         expected: Collection[str],
         state: str,
+        change: _Change,
         *,
-        error: str | None = None,
-        count_attempt: bool = False,
-        node: str | None = None,
-        host_id: str | None = None,
-        operation_id: str | None = None,
-        clear_operation: bool = False,
-        detached: bool = False,
         with_device: bool,
         device_required: bool = True,
     ) -> tuple[ReservationView, FabricDevice | None] | None:
@@ -531,13 +527,7 @@ class Journal:
                 reservation_id,
                 expected,
                 state,
-                error=error,
-                count_attempt=count_attempt,
-                node=node,
-                host_id=host_id,
-                operation_id=operation_id,
-                clear_operation=clear_operation,
-                detached=detached,
+                change,
                 with_device=with_device,
                 device_required=device_required,
             )
@@ -555,17 +545,12 @@ class Journal:
         reservation_id: int,
         expected: Collection[str],
         state: str,
+        change: _Change,
         *,
-        error: str | None,
-        count_attempt: bool,
-        node: str | None,
-        host_id: str | None,
-        operation_id: str | None,
-        clear_operation: bool,
-        detached: bool,
         with_device: bool,
         device_required: bool,
     ) -> tuple[ReservationView, FabricDevice | None] | None:
+        error = change.error
         async with self.db.write_connection() as conn:
             # Taken inside the transaction, so journal times follow commit order.
             now = self.clock()
@@ -577,13 +562,13 @@ class Journal:
                         "b_expected": list(expected),
                         "b_state": state,
                         "b_error": error[:MAX_ERROR_LENGTH] if error else None,
-                        "b_attempt": 1 if count_attempt else 0,
-                        "b_node": node,
-                        "b_host_id": host_id,
-                        "b_operation_id": operation_id,
+                        "b_attempt": 1 if change.count_attempt else 0,
+                        "b_node": change.node,
+                        "b_host_id": change.host_id,
+                        "b_operation_id": change.operation_id,
                         "b_now": now,
                         "b_same_phase": _SAME_PHASE[state],
-                        "b_clear_operation": clear_operation,
+                        "b_clear_operation": change.clear_operation,
                         "b_attached_at": now if state == ATTACHED else None,
                         "b_released_at": now if state == RELEASED else None,
                     },
@@ -592,7 +577,9 @@ class Journal:
             if row is None:
                 return None
             view = _view(row)
-            if view.host_id is not None and (state == ATTACHED or (state == RELEASED and detached)):
+            if view.host_id is not None and (
+                state == ATTACHED or (state == RELEASED and change.detached)
+            ):
                 await conn.execute(
                     _DEVICE_NOW_ON if state == ATTACHED else _DEVICE_NOW_OFF,
                     {"b_device_id": view.device_id, "b_device_host": view.host_id},

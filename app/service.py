@@ -39,7 +39,7 @@ from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.clock import utcnow
 from app.config import Settings, read_secret
 from app.db import migrate
-from app.db.engine import Database
+from app.db.engine import Database, check_usable
 from app.fabric.backend import FabricBackend
 from app.fabric.factory import backend_from_settings
 from app.inventory import InventorySync
@@ -203,10 +203,12 @@ class Service:
 
         Raises:
             ConfigError: bad credentials files or Kubernetes settings.
+            DatabaseUnavailable: the database cannot be used (before migrating on start).
             KubeError: discovery failed (the API server is unreachable or refuses us).
             KubeVersionError: no resource.k8s.io version fits the configured mode.
         """
         if self.settings.database.migrate_on_start:
+            await check_usable(self.db.engine)
             await migrate.upgrade(self.db.engine)
         if self.backend is None:
             self.backend = backend_from_settings(self.settings.fabric)
@@ -583,12 +585,20 @@ class Service:
 
         Raises:
             ConfigError: the admin token file cannot be read.
-            OSError: the address is in use or cannot be bound.
+            OSError: the address is in use or cannot be bound (the message names admin.host
+                and admin.port).
         """
         from app.admin.app import serve
 
         admin = self.settings.admin
-        self._admin = await serve(self.admin_context(), admin.host, admin.port)
+        context = self.admin_context()
+        try:
+            self._admin = await serve(context, admin.host, admin.port)
+        except OSError as err:
+            raise OSError(
+                f"admin endpoint on admin.host {admin.host!r}, admin.port {admin.port}: "
+                f"{err.strerror or err}"
+            ) from err
         address = self._admin.addresses[0] if self._admin.addresses else None
         self.admin_port = address[1] if isinstance(address, tuple) else admin.port
 
@@ -651,7 +661,7 @@ class Service:
         errors = [
             {"at": e.at.isoformat(), "message": e.message}
             for e in reconciler.recent_errors
-            if e.claim == f"{namespace}/{name}"
+            if e.subject == f"{namespace}/{name}"
         ]
         return {"claim": reconciler.claims.get(name, namespace), "errors": errors}
 

@@ -97,6 +97,9 @@ def _json(name: str) -> dict[str, Any]:
 def routes() -> tuple[Route, ...]:
     """Every route of the admin app (the router and the OpenAPI document are built from it)."""
     device_name = Param("name", "path", "the device name", pattern=DNS_LABEL)
+    reservation_id = Param(
+        "id", "path", "the reservation id", kind="integer", minimum=1, maximum=MAX_OFFSET
+    )
     return (
         Route(
             "GET",
@@ -272,16 +275,7 @@ def routes() -> tuple[Route, ...]:
             "Detach (best effort) and release a reservation.",
             "actions",
             ACTION,
-            params=(
-                Param(
-                    "id",
-                    "path",
-                    "the reservation id",
-                    kind="integer",
-                    minimum=1,
-                    maximum=MAX_OFFSET,
-                ),
-            ),
+            params=(reservation_id,),
             answers={
                 200: ("Released.", _json("ReleaseAnswer")),
                 202: (
@@ -301,16 +295,7 @@ def routes() -> tuple[Route, ...]:
             "is required and journalled.",
             "actions",
             ACTION,
-            params=(
-                Param(
-                    "id",
-                    "path",
-                    "the reservation id",
-                    kind="integer",
-                    minimum=1,
-                    maximum=MAX_OFFSET,
-                ),
-            ),
+            params=(reservation_id,),
             body=_json("ForgetRequest"),
             answers={200: ("Released without a detach.", _json("ReleaseAnswer"))},
             errors=(400, 404, 409),

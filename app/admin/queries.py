@@ -23,7 +23,7 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, and_, exists, false, func, or_, select, true
 
@@ -41,6 +41,7 @@ from app.pools import (
     pool_name,
 )
 
+M = TypeVar("M", Device, Reservation)
 DEVICE_STATES = ("free", "reserved", "attached", "held-elsewhere", "cordoned", "removed")
 """Admin states of a device. ``held-elsewhere``: the fabric shows it attached to a server while
 no reservation of ours holds it (someone else's); it is not offered."""
@@ -276,6 +277,35 @@ async def _reservation_states(db: Database, device_ids: Sequence[int]) -> dict[i
     return states
 
 
+async def _page(
+    db: Database,
+    model: type[M],
+    conditions: Sequence[ColumnElement[bool]],
+    order: Any,
+    after: ColumnElement[bool] | None,
+    *,
+    limit: int,
+    offset: int,
+) -> tuple[list[M], int, bool]:
+    """One page of the ``model`` rows matching ``conditions``, in ``order``, past ``after``
+    (a ``continue`` token's keyset condition) when given.
+
+    Returns:
+        (at most ``limit`` rows, the count of all matching rows, whether more rows follow).
+    """
+    query = select(model).where(*conditions)
+    if after is not None:
+        query = query.where(after)
+    async with db.read() as session:
+        total = int(
+            await session.scalar(select(func.count()).select_from(model).where(*conditions)) or 0
+        )
+        rows = list(
+            (await session.scalars(query.order_by(order).limit(limit + 1).offset(offset))).all()
+        )
+    return rows[:limit], total, len(rows) > limit
+
+
 async def list_devices(
     db: Database,
     filters: DeviceFilter,
@@ -291,21 +321,12 @@ async def list_devices(
         BadToken: ``token`` is not valid for these filters.
     """
     conditions = await _device_conditions(db, filters, config)
-    query = select(Device).where(*conditions)
+    after = None
     if token is not None:
-        after = decode_token("devices", filters, token)
-        query = query.where(Device.name > str(after))
-    async with db.read() as session:
-        total = int(
-            await session.scalar(select(func.count()).select_from(Device).where(*conditions)) or 0
-        )
-        rows = list(
-            (
-                await session.scalars(query.order_by(Device.name).limit(limit + 1).offset(offset))
-            ).all()
-        )
-    more = len(rows) > limit
-    rows = rows[:limit]
+        after = Device.name > str(decode_token("devices", filters, token))
+    rows, total, more = await _page(
+        db, Device, conditions, Device.name, after, limit=limit, offset=offset
+    )
     states = await _reservation_states(db, [r.id for r in rows])
     items = [device_json(r, states.get(r.id, []), config) for r in rows]
     next_token = encode_token("devices", filters, rows[-1].name) if more and rows else None
@@ -409,26 +430,15 @@ async def list_reservations(
         BadToken: ``token`` is not valid for these filters.
     """
     conditions = _reservation_conditions(filters)
-    query = select(Reservation).where(*conditions)
+    after = None
     if token is not None:
-        after = decode_token("reservations", filters, token)
-        if not isinstance(after, int):
+        last = decode_token("reservations", filters, token)
+        if not isinstance(last, int):
             raise BadToken("parameter 'continue': not a token this API gave out")
-        query = query.where(Reservation.id < after)
-    async with db.read() as session:
-        total = int(
-            await session.scalar(select(func.count()).select_from(Reservation).where(*conditions))
-            or 0
-        )
-        rows = list(
-            (
-                await session.scalars(
-                    query.order_by(Reservation.id.desc()).limit(limit + 1).offset(offset)
-                )
-            ).all()
-        )
-    more = len(rows) > limit
-    rows = rows[:limit]
+        after = Reservation.id < last
+    rows, total, more = await _page(
+        db, Reservation, conditions, Reservation.id.desc(), after, limit=limit, offset=offset
+    )
     next_token = encode_token("reservations", filters, rows[-1].id) if more and rows else None
     return Page([reservation_json(r) for r in rows], total, next_token)
 

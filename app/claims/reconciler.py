@@ -33,14 +33,13 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api
 
 from app.claims.drift import DriftTarget
 from app.claims.fabric_ops import (
-    DEFAULT_DETACH_ATTEMPTS,
     EventRecorder,
     FabricOps,
     failed_report,
@@ -68,6 +67,7 @@ from app.claims.plan import (
     reservation_key,
     wait_for_holder,
 )
+from app.claims.settings import ControllerSettings
 from app.claims.status import ClaimStatusWriter
 from app.claims.sweep import ClaimSweep
 from app.clock import utcnow
@@ -89,10 +89,10 @@ from app.journal import (
 from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeError, KubeNotFound
-from app.kube.informer import Informer, InformerSettings
-from app.kube.runtime import Controller, ErrorRing, Pass, RuntimeSettings
+from app.kube.informer import Informer
+from app.kube.runtime import Controller, ErrorRing, Pass, RecentError, RuntimeSettings
 from app.kube.versions import ResourceApiVersion, claim_from_wire, resource_api
-from app.kube.workqueue import WorkQueue, WorkQueueSettings
+from app.kube.workqueue import WorkQueue
 from app.metrics import ClaimMetrics
 
 log = logging.getLogger(__name__)
@@ -101,47 +101,22 @@ MODE = "structured"
 
 
 @dataclass(frozen=True)
-class ClaimSettings:
-    """Settings of the claim reconciler.
+class ClaimSettings(ControllerSettings):
+    """Settings of the claim reconciler: those of :class:`ControllerSettings` (workers are
+    claims reconciled at once; the informers are the claim and node informers) and
 
     Attributes:
-        driver_name: our DRA driver.
         binding_conditions, binding_failure_conditions: condition types we set.
-        host_match, host_key: node -> host rule (see :mod:`app.hostmap`).
-        workers: claims reconciled at once.
         orphan_grace_s: a reservation whose claim is missing this long is released.
         sweep_interval_s: time between sweeps.
         detach_unmanaged: detach devices attached with no reservation (after the grace).
-        max_detach_attempts: transient detach failures in a row before ``detach-failed``.
-        hosts_refresh_s: how long the node -> host index is reused.
-        informer: base settings of the claim and node informers (name is replaced).
-        queue: work queue settings.
-        identity: this replica's name, for Events.
     """
 
-    driver_name: str
     binding_conditions: tuple[str, ...] = ("FabricDeviceReady",)
     binding_failure_conditions: tuple[str, ...] = ("FabricDeviceFailed",)
-    host_match: str = "hostname"
-    host_key: str = "fabric-dra.io/host-id"
-    workers: int = 8
     orphan_grace_s: float = 60.0
     sweep_interval_s: float = 30.0
     detach_unmanaged: bool = False
-    max_detach_attempts: int = DEFAULT_DETACH_ATTEMPTS
-    hosts_refresh_s: float = 10.0
-    informer: InformerSettings = field(default_factory=lambda: InformerSettings(name="claims"))
-    queue: WorkQueueSettings = field(default_factory=WorkQueueSettings)
-    identity: str = "fabric-dra"
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimError:
-    """A recent problem with a claim, for the admin view."""
-
-    at: dt.datetime
-    claim: str
-    message: str
 
 
 class ClaimReconciler:
@@ -218,8 +193,8 @@ class ClaimReconciler:
         self._host_index: HostIndex | None = None
         self._host_index_at = -1e9
         self._retry_reason: dict[str, str] = {}
-        self.recent_errors: ErrorRing[ClaimError] = ErrorRing(
-            ClaimError, lambda: self.clock(), MAX_RECENT_ERRORS
+        self.recent_errors: ErrorRing[RecentError] = ErrorRing(
+            RecentError, lambda: self.clock(), MAX_RECENT_ERRORS
         )
         self.runtime: Controller[str] = Controller(
             self,
@@ -719,7 +694,7 @@ class ClaimReconciler:
             "unmanaged_attachments": list(self.unmanaged),
             "node_learnt_from_pod": len(self.node_from_pod_claims),
             "recent_errors": [
-                {"at": rfc3339(e.at), "claim": e.claim, "message": e.message}
+                {"at": rfc3339(e.at), "claim": e.subject, "message": e.message}
                 for e in self.recent_errors.latest(20)
             ],
         }
@@ -744,4 +719,4 @@ def _what_we_act_on(claim: Mapping[str, Any], driver_name: str) -> tuple[Any, ..
     )
 
 
-__all__ = ["FAILED", "ClaimError", "ClaimPlan", "ClaimReconciler", "ClaimSettings"]
+__all__ = ["FAILED", "ClaimPlan", "ClaimReconciler", "ClaimSettings"]

@@ -3,34 +3,20 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from app.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from app.controlplane.controller import (
-        ControlPlaneController,
-        ControlPlaneError,
-        ControlPlaneSettings,
-    )
+    from app.controlplane.controller import ControlPlaneController, ControlPlaneSettings
 
 # Loaded on first use, so that importing a pure submodule (``plan``) loads no I/O library.
 _EXPORTS = {
     "ControlPlaneController": "app.controlplane.controller",
-    "ControlPlaneError": "app.controlplane.controller",
     "ControlPlaneSettings": "app.controlplane.controller",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """The exported class ``name``, imported from its module on first use.
-
-    Raises:
-        AttributeError: ``name`` is not exported.
-    """
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
-__all__ = ["ControlPlaneController", "ControlPlaneError", "ControlPlaneSettings"]
+__all__ = ["ControlPlaneController", "ControlPlaneSettings"]

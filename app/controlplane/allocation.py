@@ -28,10 +28,7 @@ from app.claims.plan import ClaimWants, plan_claim
 from app.controlplane import plan as cp
 from app.journal import ClaimRef, DeviceHeld, ReservationView, UnknownDevice
 from app.jsontypes import JsonDict
-from app.kube.client import call_json
-from app.kube.errors import KubeBadRequest, KubeConflict
-from app.kube.update import update_with_retry
-from app.kube.versions import GROUP, ResourceApiVersion, claim_to_wire
+from app.kube.versions import ResourceApiVersion
 
 if TYPE_CHECKING:
     from app.controlplane.controller import ControlPlaneController
@@ -159,20 +156,7 @@ class ClaimPass:
             if cp.claim_phase(current, c.settings.driver_name) != "deallocate":
                 return True  # a consumer came back meanwhile: look again
             if cp.needs_status_clear(current):
-                current = c.remember(
-                    await call_json(
-                        c.custom.replace_namespaced_custom_object_status(
-                            GROUP,
-                            VERSION.value,
-                            namespace,
-                            "resourceclaims",
-                            name,
-                            claim_to_wire(cp.cleared_status(current), VERSION),
-                            _preload_content=False,
-                        ),
-                        f"update ResourceClaim {namespace}/{name} status",
-                    )
-                )
+                current = await c.write_claim_status(cp.cleared_status(current))
                 if reservations:
                     await c.events.record(
                         current,
@@ -182,32 +166,16 @@ class ClaimPass:
                     )
             patch = cp.remove_finalizer_patch(current, c.finalizer)
             if patch is not None:
-                await call_json(
-                    c.custom.patch_namespaced_custom_object(
-                        GROUP,
-                        VERSION.value,
-                        namespace,
-                        "resourceclaims",
-                        name,
-                        patch,
-                        _content_type=JSON_PATCH,
-                        _preload_content=False,
-                    ),
+                await c.patch_claim(
+                    namespace,
+                    name,
+                    patch,
                     f"remove finalizer {c.finalizer} from ResourceClaim {namespace}/{name}",
                 )
             c.warned.pop(uid, None)
             return False
 
-        # A stale resourceVersion (409) or a failed `test` (422): read again, decide again.
-        return await update_with_retry(
-            claim,
-            give_back,
-            lambda: c.read_claim(namespace, name),
-            gone=False,
-            attempts=WRITE_ATTEMPTS,
-            uid=uid,
-            retry_on=(KubeConflict, KubeBadRequest),
-        )
+        return await c.update_claim(claim, give_back, gone=False, guarded_patch=True)
 
 
 __all__ = ["ClaimPass"]

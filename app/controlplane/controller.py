@@ -27,17 +27,18 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
 from app.allocator import Allocator
 from app.claims.drift import DriftTarget
-from app.claims.fabric_ops import DEFAULT_DETACH_ATTEMPTS, EventRecorder, FabricOps
+from app.claims.fabric_ops import EventRecorder, FabricOps
 from app.claims.model import rfc3339
+from app.claims.settings import ControllerSettings
 from app.clock import utcnow
 from app.controlplane import plan as cp
-from app.controlplane.allocation import MODE, VERSION, ClaimPass
+from app.controlplane.allocation import JSON_PATCH, MODE, VERSION, WRITE_ATTEMPTS, ClaimPass
 from app.controlplane.scheduling import SchedulingPass, resource_version
 from app.controlplane.snapshot import SnapshotCache
 from app.db.engine import Database
@@ -46,61 +47,40 @@ from app.fabric.errors import FabricError
 from app.inventory.queries import host_refs
 from app.journal import Journal
 from app.jsontypes import JsonDict
-from app.kube.client import KubeClient, call_json
-from app.kube.errors import KubeError, KubeNotFound
+from app.kube.client import FIELD_VALIDATION_STRICT, KubeClient, call_json
+from app.kube.errors import KubeBadRequest, KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
-from app.kube.runtime import Controller, ErrorRing, Pass, RuntimeSettings
-from app.kube.versions import GROUP, claim_from_wire
+from app.kube.runtime import Controller, ErrorRing, Pass, RecentError, RuntimeSettings
+from app.kube.update import update_with_retry
+from app.kube.versions import GROUP, claim_from_wire, claim_to_wire
 from app.kube.versions import slice_from_wire as _slice_from_wire
-from app.kube.workqueue import WorkQueue, WorkQueueSettings
+from app.kube.workqueue import WorkQueue
 from app.metrics import ClaimMetrics
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str, str]
+R = TypeVar("R")
 MAX_RECENT_ERRORS = 100
 
 
 @dataclass(frozen=True)
-class ControlPlaneSettings:
-    """Settings of the control-plane controller.
+class ControlPlaneSettings(ControllerSettings):
+    """Settings of the control-plane controller: those of :class:`ControllerSettings` (claims
+    whose ``spec.controller`` names the driver are ours; workers are contexts and claims
+    worked on at once) and
 
     Attributes:
-        driver_name: our DRA driver; claims whose ``spec.controller`` names it are ours.
-        host_match, host_key: node -> fabric host rule (see :mod:`app.hostmap`).
-        workers: contexts and claims worked on at once.
         resync_interval_s: every open context and every claim we hold devices for is looked at
             again this often (catches journal changes of the other mode).
-        hosts_refresh_s: how long the node -> host index is reused.
         refresh_delay_s: open contexts are answered again this long after a change of
             slices, classes, nodes or allocations, so that a burst of changes costs one pass.
-        informer: base settings of the informers (the name is replaced).
-        queue: work queue settings.
-        identity: this replica's name, for Events.
-        max_detach_attempts: transient detach failures in a row before ``detach-failed``.
     """
 
-    driver_name: str
-    host_match: str = "hostname"
-    host_key: str = "fabric-dra.io/host-id"
-    workers: int = 8
     resync_interval_s: float = 30.0
-    hosts_refresh_s: float = 10.0
     refresh_delay_s: float = 0.05
-    max_detach_attempts: int = DEFAULT_DETACH_ATTEMPTS
     informer: InformerSettings = field(
         default_factory=lambda: InformerSettings(name="control-plane")
     )
-    queue: WorkQueueSettings = field(default_factory=WorkQueueSettings)
-    identity: str = "fabric-dra"
-
-
-@dataclass(frozen=True, slots=True)
-class ControlPlaneError:
-    """A recent problem, for the admin view."""
-
-    at: dt.datetime
-    subject: str
-    message: str
 
 
 class ControlPlaneController:
@@ -192,8 +172,8 @@ class ControlPlaneController:
         self.scheduling = SchedulingPass(self)
         self.claim_pass = ClaimPass(self)
         self.warned: dict[str, str] = {}
-        self.recent_errors: ErrorRing[ControlPlaneError] = ErrorRing(
-            ControlPlaneError, lambda: self.clock(), MAX_RECENT_ERRORS
+        self.recent_errors: ErrorRing[RecentError] = ErrorRing(
+            RecentError, lambda: self.clock(), MAX_RECENT_ERRORS
         )
         self.runtime: Controller[Key] = Controller(
             self,
@@ -507,6 +487,83 @@ class ControlPlaneController:
         raw = await self.read_object("resourceclaims", namespace, name)
         return claim_from_wire(raw, VERSION, owned=True) if raw is not None else None
 
+    async def update_claim(
+        self,
+        claim: JsonDict,
+        attempt: Callable[[JsonDict], Awaitable[R]],
+        *,
+        gone: R,
+        guarded_patch: bool = False,
+    ) -> R:
+        """Run ``attempt`` (decide from the claim, then write it) until it returns without a
+        stale resourceVersion (409), or with ``guarded_patch`` also a failed JSON patch
+        ``test`` (422): each retry reads the claim again and decides again. ``gone`` when the
+        claim is gone or re-created.
+
+        Raises:
+            KubeError: the last conflict, or another failure of a read or of ``attempt``.
+        """
+        metadata = claim.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
+        return await update_with_retry(
+            claim,
+            attempt,
+            lambda: self.read_claim(namespace, name),
+            gone=gone,
+            attempts=WRITE_ATTEMPTS,
+            uid=str(metadata.get("uid")),
+            retry_on=(KubeConflict, KubeBadRequest) if guarded_patch else (KubeConflict,),
+        )
+
+    async def patch_claim(
+        self, namespace: str, name: str, patch: list[JsonDict], what: str
+    ) -> JsonDict:
+        """Apply a JSON patch to a claim; the server's answer (wire shape).
+
+        Raises:
+            KubeError: the patch failed (``what`` names it).
+        """
+        return await call_json(
+            self.custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION.value,
+                namespace,
+                "resourceclaims",
+                name,
+                patch,
+                _content_type=JSON_PATCH,
+                _preload_content=False,
+            ),
+            what,
+        )
+
+    async def write_claim_status(self, claim: JsonDict, *, strict: bool = False) -> JsonDict:
+        """Replace a claim's status with ``claim``'s (v1 shape); the written claim, kept in
+        the mutation cache (see :meth:`remember`). ``strict``: the server refuses a field it
+        would drop.
+
+        Raises:
+            KubeError: the update failed.
+        """
+        metadata = claim.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
+        options = {"field_validation": FIELD_VALIDATION_STRICT} if strict else {}
+        return self.remember(
+            await call_json(
+                self.custom.replace_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION.value,
+                    namespace,
+                    "resourceclaims",
+                    name,
+                    claim_to_wire(claim, VERSION),
+                    _preload_content=False,
+                    **options,
+                ),
+                f"update ResourceClaim {namespace}/{name} status",
+            )
+        )
+
     async def warn(self, claim: Mapping[str, Any], reason: str, message: str) -> None:
         """A Warning Event, once per claim and message (answers are recomputed often)."""
         uid = str((claim.get("metadata") or {}).get("uid"))
@@ -537,4 +594,4 @@ def _claim_work(claim: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-__all__ = ["ControlPlaneController", "ControlPlaneError", "ControlPlaneSettings"]
+__all__ = ["ControlPlaneController", "ControlPlaneSettings"]

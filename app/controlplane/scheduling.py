@@ -28,7 +28,6 @@ from app.allocator import Node, SpecError, claim_from_object
 from app.allocator.pools import selector_matches
 from app.controlplane import plan as cp
 from app.controlplane.allocation import (
-    JSON_PATCH,
     MODE,
     REASON_DEVICE_TAKEN,
     VERSION,
@@ -37,10 +36,9 @@ from app.controlplane.allocation import (
 from app.controlplane.snapshot import Snapshot
 from app.journal import ClaimRef, DeviceHeld, ReservationView, UnknownDevice
 from app.jsontypes import JsonDict
-from app.kube.client import FIELD_VALIDATION_STRICT, call_json
-from app.kube.errors import KubeBadRequest, KubeConflict
+from app.kube.client import call_json
 from app.kube.update import update_with_retry
-from app.kube.versions import GROUP, claim_to_wire
+from app.kube.versions import GROUP
 
 if TYPE_CHECKING:
     from app.controlplane.controller import ControlPlaneController
@@ -382,31 +380,15 @@ class SchedulingPass:
             if patch is None:
                 return current
             return c.remember(
-                await call_json(
-                    c.custom.patch_namespaced_custom_object(
-                        GROUP,
-                        VERSION.value,
-                        namespace,
-                        "resourceclaims",
-                        name,
-                        patch,
-                        _content_type=JSON_PATCH,
-                        _preload_content=False,
-                    ),
+                await c.patch_claim(
+                    namespace,
+                    name,
+                    patch,
                     f"add finalizer {c.finalizer} to ResourceClaim {namespace}/{name}",
                 )
             )
 
-        # A stale resourceVersion (409) or a failed `test` (422): read again, decide again.
-        return await update_with_retry(
-            claim,
-            add,
-            lambda: c.read_claim(namespace, name),
-            gone=None,
-            attempts=WRITE_ATTEMPTS,
-            uid=str(metadata.get("uid")),
-            retry_on=(KubeConflict, KubeBadRequest),
-        )
+        return await c.update_claim(claim, add, gone=None, guarded_patch=True)
 
     async def _write_allocation(
         self,
@@ -419,7 +401,6 @@ class SchedulingPass:
         gone, being deleted, or allocated otherwise meanwhile."""
         c = self.controller
         metadata = claim.get("metadata") or {}
-        namespace, name = str(metadata.get("namespace")), str(metadata.get("name"))
 
         async def write(current: JsonDict) -> bool:
             if cp.being_deleted(current):
@@ -431,32 +412,11 @@ class SchedulingPass:
                 # Ours already (an earlier write whose answer was lost), or someone else's.
                 return cp.allocation_of(current) == cp.allocation_of(body)
             # Strict: an allocation field the server drops would be a silent bug.
-            c.remember(
-                await call_json(
-                    c.custom.replace_namespaced_custom_object_status(
-                        GROUP,
-                        VERSION.value,
-                        namespace,
-                        "resourceclaims",
-                        name,
-                        claim_to_wire(body, VERSION),
-                        field_validation=FIELD_VALIDATION_STRICT,
-                        _preload_content=False,
-                    ),
-                    f"update ResourceClaim {namespace}/{name} status",
-                )
-            )
+            await c.write_claim_status(body, strict=True)
             c.warned.pop(str(metadata.get("uid")), None)
             return True
 
-        return await update_with_retry(
-            claim,
-            write,
-            lambda: c.read_claim(namespace, name),
-            gone=False,
-            attempts=WRITE_ATTEMPTS,
-            uid=str(metadata.get("uid")),
-        )
+        return await c.update_claim(claim, write, gone=False)
 
 
 __all__ = [

@@ -7,8 +7,9 @@ Importing the package defines the classes below and starts nothing.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from app.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from app.publisher.metrics import PublisherMetrics
@@ -25,17 +26,7 @@ _EXPORTS = {
     "PublisherStatus": "app.publisher.status",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """The exported class ``name``, imported from its module on first use.
-
-    Raises:
-        AttributeError: ``name`` is not exported.
-    """
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = ["PoolStatus", "Publisher", "PublisherMetrics", "PublisherSettings", "PublisherStatus"]
