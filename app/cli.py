@@ -80,7 +80,8 @@ class CommandLine(LazyGroup):
 
     click's own standalone handling prints a usage error as three lines (the usage, a hint,
     the error); here it is ``Error: <what is wrong> (see 'fabric-dra <command> --help')``.
-    Exit statuses are click's: 2 for usage errors, 1 for other errors.
+    Exit statuses are click's: 2 for usage errors, 1 for other errors. A group called without
+    a subcommand prints its help on stdout, as ``--help`` does, and exits with status 0.
 
     Besides its own commands it offers those of :func:`extension_commands` (its own win on a
     name clash), and ``demo`` and ``sim`` always: without the simulators they say what to
@@ -126,6 +127,11 @@ class CommandLine(LazyGroup):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as err:
+            # A group called without a subcommand (``fabric-dra``, ``fabric-dra db``): not an
+            # error to squash into one line, but a request for its help, printed as --help does.
+            click.echo(err.ctx.get_help(), color=err.ctx.color)
+            sys.exit(0)
         except click.UsageError as err:
             where = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
             click.echo(f"Error: {' '.join(err.format_message().split())}{where}", err=True)

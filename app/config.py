@@ -13,10 +13,11 @@ Secrets never travel in settings values: the settings hold *paths* to files, and
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -45,6 +46,9 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 _USERINFO = re.compile(r"://[^/@\s]*@")
+
+# Words of a setting's name that mark a secret: its value never appears in an error.
+_SECRET_WORDS = frozenset({"password", "passwd", "token", "secret", "key", "credential"})
 
 _NOT_HTTP = "does not start with http:// or https://"
 
@@ -613,8 +617,12 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
             )
         )
         if unknown:
+            close = _close_name((head, tail) if section is not None else (head,))
+            if close is not None and section is None and tail:
+                close = f"{close}.{tail}"
+            mean = "" if close is None else f" (did you mean {_env_name(close.split('.'))}?)"
             raise ConfigError(
-                f"environment variable {key}: no such setting; settings are "
+                f"environment variable {key}: no such setting{mean}; settings are "
                 f"{ENV_PREFIX}<NAME> or {ENV_PREFIX}<SECTION>{NESTED_DELIMITER}<NAME>, "
                 f"sections: {', '.join(sorted(known_sections))}"
             )
@@ -669,6 +677,38 @@ def _describe(loc: tuple[int | str, ...]) -> str:
     return description or ""
 
 
+def _looks_secret(loc: tuple[int | str, ...]) -> bool:
+    """Whether a setting's name suggests a secret (its value is then never shown)."""
+    words = {w for part in loc if isinstance(part, str) for w in part.lower().split("_")}
+    return bool(words & _SECRET_WORDS)
+
+
+def _close_name(loc: tuple[int | str, ...]) -> str | None:
+    """The known setting closest to the unknown ``loc`` (``fabric.password_file`` for
+    ``fabric.password``), by :func:`difflib.get_close_matches` over its section's fields."""
+    node: Any = Settings
+    for part in loc[:-1]:
+        fields = getattr(node, "model_fields", None)
+        if isinstance(part, int) or not fields or part not in fields:
+            return None
+        node = fields[part].annotation
+    fields = getattr(node, "model_fields", None)
+    if not fields or not isinstance(loc[-1], str):
+        return None
+    matches = difflib.get_close_matches(loc[-1], list(fields), n=1, cutoff=0.6)
+    return ".".join([*map(str, loc[:-1]), matches[0]]) if matches else None
+
+
+def _suggest(loc: tuple[int | str, ...]) -> str:
+    """``; did you mean fabric.password_file?`` for an unknown setting, or nothing."""
+    close = _close_name(loc)
+    return "" if close is None else f"; did you mean {close}?"
+
+
+def _env_name(loc: Sequence[int | str]) -> str:
+    return ENV_PREFIX + NESTED_DELIMITER.join(p for p in loc if isinstance(p, str)).upper()
+
+
 def load_settings(
     config_file: Path | None = None,
     flags: Mapping[str, Any] | None = None,
@@ -707,20 +747,21 @@ def load_settings(
         if _lookup(flag_layer, loc):
             source = "from the command line"
         elif _lookup(env_layer, loc):
-            env_name = (
-                ENV_PREFIX + NESTED_DELIMITER.join(p for p in loc if isinstance(p, str)).upper()
-            )
-            source = f"from environment {env_name}"
+            source = f"from environment {_env_name(loc)}"
         elif _lookup(file_layer, loc):
             source = f"from {config_file}"
         else:
             source = "default"
+        more = f" (and {len(err.errors()) - 1} more problems)" if len(err.errors()) > 1 else ""
+        if first["type"] == "extra_forbidden":
+            # Never echo the value of an unknown setting: it may well be a secret.
+            raise ConfigError(f"unknown setting {name} ({source}){_suggest(loc)}{more}") from None
         problem = str(first["msg"]).removeprefix("Value error, ")
         value = first.get("input")
         if isinstance(value, str):
             value = redact_url(value)
         problem = problem[:1].lower() + problem[1:]
-        if first["type"] == "missing" or isinstance(value, Mapping):
+        if first["type"] == "missing" or isinstance(value, Mapping) or _looks_secret(loc):
             shown = ""
         elif problem.startswith("input "):
             shown = f"value {value!r}: "
@@ -728,7 +769,6 @@ def load_settings(
             shown = f"value {value!r} "
         expected = _describe(loc)
         hint = f"; expected {expected}" if expected else ""
-        more = f" (and {len(err.errors()) - 1} more problems)" if len(err.errors()) > 1 else ""
         raise ConfigError(f"setting {name} ({source}): {shown}{problem}{hint}{more}") from None
 
 

@@ -148,7 +148,8 @@ class DatabaseActions:
         if len(reason) > MAX_REASON_LENGTH:
             raise ValueError(f"reason: at most {MAX_REASON_LENGTH} characters")
         if await self._set_cordon(device, reason, cordon=True):
-            log.info("device %s cordoned by an administrator: %s", device, reason or "(no reason)")
+            why = repr(reason) if reason else "(no reason)"  # repr: no line breaks in the log
+            log.info("device %s cordoned by an administrator: %s", device, why)
             await self._changed()
         return await self._device(device)
 
@@ -246,7 +247,7 @@ class DatabaseActions:
             )
         log.warning(
             "reservation %d (device %s, claim %s, was %s) forgotten by an "
-            "administrator without a detach: %s",
+            "administrator without a detach: %r",
             done.id,
             done.device_name,
             done.claim,

@@ -126,6 +126,7 @@ def _ref(name: str) -> dict[str, Any]:
 
 
 _COUNTS = {"type": "object", "additionalProperties": {"type": "integer"}}
+_NO_CONTROL = "^[^\\u0000-\\u001f\\u007f]*$"  # free text: no control characters
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "Error": {
@@ -440,13 +441,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "CordonRequest": {
         "type": "object",
         "additionalProperties": False,
-        "properties": {"reason": {"type": "string", "maxLength": 255}},
+        "properties": {"reason": {"type": "string", "maxLength": 255, "pattern": _NO_CONTROL}},
     },
     "ForgetRequest": {
         "type": "object",
         "additionalProperties": False,
         "required": ["reason"],
-        "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 255}},
+        "properties": {
+            "reason": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": _NO_CONTROL}
+        },
     },
 }
 

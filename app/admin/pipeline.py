@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import jinja2
 from aiohttp import web
 
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 
 TEXT = r"^[^\u0000-\u001f\u007f]+$"
 """Free text in parameters: no control characters (PostgreSQL refuses NUL in strings)."""
+_CONTROL = re.compile(r"[\u0000-\u001f\u007f]")
+MAX_BODY_DEPTH = 64
+"""How deep a JSON body may nest (a claim spec needs fewer than ten levels)."""
 JSON_TYPES = ("application/json",)
 API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 
@@ -46,6 +50,10 @@ CONTEXT = web.AppKey("admin_context", AdminContext)
 POOL_CONFIG = web.AppKey("admin_pool_config", PoolConfig)
 TEMPLATE_ENV = web.AppKey("admin_templates", jinja2.Environment)
 OPENAPI = web.AppKey("admin_openapi", dict)
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its body was read: nothing can be answered."""
 
 
 class ApiError(Exception):
@@ -114,6 +122,14 @@ async def error_middleware(
         response = await handler(request)
     except ApiError as err:
         response = error_answer(err.status, err.message, headers=err.headers)
+    except ClientGone as gone:
+        log.info(
+            "admin request %s %r: the client went away before its body was read (%s)",
+            request.method,
+            request.path,
+            gone,
+        )
+        response = error_answer(400, "the request body was cut short", request_id)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -122,7 +138,7 @@ async def error_middleware(
         response = error_answer(exc.status, _http_message(request, exc, limit), headers=headers)
     except Exception:
         log.exception(
-            "admin request %s %s failed (request id %s)", request.method, request.path, request_id
+            "admin request %s %r failed (request id %s)", request.method, request.path, request_id
         )
         response = error_answer(
             500,
@@ -158,7 +174,7 @@ def _authorize(request: web.Request, context: AdminContext, access: str) -> None
         )
     expected = context.token.get_secret_value().encode()
     if not hmac.compare_digest(presented.strip().encode(), expected):
-        log.warning("admin request %s %s refused: wrong token", request.method, request.path)
+        log.warning("admin request %s %r refused: wrong token", request.method, request.path)
         raise ApiError(403, "the bearer token is not valid")
 
 
@@ -179,11 +195,32 @@ def _parse_param(param: Param, raw: str) -> Any:
         raise ApiError(400, f"{where}: at most {param.max_length} characters")
     if not raw:
         raise ApiError(400, f"{where}: empty")
+    if param.pattern == TEXT:
+        check_text(where, raw)
     if param.pattern is not None and not re.fullmatch(param.pattern, raw):
-        if param.pattern == TEXT:
-            raise ApiError(400, f"{where}: control characters are not allowed")
         raise ApiError(400, f"{where}: {raw[:80]!r} does not match {param.pattern}")
     return raw
+
+
+def check_text(where: str, value: str) -> None:
+    """Refuse free text with control characters (a newline would forge log lines; PostgreSQL
+    refuses NUL): 400 naming ``where``, e.g. ``'reason'``."""
+    if _CONTROL.search(value):
+        raise ApiError(400, f"{where}: control characters are not allowed")
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    # Iterative, so that the check itself cannot exhaust the stack.
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _query(request: web.Request, route: Route) -> dict[str, Any]:
@@ -218,15 +255,24 @@ async def _body(request: web.Request, context: AdminContext, route: Route) -> An
         raise ApiError(
             415, f"the body must be application/json, not {request.content_type or 'unspecified'}"
         )
-    raw = await request.read()  # bounded by client_max_size: 413 past it
+    try:
+        raw = await request.read()  # bounded by client_max_size: 413 past it
+    except (OSError, aiohttp.ClientPayloadError) as err:  # ConnectionResetError: the client left
+        raise ClientGone(str(err) or type(err).__name__) from err
     if not raw:
         if route.body is not None and route.body_required:
             raise ApiError(400, "a JSON body is required")
         return None
+    too_deep = f"the body is nested more than {MAX_BODY_DEPTH} levels deep"
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ApiError(400, f"the body is not valid JSON: {err}") from err
+    except RecursionError as err:
+        raise ApiError(400, too_deep) from err
+    if _too_deep(value, MAX_BODY_DEPTH):
+        raise ApiError(400, too_deep)
+    return value
 
 
 def endpoint(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

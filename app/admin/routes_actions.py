@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app.admin.pipeline import ApiError, Call, json_answer
+from app.admin.pipeline import ApiError, Call, check_text, json_answer
 
 MAX_REASON = 255
 
@@ -23,6 +23,7 @@ async def cordon(call: Call) -> web.Response:
     reason = body.get("reason", "")
     if not isinstance(reason, str) or len(reason) > MAX_REASON:
         raise ApiError(400, f"'reason' must be a string of at most {MAX_REASON} characters")
+    check_text("'reason'", reason)
     return await _act(call.context.actions.cordon(call.query["name"], reason))
 
 
@@ -69,6 +70,7 @@ async def forget(call: Call) -> web.Response:
         raise ApiError(
             400, f"'reason' must be a non-empty string of at most {MAX_REASON} characters"
         )
+    check_text("'reason'", reason)
     reservation = await _act_value(call.context.actions.forget(call.query["id"], reason))
     return json_answer(
         {

@@ -10,11 +10,15 @@ from typing import Any, TypeVar
 
 import click
 
-from app.config import ConfigError, Settings, load_settings
+from app.config import ConfigError, Settings, load_settings, redact_url
+from app.db.engine import DatabaseUnavailable
 from app.logs import setup_logging
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
+
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///fabric-dra.db"
 
 
 def settings_options(command: F) -> F:
@@ -25,41 +29,61 @@ def settings_options(command: F) -> F:
     return _with_settings(command, None)
 
 
-def settings_options_with(extra: Callable[..., dict[str, Any]]) -> Callable[[F], F]:
+def settings_options_with(
+    extra: Callable[..., dict[str, Any]],
+    *,
+    fabric_url: bool = True,
+    database_default: str = DEFAULT_DATABASE_URL,
+) -> Callable[[F], F]:
     """Like :func:`settings_options`; ``extra`` maps the command's own options (keyword
     arguments) to more settings flags (a nested dict), so they pass through the same
-    validation and precedence as every other setting."""
-    return lambda command: _with_settings(command, extra)
+    validation and precedence as every other setting.
+
+    Args:
+        fabric_url: offer ``--fabric-url`` (a command that brings its own fabric does not).
+        database_default: the database the command uses when none is set, for the help.
+    """
+    return lambda command: _with_settings(command, extra, fabric_url, database_default)
 
 
-def _with_settings(command: F, extra: Callable[..., dict[str, Any]] | None) -> F:
+def _with_settings(
+    command: F,
+    extra: Callable[..., dict[str, Any]] | None,
+    offer_fabric_url: bool = True,
+    database_default: str = DEFAULT_DATABASE_URL,
+) -> F:
+    options = [
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(path_type=Path),
+            help="YAML settings file (default: $FABRIC_DRA_CONFIG).",
+        ),
+        click.option("--driver-name", help="DRA driver name [fabric.example.com]."),
+        click.option("--database-url", help=f"SQLAlchemy database URL [{database_default}]."),
+    ]
+    if offer_fabric_url:
+        options.append(
+            click.option("--fabric-url", help="Fabric manager origin, e.g. https://fm.example:443.")
+        )
+    options += [
+        click.option(
+            "--log-level",
+            type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+            help="Log level [INFO].",
+        ),
+        click.option("--log-json/--no-log-json", default=None, help="Log JSON lines."),
+    ]
 
-    @click.option(
-        "--config",
-        "config_file",
-        type=click.Path(path_type=Path),
-        help="YAML settings file (default: $FABRIC_DRA_CONFIG).",
-    )
-    @click.option("--driver-name", help="DRA driver name [fabric.example.com].")
-    @click.option(
-        "--database-url", help="SQLAlchemy database URL [sqlite+aiosqlite:///fabric-dra.db]."
-    )
-    @click.option("--fabric-url", help="Fabric manager origin, e.g. https://fm.example:443.")
-    @click.option(
-        "--log-level",
-        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-        help="Log level [INFO].",
-    )
-    @click.option("--log-json/--no-log-json", default=None, help="Log JSON lines.")
     @functools.wraps(command)
     def wrapper(
         *args: Any,
         config_file: Path | None,
         driver_name: str | None,
         database_url: str | None,
-        fabric_url: str | None,
         log_level: str | None,
         log_json: bool | None,
+        fabric_url: str | None = None,
         **kwargs: Any,
     ) -> Any:
         flags: dict[str, Any] = {
@@ -81,15 +105,33 @@ def _with_settings(command: F, extra: Callable[..., dict[str, Any]] | None) -> F
         setup_logging(settings.log.level, settings.log.json_format)
         return command(*args, settings=settings, **kwargs)
 
+    for option in reversed(options):
+        wrapper = option(wrapper)
     return wrapper  # type: ignore[return-value]
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run ``coroutine`` to completion; a :class:`ConfigError` becomes a clean CLI error."""
+    """Run ``coroutine`` to completion; a :class:`ConfigError` or a
+    :class:`DatabaseUnavailable` becomes a clean CLI error."""
     try:
         return asyncio.run(coroutine)
-    except ConfigError as err:
+    except (ConfigError, DatabaseUnavailable) as err:
         raise click.ClickException(str(err)) from None
 
 
-__all__ = ["Settings", "run", "settings_options"]
+def no_schema(settings: Settings, missing: Path | None = None) -> click.ClickException:
+    """The error of a read-only command whose database has no schema yet; ``missing``: the
+    SQLite file does not exist (and the command did not create it)."""
+    where = f"database {redact_url(settings.database.url)}"
+    if missing is not None:
+        return click.ClickException(
+            f"{where}: {missing} does not exist, so there is no inventory yet (it was not "
+            "created): run `fabric-dra inventory --sync` to list the fabric manager, or "
+            "`fabric-dra db upgrade`"
+        )
+    return click.ClickException(
+        f"{where} has no schema yet: run `fabric-dra db upgrade` or `fabric-dra inventory --sync`"
+    )
+
+
+__all__ = ["Settings", "no_schema", "run", "settings_options"]

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import click
 from alembic.util import CommandError
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.commands.common import Settings, run, settings_options
-from app.config import redact_url
 from app.db import migrate
-from app.db.engine import make_engine
+from app.db.engine import check_usable, make_engine, unusable
 
 
 async def _do(settings: Settings, action: str, revision: str | None) -> str | None:
     engine = make_engine(settings.database.url)
     try:
+        await check_usable(engine)
         if action == "upgrade":
             await migrate.upgrade(engine, revision or "head")
         elif action == "downgrade":
@@ -22,10 +23,8 @@ async def _do(settings: Settings, action: str, revision: str | None) -> str | No
         return await migrate.current(engine)
     except CommandError as err:
         raise click.ClickException(f"migration failed: {err}") from None
-    except OSError as err:
-        raise click.ClickException(
-            f"database {redact_url(settings.database.url)} unreachable: {err}"
-        ) from None
+    except (SQLAlchemyError, OSError) as err:
+        raise unusable(engine, err) from None
     finally:
         await engine.dispose()
 

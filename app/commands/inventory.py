@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from itertools import groupby
 
 import click
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import SQLAlchemyError
 
-from app.commands.common import Settings, run, settings_options
-from app.config import redact_url
+from app.commands.common import Settings, no_schema, run, settings_options
 from app.db import migrate
-from app.db.engine import Database
+from app.db.engine import Database, check_usable, missing_sqlite_file, unusable
 from app.fabric.factory import backend_from_settings
 from app.inventory import InventorySync
 from app.inventory.queries import DeviceView, StatusView, list_devices, list_status
@@ -83,6 +82,10 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> I
     sync_error: str | None = None
     database = Database.connect(settings.database.url)
     try:
+        missing = missing_sqlite_file(database.engine)
+        if missing is not None and not sync:
+            raise no_schema(settings, missing)
+        await check_usable(database.engine)
         if sync:
             if settings.database.migrate_on_start:
                 await migrate.upgrade(database.engine)
@@ -98,20 +101,14 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> I
             if not result.ok:
                 sync_error = (result.error or "unknown error").splitlines()[0]
         if await migrate.current(database.engine) is None:
-            raise click.ClickException(
-                f"database {redact_url(settings.database.url)} has no schema yet: run "
-                "`fabric-dra db upgrade` or `fabric-dra inventory --sync`"
-            )
+            raise no_schema(settings)
         return InventoryRead(
             await list_devices(database, include_removed=include_removed),
             await list_status(database),
             sync_error,
         )
-    except (OperationalError, ProgrammingError, OSError) as err:
-        raise click.ClickException(
-            f"database {redact_url(settings.database.url)}: {type(err).__name__}: "
-            f"{str(err).splitlines()[0]}"
-        ) from None
+    except (SQLAlchemyError, OSError) as err:
+        raise unusable(database.engine, err) from None
     finally:
         await database.dispose()
 

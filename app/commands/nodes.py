@@ -14,12 +14,12 @@ from typing import Any
 
 import click
 from kubernetes_asyncio.client import CoreV1Api
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import SQLAlchemyError
 
-from app.commands.common import Settings, run, settings_options
+from app.commands.common import Settings, no_schema, run, settings_options
 from app.config import redact_url
 from app.db import migrate
-from app.db.engine import Database
+from app.db.engine import Database, check_usable, missing_sqlite_file, unusable
 from app.hostmap import (
     HOST_ID,
     SHORT_HOSTNAME,
@@ -263,17 +263,16 @@ async def _read_database(settings: Settings) -> tuple[list[HostRef], dict[str, D
     where = f"database {redact_url(settings.database.url)}"
     database = Database.connect(settings.database.url)
     try:
+        missing = missing_sqlite_file(database.engine)
+        if missing is not None:
+            raise no_schema(settings, missing)
+        await check_usable(database.engine)
         if await migrate.current(database.engine) is None:
-            raise click.ClickException(
-                f"{where} has no schema yet: run `fabric-dra db upgrade` or "
-                "`fabric-dra inventory --sync`"
-            )
+            raise no_schema(settings)
         hosts = await host_refs(database)
         devices = await pool_devices(database)
-    except (OperationalError, ProgrammingError, OSError) as err:
-        raise click.ClickException(
-            f"{where}: {type(err).__name__}: {str(err).splitlines()[0]}"
-        ) from None
+    except (SQLAlchemyError, OSError) as err:
+        raise unusable(database.engine, err) from None
     finally:
         await database.dispose()
     try:
@@ -283,7 +282,11 @@ async def _read_database(settings: Settings) -> tuple[list[HostRef], dict[str, D
 
 
 async def _read_nodes(settings: Settings) -> list[JsonDict]:
-    client = await connect(kube_client_settings(settings.kube))
+    try:
+        client = await connect(kube_client_settings(settings.kube))
+    except KubeError as err:
+        # The kubeconfig or the token file cannot be used (the message names which).
+        raise click.ClickException(f"Kubernetes client: {err}") from None
     try:
         api = CoreV1Api(client.api)
         nodes: list[JsonDict] = []

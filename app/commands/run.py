@@ -12,6 +12,7 @@ import click
 
 from app.commands.common import Settings, settings_options_with
 from app.config import ConfigError
+from app.db.engine import DatabaseUnavailable
 from app.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ async def serve(
     service = Service(settings, freeze_heap=True)
     try:
         await service.start()
-    except (ConfigError, KubeError, OSError) as err:
+    except (ConfigError, DatabaseUnavailable, KubeError, OSError) as err:
         await service.stop(deadline_s=5)
         raise click.ClickException(f"cannot start: {err}") from None
     except BaseException:

@@ -12,10 +12,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
@@ -24,12 +26,80 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from app.config import redact_url
+
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 _BEGIN_MODE = "fabric_dra_sqlite_begin"
 
 
 class DatabaseUnavailable(Exception):
-    """The database cannot be reached or refused the connection."""
+    """The database cannot be reached, refused the connection, or is not a usable database.
+
+    From :func:`check_usable` and :func:`unusable` the message is one line: ``database <URL
+    without credentials>: <the driver's reason>``.
+    """
+
+
+def unusable(engine: AsyncEngine, err: BaseException) -> DatabaseUnavailable:
+    """The :class:`DatabaseUnavailable` for ``err`` (a SQLAlchemy or driver error, or an
+    OSError, at connect or first use): one line naming the URL without credentials and the
+    driver's own reason (``role "x" does not exist``, ``file is not a database``)."""
+    # A DBAPIError's own text adds the statement and "(Background on this error at: ...)".
+    cause = err.orig if isinstance(err, DBAPIError) and err.orig is not None else err
+    lines = str(cause).strip().splitlines()
+    first = lines[0] if lines else type(err).__name__
+    return DatabaseUnavailable(f"database {_shown(engine)}: {redact_url(first)}")
+
+
+def _shown(engine: AsyncEngine) -> str:
+    # str(URL) masks the password; redact_url hides the user name too, as every error does.
+    return redact_url(str(engine.url))
+
+
+def _sqlite_path_problem(engine: AsyncEngine) -> str | None:
+    """Why SQLite cannot open its file, checked before connecting: a failed connect leaves
+    aiosqlite's worker thread reporting to the loop after it may have closed."""
+    if engine.dialect.name != "sqlite" or not engine.url.database:
+        return None
+    path = Path(engine.url.database)
+    if path.is_dir():
+        return f"{path} is a directory, not a database file"
+    if not path.parent.exists():
+        return f"directory {path.parent} does not exist"
+    if not path.parent.is_dir():
+        return f"{path.parent} is not a directory"
+    return None
+
+
+def missing_sqlite_file(engine: AsyncEngine) -> Path | None:
+    """The SQLite file ``engine`` would create at its first connection, if it does not exist
+    yet in an existing directory (None for PostgreSQL, for an existing file, and where
+    :func:`check_usable` names a problem): read-only commands say so instead of creating it."""
+    if engine.dialect.name != "sqlite" or not engine.url.database:
+        return None
+    path = Path(engine.url.database)
+    return None if path.exists() or not path.parent.is_dir() else path
+
+
+async def check_usable(engine: AsyncEngine) -> None:
+    """Open a connection and run ``SELECT 1`` (on SQLite the connection's PRAGMAs read the
+    file's header first), so that a command fails at once with one clear line instead of a
+    driver traceback at its first query.
+
+    Raises:
+        DatabaseUnavailable: see :func:`unusable`.
+    """
+    problem = _sqlite_path_problem(engine)
+    if problem is not None:
+        raise DatabaseUnavailable(f"database {_shown(engine)}: {problem}")
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except (SQLAlchemyError, OSError) as err:
+        if engine.dialect.name == "sqlite":
+            # Let aiosqlite's worker thread finish the failed connection while the loop runs.
+            await asyncio.sleep(0.05)
+        raise unusable(engine, err) from err
 
 
 def _setup_sqlite(engine: AsyncEngine) -> None:

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+import yaml
 from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_kube_config
@@ -203,6 +204,35 @@ class KubeClient:
         await self.close()
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _check_kubeconfig(path: Path) -> None:
+    """Fail with the real problem where kubernetes-asyncio would say something misleading: it
+    reads a missing file as an empty config ("Expected key current-context") and an empty or
+    non-mapping document with a TypeError.
+
+    Raises:
+        KubeError: one line naming ``path``.
+    """
+    if not path.exists():
+        raise KubeError(f"kubeconfig {path}: no such file")
+    if path.is_dir():
+        raise KubeError(f"kubeconfig {path}: is a directory, not a kubeconfig file")
+    try:
+        # A small file, read once at start; blocking the loop for it is fine.
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as err:
+        # Not the error's text: it quotes the offending line, which may hold a token.
+        where = f" at line {err.problem_mark.line + 1}" if err.problem_mark else ""
+        raise KubeError(f"kubeconfig {path}: invalid YAML{where}: {err.problem}") from err
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise KubeError(f"kubeconfig {path}: {_one_line(err)}") from err
+    if not isinstance(document, dict):
+        raise KubeError(f"kubeconfig {path}: not a kubeconfig (empty, or not a YAML mapping)")
+
+
 async def build_configuration(
     settings: KubeClientSettings, *, now: Callable[[], float] = time.monotonic
 ) -> Configuration:
@@ -215,15 +245,17 @@ async def build_configuration(
     configuration: Configuration = type.__call__(Configuration)
     if settings.mode is KubeAuthMode.KUBECONFIG:
         assert settings.kubeconfig is not None
+        path = settings.kubeconfig
+        _check_kubeconfig(path)
         try:
             await load_kube_config(
-                config_file=str(settings.kubeconfig),
+                config_file=str(path),
                 context=settings.context,
                 client_configuration=configuration,
                 persist_config=False,
             )
         except Exception as err:
-            raise KubeError(f"kubeconfig {settings.kubeconfig}: {err}") from err
+            raise KubeError(f"kubeconfig {path}: {_one_line(err)}") from err
         if settings.ca_file is not None:
             configuration.ssl_ca_cert = str(settings.ca_file)
         if not settings.verify_tls:

@@ -14,6 +14,12 @@ The demo tells what happens to a pod with a claim made from a ResourceClaimTempl
 first cluster and a pod with a classic claim on the second, from pending to attached and
 back, and serves the first service's dashboard until Ctrl-C (``--once``: tell the story and
 exit).
+
+Settings come from ``--config`` and ``FABRIC_DRA_*`` as for ``fabric-dra run`` (the admin token,
+pools, node labels, logging, the database, the controllers' timings, ...), over the demo's own
+defaults (short poll and grace periods, the dashboard on 127.0.0.1). Those the demo sets itself,
+the fabric and Kubernetes connections, the host mapping and ``controller.mode``, are refused in
+one line (:data:`DEMO_OWNED`).
 """
 
 from __future__ import annotations
@@ -35,10 +41,43 @@ from typing import Any
 import click
 
 from app.commands.common import Settings, settings_options_with
-from app.config import load_settings
+from app.config import (
+    ENV_CONFIG_FILE,
+    ENV_PREFIX,
+    NESTED_DELIMITER,
+    ConfigError,
+    load_settings,
+    read_secret,
+)
 
-DEFAULT_DATABASE = "sqlite+aiosqlite:///fabric-dra.db"
 DEMO_DATABASE = "sqlite+aiosqlite:///fabric-dra-demo.db"
+# What the demo sets itself, as it runs its own fabrics and clusters: section -> the settings
+# of it (None: all of them). Given in a config file or the environment, they are refused.
+DEMO_OWNED: dict[str, frozenset[str] | None] = {
+    "fabric": frozenset(
+        {"url", "auth", "username_file", "password_file", "ca_bundle", "tls_verify"}
+    ),
+    "kube": None,
+    "hosts": None,
+    "controller": frozenset({"mode"}),
+}
+OWNED_REASON = (
+    "the demo runs its own fabric simulators and emulated Kubernetes clusters and sets it "
+    "itself; leave it out (it is for fabric-dra run)"
+)
+# The demo's defaults, under what the user gives: a quick story on one machine.
+DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "admin": {"host": "127.0.0.1"},
+    "controller": {"orphan_grace_seconds": 5},
+    "inventory": {"poll_interval_seconds": 2},
+    "leader": {"namespace": "kube-system"},
+}
+# Used unless the user gives any of them (they must stay ordered: lease > renew > retry).
+DEMO_LEADER_TIMINGS = {
+    "lease_duration_seconds": 6,
+    "renew_deadline_seconds": 4,
+    "retry_period_seconds": 1,
+}
 STRUCTURED_NS = "demo-structured"
 CLASSIC_NS = "demo-classic"
 V1 = "resource.k8s.io/v1"
@@ -151,12 +190,15 @@ class Demo:
         """Start both clusters: simulators, emulators, services, stand-ins."""
         from fabric_dra_sim.kubeapi import KubeEmulator
 
-        base = self.base_settings.database.url
-        database = DEMO_DATABASE if base == DEFAULT_DATABASE else base
-        # Before anything starts: a database that cannot be opened is the user's first error,
-        # not a traceback from the middle of the first service's start.
+        base = self.base_settings
+        database = base.database.url if "url" in base.database.model_fields_set else DEMO_DATABASE
+        # Before anything starts: a database that cannot be opened or an admin token file that
+        # cannot be read is the user's first error, not a traceback from the middle of the
+        # first service's start.
         for url in (database, classic_database(database)):
             await check_database(url)
+        if base.admin.token_file is not None:
+            read_secret(base.admin.token_file, "admin.token_file")
         await self._start_cluster(
             self.structured,
             KubeEmulator(kubernetes_version="1.34", feature_gates=STRUCTURED_GATES),
@@ -217,14 +259,7 @@ class Demo:
                 {
                     "apiVersion": "v1",
                     "kind": "Node",
-                    "metadata": {
-                        "name": host.hostname,
-                        "labels": {
-                            "kubernetes.io/hostname": host.hostname,
-                            "topology.kubernetes.io/region": host.location.region,
-                            "fabric-dra.io/rack": host.location.rack,
-                        },
-                    },
+                    "metadata": {"name": host.hostname, "labels": self._node_labels(host)},
                 }
             )
         namespace = STRUCTURED_NS if cluster is self.structured else CLASSIC_NS
@@ -247,35 +282,40 @@ class Demo:
         )
         await self._stand_ins(cluster, kube_url)
 
+    def _node_labels(self, host: Any) -> dict[str, str]:
+        """A node's labels: its hostname and its server's location under the configured
+        node label keys (region, rack and every pool grouping key the server has)."""
+        settings = self.base_settings
+        labels = {"kubernetes.io/hostname": host.hostname}
+        for key in ("region", "rack", *settings.pools.grouping_keys):
+            value = getattr(host.location, key, None)
+            if value:
+                labels[settings.node_labels.for_key(key)] = value
+        return labels
+
     def _settings(
         self, cluster: DemoCluster, fabric_url: str, kube_url: str, database: str, admin_port: int
     ) -> Settings:
+        """One cluster's service settings: the demo's defaults, then what the user gave
+        (``--config``, ``FABRIC_DRA_*``, flags), then what the demo sets itself."""
         (self.workdir / "username").write_text("demo\n")
         (self.workdir / "password").write_text(self.password + "\n")
-        base = self.base_settings
-        return load_settings(
-            environ={},
-            flags={
-                "driver_name": base.driver_name,
-                "database": {"url": database},
-                "fabric": {
-                    "url": fabric_url,
-                    "username_file": str(self.workdir / "username"),
-                    "password_file": str(self.workdir / "password"),
-                },
-                "kube": {"mode": "url", "url": kube_url},
-                "admin": {"host": "127.0.0.1", "port": admin_port},
-                "controller": {"mode": cluster.mode, "orphan_grace_seconds": 5},
-                "inventory": {"poll_interval_seconds": 2},
-                "leader": {
-                    "namespace": "kube-system",
-                    "lease_duration_seconds": 6,
-                    "renew_deadline_seconds": 4,
-                    "retry_period_seconds": 1,
-                },
-                "log": {"level": base.log.level, "json_format": base.log.json_format},
+        given = self.base_settings.model_dump(exclude_unset=True)
+        defaults = {section: dict(values) for section, values in DEMO_DEFAULTS.items()}
+        if not set(given.get("leader", {})) & set(DEMO_LEADER_TIMINGS):
+            defaults["leader"].update(DEMO_LEADER_TIMINGS)
+        own = {
+            "database": {"url": database},
+            "fabric": {
+                "url": fabric_url,
+                "username_file": str(self.workdir / "username"),
+                "password_file": str(self.workdir / "password"),
             },
-        )
+            "kube": {"mode": "url", "url": kube_url},
+            "admin": {"port": admin_port},
+            "controller": {"mode": cluster.mode},
+        }
+        return load_settings(environ={}, flags=_merge(_merge(defaults, given), own))
 
     def _device_classes(self, cluster: DemoCluster) -> None:
         driver = self.base_settings.driver_name
@@ -484,6 +524,57 @@ class Demo:
         _say("[1.31] claim deleted")
 
 
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top`` over it, section by section."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def owned_setting(settings: Settings) -> str | None:
+    """The first setting given (in a config file, the environment or a flag) that the demo
+    sets itself (:data:`DEMO_OWNED`), as ``section.name``; None when there is none."""
+    given = settings.model_dump(exclude_unset=True)
+    for section, names in DEMO_OWNED.items():
+        for name in sorted(given.get(section) or {}):
+            if names is None or name in names:
+                return f"{section}.{name}"
+    return None
+
+
+def _source(name: str, config_file: Path | None) -> str:
+    """Where a setting given to the demo came from: an environment variable or the file."""
+    present = {key.upper() for key in os.environ}
+    section = name.split(".", 1)[0]
+    for variable in (ENV_PREFIX + name.replace(".", NESTED_DELIMITER), ENV_PREFIX + section):
+        if variable.upper() in present:
+            return f"from environment {variable.upper()}"
+    config_file = config_file or (
+        Path(os.environ[ENV_CONFIG_FILE]) if os.environ.get(ENV_CONFIG_FILE) else None
+    )
+    return f"from {config_file}" if config_file is not None else "given"
+
+
+def _refuse_fabric_url(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        raise click.UsageError(
+            "--fabric-url: the demo runs its own fabric simulators and emulated Kubernetes "
+            "clusters; it takes no fabric or cluster settings (those are for fabric-dra run)",
+            ctx,
+        )
+
+
+def _dashboard_host(host: str) -> str:
+    """The address to show for a dashboard bound to ``host``."""
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 async def _no_reservations(service: Any) -> bool:
     from app.journal import Journal
 
@@ -543,9 +634,10 @@ async def _run(
         try:
             await demo.start(admin_port)
             await demo.story()
+            host = _dashboard_host(demo.structured.service.settings.admin.host)
             _say(
-                f"dashboards: http://127.0.0.1:{demo.structured.service.admin_port}/ "
-                f"(Kubernetes 1.34), http://127.0.0.1:{demo.classic.service.admin_port}/ "
+                f"dashboards: http://{host}:{demo.structured.service.admin_port}/ "
+                f"(Kubernetes 1.34), http://{host}:{demo.classic.service.admin_port}/ "
                 f"(Kubernetes 1.31)   (API: /api/v1/status, /metrics)"
             )
             if not once:
@@ -565,27 +657,29 @@ async def _wait_for_signal() -> None:
     await stop.wait()
 
 
-def _no_flags(**_: Any) -> dict[str, Any]:
-    return {}
+def _flags(admin_port: int | None, **_: Any) -> dict[str, Any]:
+    return {"admin": {"port": admin_port}}
 
 
 @click.command()
 @click.option("--once", is_flag=True, help="Tell the story, then stop everything and exit.")
 @click.option(
     "--admin-port",
-    default=8080,
-    show_default=True,
+    default=None,
     type=click.IntRange(0, 65535),
-    help="Port of the first cluster's dashboard and admin API (0: any free port; "
-    "the second cluster's always takes a free one).",
+    help="Port of the first cluster's dashboard and admin API (admin.port; 0: any free port; "
+    "the second cluster's always takes a free one) [8080].",
 )
 @click.option("--regions", default=2, show_default=True, type=click.IntRange(1, 20))
 @click.option("--racks-per-region", default=2, show_default=True, type=click.IntRange(1, 50))
 @click.option("--devices-per-rack", default=8, show_default=True, type=click.IntRange(4, 512))
-@settings_options_with(_no_flags)
+@click.option(
+    "--fabric-url", hidden=True, expose_value=False, callback=_refuse_fabric_url, is_eager=True
+)
+@settings_options_with(_flags, fabric_url=False, database_default=DEMO_DATABASE)
 def demo(
     once: bool,
-    admin_port: int,
+    admin_port: int | None,
     regions: int,
     racks_per_region: int,
     devices_per_rack: int,
@@ -599,16 +693,31 @@ def demo(
     ./fabric-dra-demo.db and ./fabric-dra-demo-classic.db unless --database-url is given (a
     SQLite file; the second cluster's gets "-classic" added). The first dashboard is served at
     http://127.0.0.1:8080 until Ctrl-C.
+
+    Settings come from --config and FABRIC_DRA_* as for fabric-dra run (admin.token_file,
+    pools, node_labels, log, database, controller and inventory timings, ...); the fabric and
+    Kubernetes connections, hosts and controller.mode are the demo's own and refused.
     """
+    owned = owned_setting(settings)
+    if owned is not None:
+        ctx = click.get_current_context()
+        raise click.UsageError(
+            f"setting {owned} ({_source(owned, ctx.params.get('config_file'))}): {OWNED_REASON}",
+            ctx,
+        )
+    admin_port = settings.admin.port
     if settings.log.level == "INFO":
         # The story is the demo's output; the service's routine lines would drown it.
         logging.getLogger("app").setLevel(logging.WARNING)
     try:
         asyncio.run(_run(settings, once, admin_port, regions, racks_per_region, devices_per_rack))
+    except ConfigError as err:
+        raise click.ClickException(f"the demo could not start: {err}") from None
     except OSError as err:
-        if err.errno not in (errno.EADDRINUSE, errno.EACCES):
+        # The service may re-raise the bind error with its own message, the cause beneath.
+        code = err.errno or getattr(err.__cause__, "errno", None)
+        if code not in (errno.EADDRINUSE, errno.EACCES):
             raise click.ClickException(f"the demo could not start: {err}") from None
         raise click.ClickException(
-            f"--admin-port {admin_port}: {os.strerror(err.errno)}; try --admin-port 0 "
-            f"(any free port)"
+            f"--admin-port {admin_port}: {os.strerror(code)}; try --admin-port 0 (any free port)"
         ) from None

@@ -133,6 +133,7 @@ from typing import Any, Literal
 import click
 from aiohttp import web
 
+from fabric_dra_sim.listen import listen
 from fabric_dra_sim.redfish_profiles import (
     PROFILE_NAMES,
     PROFILES,
@@ -1034,7 +1035,7 @@ class RedfishSimulator:
         raw = await request.read()
         try:
             body = json.loads(raw)
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested deep
             raise RedfishError(
                 400,
                 "MalformedJSON",
@@ -1252,7 +1253,7 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    url = await sim.start(host, port)
+    url = await listen(sim.start(host, port), host, port)
     # The generated tree lives as long as the process: keep it out of the garbage
     # collector's full passes, which otherwise pause every answer for tens of milliseconds
     # at large sizes (a real fabric manager has no such pauses to impose on its clients).
@@ -1379,7 +1380,13 @@ def cli(
     """
     password = "password"
     if password_file is not None:
-        password = password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        try:
+            password = password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
+            raise click.BadParameter(
+                f"cannot read {str(password_file)!r}: {reason}", param_hint="--password-file"
+            ) from None
     spec = (
         None
         if mockup_dir is not None

@@ -25,7 +25,7 @@ from pydantic import SecretStr
 from sqlalchemy import select
 
 from app.admin.actions import DatabaseActions
-from app.admin.app import make_app
+from app.admin.app import make_app, serve
 from app.admin.context import AdminContext, Check
 from app.db.engine import Database
 from app.db.models import Device, DeviceEvent, Reservation
@@ -605,6 +605,68 @@ async def test_a_huge_chunked_body_is_413(admin: Admin) -> None:
     assert_error(await response.json(), 413)
 
 
+@pytest.mark.parametrize(
+    ("path", "data"),
+    [
+        # Deeper than Python's JSON decoder goes (RecursionError), and deep but decodable.
+        ("/api/v1/allocations/what-if", b"[" * 2000 + b"]" * 2000),
+        ("/api/v1/allocations/what-if", b'{"devices": ' + b"[" * 100 + b"]" * 100 + b"}"),
+        ("/api/v1/devices/{name}/cordon", b"[" * 2000 + b"]" * 2000),
+        ("/api/v1/devices/{name}/cordon", b'{"reason": ' + b"[" * 100 + b"]" * 100 + b"}"),
+    ],
+)
+async def test_a_deeply_nested_body_is_400(
+    admin: Admin, caplog: pytest.LogCaptureFixture, path: str, data: bytes
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    name = admin.seeded.names["us-west/rack-07"][0]
+    body = await post_json(
+        admin,
+        path.format(name=name),
+        400,
+        data=data,
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert_error(body, 400, "nested more than 64 levels deep")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "RecursionError" not in caplog.text
+    assert admin.live.what_if_seen == [] and admin.live.changes == 0
+
+
+async def test_a_client_that_leaves_mid_body_is_logged_without_a_traceback(
+    admin: Admin, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    # The service's own runner: its handlers are not cancelled when the client leaves (the
+    # test server's are), so the body read fails with ConnectionResetError.
+    runner = await serve(admin.context, "127.0.0.1", 0)
+    try:
+        await _leave_mid_body(runner.addresses[0][1])
+        for _ in range(100):
+            if "went away" in caplog.text:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await runner.cleanup()
+    gone = [r for r in caplog.records if "went away" in r.getMessage()]
+    assert [r.levelno for r in gone] == [logging.INFO]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert "Traceback" not in caplog.text and admin.live.what_if_seen == []
+
+
+async def _leave_mid_body(port: int) -> None:
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /api/v1/allocations/what-if HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        b'{"devices": '
+    )
+    await writer.drain()
+    await asyncio.sleep(0.1)
+    writer.close()
+    await writer.wait_closed()
+
+
 async def test_what_if_is_503_without_the_allocator(db: Database) -> None:
     seeded = await seed(db)
     context = make_context(db, seeded, Live(), what_if=None)
@@ -730,6 +792,9 @@ async def test_cordon_without_a_body_has_an_empty_reason(admin: Admin) -> None:
 
 BAD_CORDONS = [
     ({"reason": "x" * 256}, 400, ["at most 255"]),
+    ({"reason": "maint\n2026-12-01 16:50:00,000 ERROR app.service: FAKE"}, 400, ["'reason'"]),
+    ({"reason": "nul\u0000byte"}, 400, ["'reason': control characters are not allowed"]),
+    ({"reason": "\x1b[31mred"}, 400, ["'reason': control characters are not allowed"]),
     ({"reason": 7}, 400, ["'reason'"]),
     ({"why": "x"}, 400, ["at most a 'reason'"]),
     ([], 400, ["object"]),
@@ -745,6 +810,17 @@ async def test_bad_cordon_bodies(admin: Admin) -> None:
         assert_error(body, status, *words)
     assert admin.live.changes == 0
     assert (await get_json(admin, f"/api/v1/devices/{name}"))["state"] == "free"
+
+
+async def test_reasons_are_logged_escaped(admin: Admin, caplog: pytest.LogCaptureFixture) -> None:
+    # The API refuses control characters; the log escapes the reason all the same.
+    caplog.set_level(logging.INFO)
+    name = admin.seeded.names["us-west/rack-07"][0]
+    await admin.context.actions.cordon(name, "maint\nERROR app.service: FAKE")
+    rid = await _detach_failed(admin)
+    await admin.context.actions.forget(rid, "fixed\nERROR app.service: FAKE")
+    lines = [r.getMessage() for r in caplog.records if "FAKE" in r.getMessage()]
+    assert len(lines) == 2 and all("\n" not in line and "\\n" in line for line in lines)
 
 
 async def test_cordon_of_unknown_or_removed_devices(admin: Admin) -> None:
@@ -918,6 +994,8 @@ async def test_forget_releases_a_detach_failed_reservation_without_a_detach(admi
         ({"reason": 7}, 400, ("string",)),
         ({"reason": "x" * 256}, 400, ("255",)),
         ({"reason": "ok", "extra": 1}, 400, ("exactly",)),
+        ({"reason": "fixed\nERROR app.service: FAKE"}, 400, ("'reason'", "control characters")),
+        ({"reason": "fixed\u0000"}, 400, ("'reason': control characters are not allowed",)),
     ],
 )
 async def test_forget_needs_a_reason(

@@ -70,7 +70,7 @@ async def test_help_lists_every_command(tmp_path: Path) -> None:
     [
         ["nope"],
         ["inventory", "--no-such-flag"],
-        ["db"],
+        ["db", "nope"],
         ["forget"],
         ["sim", "redfish", "--profile", "nope"],
         ["nodes", "--log-level", "LOUD"],
@@ -203,7 +203,7 @@ async def test_inventory_sync_with_nothing_listening_exits_1_with_one_warning(
         ),
         (["inventory", "--config", "missing.yaml"], {}, "config file 'missing.yaml'"),
         (["inventory", "--database-url", "mysql://x@y/z"], {}, "unsupported scheme 'mysql'"),
-        (["inventory"], {}, "has no schema yet: run `fabric-dra db upgrade`"),
+        (["inventory"], {}, "fabric-dra.db does not exist, so there is no inventory yet"),
         (["db", "upgrade", "nonexistent-rev"], {}, "migration failed"),
     ],
 )

@@ -523,6 +523,21 @@ async def test_tls_from_an_unknown_ca_is_refused_clearly(
     assert "TLS verification" in message
     assert "CA bundle" in message
     assert PASSWORD not in message
+    assert "object at 0x" not in message
+
+
+async def test_an_https_url_to_a_plain_http_server_says_it_did_not_speak_tls(
+    serve: Serve, make_backend: Make
+) -> None:
+    url = await serve(simulator())
+    backend = make_backend(url.replace("http://", "https://", 1))
+    with pytest.raises(FabricUnavailable) as caught:
+        await backend.list_hosts()
+    message = str(caught.value)
+    assert "did not answer in TLS" in message, message
+    assert "plain-HTTP server" in message and "http:// URL" in message, message
+    assert "SSLContext" not in message and "object at 0x" not in message, message
+    assert "CA bundle" not in message, message
 
 
 async def test_tls_with_the_right_ca_bundle_works(

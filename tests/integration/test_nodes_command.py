@@ -315,6 +315,7 @@ async def test_a_database_without_schema_is_one_clear_line(tmp_path: Path) -> No
     emu = KubeEmulator()
     url = await emu.start()
     try:
+        (tmp_path / "empty.db").touch()  # an empty SQLite database (a missing one: no file)
         env = settings_env(url, f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}")
         code, out, err = await fabric_dra("nodes", env=env)
     finally:

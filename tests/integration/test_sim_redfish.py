@@ -23,6 +23,7 @@ COMPOSABILITY = MOCKUPS / "dmtf-public-composability"
 BLOCKS = "/redfish/v1/CompositionService/ResourceBlocks"
 AUTH = REDFISH_BASIC_AUTH
 SMALL = SMALL_REDFISH
+DEEP = "[" * 30000 + "]" * 30000  # deeper than Python's JSON decoder goes: RecursionError
 
 # ``serve`` (simulators started on demand) and ``http`` are in tests/integration/conftest.py.
 Serve = Callable[..., Awaitable[tuple[RedfishSimulator, str]]]
@@ -328,6 +329,7 @@ async def test_auth_modes_decide_which_credentials_count(
     [
         ('{"UserName": "admin", "Password": ', "MalformedJSON"),
         ("[1, 2]", "MalformedJSON"),
+        (DEEP, "MalformedJSON"),
         ('{"UserName": "admin"}', "PropertyMissing"),
         ('{"UserName": "admin", "Password": 5}', "PropertyValueTypeError"),
         ('{"UserName": "admin", "Password": "password", "Role": "x"}', "PropertyUnknown"),
@@ -543,6 +545,8 @@ async def test_if_match_can_be_required(serve: Serve, http: aiohttp.ClientSessio
     [
         ("{not json", "MalformedJSON"),
         ('"a string"', "MalformedJSON"),
+        (DEEP, "MalformedJSON"),
+        ('{"Links": ' + "[" * 500 + "]" * 500 + "}", "PropertyValueTypeError"),
         ("{}", "PropertyMissing"),
         ('{"Links": []}', "PropertyValueTypeError"),
         ('{"Links": {}}', "PropertyMissing"),
@@ -626,6 +630,7 @@ async def test_attach_and_detach_by_action(serve: Serve, http: aiohttp.ClientSes
     ("payload", "expected"),
     [
         ("[", "MalformedJSON"),
+        (DEEP, "MalformedJSON"),
         ("{}", "ActionParameterMissing"),
         ('{"ResourceBlock": "x"}', "ActionParameterValueTypeError"),
         ('{"ResourceBlock": {"@odata.id": 1}}', "ActionParameterValueTypeError"),

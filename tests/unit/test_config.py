@@ -106,6 +106,12 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
             "environment variable FABRIC_DRA_FABRICURL: no such setting",
         ),
         ({"FABRIC_DRA_FABRIC__NOPE": "x"}, "FABRIC_DRA_FABRIC__NOPE: no such setting"),
+        (
+            {"FABRIC_DRA_FABRIC__PASSWORD": "hunter2"},
+            "FABRIC_DRA_FABRIC__PASSWORD: no such setting "
+            "(did you mean FABRIC_DRA_FABRIC__PASSWORD_FILE?)",
+        ),
+        ({"FABRIC_DRA_FABRIK__URL": "x"}, "(did you mean FABRIC_DRA_FABRIC__URL?)"),
         ({"FABRIC_DRA_LOG__LEVEL": "loud"}, "setting log.level"),
         (
             {"FABRIC_DRA_PUBLISHER__RESYNC_PERIOD_SECONDS": "0"},
@@ -130,7 +136,7 @@ def test_bad_environment_values_fail_with_one_clear_line(
     [
         ("driver_name: [unclosed\n", "not valid YAML at line"),
         ("- a\n- b\n", "expected a mapping of settings at the top level, found list"),
-        ("fabric:\n  urll: http://x\n", "setting fabric.urll (from"),
+        ("fabric:\n  urll: http://x\n", "unknown setting fabric.urll (from"),
         ("inventory:\n  poll_interval_seconds: soon\n", "setting inventory.poll_interval_seconds"),
     ],
 )
@@ -142,6 +148,30 @@ def test_bad_config_files_name_the_file_and_setting(
     with pytest.raises(ConfigError) as err:
         load_settings(config, environ={})
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "fabric:\n  password: hunter2\n",
+            "unknown setting fabric.password (from {path}); did you mean fabric.password_file?",
+        ),
+        ("kube:\n  token: hunter2\n", "unknown setting kube.token (from {path}); did you mean"),
+        ("fabrik:\n  url: hunter2\n", "unknown setting fabrik (from {path}); did you mean fabric?"),
+        ("zzz: hunter2\n", "unknown setting zzz (from {path})"),
+        ("admin:\n  token_file: [hunter2]\n", "setting admin.token_file (from {path}): input"),
+    ],
+)
+def test_unknown_and_secret_settings_never_show_their_value(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    config = tmp_path / "pw.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(config, environ={})
+    assert message.format(path=config) in str(err.value)
+    assert "hunter2" not in str(err.value) and "extra inputs" not in str(err.value)
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

@@ -92,6 +92,14 @@ class TlsFailure(FabricUnavailable):
     """TLS verification failed; retrying cannot help until the configuration changes."""
 
 
+# OpenSSL's reasons when the server's first bytes are not a TLS record: a plain-HTTP server
+# answering the ClientHello (``WRONG_VERSION_NUMBER`` up to OpenSSL 3.1, ``record layer
+# failure`` or ``packet length too long`` in others, ``http request`` for an HTTP reply).
+_NOT_TLS_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"}
+)
+
+
 class _Secret:
     """A string that never shows itself in repr or str."""
 
@@ -243,6 +251,27 @@ class RedfishTransport:
                 message = message.replace(secret, "<redacted>")
         return message
 
+    def _tls_problem(self, err: aiohttp.ClientError) -> str:
+        """What went wrong in the TLS handshake, without aiohttp's text (it holds the repr of
+        the SSL context object)."""
+        if isinstance(err, aiohttp.ClientConnectorCertificateError):
+            cert_error = err.certificate_error
+            reason = getattr(cert_error, "verify_message", None) or getattr(
+                cert_error, "reason", None
+            )
+            return (
+                f"TLS verification of {self._origin} failed ({reason or type(cert_error).__name__}"
+                "); configure the CA bundle that signed its certificate"
+            )
+        ssl_error = getattr(err, "os_error", err)
+        reason = str(getattr(ssl_error, "reason", None) or "")
+        if reason in _NOT_TLS_REASONS:
+            return (
+                f"{self._origin} did not answer in TLS ({reason}): is it a plain-HTTP server? "
+                "Then configure an http:// URL"
+            )
+        return f"TLS handshake with {self._origin} failed ({reason or type(ssl_error).__name__})"
+
     async def _send(
         self,
         method: str,
@@ -273,10 +302,7 @@ class RedfishTransport:
                 raw = await response.read()
                 return response.status, response.headers, raw
         except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as err:
-            raise TlsFailure(
-                f"{context}: TLS verification of {self._origin} failed ({err.__class__.__name__}:"
-                f" {self._redact(str(err))}); configure the CA bundle that signed its certificate"
-            ) from err
+            raise TlsFailure(f"{context}: {self._tls_problem(err)}") from err
         except aiohttp.ClientConnectorError as err:
             raise RequestNotSent(f"{context}: cannot connect to {self._origin}: {err}") from err
         except TimeoutError as err:

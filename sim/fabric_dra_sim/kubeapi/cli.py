@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import os
 import signal
 from pathlib import Path
 
 import click
 import yaml
 
+from ..listen import listen
 from .cluster import (
     DEFAULT_KUBERNETES_VERSION,
     PROFILES,
@@ -55,18 +54,7 @@ async def _start(emulator: KubeEmulator, host: str, port: int) -> str:
         click.BadParameter: the port is taken or not allowed (``--port``), or the address is
             unknown or not this machine's (``--host``).
     """
-    try:
-        await emulator.start(host, port)
-    except OSError as err:
-        # asyncio's bind error repeats the address in strerror; the errno's own text is enough.
-        reason = os.strerror(err.errno) if err.errno and err.errno > 0 else err.strerror or str(err)
-        if err.errno in (errno.EADDRINUSE, errno.EACCES):
-            raise click.BadParameter(
-                f"cannot listen on {host} port {port}: {reason}", param_hint="--port"
-            ) from None
-        raise click.BadParameter(
-            f"cannot listen on {host!r}: {reason}", param_hint="--host"
-        ) from None
+    await listen(emulator.start(host, port), host, port)
     return _url(host, int(emulator.url.rsplit(":", 1)[1]))
 
 
