@@ -7,32 +7,30 @@ command-line flags. Everything is validated once at start; a bad value raises
 :class:`ConfigError` with one line naming the setting, where the value came from, what is wrong
 and the expected form.
 
+Where the values come from (the file, the environment, flags) and how a bad one is reported is
+:mod:`app.configload` (:func:`app.configload.load_settings`); this module is the model.
+
 Secrets never travel in settings values: the settings hold *paths* to files, and
 :func:`read_secret` reads them at start into :class:`pydantic.SecretStr`, which never prints.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
-import os
 import re
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "FABRIC_DRA_"
 ENV_CONFIG_FILE = "FABRIC_DRA_CONFIG"
@@ -46,9 +44,6 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 _USERINFO = re.compile(r"://[^/@\s]*@")
-
-# Words of a setting's name that mark a secret: its value never appears in an error.
-_SECRET_WORDS = frozenset({"password", "passwd", "token", "secret", "key", "credential"})
 
 _NOT_HTTP = "does not start with http:// or https://"
 
@@ -577,217 +572,10 @@ class Settings(BaseSettings):
         return self
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"config file {str(path)!r}: cannot read it: {err.strerror}") from err
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"config file {str(path)!r}: not UTF-8 text") from err
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {str(path)!r}: not valid YAML{where}") from err
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {str(path)!r}: expected a mapping of settings at the top level, "
-            f"found {type(data).__name__}"
-        )
-    return data
-
-
-def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The settings given by ``FABRIC_DRA_*`` variables, nested; unknown names are errors."""
-    known_sections = {name: info.annotation for name, info in Settings.model_fields.items()}
-    for key in environ:
-        if not key.upper().startswith(ENV_PREFIX) or key.upper() == ENV_CONFIG_FILE:
-            continue
-        head, _, tail = key[len(ENV_PREFIX) :].lower().partition(NESTED_DELIMITER)
-        section = known_sections.get(head)
-        unknown = section is None or (
-            bool(tail)
-            and not (
-                isinstance(section, type)
-                and issubclass(section, BaseModel)
-                and tail in section.model_fields
-            )
-        )
-        if unknown:
-            close = _close_name((head, tail) if section is not None else (head,))
-            if close is not None and section is None and tail:
-                close = f"{close}.{tail}"
-            mean = "" if close is None else f" (did you mean {_env_name(close.split('.'))}?)"
-            raise ConfigError(
-                f"environment variable {key}: no such setting{mean}; settings are "
-                f"{ENV_PREFIX}<NAME> or {ENV_PREFIX}<SECTION>{NESTED_DELIMITER}<NAME>, "
-                f"sections: {', '.join(sorted(known_sections))}"
-            )
-    source = EnvSettingsSource(
-        Settings,
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter=NESTED_DELIMITER,
-        case_sensitive=False,
-    )
-    # EnvSettingsSource reads os.environ; an explicit mapping keeps tests independent.
-    source.env_vars = {k.lower(): v for k, v in environ.items()}
-    try:
-        return dict(source())
-    except Exception as err:  # pydantic-settings raises SettingsError for undecodable JSON
-        raise ConfigError(f"environment: {err}") from err
-
-
-def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _deep_merge(dict(merged[key]), value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _lookup(layer: Mapping[str, Any], loc: tuple[int | str, ...]) -> bool:
-    # A value found at a prefix of ``loc`` (a list given as one string) counts as given here.
-    node: Any = layer
-    for part in loc:
-        if not isinstance(node, Mapping):
-            return True
-        if part not in node:
-            return False
-        node = node[part]
-    return True
-
-
-def _describe(loc: tuple[int | str, ...]) -> str:
-    node: Any = Settings
-    description = None
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        fields = getattr(node, "model_fields", None)
-        if not fields or part not in fields:
-            return ""
-        info = fields[part]
-        node = info.annotation
-        description = info.description
-    return description or ""
-
-
-def _looks_secret(loc: tuple[int | str, ...]) -> bool:
-    """Whether a setting's name suggests a secret (its value is then never shown)."""
-    words = {w for part in loc if isinstance(part, str) for w in part.lower().split("_")}
-    return bool(words & _SECRET_WORDS)
-
-
-def _close_name(loc: tuple[int | str, ...]) -> str | None:
-    """The known setting closest to the unknown ``loc`` (``fabric.password_file`` for
-    ``fabric.password``), by :func:`difflib.get_close_matches` over its section's fields."""
-    node: Any = Settings
-    for part in loc[:-1]:
-        fields = getattr(node, "model_fields", None)
-        if isinstance(part, int) or not fields or part not in fields:
-            return None
-        node = fields[part].annotation
-    fields = getattr(node, "model_fields", None)
-    if not fields or not isinstance(loc[-1], str):
-        return None
-    matches = difflib.get_close_matches(loc[-1], list(fields), n=1, cutoff=0.6)
-    return ".".join([*map(str, loc[:-1]), matches[0]]) if matches else None
-
-
-def _suggest(loc: tuple[int | str, ...]) -> str:
-    """``; did you mean fabric.password_file?`` for an unknown setting, or nothing."""
-    close = _close_name(loc)
-    return "" if close is None else f"; did you mean {close}?"
-
-
-def _env_name(loc: Sequence[int | str]) -> str:
-    return ENV_PREFIX + NESTED_DELIMITER.join(p for p in loc if isinstance(p, str)).upper()
-
-
-def load_settings(
-    config_file: Path | None = None,
-    flags: Mapping[str, Any] | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Settings:
-    """Read, merge and validate the settings.
-
-    Args:
-        config_file: a YAML file; when None, ``FABRIC_DRA_CONFIG`` from ``environ`` names it,
-            and with neither there is no file layer.
-        flags: values from the command line as a nested mapping (``{"fabric": {"url": ...}}``);
-            None values are ignored, so unset flags do not override.
-        environ: the environment; defaults to ``os.environ``.
-
-    Returns:
-        The frozen :class:`Settings`.
-
-    Raises:
-        ConfigError: one line per the first invalid setting, e.g.
-            ``setting fabric.url (from environment FABRIC_DRA_FABRIC__URL): value 'ftp://x' is
-            not an http:// or https:// URL; expected the fabric manager's base URL, e.g. ...``.
-    """
-    environ = os.environ if environ is None else environ
-    if config_file is None and environ.get(ENV_CONFIG_FILE):
-        config_file = Path(environ[ENV_CONFIG_FILE])
-    file_layer = _read_yaml(config_file) if config_file is not None else {}
-    env_layer = _env_layer(environ)
-    flag_layer = _drop_none(flags or {})
-    merged = _deep_merge(_deep_merge(file_layer, env_layer), flag_layer)
-    try:
-        return Settings(**merged)
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = tuple(first["loc"])
-        name = ".".join(str(part) for part in loc) or "(settings)"
-        if _lookup(flag_layer, loc):
-            source = "from the command line"
-        elif _lookup(env_layer, loc):
-            source = f"from environment {_env_name(loc)}"
-        elif _lookup(file_layer, loc):
-            source = f"from {config_file}"
-        else:
-            source = "default"
-        more = f" (and {len(err.errors()) - 1} more problems)" if len(err.errors()) > 1 else ""
-        if first["type"] == "extra_forbidden":
-            # Never echo the value of an unknown setting: it may well be a secret.
-            raise ConfigError(f"unknown setting {name} ({source}){_suggest(loc)}{more}") from None
-        problem = str(first["msg"]).removeprefix("Value error, ")
-        value = first.get("input")
-        if isinstance(value, str):
-            value = redact_url(value)
-        problem = problem[:1].lower() + problem[1:]
-        if first["type"] == "missing" or isinstance(value, Mapping) or _looks_secret(loc):
-            shown = ""
-        elif problem.startswith("input "):
-            shown = f"value {value!r}: "
-        else:
-            shown = f"value {value!r} "
-        expected = _describe(loc)
-        hint = f"; expected {expected}" if expected else ""
-        raise ConfigError(f"setting {name} ({source}): {shown}{problem}{hint}{more}") from None
-
-
 def redact_url(text: str) -> str:
     """Hide the user information of every URL in ``text`` (``scheme://user:pw@host`` becomes
     ``scheme://***@host``), so that URLs can be shown in errors and logs."""
     return _USERINFO.sub("://***@", text)
-
-
-def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            nested = _drop_none(value)
-            if nested:
-                result[key] = nested
-        elif value is not None:
-            result[key] = value
-    return result
 
 
 def read_secret(path: Path, what: str) -> SecretStr:

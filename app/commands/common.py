@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
-from app.config import ConfigError, Settings, load_settings, redact_url
+from app.config import ConfigError, Settings, redact_url
+from app.configload import load_settings
 from app.db.engine import DatabaseUnavailable
 from app.logs import setup_logging
 

@@ -46,9 +46,9 @@ from app.config import (
     ENV_PREFIX,
     NESTED_DELIMITER,
     ConfigError,
-    load_settings,
     read_secret,
 )
+from app.configload import load_settings
 
 DEMO_DATABASE = "sqlite+aiosqlite:///fabric-dra-demo.db"
 # What the demo sets itself, as it runs its own fabrics and clusters: section -> the settings

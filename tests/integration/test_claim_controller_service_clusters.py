@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from builders import eventually
 
-from app.config import ConfigError, load_settings
+from app.config import ConfigError
+from app.configload import load_settings
 from app.kube.versions import ResourceApiVersion
 from app.modes import ModeError
 from app.service import Service

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from app.config import ConfigError, http_origin_problem, load_settings
+from app.config import ConfigError, http_origin_problem
+from app.configload import load_settings
 from fabric_dra_sim.kubeapi import KubeEmulator
 from fabric_dra_sim.kubeapi.cluster import PROFILES, resolve_gates
 

@@ -29,7 +29,8 @@ import yaml
 from aiohttp import web
 
 from app.cli import main
-from app.config import ConfigError, load_settings
+from app.config import ConfigError
+from app.configload import load_settings
 from app.fabric.types import DeviceType
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -708,7 +708,7 @@ async def test_one_physical_device_under_two_uris_is_listed_once(
 
 
 async def test_the_new_fabric_settings_reach_the_backend_through_the_factory(serve: Serve) -> None:
-    from app.config import load_settings
+    from app.configload import load_settings
     from app.fabric.factory import backend_from_settings
 
     sim = simulator(auth="none")
@@ -745,7 +745,8 @@ async def test_the_new_fabric_settings_reach_the_backend_through_the_factory(ser
 
 
 def test_bad_verification_or_identity_settings_are_refused() -> None:
-    from app.config import ConfigError, load_settings
+    from app.config import ConfigError
+    from app.configload import load_settings
 
     with pytest.raises(ConfigError, match=r"fabric\.device_identity"):
         load_settings(environ={"FABRIC_DRA_FABRIC__DEVICE_IDENTITY": "name"})

@@ -14,7 +14,8 @@ import aiohttp
 import pytest
 from builders import eventually
 
-from app.config import Settings, load_settings
+from app.config import Settings
+from app.configload import load_settings
 from app.service import Service
 from fabric_dra_sim.kubeapi import KubeEmulator
 from fabric_dra_sim.kubeapi.cluster import all_gates_on

@@ -24,7 +24,8 @@ import aiohttp
 import builders
 from sqlalchemy import select
 
-from app.config import Settings, load_settings
+from app.config import Settings
+from app.configload import load_settings
 from app.db.engine import Database
 from app.db.models import Reservation
 from fabric_dra_sim.kubeapi import KubeEmulator

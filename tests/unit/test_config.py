@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.config import ConfigError, is_label_key, load_settings, read_secret
+from app.config import ConfigError, is_label_key, read_secret
+from app.configload import load_settings
 
 
 def test_defaults_need_nothing() -> None:
