@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _spin() -> None:  # pragma: no cover - runs in a child process until killed
+    # The parent stops the hogs: a signal to the process group must not make them print.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         pass
 
@@ -102,4 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; the hogs are stopped", file=sys.stderr)
+        sys.exit(130)
