@@ -25,8 +25,6 @@ from app.fabric.types import (
     OperationState,
     Rejected,
 )
-from app.kube.informer import InformerSettings
-from app.publisher.settings import PublisherSettings
 from fabric_dra_sim.redfish import InventorySpec
 
 if TYPE_CHECKING:
@@ -229,26 +227,3 @@ async def redfish_call(
         except ValueError:
             body = text
         return resp.status, body, resp.headers
-
-
-def fast_publisher_settings(**changes: Any) -> PublisherSettings:
-    """PublisherSettings with short debounce, retries and watch timeouts for tests; ``changes``
-    override any field."""
-    values: dict[str, Any] = {
-        "debounce_s": 0.01,
-        "workers": 4,
-        "retry_base_s": 0.02,
-        "retry_max_s": 0.2,
-        "request_timeout_s": 5.0,
-        "informer": InformerSettings(
-            name="resourceslices",
-            watch_timeout_s=5.0,
-            watch_timeout_jitter=0.2,
-            client_timeout_margin_s=2.0,
-            list_timeout_s=5.0,
-            backoff_initial_s=0.02,
-            backoff_max_s=0.1,
-        ),
-    }
-    values.update(changes)
-    return PublisherSettings(**values)

@@ -16,16 +16,18 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from builders import fast_publisher_settings, publisher_caught_up
+from builders import publisher_caught_up
 from prometheus_client import CollectorRegistry
 
 from app.fabric.types import Location
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
+from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, resource_slice_spec
 from app.publisher.metrics import PublisherMetrics
 from app.publisher.plan import slice_index
 from app.publisher.publisher import Publisher
+from app.publisher.settings import PublisherSettings
 from fabric_dra_sim.kubeapi import KubeEmulator
 from fabric_dra_sim.kubeapi.cluster import all_gates_on
 
@@ -33,6 +35,27 @@ DRIVER = "fabric.example.com"
 OTHER = "other.example.com"
 CONFIG = PoolConfig(driver_name=DRIVER)
 V1 = "resource.k8s.io/v1"
+
+
+def fast_settings(**changes: Any) -> PublisherSettings:
+    values: dict[str, Any] = {
+        "debounce_s": 0.01,
+        "workers": 4,
+        "retry_base_s": 0.02,
+        "retry_max_s": 0.2,
+        "request_timeout_s": 5.0,
+        "informer": InformerSettings(
+            name="resourceslices",
+            watch_timeout_s=5.0,
+            watch_timeout_jitter=0.2,
+            client_timeout_margin_s=2.0,
+            list_timeout_s=5.0,
+            backoff_initial_s=0.02,
+            backoff_max_s=0.1,
+        ),
+    }
+    values.update(changes)
+    return PublisherSettings(**values)
 
 
 def gpus(
@@ -75,7 +98,7 @@ async def running(
     metrics: PublisherMetrics | None = None,
     **changes: Any,
 ) -> AsyncIterator[Publisher]:
-    publisher = Publisher(client, version, DRIVER, fast_publisher_settings(**changes), metrics)
+    publisher = Publisher(client, version, DRIVER, fast_settings(**changes), metrics)
     await publisher.start()
     try:
         yield publisher

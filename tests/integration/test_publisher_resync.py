@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from builders import eventually, fast_publisher_settings
+from builders import eventually
 from prometheus_client import CollectorRegistry
 
 from app.fabric.types import Location
 from app.kube.client import KubeClient
-from app.kube.informer import InformerEvent
+from app.kube.informer import InformerEvent, InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools, resource_slice_spec
 from app.publisher.metrics import PublisherMetrics
@@ -34,7 +34,24 @@ WAIT_S = 30.0
 
 
 def fast_settings(**changes: Any) -> PublisherSettings:
-    return fast_publisher_settings(**{"request_timeout_s": 30.0, **changes})
+    values: dict[str, Any] = {
+        "debounce_s": 0.01,
+        "workers": 4,
+        "retry_base_s": 0.02,
+        "retry_max_s": 0.2,
+        "request_timeout_s": 30.0,
+        "informer": InformerSettings(
+            name="resourceslices",
+            watch_timeout_s=5.0,
+            watch_timeout_jitter=0.2,
+            client_timeout_margin_s=2.0,
+            list_timeout_s=5.0,
+            backoff_initial_s=0.02,
+            backoff_max_s=0.1,
+        ),
+    }
+    values.update(changes)
+    return PublisherSettings(**values)
 
 
 def gpus(count: int, *, rack: str = "rack-1", warning: tuple[int, ...] = ()) -> list[PoolDevice]:
