@@ -6,6 +6,7 @@
 #   make test       the whole suite on SQLite and PostgreSQL, as .ci/run runs it
 #   make demo       the demo (ARGS=--once stops after the story)
 #   make bench      every benchmark (ARGS=--short for the quick run, ARGS="--only claims")
+#   make protos     regenerate the kubelet gRPC stubs (app/node/grpcapi) from their .proto files
 #
 # Extra pytest arguments go in ARGS too, e.g. make test-fast ARGS="tests/unit -x".
 
@@ -14,7 +15,7 @@ BIN := $(VENV)/bin
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 ARGS ?=
 
-.PHONY: lint test-fast test demo bench
+.PHONY: lint test-fast test demo bench protos
 
 lint:
 	$(BIN)/ruff check .
@@ -33,3 +34,8 @@ demo:
 
 bench:
 	$(BIN)/python -m bench $(ARGS)
+
+# Regenerate the kubelet gRPC stubs in app/node/grpcapi from its .proto files (needs the test
+# extras: grpcio-tools). tests/unit/test_grpcapi_generated.py fails when they are stale.
+protos:
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. app/node/grpcapi/*.proto
