@@ -153,6 +153,7 @@ class CommandLine(LazyGroup):
         "run": "app.commands.run:run",
         "nodes": "app.commands.nodes:nodes",
         "forget": "app.commands.forget:forget",
+        "node": "app.commands.node:node",
     },
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )

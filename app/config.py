@@ -516,6 +516,102 @@ class ControllerSettings(_Section):
         return value
 
 
+class NodePluginSettings(_Section):
+    """The node plugin (``fabric-dra node``): the kubelet's DRA plugin on every node.
+
+    Defaults are the kubelet's (``--root-dir`` /var/lib/kubelet) and upstream's
+    ``k8s.io/dynamic-resource-allocation/kubeletplugin`` helper's: the registration socket
+    ``<plugin_registry_dir>/<driver>-reg.sock``, the DRA socket
+    ``<plugins_dir>/<driver>/dra.sock``.
+    """
+
+    node_name: str | None = Field(
+        default=None,
+        description="this node's name (default: the NODE_NAME environment variable, set from "
+        "the downward API)",
+    )
+    plugin_registry_dir: Path = Field(
+        default=Path("/var/lib/kubelet/plugins_registry"),
+        description="the kubelet's plugin watcher directory (registration socket)",
+    )
+    plugins_dir: Path = Field(
+        default=Path("/var/lib/kubelet/plugins"),
+        description="the kubelet's plugins directory; the DRA socket and the checkpoint go in "
+        "<plugins_dir>/<driver>/",
+    )
+    cdi_dir: Path = Field(
+        default=Path("/var/run/cdi"), description="where CDI specs are written"
+    )
+    host_root: Path = Field(
+        default=Path("/"),
+        description="where the host's /sys, /proc and /dev are seen (sysfs is read-only)",
+    )
+    device_wait_seconds: Seconds = Field(
+        default=30.0,
+        description="seconds a prepare waits for an attached device to be ready and to show up "
+        "on the host (capped by the kubelet's deadline)",
+    )
+    device_poll_seconds: Seconds = Field(
+        default=0.5, description="seconds between looks while waiting, > 0"
+    )
+    pci_rescan: bool = Field(
+        default=False,
+        description="true or false: write 1 to /sys/bus/pci/rescan when an attached device is "
+        "not seen yet (needs a writable /sys)",
+    )
+    hook: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="a command (list of words) run after a device is found, before its CDI "
+        "spec is written, e.g. a driver bind; empty: none",
+    )
+    hook_timeout_seconds: Seconds = Field(default=60.0, description="seconds, > 0")
+    health_interval_seconds: Seconds = Field(
+        default=10.0, description="seconds between presence checks of prepared devices"
+    )
+    controller_url: str | None = Field(
+        default=None,
+        description="the controller's admin URL (http://host:port), asked for a claim's "
+        "devices when the claim has no status.devices (Kubernetes 1.31)",
+    )
+    allowed_host_paths: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="absolute host path prefixes a FabricDeviceConfig may mount; empty: mounts "
+        "are refused",
+    )
+    health_port: int = Field(
+        default=8081,
+        ge=0,
+        le=65535,
+        description="TCP port of the node plugin's /healthz, /readyz and /metrics (0: any)",
+    )
+    health_host: str = Field(default="0.0.0.0", description="an address to bind")
+
+    @field_validator("hook", "allowed_host_paths", mode="before")
+    @classmethod
+    def _words(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(value.split()) if value.strip() else ()
+        return value
+
+    @field_validator("allowed_host_paths")
+    @classmethod
+    def _absolute(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if not path.startswith("/") or "/../" in path + "/" or path.endswith("/.."):
+                raise ValueError(f"{path!r} is not an absolute path without ..")
+        return value
+
+    @field_validator("controller_url")
+    @classmethod
+    def _controller_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        problem = http_origin_problem(value)
+        if problem is not None:
+            raise ValueError(f"is not an http:// or https:// URL without a path{_detail(problem)}")
+        return value.rstrip("/")
+
+
 class LogSettings(_Section):
     """Logging."""
 
@@ -555,6 +651,7 @@ class Settings(BaseSettings):
     admin: AdminSettings = Field(default_factory=AdminSettings)
     leader: LeaderSettings = Field(default_factory=LeaderSettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    node: NodePluginSettings = Field(default_factory=NodePluginSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     @classmethod

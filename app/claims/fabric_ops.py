@@ -50,6 +50,7 @@ from app.claims.model import (
     DeviceReport,
     EffectiveConfig,
     WantedDevice,
+    device_identity_data,
     rfc3339,
 )
 from app.clock import utcnow
@@ -427,20 +428,24 @@ class FabricOps:
                 f"device {reservation.device_name} attached{once_more} to "
                 f"node {moving.node} (fabric host {moving.host_id})",
             )
-        return self.ready_report(key, done or moving, device.uuid), False
+        return self.ready_report(key, done or moving, device), False
 
     def ready_report(
-        self, key: WantedDevice, reservation: ReservationView, uuid: str | None = None
+        self, key: WantedDevice, reservation: ReservationView, device: FabricDevice | None = None
     ) -> DeviceReport:
-        """The report of an attached device (``data``: host, node, attachedAt, and the
-        device's uuid as the fabric reports it, when known)."""
-        data = {
+        """The report of an attached device.
+
+        ``data``: host, node, attachedAt, and what the node plugin needs to find the device
+        on the host, as the fabric reports it (:func:`app.claims.model.device_identity_data`:
+        deviceType, uuid, serialNumber, pciVendorId, pciDeviceId, slot, when known).
+        """
+        data: dict[str, Any] = {
             "host": reservation.host_id,
             "node": reservation.node,
             "attachedAt": rfc3339(reservation.attached_at or self.clock()),
         }
-        if uuid:
-            data["uuid"] = uuid
+        if device is not None:
+            data.update(device_identity_data(device))
         return DeviceReport(
             key,
             True,

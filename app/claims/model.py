@@ -7,11 +7,15 @@ claim types in k8s.io/api resource/v1 (AllocationResult, AllocatedDeviceStatus);
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+if TYPE_CHECKING:
+    from app.fabric.types import FabricDevice
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # A condition reason is CamelCase (metav1.Condition: ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$).
@@ -35,6 +39,36 @@ class WantedDevice:
     device: str
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV_PREFIX = "FABRIC_DRA_"
+
+
+def _env_name(name: str) -> str:
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"environment variable name {name!r} is not [A-Za-z_][A-Za-z0-9_]*")
+    if name.upper().startswith(RESERVED_ENV_PREFIX):
+        raise ValueError(f"environment variable name {name!r}: the FABRIC_DRA_ prefix is ours")
+    return name
+
+
+def _absolute_path(path: str) -> str:
+    if not path.startswith("/") or ".." in path.split("/") or "\x00" in path:
+        raise ValueError(f"{path!r} is not an absolute path without ..")
+    if len(path) > 4096:
+        raise ValueError("path longer than 4096 characters")
+    return path
+
+
+class MountConfig(BaseModel):
+    """One bind mount of a :class:`FabricDeviceConfig`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hostPath: Annotated[str, AfterValidator(_absolute_path)]
+    containerPath: Annotated[str, AfterValidator(_absolute_path)]
+    readOnly: bool = True
+
+
 class FabricDeviceConfig(BaseModel):
     """Opaque configuration for fabric-dra devices, in a claim's or a DeviceClass's
     ``config[].opaque.parameters`` with ``driver`` set to our driver name.
@@ -49,7 +83,14 @@ class FabricDeviceConfig(BaseModel):
             (1 to 3600; default: the fabric backend's task timeout).
         maxAttachAttempts: attach attempts before the device is reported failed (1 to 20,
             default 5).
-    Unknown fields are refused, so a typo does not pass silently.
+        env: extra environment variables for the containers that get the device (the node
+            plugin puts them in the CDI spec): at most 32, names ``[A-Za-z_][A-Za-z0-9_]*``
+            not starting with ``FABRIC_DRA_`` (ours), values at most 4096 characters.
+        mounts: extra bind mounts, at most 16: ``hostPath`` and ``containerPath`` absolute
+            without ``..``, ``readOnly`` (default true). The node plugin refuses a ``hostPath``
+            outside its ``node.allowed_host_paths``.
+    Unknown fields are refused, so a typo does not pass silently. A later entry's ``env``
+    adds to an earlier one's; its ``mounts`` replace them.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -58,14 +99,24 @@ class FabricDeviceConfig(BaseModel):
     kind: Literal["FabricDeviceConfig"]
     attachTimeoutSeconds: int | None = Field(default=None, ge=1, le=3600)
     maxAttachAttempts: int | None = Field(default=None, ge=1, le=20)
+    env: (
+        dict[Annotated[str, AfterValidator(_env_name)], Annotated[str, Field(max_length=4096)]]
+        | None
+    ) = Field(default=None, max_length=32)
+    mounts: list[MountConfig] | None = Field(default=None, max_length=16)
 
 
 @dataclass(frozen=True, slots=True)
 class EffectiveConfig:
-    """The configuration that applies to one request after merging class and claim config."""
+    """The configuration that applies to one request after merging class and claim config.
+
+    ``env`` is sorted by name; ``mounts`` are ``(hostPath, containerPath, readOnly)``.
+    """
 
     attach_timeout_s: float | None = None
     max_attach_attempts: int = 5
+    env: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[tuple[str, str, bool], ...] = ()
 
 
 class InvalidClaimConfig(ValueError):
@@ -155,15 +206,20 @@ def effective_config(
             first = err.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "parameters"
             raise InvalidClaimConfig(f"{where}: {field}: {first['msg']}") from None
+        values = parsed.model_dump(exclude_none=True, exclude={"apiVersion", "kind", "env"})
         for request in scope:
             if request in merged:
-                merged[request].update(
-                    parsed.model_dump(exclude_none=True, exclude={"apiVersion", "kind"})
-                )
+                merged[request].update(values)
+                if parsed.env:
+                    merged[request]["env"] = {**merged[request].get("env", {}), **parsed.env}
     return {
         request: EffectiveConfig(
             attach_timeout_s=values.get("attachTimeoutSeconds"),
             max_attach_attempts=values.get("maxAttachAttempts", 5),
+            env=tuple(sorted(values.get("env", {}).items())),
+            mounts=tuple(
+                (m["hostPath"], m["containerPath"], m["readOnly"]) for m in values.get("mounts", [])
+            ),
         )
         for request, values in merged.items()
     }
@@ -280,3 +336,26 @@ def same_device_status(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, 
         return (str(entry.get("driver")), str(entry.get("pool")), str(entry.get("device")))
 
     return sorted(map(dict, a), key=key) == sorted(map(dict, b), key=key)
+
+
+# Device attribute names (FabricDevice.attributes) a backend may fill with PCI ids.
+PCI_VENDOR_ATTRIBUTE = "pci_vendor_id"
+PCI_DEVICE_ATTRIBUTE = "pci_device_id"
+
+
+def device_identity_data(device: FabricDevice) -> dict[str, str]:
+    """What the node plugin needs to find ``device`` on the host, for our ``status.devices``
+    entry's ``data``: ``deviceType`` always; ``uuid``, ``serialNumber``, ``pciVendorId``,
+    ``pciDeviceId`` (from the ``pci_vendor_id`` / ``pci_device_id`` attributes) and ``slot``
+    when the fabric reports them. Values are strings as the fabric gave them."""
+    data = {"deviceType": str(device.device_type)}
+    for key, value in (
+        ("uuid", device.uuid),
+        ("serialNumber", device.serial),
+        ("pciVendorId", device.attributes.get(PCI_VENDOR_ATTRIBUTE)),
+        ("pciDeviceId", device.attributes.get(PCI_DEVICE_ATTRIBUTE)),
+        ("slot", device.location.slot),
+    ):
+        if isinstance(value, str) and value:
+            data[key] = value
+    return data

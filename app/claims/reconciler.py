@@ -647,10 +647,10 @@ class ClaimReconciler:
 
     async def _ready_report(self, key: WantedDevice, reservation: ReservationView) -> DeviceReport:
         try:
-            uuid = (await self.journal.fabric_device(reservation)).uuid
+            device = await self.journal.fabric_device(reservation)
         except UnknownDevice:
-            uuid = None
-        return self.ops.ready_report(key, reservation, uuid)
+            device = None
+        return self.ops.ready_report(key, reservation, device)
 
     async def _release(self, reservation: ReservationView, claim: JsonDict | None) -> bool:
         """Detach (when anything may have been sent) and release. True when done."""

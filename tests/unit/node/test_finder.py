@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from builders import eventually
-from fakehost import FakeHost, config_space, dsn_body
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -38,6 +37,7 @@ from app.node.sysfs import (
     parse_proc_devices,
     serial_candidates,
 )
+from fabric_dra_sim.fakehost import FakeHost, config_space, dsn_body
 
 GPU_UUID = "3f2a6b1c-0d4e-4f5a-8b9c-0123456789ab"
 NS_UUID = "a1b2c3d4-e5f6-4789-8abc-def012345678"

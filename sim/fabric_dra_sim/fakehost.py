@@ -1,5 +1,6 @@
-"""A fake host for the node plugin's tests: /sys, /proc and /dev under a temporary folder,
-laid out the way Linux shows them (real directories and relative symlinks)."""
+"""A fake host for the node plugin's tests and the demo: /sys, /proc and /dev under a folder,
+laid out the way Linux shows them (real directories and relative symlinks), so that
+:mod:`app.node.finder` reads it as it reads a real host under ``node.host_root``."""
 
 from __future__ import annotations
 
