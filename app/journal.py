@@ -37,7 +37,7 @@ from sqlalchemy.exc import IntegrityError
 from app.clock import utcnow
 from app.db.engine import Database
 from app.db.models import ACTIVE_RESERVATION_STATES, Device, Reservation, UtcDateTime
-from app.fabric.types import DeviceType, FabricDevice
+from app.fabric.types import DeviceType, FabricDevice, Location
 from app.heldfeed import HeldFeed
 from app.reservations import (  # the journal's value types, exposed here too
     ATTACHED,
@@ -92,6 +92,10 @@ _FABRIC_COLUMNS = (
     _DEVICES.c.host_id,
     _DEVICES.c.shareable,
     _DEVICES.c.vendor_name,
+    # identity the node plugin looks for on the host (status.devices data)
+    _DEVICES.c.serial,
+    _DEVICES.c.slot,
+    _DEVICES.c.attributes,
 )
 _ACTIVE = tuple(ACTIVE_RESERVATION_STATES)
 
@@ -678,12 +682,26 @@ class Journal:
 
 def _fabric_device_from(row: Any) -> FabricDevice:
     """A FabricDevice from the ``_FABRIC_COLUMNS`` values, in that order."""
-    vendor_id, attach_unit, device_type, uuid, host_id, shareable, vendor_name = row
+    (
+        vendor_id,
+        attach_unit,
+        device_type,
+        uuid,
+        host_id,
+        shareable,
+        vendor_name,
+        serial,
+        slot,
+        attributes,
+    ) = row
     return FabricDevice(
         vendor_id=vendor_id,
         attach_unit=attach_unit,
         device_type=DeviceType(device_type),
         uuid=uuid,
+        serial=serial,
+        attributes=attributes if isinstance(attributes, dict) else {},
+        location=Location(slot=slot),
         host_id=host_id,
         shareable=bool(shareable),
         name=vendor_name,

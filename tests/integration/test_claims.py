@@ -237,6 +237,9 @@ async def test_full_cycle_attach_ready_then_detach_on_deallocation(harness: Harn
         entry = harness.our_status("c1")[0]
         assert entry["data"]["node"] == NODES[0] and entry["data"]["host"] == NODES[0]
         assert entry["data"]["uuid"] == harness.devices[device].uuid
+        # What the node plugin looks for on the host.
+        assert entry["data"]["serialNumber"] == harness.devices[device].serial
+        assert entry["data"]["deviceType"] == str(harness.devices[device].device_type)
         # Events go out through the background recorder: wait for them, then count.
         await eventually(lambda: len(harness.events("Attached")) >= 1, what="Attached event")
         assert len(harness.events("Attached")) == 1
