@@ -539,9 +539,7 @@ class NodePluginSettings(_Section):
         description="the kubelet's plugins directory; the DRA socket and the checkpoint go in "
         "<plugins_dir>/<driver>/",
     )
-    cdi_dir: Path = Field(
-        default=Path("/var/run/cdi"), description="where CDI specs are written"
-    )
+    cdi_dir: Path = Field(default=Path("/var/run/cdi"), description="where CDI specs are written")
     host_root: Path = Field(
         default=Path("/"),
         description="where the host's /sys, /proc and /dev are seen (sysfs is read-only)",
@@ -572,6 +570,11 @@ class NodePluginSettings(_Section):
         default=None,
         description="the controller's admin URL (http://host:port), asked for a claim's "
         "devices when the claim has no status.devices (Kubernetes 1.31)",
+    )
+    controller_token_file: Path | None = Field(
+        default=None,
+        description="path of a file holding the admin bearer token, when the controller's "
+        "admin.require_token_for_reads is on",
     )
     allowed_host_paths: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),

@@ -34,6 +34,7 @@ from app.admin.routes_actions import cordon, forget, release, uncordon
 from app.admin.routes_reads import (
     dashboard,
     get_claim,
+    get_claim_devices,
     get_device,
     get_pool,
     health,
@@ -56,6 +57,7 @@ MAX_OFFSET = 2**31 - 1
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 CLAIM = r"^[^/\u0000-\u001f\u007f]+/[^/\u0000-\u001f\u007f]+$"
+CLAIM_UID = r"^[A-Za-z0-9-]{1,64}$"
 HANDLER_ARGS: dict[str, Any] = {"max_line_size": 65536}
 """Arguments of the app's request handlers, whichever runner serves it. The longest request
 line the API documents as valid (every string filter at its maximum length, percent-encoded
@@ -299,6 +301,20 @@ def routes() -> tuple[Route, ...]:
             body=_json("ForgetRequest"),
             answers={200: ("Released without a detach.", _json("ReleaseAnswer"))},
             errors=(400, 404, 409),
+        ),
+        # Its own prefix: under claims/ it would clash with claims/{namespace}/{name}.
+        Route(
+            "GET",
+            f"{API}/claim-devices/{{uid}}",
+            get_claim_devices,
+            "get_claim_devices",
+            "The devices the journal reserved for a claim, by its UID (empty when none).",
+            "claims",
+            params=(
+                Param("uid", "path", "the claim's metadata.uid", max_length=64, pattern=CLAIM_UID),
+            ),
+            answers={200: ("The claim's reserved devices.", _json("ClaimDevices"))},
+            errors=(400,),
         ),
         Route(
             "GET",

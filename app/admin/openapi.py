@@ -15,6 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from app.reservations import RELEASED, STATES
+
 Handler = Callable[[Any], Awaitable[web.StreamResponse]]
 """A route's handler; :mod:`app.admin.pipeline` passes it a validated call object."""
 
@@ -381,9 +383,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "exclusive": {"type": "boolean"},
             "node": _nullable("string"),
             "host_id": _nullable("string"),
-            "state": {
-                "enum": ["pending", "attaching", "attached", "detaching", "released", "failed"]
-            },
+            "state": {"enum": list(STATES)},
             "attempts": {"type": "integer"},
             "last_error": _nullable("string"),
             "operation_id": _nullable("string"),
@@ -420,6 +420,54 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "reservations": {"type": "array", "items": _ref("Reservation")},
             "fabric": {"type": "array", "items": {"type": "object"}},
             "errors": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "ClaimDevices": {
+        "type": "object",
+        "required": ["claim", "devices"],
+        "properties": {
+            "claim": {
+                "type": "object",
+                "required": ["uid", "namespace", "name"],
+                "description": "namespace and name are null when no reservation is held.",
+                "properties": {
+                    "uid": {"type": "string"},
+                    "namespace": _nullable("string"),
+                    "name": _nullable("string"),
+                },
+            },
+            "devices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["pool", "device", "request", "state", "node", "host", "data"],
+                    "properties": {
+                        "pool": {"type": "string"},
+                        "device": {"type": "string"},
+                        "request": {"type": "string"},
+                        "state": {"enum": [s for s in STATES if s != RELEASED]},
+                        "node": _nullable("string"),
+                        "host": _nullable("string"),
+                        "data": {
+                            "type": ["object", "null"],
+                            "description": "How the node finds the device (null: the device "
+                            "row is gone).",
+                            "required": ["deviceType"],
+                            "properties": {
+                                key: {"type": "string"}
+                                for key in (
+                                    "deviceType",
+                                    "uuid",
+                                    "serialNumber",
+                                    "pciVendorId",
+                                    "pciDeviceId",
+                                    "slot",
+                                )
+                            },
+                        },
+                    },
+                },
+            },
         },
     },
     "ClaimSpec": {

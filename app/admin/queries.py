@@ -27,9 +27,10 @@ from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, and_, exists, false, func, or_, select, true
 
+from app.claims.model import device_identity_data
 from app.db.engine import Database
 from app.db.models import ACTIVE_RESERVATION_STATES, Device, DeviceEvent, Reservation
-from app.fabric.types import Location
+from app.fabric.types import DeviceType, FabricDevice, Location
 from app.inventory.queries import host_ambiguities, list_status, pool_devices
 from app.journal import ATTACHED, DETACH_FAILED, FAILED, ClaimRef, ReservationView
 from app.pools import (
@@ -490,6 +491,76 @@ async def claim_reservations(db: Database, namespace: str, name: str) -> dict[st
         if r.last_error
     ]
     return {"reservations": [reservation_json(r) for r in rows], "fabric": fabric, "errors": errors}
+
+
+def identity_device(row: Device) -> FabricDevice:
+    """The identity parts of a device row as a :class:`FabricDevice` (type, serial, uuid,
+    attributes, location), enough for :func:`app.claims.model.device_identity_data`. A stored
+    type this version does not know becomes ``other``."""
+    try:
+        device_type = DeviceType(row.device_type)
+    except ValueError:
+        device_type = DeviceType.OTHER
+    return FabricDevice(
+        vendor_id=row.vendor_id,
+        attach_unit=row.attach_unit,
+        device_type=device_type,
+        serial=row.serial,
+        uuid=row.uuid,
+        attributes=dict(row.attributes or {}),
+        location=Location(**{key: getattr(row, key) for key in LOCATION_KEYS}),
+        host_id=row.host_id,
+        shareable=row.shareable,
+    )
+
+
+async def claim_devices(db: Database, claim_uid: str, config: PoolConfig) -> dict[str, Any]:
+    """The devices the journal holds for the claim with UID ``claim_uid``: what the node plugin
+    asks for a claim without ``status.devices`` (classic DRA, Kubernetes 1.31).
+
+    Returns:
+        ``{"claim": {"uid", "namespace", "name"}, "devices": [{"pool", "device", "request",
+        "state", "node", "host", "data"}]}``, one device per reservation that is not
+        released, oldest first. ``state`` is the journal's own (``pending`` ... ``detach-failed``);
+        ``data`` is :func:`app.claims.model.device_identity_data` of the device row (None when
+        the row is gone); ``pool`` is the reservation's pool, or the pool the device's location
+        makes under ``config`` for a reservation stored without one. A claim with no such
+        reservation has an empty list and a null namespace and name: an unknown claim and
+        one not yet reserved look the same.
+    """
+    async with db.read() as session:
+        rows = (
+            await session.execute(
+                select(Reservation, Device)
+                .outerjoin(Device, Device.id == Reservation.device_id)
+                .where(
+                    Reservation.claim_uid == claim_uid,
+                    Reservation.state.in_(ACTIVE_RESERVATION_STATES),
+                )
+                .order_by(Reservation.id)
+            )
+        ).all()
+    claim: dict[str, Any] = {"uid": claim_uid, "namespace": None, "name": None}
+    devices = []
+    for reservation, device in rows:
+        if claim["namespace"] is None:
+            claim.update(namespace=reservation.claim_namespace, name=reservation.claim_name)
+        identity = identity_device(device) if device is not None else None
+        pool = reservation.pool
+        if not pool and identity is not None:
+            pool = pool_name(identity.location, config.grouping_keys)
+        devices.append(
+            {
+                "pool": pool,
+                "device": reservation.device_name,
+                "request": reservation.request,
+                "state": reservation.state,
+                "node": reservation.node,
+                "host": reservation.host_id,
+                "data": device_identity_data(identity) if identity is not None else None,
+            }
+        )
+    return {"claim": claim, "devices": devices}
 
 
 # --------------------------------------------------------------------------- counts

@@ -204,6 +204,13 @@ async def get_claim(call: Call) -> web.Response:
     )
 
 
+async def get_claim_devices(call: Call) -> web.Response:
+    """The devices the journal reserved for one claim, by its UID (what the node plugin asks
+    for a claim without ``status.devices``); 200 with an empty list when there are none."""
+    uid = call.query["uid"]
+    return json_answer(await queries.claim_devices(call.context.db, uid, call.pool_config))
+
+
 async def what_if(call: Call) -> web.Response:
     """Could this claim spec be satisfied now, and where (the allocator, nothing reserved)."""
     if call.context.what_if is None:

@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.config import ConfigError, Settings
+from app.config import ConfigError, Settings, read_secret
 from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json, connect
 from app.kube.errors import KubeError, KubeNotFound, KubeVersionError
@@ -101,8 +101,12 @@ class NodeAgent:
             self.version = choose_version(served, control_plane=True)
         resources = resource_api(self.kube.api, self.version)
         if s.node.controller_url is not None:
+            headers = {}
+            if s.node.controller_token_file is not None:
+                token = read_secret(s.node.controller_token_file, "node.controller_token_file")
+                headers["Authorization"] = f"Bearer {token.get_secret_value()}"
             self.http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=JOURNAL_TIMEOUT_S)
+                timeout=aiohttp.ClientTimeout(total=JOURNAL_TIMEOUT_S), headers=headers
             )
 
         async def read_claim(namespace: str, name: str) -> JsonDict:
@@ -157,7 +161,7 @@ class NodeAgent:
 
     async def _read_journal(self, uid: str) -> list[JsonDict]:
         assert self.http is not None
-        url = f"{self.settings.node.controller_url}/api/v1/claims/{uid}/devices"
+        url = f"{self.settings.node.controller_url}/api/v1/claim-devices/{uid}"
         try:
             async with self.http.get(url) as response:
                 if response.status == 404:

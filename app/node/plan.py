@@ -202,7 +202,7 @@ def states_from_journal(
     claim: Mapping[str, Any], driver: str, node: str, reservations: Sequence[Mapping[str, Any]]
 ) -> list[DeviceState]:
     """Each of our devices' state from the controller's journal (its admin API's
-    ``/api/v1/claims/{uid}/devices`` answer: ``pool``, ``device``, ``state``, ``node``,
+    ``/api/v1/claim-devices/{uid}`` answer: ``pool``, ``device``, ``state``, ``node``,
     ``data``), for a claim without ``status.devices`` (Kubernetes 1.31)."""
     by_key = {(str(r.get("pool")), str(r.get("device"))): r for r in reservations}
     requests: dict[tuple[str, str], list[str]] = {}

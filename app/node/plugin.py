@@ -69,7 +69,7 @@ _SPEC_UID = re.compile(r"_([A-Za-z0-9-]+)\.json$")
 ReadClaim = Callable[[str, str], Awaitable[JsonDict]]
 """``(namespace, name) -> claim`` in the v1 shape; raises :class:`ClaimNotPreparable`."""
 ReadJournal = Callable[[str], Awaitable[list[JsonDict]]]
-"""``claim uid -> reservations`` (the controller's ``/api/v1/claims/{uid}/devices``)."""
+"""``claim uid -> reservations`` (the controller's ``/api/v1/claim-devices/{uid}``)."""
 PostEvent = Callable[[ClaimRef, str, str, str], Awaitable[None]]
 """``(claim, type, reason, message)``: an Event on the claim; must not raise."""
 WriteSpec = Callable[[Path, str, Mapping[str, object]], Path]
