@@ -41,7 +41,16 @@ DEFAULT_RESULTS = HERE / "results.json"
 README = HERE.parent / "README.md"
 README_START = "<!-- bench:results:start -->"
 README_END = "<!-- bench:results:end -->"
-BENCHMARKS = ("inventory_sync", "publish", "claims", "drift", "controlplane", "allocate", "kubeapi")
+BENCHMARKS = (
+    "inventory_sync",
+    "publish",
+    "claims",
+    "drift",
+    "controlplane",
+    "allocate",
+    "kubeapi",
+    "node",
+)
 MB = 1_000_000 / 2**20  # MiB per MB: targets speak of MB, the kernel reports KiB
 
 
@@ -165,6 +174,15 @@ def cases(short: bool) -> list[Case]:
     out.append(
         Case("kubeapi", f"{requests} requests of each kind", ("--requests", str(requests)), 300)
     )
+    for per_claim, claims in ((1, 40), (8, 20)) if short else ((1, 200), (8, 100)):
+        out.append(
+            Case(
+                "node",
+                f"{claims} claims of {per_claim} device{'s' if per_claim > 1 else ''}",
+                ("--devices-per-claim", str(per_claim), "--claims", str(claims)),
+                300,
+            )
+        )
     return out
 
 
@@ -425,6 +443,19 @@ METRICS: tuple[Metric, ...] = (
         )
         for state in ("on", "off")
     ),
+    Metric("node", "prepare p50", _key("prepare_p50_ms"), "ms"),
+    Metric(
+        "node",
+        "prepare p99",
+        _key("prepare_p99_ms"),
+        "ms",
+        target=("< 100 ms", lambda v: v < 100),
+    ),
+    Metric("node", "prepares per second (sequential)", _key("prepares_per_second"), "/s"),
+    Metric("node", "CPU per prepare", _key("prepare_cpu_ms_per_call"), "ms"),
+    Metric("node", "CPU per prepare (ratio)", _key("ref_units_per_prepare"), "ref"),
+    Metric("node", "unprepare p99", _key("unprepare_p99_ms"), "ms"),
+    Metric("node", "peak resident memory", _mb("peak_rss_mib"), "MB"),
 )
 
 

@@ -54,6 +54,9 @@ def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: P
     shown = {(r["benchmark"], r["metric"]) for r in results["table"]}
     assert ("publish", "no-change resync writes") in shown
     assert ("claims", "reconcile p99") in shown
+    assert ("node", "prepare p99") in shown
+    node_cases = [c for c in results["cases"] if c["benchmark"] == "node"]
+    assert sorted(c["figures"][0]["devices_per_claim"] for c in node_cases) == [1, 8]
     assert all(r["met"] in (True, False, None) for r in results["table"])
     assert results["targets_missed"] == [r for r in results["table"] if r["met"] is False]
     assert "benchmark" in finished.stdout.splitlines()[0]
@@ -97,6 +100,19 @@ def test_a_failed_case_is_a_missed_row_and_targets_apply_only_where_they_say() -
     assert by_metric["peak resident memory"]["met"] is None
     assert by_metric["no-change resync CPU"]["met"] is None
     assert table(table_rows, markdown=True).startswith("| benchmark |")
+
+
+def test_the_node_prepare_target_is_p99_under_100_ms_in_every_node_case() -> None:
+    def outcome(p99: float) -> Outcome:
+        line = {"devices_per_claim": 8, "prepare_p50_ms": 5.0, "prepare_p99_ms": p99}
+        return Outcome(Case("node", "8 devices", (), 1), "ok", 1.0, figures=[line])
+
+    for p99, met in ((99.9, True), (100.0, False), (250.0, False)):
+        by_metric = {r["metric"]: r for r in rows([outcome(p99)])}
+        assert by_metric["prepare p99"]["met"] is met
+        assert by_metric["prepare p99"]["target"] == "< 100 ms"
+        assert by_metric["prepare p50"]["met"] is None
+    assert {c.args[1] for c in cases(True) + cases(False) if c.benchmark == "node"} == {"1", "8"}
 
 
 def test_the_readme_table_goes_between_the_markers_and_nowhere_else(tmp_path: Path) -> None:
@@ -157,6 +173,14 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(
         ("bench.publish", ["--devices", "0"], "--devices: must be at least 2, got 0"),
         ("bench.allocate", ["--allocations", "1"], "--allocations: must be at least 2, got 1"),
         ("bench.inventory_sync", ["--devices", "-3"], "--devices: must be at least 1, got -3"),
+        ("bench.node", ["--claims", "0"], "--claims: must be at least 1, got 0"),
+        ("bench.node", ["--warmup", "-1"], "--warmup: must be at least 0, got -1"),
+        (
+            "bench.node",
+            ["--devices-per-claim", "65"],
+            "--devices-per-claim: must be at most 64",
+        ),
+        ("bench.node", ["--devices-per-claim", "x"], "'x' is not a whole number"),
     ],
 )
 def test_bad_benchmark_arguments_are_refused_with_a_message(
