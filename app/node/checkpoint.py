@@ -150,15 +150,13 @@ def record_from(uid: str, data: Mapping[str, Any]) -> ClaimRecord:
     if state not in (PREPARING, PREPARED):
         raise ValueError(f"claim {uid}: state {state!r} is not preparing or prepared")
     devices = []
-    for entry in data.get("devices") or []:
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"claim {uid}: a device entry is not an object")
+    for entry in _strings_or_objects(data, "devices", uid, objects=True):
         devices.append(
             PreparedDevice(
-                requests=tuple(str(r) for r in entry.get("requests") or ()),
+                requests=tuple(_strings_or_objects(entry, "requests", uid)),
                 pool=str(entry["pool"]),
                 device=str(entry["device"]),
-                cdi_device_ids=tuple(str(i) for i in entry.get("cdiDeviceIds") or ()),
+                cdi_device_ids=tuple(_strings_or_objects(entry, "cdiDeviceIds", uid)),
                 identity=_identity_from(entry.get("identity")),
             )
         )
@@ -167,9 +165,27 @@ def record_from(uid: str, data: Mapping[str, Any]) -> ClaimRecord:
         namespace=str(data["namespace"]),
         name=str(data["name"]),
         state=state,
-        specs=tuple(str(s) for s in data.get("specs") or ()),
+        specs=tuple(_strings_or_objects(data, "specs", uid)),
         devices=tuple(devices),
     )
+
+
+def _strings_or_objects(
+    data: Mapping[str, Any], key: str, uid: str, *, objects: bool = False
+) -> list[Any]:
+    """``data[key]``: a list of strings (or of objects), empty when missing.
+
+    Raises:
+        ValueError: not a list, or an item of the wrong type.
+    """
+    value = data.get(key)
+    if value is None:
+        return []
+    wanted = Mapping if objects else str
+    if not isinstance(value, list) or not all(isinstance(v, wanted) for v in value):
+        kind = "objects" if objects else "strings"
+        raise ValueError(f"claim {uid}: {key} is not a list of {kind}")
+    return value
 
 
 def _checksum(claims: Mapping[str, Any]) -> str:

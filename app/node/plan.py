@@ -295,12 +295,19 @@ def claim_specs(
     kubelet's answer (CDI IDs per device).
 
     Each device gets its device nodes, ``FABRIC_DRA_DEVICE_<NAME>_{UUID,SERIAL,TYPE,POOL}``
-    and the env and mounts of the requests it serves; each spec sets ``FABRIC_DRA_DEVICES``
-    to ``<device>:<uuid>:<serial>`` entries joined by commas.
+    and the env and mounts of the requests it serves. Every spec of the claim sets
+    ``FABRIC_DRA_DEVICES`` to the same value, ``<device>:<uuid>:<serial>`` for each of the
+    claim's devices (all types, sorted) joined by commas, so a container that gets devices of
+    several types still sees them all. (Two claims in one container each set it: the runtime
+    keeps one; the per-device variables have no such limit.)
 
     Raises:
         ClaimNotPreparable: a name CDI refuses (:class:`app.node.cdi.CdiError`).
     """
+    listing = ",".join(
+        f"{d.identity.device}:{d.identity.uuid or ''}:{d.identity.serial or ''}"
+        for d in sorted(found, key=lambda d: (d.identity.pool, d.identity.device))
+    )
     by_type: dict[str, list[HostDevice]] = {}
     for host_device in found:
         by_type.setdefault(host_device.identity.device_type, []).append(host_device)
@@ -310,7 +317,6 @@ def claim_specs(
         for device_type, members in sorted(by_type.items()):
             kind = cdi.cdi_kind(driver, device_type)
             devices = []
-            listing = []
             for host_device in sorted(members, key=lambda d: (d.identity.pool, d.identity.device)):
                 ident = host_device.identity
                 name = cdi.cdi_device_name(claim_uid, ident.device)
@@ -339,7 +345,6 @@ def claim_specs(
                         mounts=tuple(mounts[k] for k in sorted(mounts)),
                     )
                 )
-                listing.append(f"{ident.device}:{ident.uuid or ''}:{ident.serial or ''}")
                 answer.append(
                     AnswerDevice(
                         ident.requests,
@@ -349,7 +354,7 @@ def claim_specs(
                         ident,
                     )
                 )
-            spec = cdi.build_spec(kind, devices, {DEVICES_ENV: ",".join(listing)})
+            spec = cdi.build_spec(kind, devices, {DEVICES_ENV: listing})
             specs.append(SpecFile(cdi.spec_file_name(kind, claim_uid), spec))
     except cdi.CdiError as err:
         raise ClaimNotPreparable(f"cannot make a CDI spec: {err}") from None
