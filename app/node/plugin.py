@@ -263,7 +263,9 @@ class NodePlugin:
         stale = [n for n in (previous.specs if previous else ()) if n not in names]
         # The intent first: a plugin killed after a spec write knows the file is its own.
         self.checkpoint.put(
-            ClaimRecord(ref.uid, ref.namespace, ref.name, PREPARING, tuple({*names, *stale}))
+            ClaimRecord(
+                ref.uid, ref.namespace, ref.name, PREPARING, tuple(sorted({*names, *stale}))
+            )
         )
         for spec in specs:
             await asyncio.to_thread(
