@@ -454,3 +454,88 @@ async def test_a_vanished_device_is_unhealthy_and_told_on_the_claim(
         )
 
     await eventually(told, what="an Event on the claim")
+
+
+async def test_a_kubelet_that_speaks_only_v1beta1_is_served(
+    emu: KubeEmulator, root: Path, host: FakeHost, start_agent: Any, client: KubeClient
+) -> None:
+    # Kubernetes 1.32 and 1.33 kubelets know v1beta1.DRAPlugin only.
+    await start_agent()
+    old = KubeletStandIn(
+        NODE,
+        client,
+        root / "reg",
+        root / "cdi",
+        timeout_s=10,
+        kubelet_services=("v1beta1.DRAPlugin",),
+    )
+    await old.start()
+    try:
+        await eventually(lambda: DRIVER in old.watcher.plugins, what="registration")
+        assert old.watcher.plugins[DRIVER].service == "v1beta1.DRAPlugin"
+        pod = make_pod(emu, "p1", "c1")
+        claim = make_claim(emu, "c1", pod, [GPU_RESULT], [ready_entry("rack-1", "gpu-0", GPU_DATA)])
+        edits = await old.prepare_pod("default", "p1")
+        assert edits["app"].devices == [f"{DRIVER}/gpu={claim['metadata']['uid']}-gpu-0"]
+        await old.unprepare_pod("default", "p1")
+        assert list((root / "cdi").glob("*.json")) == []
+    finally:
+        await old.stop()
+
+
+async def test_a_kubelet_that_speaks_no_version_we_serve_refuses_us(
+    emu: KubeEmulator, root: Path, host: FakeHost, start_agent: Any, client: KubeClient
+) -> None:
+    agent = await start_agent()
+    future = KubeletStandIn(
+        NODE, client, root / "reg", root / "cdi", kubelet_services=("v2.DRAPlugin",)
+    )
+    await future.start()
+    try:
+        await eventually(
+            lambda: agent.servers is not None and agent.servers.registration.last_error != "",
+            what="the refusal told to the plugin",
+        )
+        assert DRIVER not in future.watcher.plugins
+        assert not agent.servers.registration.registered.is_set()  # type: ignore[union-attr]
+    finally:
+        await future.stop()
+
+
+async def test_the_probes_say_serving_then_registered_and_metrics_count_prepares(
+    emu: KubeEmulator, root: Path, host: FakeHost, start_agent: Any, client: KubeClient
+) -> None:
+    import aiohttp
+
+    agent = await start_agent()
+    base = f"http://127.0.0.1:{agent.health_port}"
+    async with aiohttp.ClientSession() as http:
+
+        async def get(path: str) -> tuple[int, str]:
+            async with http.get(base + path) as response:
+                return response.status, await response.text()
+
+        assert (await get("/healthz"))[0] == 200
+        status, text = await get("/readyz")
+        assert status == 503 and "not registered with the kubelet yet" in text
+        kubelet = KubeletStandIn(NODE, client, root / "reg", root / "cdi", timeout_s=10)
+        await kubelet.start()
+        try:
+            await eventually(lambda: DRIVER in kubelet.watcher.plugins, what="registration")
+            await eventually(
+                lambda: (
+                    agent.servers is not None and agent.servers.registration.registered.is_set()
+                ),
+                what="told",
+            )
+            assert (await get("/readyz"))[0] == 200
+            pod = make_pod(emu, "p1", "c1")
+            make_claim(emu, "c1", pod, [GPU_RESULT], [ready_entry("rack-1", "gpu-0", GPU_DATA)])
+            await kubelet.prepare_pod("default", "p1")
+        finally:
+            await kubelet.stop()
+        status, metrics = await get("/metrics")
+    assert status == 200
+    assert 'fabric_dra_node_claims_total{method="prepare",result="ok"} 1.0' in metrics
+    assert "fabric_dra_node_prepared_claims 1.0" in metrics
+    assert "fabric_dra_node_registered 1.0" in metrics
