@@ -601,7 +601,7 @@ class NodePluginSettings(_Section):
     def _absolute(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for path in value:
             if not path.startswith("/") or "/../" in path + "/" or path.endswith("/.."):
-                raise ValueError(f"{path!r} is not an absolute path without ..")
+                raise ValueError(f"holds {path!r}, which is not an absolute path without ..")
         return value
 
     @field_validator("controller_url")

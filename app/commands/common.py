@@ -35,6 +35,7 @@ def settings_options_with(
     *,
     fabric_url: bool = True,
     database_default: str = DEFAULT_DATABASE_URL,
+    database_url: bool = True,
 ) -> Callable[[F], F]:
     """Like :func:`settings_options`; ``extra`` maps the command's own options (keyword
     arguments) to more settings flags (a nested dict), so they pass through the same
@@ -43,8 +44,11 @@ def settings_options_with(
     Args:
         fabric_url: offer ``--fabric-url`` (a command that brings its own fabric does not).
         database_default: the database the command uses when none is set, for the help.
+        database_url: offer ``--database-url`` (a command without a database does not).
     """
-    return lambda command: _with_settings(command, extra, fabric_url, database_default)
+    return lambda command: _with_settings(
+        command, extra, fabric_url, database_default, database_url
+    )
 
 
 def _with_settings(
@@ -52,6 +56,7 @@ def _with_settings(
     extra: Callable[..., dict[str, Any]] | None,
     offer_fabric_url: bool = True,
     database_default: str = DEFAULT_DATABASE_URL,
+    offer_database_url: bool = True,
 ) -> F:
     options = [
         click.option(
@@ -61,8 +66,11 @@ def _with_settings(
             help="YAML settings file (default: $FABRIC_DRA_CONFIG).",
         ),
         click.option("--driver-name", help="DRA driver name [fabric.example.com]."),
-        click.option("--database-url", help=f"SQLAlchemy database URL [{database_default}]."),
     ]
+    if offer_database_url:
+        options.append(
+            click.option("--database-url", help=f"SQLAlchemy database URL [{database_default}].")
+        )
     if offer_fabric_url:
         options.append(
             click.option("--fabric-url", help="Fabric manager origin, e.g. https://fm.example:443.")
@@ -81,9 +89,9 @@ def _with_settings(
         *args: Any,
         config_file: Path | None,
         driver_name: str | None,
-        database_url: str | None,
         log_level: str | None,
         log_json: bool | None,
+        database_url: str | None = None,
         fabric_url: str | None = None,
         **kwargs: Any,
     ) -> Any:

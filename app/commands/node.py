@@ -105,7 +105,7 @@ async def serve_node(settings: Settings, stop: asyncio.Event | None = None) -> N
     default=None,
     help="Port of /healthz, /readyz and /metrics (node.health_port) [8081].",
 )
-@settings_options_with(_flags, fabric_url=False)
+@settings_options_with(_flags, fabric_url=False, database_url=False)
 def node(
     node_name: str | None,
     cdi_dir: Path | None,

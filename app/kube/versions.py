@@ -374,3 +374,20 @@ class ResourceSliceV1alpha3Api:
     def delete_resource_slice(self, name: str, **kwargs: Any) -> Any:
         """Delete a ResourceSlice (``body`` may carry DeleteOptions with preconditions)."""
         return self._api.delete_cluster_custom_object(*self._where, name, **kwargs)
+
+
+def read_claim_call(
+    api_client: ApiClient, version: ResourceApiVersion, namespace: str, name: str
+) -> Any:
+    """The raw-response call that reads ResourceClaim ``namespace/name`` in ``version`` (pass it
+    to :func:`app.kube.client.call_json`). v1alpha3 goes through the custom-objects API, as
+    :class:`ResourceSliceV1alpha3Api` does: kubernetes-asyncio 36 has no typed call for it."""
+    if version is ResourceApiVersion.V1ALPHA3:
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        return CustomObjectsApi(api_client).get_namespaced_custom_object(
+            GROUP, version.value, namespace, "resourceclaims", name, _preload_content=False
+        )
+    return resource_api(api_client, version).read_namespaced_resource_claim(
+        name, namespace, _preload_content=False
+    )

@@ -28,7 +28,7 @@ from app.kube.versions import (
     choose_version,
     claim_from_wire,
     discover_served_versions,
-    resource_api,
+    read_claim_call,
 )
 from app.node.checkpoint import Checkpoint
 from app.node.metrics import NodeMetrics
@@ -95,11 +95,21 @@ class NodeAgent:
         s = self.settings
         self.kube = await connect(kube_client_settings(s.kube))
         served = await discover_served_versions(self.kube.api)
-        try:
-            self.version = choose_version(served)
-        except KubeVersionError:
-            self.version = choose_version(served, control_plane=True)
-        resources = resource_api(self.kube.api, self.version)
+        fixed = s.kube.resource_api_version
+        if fixed != "auto":
+            if fixed not in served:
+                raise KubeVersionError(
+                    f"kube.resource_api_version is {fixed}, but the API server serves "
+                    f"resource.k8s.io {', '.join(served) or 'nothing'}"
+                )
+            self.version = ResourceApiVersion(fixed)
+        else:
+            try:
+                self.version = choose_version(served)
+            except KubeVersionError:
+                # Kubernetes 1.31: claims in v1alpha3 (classic DRA)
+                self.version = choose_version(served, control_plane=True)
+        api_client = self.kube.api
         if s.node.controller_url is not None:
             headers = {}
             if s.node.controller_token_file is not None:
@@ -113,10 +123,7 @@ class NodeAgent:
             what = f"read ResourceClaim {namespace}/{name}"
             try:
                 wire = await call_json(
-                    resources.read_namespaced_resource_claim(
-                        name, namespace, _preload_content=False
-                    ),
-                    what,
+                    read_claim_call(api_client, self.version, namespace, name), what
                 )
             except KubeNotFound:
                 raise ClaimNotPreparable(f"claim {namespace}/{name} not found") from None

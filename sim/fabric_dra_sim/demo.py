@@ -15,6 +15,18 @@ first cluster and a pod with a classic claim on the second, from pending to atta
 back, and serves the first service's dashboard until Ctrl-C (``--once``: tell the story and
 exit).
 
+On both clusters the story ends where a real cluster's does, in a container: every node
+runs fabric-dra's node plugin (:class:`app.node.agent.NodeAgent`, ``fabric-dra node``'s) and a
+kubelet stand-in (:class:`fabric_dra_sim.kubelet.kubelet.KubeletStandIn`) on unix sockets under
+a folder in /tmp, with a fake host (:class:`fabric_dra_sim.fakehost.FakeHost`) where
+:class:`fabric_dra_sim.hostsim.HostSim` makes a device appear while the fabric simulator has it
+attached to that node's server. When the pod is bound, its node's kubelet stand-in prepares it
+and the demo prints the container edits a runtime would apply (CDI devices, device nodes,
+environment); when the pod is deleted, the stand-in unprepares it and the CDI spec goes. The
+second cluster's claims have no ``status.devices``: its node plugins ask that cluster's service
+for a claim's devices (``node.controller_url``, its admin API's ``/api/v1/claim-devices/{uid}``).
+The node side is :mod:`fabric_dra_sim.demo_nodes`.
+
 Settings come from ``--config`` and ``FABRIC_DRA_*`` as for ``fabric-dra run`` (the admin token,
 pools, node labels, logging, the database, the controllers' timings, ...), over the demo's own
 defaults (short poll and grace periods, the dashboard on 127.0.0.1). Those the demo sets itself,
@@ -32,8 +44,7 @@ import os
 import secrets
 import signal
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +60,9 @@ from app.config import (
     read_secret,
 )
 from app.configload import load_settings
+from fabric_dra_sim.demo_nodes import NodeSide
+from fabric_dra_sim.demo_nodes import say as _say
+from fabric_dra_sim.demo_nodes import until as _until
 
 DEMO_DATABASE = "sqlite+aiosqlite:///fabric-dra-demo.db"
 # What the demo sets itself, as it runs its own fabrics and clusters: section -> the settings
@@ -60,6 +74,18 @@ DEMO_OWNED: dict[str, frozenset[str] | None] = {
     "kube": None,
     "hosts": None,
     "controller": frozenset({"mode"}),
+    "node": frozenset(
+        {
+            "node_name",
+            "plugin_registry_dir",
+            "plugins_dir",
+            "cdi_dir",
+            "host_root",
+            "controller_url",
+            "health_port",
+            "health_host",
+        }
+    ),
 }
 OWNED_REASON = (
     "the demo runs its own fabric simulators and emulated Kubernetes clusters and sets it "
@@ -84,30 +110,6 @@ V1 = "resource.k8s.io/v1"
 V1ALPHA3 = "resource.k8s.io/v1alpha3"
 # Binding conditions are alpha in 1.34; the structured story uses them.
 STRUCTURED_GATES = {"DRADeviceBindingConditions": True}
-
-
-def _say(text: str) -> None:
-    click.echo(click.style("==> ", fg="cyan", bold=True) + text)
-
-
-async def _until(
-    check: Callable[[], Awaitable[Any] | Any], what: str, timeout_s: float = 60.0
-) -> Any:
-    """Poll ``check`` until it returns something truthy; that value is returned.
-
-    Raises:
-        click.ClickException: it did not happen within ``timeout_s`` seconds.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise click.ClickException(f"the demo stalled waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 def classic_database(url: str) -> str:
@@ -165,6 +167,7 @@ class DemoCluster:
     emu: Any = None
     service: Any = None
     stand_in: Any = None
+    nodes: NodeSide | None = None
 
 
 class Demo:
@@ -281,6 +284,7 @@ class Demo:
             f"{database.removeprefix('sqlite+aiosqlite:///')}"
         )
         await self._stand_ins(cluster, kube_url)
+        await self._nodes(cluster, hosts, kube_url)
 
     def _node_labels(self, host: Any) -> dict[str, str]:
         """A node's labels: its hostname and its server's location under the configured
@@ -363,6 +367,28 @@ class Demo:
             f"(resource.k8s.io/{cluster.version.rsplit('/', 1)[1]})"
         )
 
+    async def _nodes(self, cluster: DemoCluster, hosts: Sequence[Any], kube_url: str) -> None:
+        """The node side of ``cluster`` (:class:`fabric_dra_sim.demo_nodes.NodeSide`). The
+        1.31 cluster's claims carry no ``status.devices``: its node plugins ask the cluster's
+        service for a claim's devices (``node.controller_url``, its admin API)."""
+        if cluster is self.structured:
+            cluster.nodes = NodeSide(cluster.label, "[1.34]", STRUCTURED_NS)
+            version, controller_url = "v1", None
+        else:
+            cluster.nodes = NodeSide(cluster.label, "[1.31]", CLASSIC_NS)
+            host = _dashboard_host(cluster.service.settings.admin.host)
+            version = V1ALPHA3.rsplit("/", 1)[1]
+            controller_url = f"http://{host}:{cluster.service.admin_port}"
+        await cluster.nodes.start(
+            self.stack,
+            cluster.service.settings,
+            hosts,
+            cluster.sim,
+            kube_url,
+            resource_version=version,
+            controller_url=controller_url,
+        )
+
     async def stop(self) -> None:
         """Stop everything, newest first."""
         await self.stack.aclose()
@@ -430,7 +456,13 @@ class Demo:
                 "kind": "Pod",
                 "metadata": {"name": "trainer", "namespace": STRUCTURED_NS},
                 "spec": {
-                    "containers": [{"name": "main", "image": "trainer"}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "trainer",
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
                 },
             }
@@ -454,13 +486,22 @@ class Demo:
         _say("[1.34] device attached through Redfish; binding condition FabricDeviceReady is True")
         node = await _until(lambda: _bound(emu, STRUCTURED_NS, "trainer"), "the pod's binding")
         _say(f"[1.34] pod bound to node {node}")
+        nodes = _node_side(self.structured)
+        demo_node = nodes.node(node)
+        specs = await nodes.prepare(demo_node, "trainer")
+        on_host = nodes.shown_on(node)
         emu.delete("v1", "Pod", "trainer", STRUCTURED_NS)
+        await nodes.unprepare(demo_node, "trainer", specs)
         await _until(
             lambda: emu.get(V1, "ResourceClaim", name, STRUCTURED_NS) is None,
             "the claim's deletion",
         )
         await _until(lambda: _no_reservations(self.structured.service), "the detach")
-        _say("[1.34] pod deleted: claim deallocated and deleted, device detached and released")
+        await nodes.wait_gone(node, on_host)
+        _say(
+            "[1.34] claim deallocated and deleted, device detached and released; it is gone "
+            f"from node {node}'s host"
+        )
 
     async def _classic_claim(self) -> None:
         emu = self.classic.emu
@@ -482,7 +523,13 @@ class Demo:
                 "kind": "Pod",
                 "metadata": {"name": "inference", "namespace": CLASSIC_NS},
                 "spec": {
-                    "containers": [{"name": "main", "image": "inference"}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "inference",
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "classic-gpu"}],
                 },
             }
@@ -503,8 +550,13 @@ class Demo:
         node = await _until(lambda: _bound(emu, CLASSIC_NS, "inference"), "the pod's binding")
         await _until(lambda: _attached_count(self.classic.service), "the attach")
         _say(f"[1.31] device attached; pod bound to node {node}")
+        nodes = _node_side(self.classic)
+        demo_node = nodes.node(node)
+        specs = await nodes.prepare(demo_node, "inference")
+        on_host = nodes.shown_on(node)
         counters = self.classic.stand_in.claim_controller.counters
         emu.delete("v1", "Pod", "inference", CLASSIC_NS)
+        await nodes.unprepare(demo_node, "inference", specs)
         await _until(lambda: counters.deallocation_requests, "the deallocation request")
         await _until(
             lambda: not _claim_status(emu, "classic-gpu").get("allocation"),
@@ -512,9 +564,10 @@ class Demo:
             timeout_s=90,
         )
         await _until(lambda: _no_reservations(self.classic.service), "the detach", timeout_s=90)
+        await nodes.wait_gone(node, on_host)
         _say(
-            "[1.31] pod deleted: the claim controller requested deallocation, fabric-dra "
-            "detached the device and deallocated the claim"
+            "[1.31] the claim controller requested deallocation, fabric-dra detached the device "
+            f"and deallocated the claim; it is gone from node {node}'s host"
         )
         emu.delete(V1ALPHA3, "ResourceClaim", "classic-gpu", CLASSIC_NS)
         await _until(
@@ -522,6 +575,12 @@ class Demo:
             "the claim's removal",
         )
         _say("[1.31] claim deleted")
+
+
+def _node_side(cluster: DemoCluster) -> NodeSide:
+    """The node side of a started cluster."""
+    assert cluster.nodes is not None, f"{cluster.label}: nodes not started"
+    return cluster.nodes
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -691,12 +750,14 @@ def demo(
     no Kubernetes release serves both allocation modes: 1.34 (structured parameters) and 1.31
     (classic DRA), each with its own fabric and fabric-dra. The inventories go to
     ./fabric-dra-demo.db and ./fabric-dra-demo-classic.db unless --database-url is given (a
-    SQLite file; the second cluster's gets "-classic" added). The first dashboard is served at
-    http://127.0.0.1:8080 until Ctrl-C.
+    SQLite file; the second cluster's gets "-classic" added). Every node runs the node plugin
+    and a kubelet stand-in, and each story ends with the edits the pod's container gets.
+    The first dashboard is served at http://127.0.0.1:8080 until Ctrl-C.
 
     Settings come from --config and FABRIC_DRA_* as for fabric-dra run (admin.token_file,
-    pools, node_labels, log, database, controller and inventory timings, ...); the fabric and
-    Kubernetes connections, hosts and controller.mode are the demo's own and refused.
+    pools, node_labels, log, database, controller and inventory timings, node.device_wait_seconds,
+    ...); the fabric and Kubernetes connections, hosts, controller.mode and the node plugin's
+    folders, node name and probe address are the demo's own and refused.
     """
     owned = owned_setting(settings)
     if owned is not None:
@@ -708,7 +769,8 @@ def demo(
     admin_port = settings.admin.port
     if settings.log.level == "INFO":
         # The story is the demo's output; the service's routine lines would drown it.
-        logging.getLogger("app").setLevel(logging.WARNING)
+        for name in ("app", "fabric_dra_sim.kubelet", "fabric_dra_sim.hostsim"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         asyncio.run(_run(settings, once, admin_port, regions, racks_per_region, devices_per_rack))
     except ConfigError as err:

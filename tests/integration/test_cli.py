@@ -99,9 +99,11 @@ async def test_demo_once_tells_the_story_from_a_clean_directory(tmp_path: Path) 
         "4 ResourceSlices published (v1alpha3)",
         "[1.34] the claim controller made ResourceClaim trainer-gpu-",
         "binding condition FabricDeviceReady is True",
-        "[1.34] pod deleted: claim deallocated and deleted, device detached and released",
+        "[1.34] container main of pod demo-structured/trainer gets: fabric.example.com/gpu=",
+        "[1.34] claim deallocated and deleted, device detached and released",
         "fabric-dra answered the PodSchedulingContext",
-        "[1.31] pod deleted: the claim controller requested deallocation, fabric-dra detached "
+        "[1.31] container main of pod demo-classic/inference gets: fabric.example.com/gpu=",
+        "[1.31] the claim controller requested deallocation, fabric-dra detached "
         "the device and deallocated the claim",
         "[1.31] claim deleted",
         "dashboards: http://127.0.0.1:",

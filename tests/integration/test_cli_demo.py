@@ -3,7 +3,10 @@ simulated fabrics and clusters (from ``--config`` and ``FABRIC_DRA_*``), and ref
 line, those it sets itself (the fabric and Kubernetes connections, the host mapping, the mode).
 
 Each command runs as a real subprocess (``python -m app``), so what is checked is what a
-person sees.
+person sees. The story ends in a container: the node plugin prepares the pod's claim through the
+kubelet stand-in and the demo prints the container's edits. The host simulator behind that end
+is checked in test_hostsim.py; the node side's own parts (:mod:`fabric_dra_sim.demo_nodes`)
+are checked here in process.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import click
 import pytest
+
+from fabric_dra_sim.demo_nodes import DemoNode, NodeSide, container_story
+from fabric_dra_sim.kubelet.cdi_check import ContainerEdits
 
 FABRIC_DRA = [sys.executable, "-m", "app"]
 SMALL = ("--regions", "1", "--racks-per-region", "1", "--devices-per-rack", "4")
@@ -83,7 +90,7 @@ async def test_the_demo_honours_the_admin_token_file(tmp_path: Path, given: str)
         )
     assert process.stdout is not None
     try:
-        seen = []
+        seen: list[str] = []
         while True:
             line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
             assert line, "".join(seen) + (tmp_path / "stderr").read_text()
@@ -152,6 +159,7 @@ async def test_the_demo_honours_pools_and_controller_settings_of_its_config(
             {"FABRIC_DRA_CONTROLLER__MODE": "structured"},
             "setting controller.mode (from environment FABRIC_DRA_CONTROLLER__MODE)",
         ),
+        ("node:\n  cdi_dir: /var/run/cdi\n", {}, "setting node.cdi_dir (from demo.yaml)"),
     ],
 )
 async def test_a_setting_the_demo_makes_itself_is_refused_in_one_line(
@@ -194,3 +202,102 @@ async def test_an_admin_token_file_it_cannot_read_stops_the_demo_in_one_line(
     one_error_line(code, err, "admin.token_file", "missing")
     assert code == 1
     assert out == ""
+
+
+async def test_the_demo_story_ends_in_a_container_and_the_cdi_spec_goes_with_the_pod(
+    tmp_path: Path,
+) -> None:
+    code, out, err = await cli(
+        "demo", "--once", "--admin-port", "0", *SMALL, cwd=tmp_path, limit_s=110
+    )
+    assert code == 0, err
+    assert "Traceback" not in err
+    lines = out.splitlines()
+
+    def index(pattern: str) -> tuple[int, re.Match[str]]:
+        for number, line in enumerate(lines):
+            found = re.search(pattern, line)
+            if found:
+                return number, found
+        raise AssertionError(f"no line matching {pattern!r} in:\n{out}")
+
+    registered, sockets = index(r"node plugin on each of the 2 nodes.*unix sockets under (\S+)\)")
+    prepared, spec = index(r"\[1\.34\] kubelet on (\S+): NodePrepareResources.* CDI spec (\S+)$")
+    node, spec_file = spec.group(1), spec.group(2)
+    assert re.fullmatch(r"fabric\.example\.com-gpu_[0-9a-f-]{36}\.json", spec_file), spec_file
+    gets, container = index(
+        r"container main of pod demo-structured/trainer gets: fabric\.example\.com/gpu=(\S+)$"
+    )
+    device_nodes, nodes = index(r"^\s+device nodes: (.*)$")
+    assert "/dev/nvidia0 (c 195:0)" in nodes.group(1), nodes.group(1)
+    assert "/dev/nvidiactl (c 195:255)" in nodes.group(1), nodes.group(1)
+    gone, _ = index(
+        rf"\[1\.34\] pod deleted: the kubelet on {re.escape(node)} called "
+        rf"NodeUnprepareResources; CDI spec {re.escape(spec_file)} is gone"
+    )
+    # The 1.34 container's lines only: those between its "gets" line and the unprepare.
+    env = [
+        line.strip().removeprefix("env ")
+        for line in lines[gets:gone]
+        if line.startswith("      env ")
+    ]
+    assert env == sorted(env), env
+    names = {entry.partition("=")[0]: entry.partition("=")[2] for entry in env}
+    uuids = [v for k, v in names.items() if re.fullmatch(r"FABRIC_DRA_DEVICE_\w+_UUID", k)]
+    assert len(uuids) == 1 and re.fullmatch(r"[0-9a-f-]{36}", uuids[0]), env
+    assert names["FABRIC_DRA_DEVICES"].split(":")[1] == uuids[0], env
+    assert any(k.endswith("_TYPE") and v == "gpu" for k, v in names.items()), env
+    left, _ = index(rf"it is gone from node {re.escape(node)}'s host")
+    assert registered < prepared < gets < device_nodes < gone < left
+    # The CDI device name is <claim uid>-<device>; the spec file ends in _<claim uid>.json.
+    claim_uid = spec_file.removesuffix(".json").rpartition("_")[2]
+    assert container.group(1).startswith(f"{claim_uid}-"), container.group(1)
+    # 1.31: no status.devices; the node plugin asks the controller's journal (admin API).
+    classic_prepared, _ = index(
+        r"\[1\.31\] kubelet on \S+: NodePrepareResources answered by fabric-dra's node plugin"
+    )
+    classic_gets, _ = index(
+        r"\[1\.31\] container main of pod demo-classic/inference gets: fabric\.example\.com/gpu="
+    )
+    classic_gone, _ = index(
+        r"\[1\.31\] pod deleted: the kubelet on \S+ called NodeUnprepareResources"
+    )
+    assert classic_prepared < classic_gets < classic_gone
+    assert "[1.31] claim deleted" in out
+    # The nodes' folder (sockets, CDI specs, fake hosts) is removed when the demo stops.
+    assert not await asyncio.to_thread(os.path.exists, sockets.group(1))
+
+
+def test_the_container_story_lists_devices_nodes_mounts_and_the_environment_sorted() -> None:
+    edits = ContainerEdits(
+        env=["B=2", "A=1", "B=3"],
+        device_nodes=[{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+        mounts=[{"hostPath": "/data", "containerPath": "/mnt", "options": ["ro", "bind"]}],
+        devices=["example.com/gpu=one"],
+    )
+    assert container_story("ns/pod", "main", edits, tag="[1.31]") == [
+        "[1.31] container main of pod ns/pod gets: example.com/gpu=one",
+        "device nodes: /dev/nvidia0 (c 195:0)",
+        "mount: /data -> /mnt (ro,bind)",
+        "env A=1",
+        "env B=3",
+    ]
+    empty = container_story("ns/pod", "sidecar", ContainerEdits())
+    assert empty == [
+        "[1.34] container sidecar of pod ns/pod gets: no CDI devices",
+        "device nodes: none",
+    ]
+
+
+def test_a_node_without_a_node_plugin_is_refused_by_name(tmp_path: Path) -> None:
+    side = NodeSide("Kubernetes 1.34", "[1.34]", "demo-structured")
+    side.nodes["worker-1"] = DemoNode("worker-1", "host-1", tmp_path, fake=None)
+    assert side.node("worker-1").host_id == "host-1"
+    with pytest.raises(click.ClickException, match="the demo has no node plugin on node worker-9"):
+        side.node("worker-9")
+    assert side.nodes["worker-1"].cdi_specs() == []
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "b.json").write_text("{}")
+    (tmp_path / "cdi" / "a.json").write_text("{}")
+    (tmp_path / "cdi" / "notes.txt").write_text("")
+    assert side.nodes["worker-1"].cdi_specs() == ["a.json", "b.json"]

@@ -37,7 +37,7 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeError
-from app.kube.versions import ResourceApiVersion, resource_api
+from app.kube.versions import ResourceApiVersion, read_claim_call
 from fabric_dra_sim.kubelet.cdi_check import CdiError, ContainerEdits, load_specs, resolve
 from fabric_dra_sim.kubelet.dra import ClaimRef, DraClient, DraError, PreparedDevice
 from fabric_dra_sim.kubelet.registration import KUBELET_SERVICES, PluginWatcher
@@ -169,7 +169,8 @@ class KubeletStandIn:
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self.core = CoreV1Api(client.api)
-        self.resources = resource_api(client.api, resource_version)
+        self.resource_version = resource_version
+        self._api_client = client.api
         self.watcher = PluginWatcher(Path(registry_dir), kubelet_services, watch_poll_s)
         self.claims: dict[str, PreparedClaim] = {}
         self.pods: dict[str, PodRecord] = {}
@@ -226,9 +227,7 @@ class KubeletStandIn:
     async def _read_claim(self, namespace: str, name: str, what: str) -> dict[str, Any]:
         try:
             return await call_json(
-                self.resources.read_namespaced_resource_claim(
-                    name, namespace, _preload_content=False
-                ),
+                read_claim_call(self._api_client, self.resource_version, namespace, name),
                 f"read ResourceClaim {namespace}/{name}",
             )
         except KubeError as err:
