@@ -27,11 +27,13 @@ import kubernetes_validate
 import pytest
 import yaml
 from aiohttp import web
+from click.testing import CliRunner
 
 from app.cli import main
-from app.config import ConfigError
+from app.config import ConfigError, NodePluginSettings
 from app.configload import load_settings
 from app.fabric.types import DeviceType
+from app.node.agent import node_name as agent_node_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -42,6 +44,8 @@ PROJECT_IMAGE = "fabric-dra:dev"
 SIM_IMAGE = "fabric-dra-sim:dev"
 SIM_DOCKERFILE = ROOT / "sim" / "Dockerfile"
 DRIVER = "fabric.example.com"
+CONTROLLER_NAMESPACE = "fabric-dra"
+NODE_NAMESPACE = "fabric-dra-node"
 ADMIN_PORT = 8080
 
 # Subcommands the packaging runs. Those that must exist now are resolved and their arguments
@@ -252,9 +256,8 @@ def _config_yaml() -> str:
     return text
 
 
-def test_the_configmap_and_deployment_environment_are_valid_settings(tmp_path: Path) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text(_config_yaml())
+def _controller_environment() -> dict[str, str]:
+    """The Deployment's env as its pods get it (the Secret's URL and the namespace stood in)."""
     environ: dict[str, str] = {}
     for entry in _container()["env"]:
         if "value" in entry:
@@ -264,9 +267,21 @@ def test_the_configmap_and_deployment_environment_are_valid_settings(tmp_path: P
             environ[entry["name"]] = "postgresql+asyncpg://fabric_dra:pw@postgresql:5432/fabric_dra"
         else:
             assert entry["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-            environ[entry["name"]] = "fabric-dra"
+            environ[entry["name"]] = CONTROLLER_NAMESPACE
+    return environ
+
+
+def _controller_settings(tmp_path: Path) -> Any:
+    """The controller's effective settings: its ConfigMap and the Deployment's environment."""
+    config = tmp_path / "controller-config.yaml"
+    config.write_text(_config_yaml())
+    environ = _controller_environment()
     assert environ.pop("FABRIC_DRA_CONFIG") == "/etc/fabric-dra/config.yaml"
-    settings = _load_or_explain(config_file=config, environ=environ)
+    return _load_or_explain(config_file=config, environ=environ)
+
+
+def test_the_configmap_and_deployment_environment_are_valid_settings(tmp_path: Path) -> None:
+    settings = _controller_settings(tmp_path)
     assert settings.driver_name == DRIVER
     assert settings.kube.mode == "in-cluster"
     assert settings.database.url.startswith("postgresql+asyncpg://")
@@ -393,6 +408,677 @@ def test_rbac_binds_the_deployments_service_account() -> None:
         _one(role_kind, binding["roleRef"]["name"])
     lease_role = _one("Role", "fabric-dra-leader-election")
     assert lease_role["metadata"]["namespace"] == account["namespace"]
+
+
+# -- the node plugin's DaemonSet and RBAC ---------------------------------------------------------
+
+NODE_DAEMONSET = "fabric-dra-node"
+NODE_ACCOUNT = "fabric-dra-node"
+NODE_CONFIGMAP = "fabric-dra-node-config"
+NODE_NAME_STAND_IN = "node-us-east-rack-01-1"
+# Host paths the plugin reads, seen under node.host_root (finder: sysfs, NVIDIA's
+# /proc/driver/nvidia, /proc/devices majors, stat of /dev).
+NODE_HOST_VIEWS = ("/sys", "/proc/driver", "/proc/devices", "/dev")
+# Exactly what app/node/agent.py calls: read one claim, create a core/v1 Event.
+NODE_RULES = [
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+
+
+def _node_daemonset() -> dict[str, Any]:
+    """A deep copy of the DaemonSet, free to change."""
+    copy: dict[str, Any] = json.loads(json.dumps(_one("DaemonSet", NODE_DAEMONSET)))
+    return copy
+
+
+def _node_container(daemonset: dict[str, Any]) -> dict[str, Any]:
+    containers = daemonset["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _node_environment(container: dict[str, Any]) -> dict[str, str]:
+    """The container's env as the pod gets it; NODE_NAME must come from spec.nodeName."""
+    environ: dict[str, str] = {}
+    for entry in container["env"]:
+        if "value" in entry:
+            environ[entry["name"]] = entry["value"]
+            continue
+        field = entry["valueFrom"]["fieldRef"]["fieldPath"]
+        assert (entry["name"], field) == ("NODE_NAME", "spec.nodeName"), entry
+        environ[entry["name"]] = NODE_NAME_STAND_IN
+    return environ
+
+
+def _node_config_yaml() -> str:
+    text: str = _one("ConfigMap", NODE_CONFIGMAP)["data"]["config.yaml"]
+    return text
+
+
+def _node_settings(container: dict[str, Any], tmp_path: Path) -> Any:
+    """The node plugin's effective settings: its ConfigMap and the DaemonSet's environment."""
+    config = tmp_path / "node-config.yaml"
+    config.write_text(_node_config_yaml())
+    environ = _node_environment(container)
+    assert environ.pop("FABRIC_DRA_CONFIG") == "/etc/fabric-dra/config.yaml"
+    return _load_or_explain(config_file=config, environ=environ)
+
+
+def _host_mounts(daemonset: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Container mount path -> (the mount, the hostPath volume source) for hostPath volumes."""
+    pod = daemonset["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    return {
+        m["mountPath"]: (m, volumes[m["name"]]["hostPath"])
+        for m in _node_container(daemonset)["volumeMounts"]
+        if "hostPath" in volumes[m["name"]]
+    }
+
+
+def _node_mount_problems(daemonset: dict[str, Any], settings: Any) -> list[str]:
+    """What is wrong with the DaemonSet's host mounts for these effective settings."""
+    problems: list[str] = []
+    mounts = _host_mounts(daemonset)
+    kubelet_dirs = {
+        settings.node.plugin_registry_dir: "Directory",  # the kubelet's: never created by us
+        settings.node.plugins_dir: "DirectoryOrCreate",
+        settings.node.cdi_dir: "DirectoryOrCreate",
+    }
+    expected: dict[str, tuple[str, bool]] = {str(path): (str(path), False) for path in kubelet_dirs}
+    for view in NODE_HOST_VIEWS:
+        expected[str(settings.node.host_root / view.lstrip("/"))] = (view, True)
+    for mount_path, (host_path, read_only) in expected.items():
+        if mount_path not in mounts:
+            problems.append(f"no hostPath mount at {mount_path} (host {host_path})")
+            continue
+        mount, source = mounts[mount_path]
+        if source["path"] != host_path:
+            problems.append(f"{mount_path} mounts host {source['path']}, not {host_path}")
+        if bool(mount.get("readOnly")) != read_only:
+            problems.append(f"{mount_path} must be {'read-only' if read_only else 'writable'}")
+    for path, kind in kubelet_dirs.items():
+        if str(path) in mounts and mounts[str(path)][1].get("type") != kind:
+            problems.append(f"host {path} must be hostPath type {kind}")
+    problems.extend(f"unexpected host mount {p}" for p in sorted(set(mounts) - set(expected)))
+    return problems
+
+
+def _node_security_problems(daemonset: dict[str, Any]) -> list[str]:
+    """Where the DaemonSet asks for more than the node plugin needs."""
+    problems: list[str] = []
+    pod = daemonset["spec"]["template"]["spec"]
+    context = _node_container(daemonset)["securityContext"]
+    wanted: dict[str, Any] = {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    problems.extend(
+        f"container securityContext.{key} is {context.get(key)!r}, not {value!r}"
+        for key, value in wanted.items()
+        if context.get(key) != value
+    )
+    problems.extend(
+        f"pod spec.{key} is true"
+        for key in ("hostNetwork", "hostPID", "hostIPC")
+        if pod.get(key, False) is not False
+    )
+    if pod["securityContext"].get("seccompProfile") != {"type": "RuntimeDefault"}:
+        problems.append("pod securityContext.seccompProfile is not RuntimeDefault")
+    if any("secret" in v or "projected" in v for v in pod["volumes"]):
+        problems.append("the node plugin mounts a Secret: it needs no credentials")
+    return problems
+
+
+def _node_rbac_problems(objects: list[dict[str, Any]]) -> list[str]:
+    """What is wrong with the node plugin's permissions among these objects."""
+    problems: list[str] = []
+    roles = [
+        o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == NODE_ACCOUNT
+    ]
+    if len(roles) != 1:
+        return [f"expected one ClusterRole {NODE_ACCOUNT}, found {len(roles)}"]
+    rules = roles[0]["rules"]
+    for rule in rules:
+        for key in ("apiGroups", "resources", "verbs", "resourceNames"):
+            if "*" in rule.get(key, []):
+                problems.append(f"wildcard in {key}: {rule}")
+    if sorted(map(json.dumps, rules)) != sorted(map(json.dumps, NODE_RULES)):
+        problems.append(f"rules are {rules}, not exactly {NODE_RULES}")
+    subject = {"kind": "ServiceAccount", "name": NODE_ACCOUNT, "namespace": NODE_NAMESPACE}
+    for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        name = binding["metadata"]["name"]
+        binds_node = subject in binding.get("subjects", [])
+        if name == NODE_ACCOUNT:
+            if binding["subjects"] != [subject]:
+                problems.append(f"{name} binds {binding['subjects']}, not {[subject]}")
+            if binding["roleRef"] != {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": NODE_ACCOUNT,
+            }:
+                problems.append(f"{name} refers to {binding['roleRef']}")
+        elif binds_node:
+            problems.append(f"{binding['kind']} {name} also grants to the node plugin")
+    return problems
+
+
+def _all_objects() -> list[dict[str, Any]]:
+    return [d for f in _manifest_files() for d in _documents(f)]
+
+
+def test_the_node_daemonset_runs_the_node_command_of_the_controllers_image() -> None:
+    daemonset = _node_daemonset()
+    container = _node_container(daemonset)
+    deployment = _one("Deployment", "fabric-dra")
+    assert container["args"] == ["node"]
+    assert "command" not in container, "the image's entry point is fabric-dra"
+    assert container["image"] == _container()["image"]
+    # Apart from the controller: its namespace admits what the node plugin needs.
+    assert daemonset["metadata"]["namespace"] == NODE_NAMESPACE
+    assert deployment["metadata"]["namespace"] == CONTROLLER_NAMESPACE
+    assert _resolve(("node",)) is not None, "`fabric-dra node` does not exist"
+    result = CliRunner().invoke(main, [*container["args"], "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--host-root" in result.output
+
+
+def test_the_node_daemonset_environment_is_valid_settings(tmp_path: Path) -> None:
+    container = _node_container(_node_daemonset())
+    settings = _node_settings(container, tmp_path)
+    assert settings.driver_name == DRIVER
+    assert settings.kube.mode == "in-cluster"
+    assert settings.node.host_root == Path("/host")
+    # The name comes from the downward API, not from the settings.
+    assert settings.node.node_name is None
+    assert agent_node_name(settings, _node_environment(container)) == NODE_NAME_STAND_IN
+    controller_mounts = {m["name"]: m for m in _container()["volumeMounts"]}
+    node_mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert node_mounts["config"] == controller_mounts["config"]
+    pod = _node_daemonset()["spec"]["template"]["spec"]
+    [config] = [v for v in pod["volumes"] if v["name"] == "config"]
+    assert config["configMap"]["name"] == NODE_CONFIGMAP
+    node_configmap = _one("ConfigMap", NODE_CONFIGMAP)["metadata"]
+    assert node_configmap["namespace"] == _node_daemonset()["metadata"]["namespace"]
+
+
+def test_the_node_daemonset_mounts_the_kubelet_dirs_and_a_read_only_host(tmp_path: Path) -> None:
+    daemonset = _node_daemonset()
+    settings = _node_settings(_node_container(daemonset), tmp_path)
+    # The kubelet's directories are the settings' defaults: the ConfigMap does not move them.
+    defaults = NodePluginSettings()
+    for field in ("plugin_registry_dir", "plugins_dir", "cdi_dir"):
+        assert getattr(settings.node, field) == getattr(defaults, field), field
+    assert _node_mount_problems(daemonset, settings) == []
+    # Read-only views stay read-only below their submounts where the runtime can do it.
+    for view in NODE_HOST_VIEWS:
+        mount, _ = _host_mounts(daemonset)[str(settings.node.host_root / view.lstrip("/"))]
+        if view != "/proc/devices":  # a file has no submounts
+            assert mount.get("recursiveReadOnly") == "IfPossible", view
+    pod = daemonset["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in _node_container(daemonset)["volumeMounts"]}
+    assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == mounts["/tmp"])
+
+
+def test_the_node_mount_check_catches_mistakes(tmp_path: Path) -> None:
+    daemonset = _node_daemonset()
+    settings = _node_settings(_node_container(daemonset), tmp_path)
+    mounts = _node_container(daemonset)["volumeMounts"]
+    volumes = daemonset["spec"]["template"]["spec"]["volumes"]
+    sys_mount = next(m for m in mounts if m["mountPath"] == "/host/sys")
+    sys_mount["readOnly"] = False
+    registry = next(
+        v
+        for v in volumes
+        if v.get("hostPath", {}).get("path") == "/var/lib/kubelet/plugins_registry"
+    )
+    registry["hostPath"]["type"] = "DirectoryOrCreate"
+    cdi_mount = next(m for m in mounts if m["mountPath"] == "/var/run/cdi")
+    cdi_mount["mountPath"] = "/etc/cdi"
+    volumes.append({"name": "host-root", "hostPath": {"path": "/"}})
+    mounts.append({"name": "host-root", "mountPath": "/host/root"})
+    assert _node_mount_problems(daemonset, settings) == [
+        "no hostPath mount at /var/run/cdi (host /var/run/cdi)",
+        "/host/sys must be read-only",
+        "host /var/lib/kubelet/plugins_registry must be hostPath type Directory",
+        "unexpected host mount /etc/cdi",
+        "unexpected host mount /host/root",
+    ]
+
+
+def test_the_node_probes_ask_the_health_port_the_settings_default_to(tmp_path: Path) -> None:
+    container = _node_container(_node_daemonset())
+    settings = _node_settings(container, tmp_path)
+    assert settings.node.health_port == NodePluginSettings().health_port
+    assert settings.node.health_host == NodePluginSettings().health_host == "0.0.0.0"
+    [port] = container["ports"]
+    assert (port["containerPort"], port["protocol"]) == (settings.node.health_port, "TCP")
+    for probe, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
+        assert container[probe]["httpGet"] == {"path": path, "port": port["name"]}, probe
+
+
+def test_the_node_daemonset_is_as_locked_down_as_the_work_allows() -> None:
+    daemonset = _node_daemonset()
+    spec = daemonset["spec"]
+    pod = spec["template"]["spec"]
+    assert _node_security_problems(daemonset) == []
+    assert pod["securityContext"]["runAsUser"] == 0, "the kubelet's dirs are root's"
+    assert pod["serviceAccountName"] == NODE_ACCOUNT
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert spec["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+    assert {"key": "fabric-dra.io/devices", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert set(_node_container(daemonset)["resources"]) == {"requests", "limits"}
+    selector = spec["selector"]["matchLabels"]
+    assert selector.items() <= spec["template"]["metadata"]["labels"].items()
+    # The controller's Service, PodDisruptionBudget and Deployment never select node pods.
+    labels = spec["template"]["metadata"]["labels"]
+    controller = _one("Deployment", "fabric-dra")
+    for other in (
+        _one("Service", "fabric-dra")["spec"]["selector"],
+        _one("PodDisruptionBudget", "fabric-dra")["spec"]["selector"]["matchLabels"],
+        controller["spec"]["selector"]["matchLabels"],
+    ):
+        assert not other.items() <= labels.items()
+    assert not selector.items() <= controller["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_node_security_check_catches_mistakes() -> None:
+    daemonset = _node_daemonset()
+    pod = daemonset["spec"]["template"]["spec"]
+    context = _node_container(daemonset)["securityContext"]
+    context["privileged"] = True
+    context["capabilities"]["add"] = ["SYS_ADMIN", "NET_ADMIN"]
+    pod["hostNetwork"] = True
+    pod["volumes"].append({"name": "creds", "secret": {"secretName": "fabric-dra"}})
+    assert _node_security_problems(daemonset) == [
+        "container securityContext.privileged is True, not False",
+        "container securityContext.capabilities is "
+        "{'drop': ['ALL'], 'add': ['SYS_ADMIN', 'NET_ADMIN']}, not "
+        "{'drop': ['ALL'], 'add': ['SYS_ADMIN']}",
+        "pod spec.hostNetwork is true",
+        "the node plugin mounts a Secret: it needs no credentials",
+    ]
+
+
+def test_the_node_rbac_is_exactly_get_claims_and_create_events() -> None:
+    objects = _all_objects()
+    assert _node_rbac_problems(objects) == []
+    account = _one("ServiceAccount", NODE_ACCOUNT)["metadata"]
+    assert account["namespace"] == _node_daemonset()["metadata"]["namespace"]
+
+
+def test_the_node_rbac_check_catches_mistakes() -> None:
+    objects = json.loads(json.dumps(_all_objects()))
+    role = next(
+        o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == NODE_ACCOUNT
+    )
+    role["rules"][0]["verbs"] = ["get", "list"]
+    role["rules"].append({"apiGroups": ["*"], "resources": ["pods"], "verbs": ["get"]})
+    leader = next(o for o in objects if o["kind"] == "RoleBinding")
+    leader["subjects"].append(
+        {"kind": "ServiceAccount", "name": NODE_ACCOUNT, "namespace": NODE_NAMESPACE}
+    )
+    problems = _node_rbac_problems(objects)
+    assert (
+        problems[0]
+        == "wildcard in apiGroups: {'apiGroups': ['*'], 'resources': ['pods'], 'verbs': ['get']}"
+    )
+    assert problems[1].startswith("rules are [")
+    assert problems[2] == "RoleBinding fabric-dra-leader-election also grants to the node plugin"
+    assert len(problems) == 3
+    assert _node_rbac_problems([o for o in objects if o["kind"] != "ClusterRole"]) == [
+        f"expected one ClusterRole {NODE_ACCOUNT}, found 0"
+    ]
+
+
+def test_kubectl_apply_k_deploy_installs_the_node_plugin() -> None:
+    listed = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    node_files = {"node-namespace.yaml", "node-rbac.yaml", "node-configmap.yaml"}
+    assert {*node_files, "node-daemonset.yaml"} <= set(listed)
+    [daemonset] = _documents(DEPLOY / "node-daemonset.yaml")
+    assert daemonset["kind"] == "DaemonSet"
+    kinds = {name: {d["kind"] for d in _documents(DEPLOY / name)} for name in node_files}
+    assert kinds == {
+        "node-namespace.yaml": {"Namespace", "ServiceAccount"},
+        "node-rbac.yaml": {"ClusterRole", "ClusterRoleBinding"},
+        "node-configmap.yaml": {"ConfigMap"},
+    }
+    # The controller's file holds the controller's identity only.
+    accounts = [d["metadata"]["name"] for d in _documents(DEPLOY / "serviceaccount.yaml")]
+    assert accounts == ["fabric-dra"]
+
+
+def test_namespaces_are_applied_before_what_lives_in_them() -> None:
+    listed = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    assert listed[0] == "node-namespace.yaml"
+    holds_namespace = ["Namespace" in {d["kind"] for d in _documents(DEPLOY / f)} for f in listed]
+    first_other = holds_namespace.index(False)
+    assert not any(holds_namespace[first_other:]), listed
+
+
+CLUSTER_SCOPED_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass"}
+
+
+@pytest.mark.parametrize("directory", _kustomization_dirs(), ids=lambda d: str(d.relative_to(ROOT)))
+def test_no_kustomization_forces_one_namespace(directory: Path) -> None:
+    # A global `namespace:` would move the node plugin into the controller's restricted
+    # namespace (and its ServiceAccount away from the ClusterRoleBinding's subject).
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert "namespace" not in kustomization
+
+
+def test_every_namespaced_object_names_a_namespace_deploy_creates() -> None:
+    created = {o["metadata"]["name"] for o in _objects("Namespace")}
+    assert {CONTROLLER_NAMESPACE, NODE_NAMESPACE} <= created
+    for document in _all_objects():
+        where = f"{document['kind']} {document['metadata']['name']}"
+        if document["kind"] in CLUSTER_SCOPED_KINDS:
+            assert "namespace" not in document["metadata"], where
+        else:
+            assert document["metadata"].get("namespace") in created, where
+
+
+# -- the node plugin's settings agree with the controller's ---------------------------------------
+
+# What the node plugin must read exactly as the controller does: it registers under the driver
+# name and looks for the binding conditions the controller sets on claims (app/node/agent.py).
+SHARED_SETTINGS = ("driver_name", "pools.binding_conditions", "pools.binding_failure_conditions")
+
+
+def _setting(settings: Any, dotted: str) -> Any:
+    value = settings
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _shared_setting_differences(controller: Any, node: Any) -> list[str]:
+    """One line for each setting of SHARED_SETTINGS whose value differs between the two."""
+    return [
+        f"{dotted}: the controller has {_setting(controller, dotted)!r}, "
+        f"the node plugin {_setting(node, dotted)!r}"
+        for dotted in SHARED_SETTINGS
+        if _setting(controller, dotted) != _setting(node, dotted)
+    ]
+
+
+def test_the_node_plugin_and_the_controller_share_driver_and_binding_conditions(
+    tmp_path: Path,
+) -> None:
+    controller = _controller_settings(tmp_path)
+    node = _node_settings(_node_container(_node_daemonset()), tmp_path)
+    assert _shared_setting_differences(controller, node) == []
+    assert node.driver_name == DRIVER
+
+
+def test_the_shared_settings_check_catches_a_node_config_that_was_not_updated(
+    tmp_path: Path,
+) -> None:
+    controller_file = tmp_path / "controller.yaml"
+    controller_file.write_text(
+        _config_yaml() + "pools:\n  binding_conditions: [FabricAttached]\n", encoding="utf-8"
+    )
+    node_file = tmp_path / "node.yaml"
+    node_file.write_text(
+        _node_config_yaml().replace(f"driver_name: {DRIVER}", "driver_name: fabric.example.org"),
+        encoding="utf-8",
+    )
+    controller = load_settings(config_file=controller_file, environ={})
+    node = load_settings(config_file=node_file, environ={})
+    assert _shared_setting_differences(controller, node) == [
+        "driver_name: the controller has 'fabric.example.com', the node plugin "
+        "'fabric.example.org'",
+        "pools.binding_conditions: the controller has ('FabricAttached',), the node plugin "
+        "('FabricDeviceReady',)",
+    ]
+
+
+def test_the_node_configmaps_commented_settings_are_valid_when_uncommented(
+    tmp_path: Path,
+) -> None:
+    lines = _node_config_yaml().splitlines()
+    start = lines.index("# node:")
+    block = ["node:"]
+    for line in lines[start + 1 :]:
+        if not line.startswith("#   "):
+            break
+        block.append(line.removeprefix("#"))
+    assert len(block) > 5, "the node.* example block is missing"
+    config = tmp_path / "node-config.yaml"
+    config.write_text(_node_config_yaml() + "\n".join(block) + "\n", encoding="utf-8")
+    settings = load_settings(config_file=config, environ={})
+    assert settings.node.controller_url == "http://fabric-dra.fabric-dra.svc:8080"
+    service = _one("Service", "fabric-dra")
+    [port] = service["spec"]["ports"]
+    assert settings.node.controller_url == (
+        f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc:"
+        f"{port['port']}"
+    )
+
+
+# -- Pod Security admission -----------------------------------------------------------------------
+
+# The Pod Security Standards (https://kubernetes.io/docs/concepts/security/pod-security-standards/;
+# kubernetes/kubernetes staging/src/k8s.io/pod-security-admission/policy/check_*.go), the checks
+# that bear on our pods: host namespaces, privileged, capabilities, hostPath, hostPort, seccomp
+# and AppArmor (baseline); volume types, privilege escalation, non-root, uid 0, seccomp and
+# capabilities (restricted). Not checked: sysctls, SELinux options, procMount, Windows.
+PSS_LEVELS = ("privileged", "baseline", "restricted")
+PSS_LABEL = "pod-security.kubernetes.io/"
+BASELINE_CAPABILITIES = frozenset(
+    {
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    }
+)
+RESTRICTED_VOLUME_SOURCES = frozenset(
+    {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+)
+
+
+def _namespace_level(namespace: dict[str, Any], mode: str) -> str:
+    """The Pod Security level a namespace's ``mode`` label (enforce, warn, audit) sets.
+
+    Without the label the level is "privileged" (the admission plugin's default).
+
+    Raises:
+        ValueError: the label holds something other than privileged, baseline or restricted.
+    """
+    level = str(namespace["metadata"].get("labels", {}).get(PSS_LABEL + mode, "privileged"))
+    if level not in PSS_LEVELS:
+        raise ValueError(
+            f"namespace {namespace['metadata']['name']!r}: label {PSS_LABEL}{mode} is "
+            f"{level!r}; expected one of {', '.join(PSS_LEVELS)}"
+        )
+    return level
+
+
+def _all_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        c
+        for key in ("initContainers", "containers", "ephemeralContainers")
+        for c in pod.get(key, [])
+    ]
+
+
+def _baseline_refusals(pod: dict[str, Any]) -> list[str]:
+    refusals = [f"{key}=true" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)]
+    pod_context = pod.get("securityContext", {})
+    for container in _all_containers(pod):
+        name, context = container["name"], container.get("securityContext", {})
+        if context.get("privileged"):
+            refusals.append(f"container {name!r} is privileged")
+        added = set(context.get("capabilities", {}).get("add", [])) - BASELINE_CAPABILITIES
+        if added:
+            refusals.append(f"container {name!r} adds capabilities {sorted(added)}")
+        if any(p.get("hostPort") for p in container.get("ports", [])):
+            refusals.append(f"container {name!r} uses a hostPort")
+        for key in ("seccompProfile", "appArmorProfile"):
+            for where, ctx in (("pod", pod_context), (f"container {name!r}", context)):
+                if ctx.get(key, {}).get("type") == "Unconfined":
+                    refusals.append(f"{where} {key} is Unconfined")
+    host_paths = [v["name"] for v in pod.get("volumes", []) if "hostPath" in v]
+    if host_paths:
+        refusals.append(f"hostPath volumes {host_paths}")
+    return sorted(set(refusals), key=refusals.index)
+
+
+def _restricted_refusals(pod: dict[str, Any]) -> list[str]:
+    refusals: list[str] = []
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"} - RESTRICTED_VOLUME_SOURCES
+        if kinds:
+            refusals.append(f"volume {volume['name']!r} is of type {sorted(kinds)}")
+    pod_context = pod.get("securityContext", {})
+    if pod_context.get("runAsUser") == 0:
+        refusals.append("pod runAsUser is 0")
+    for container in _all_containers(pod):
+        name, context = container["name"], container.get("securityContext", {})
+        if context.get("allowPrivilegeEscalation") is not False:
+            refusals.append(f"container {name!r} does not set allowPrivilegeEscalation=false")
+        if context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is not True:
+            refusals.append(f"container {name!r} does not run as non-root")
+        if context.get("runAsUser") == 0:
+            refusals.append(f"container {name!r} runAsUser is 0")
+        seccomp = context.get("seccompProfile", pod_context.get("seccompProfile", {}))
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            refusals.append(f"container {name!r} has no RuntimeDefault or Localhost seccomp")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            refusals.append(f"container {name!r} does not drop ALL capabilities")
+        added = set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}
+        if added:
+            refusals.append(f"container {name!r} adds {sorted(added)} (restricted)")
+    return refusals
+
+
+def _pod_security_refusals(pod: dict[str, Any], level: str) -> list[str]:
+    """Why the Pod Security ``level`` refuses a pod spec (a pod template's ``spec``); [] admits.
+
+    Raises:
+        ValueError: ``level`` is not privileged, baseline or restricted.
+    """
+    if level not in PSS_LEVELS:
+        raise ValueError(f"Pod Security level {level!r}; expected one of {', '.join(PSS_LEVELS)}")
+    if level == "privileged":
+        return []
+    refusals = _baseline_refusals(pod)
+    if level == "restricted":
+        refusals += _restricted_refusals(pod)
+    return refusals
+
+
+def _pod_spec(kind: str, name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = json.loads(json.dumps(_one(kind, name)["spec"]["template"]["spec"]))
+    return spec
+
+
+def test_the_namespace_pod_security_level_admits_the_node_plugin() -> None:
+    daemonset = _node_daemonset()
+    node_namespace = _one("Namespace", daemonset["metadata"]["namespace"])
+    node_pod = daemonset["spec"]["template"]["spec"]
+    assert _pod_security_refusals(node_pod, _namespace_level(node_namespace, "enforce")) == []
+    assert _namespace_level(node_namespace, "enforce") == "privileged"
+    # What baseline would refuse is exactly what the plugin needs, and warn/audit name it.
+    assert _pod_security_refusals(node_pod, "baseline") == [
+        "container 'node-plugin' adds capabilities ['SYS_ADMIN']",
+        f"hostPath volumes {[v['name'] for v in node_pod['volumes'] if 'hostPath' in v]}",
+    ]
+    assert _namespace_level(node_namespace, "warn") == "baseline"
+    assert _namespace_level(node_namespace, "audit") == "baseline"
+    # The controller's namespace stays restricted, and its pods pass it.
+    deployment = _one("Deployment", "fabric-dra")
+    controller_namespace = _one("Namespace", deployment["metadata"]["namespace"])
+    assert controller_namespace["metadata"]["name"] == CONTROLLER_NAMESPACE
+    assert _namespace_level(controller_namespace, "enforce") == "restricted"
+    assert _pod_security_refusals(_pod_spec("Deployment", "fabric-dra"), "restricted") == []
+    for namespace in (node_namespace, controller_namespace):
+        labels = namespace["metadata"]["labels"]
+        for mode in ("enforce", "warn", "audit"):
+            if PSS_LABEL + mode in labels:
+                assert labels[f"{PSS_LABEL}{mode}-version"] == "latest", (namespace, mode)
+
+
+def test_the_pod_security_check_refuses_what_each_level_refuses() -> None:
+    node_pod = _pod_spec("DaemonSet", NODE_DAEMONSET)
+    restricted = _pod_security_refusals(node_pod, "restricted")
+    assert "pod runAsUser is 0" in restricted
+    assert "volume 'plugins' is of type ['hostPath']" in restricted
+    assert "container 'node-plugin' does not run as non-root" in restricted
+    assert "container 'node-plugin' adds ['SYS_ADMIN'] (restricted)" in restricted
+    controller_pod = _pod_spec("Deployment", "fabric-dra")
+    controller_pod["hostNetwork"] = True
+    context = controller_pod["containers"][0]["securityContext"]
+    context["privileged"] = True
+    context["allowPrivilegeEscalation"] = True
+    context["capabilities"] = {"add": ["NET_BIND_SERVICE", "NET_RAW"]}
+    context["seccompProfile"] = {"type": "Unconfined"}
+    controller_pod["containers"][0]["ports"][0]["hostPort"] = 8080
+    assert _pod_security_refusals(controller_pod, "baseline") == [
+        "hostNetwork=true",
+        "container 'controller' is privileged",
+        "container 'controller' adds capabilities ['NET_RAW']",
+        "container 'controller' uses a hostPort",
+        "container 'controller' seccompProfile is Unconfined",
+    ]
+    assert _pod_security_refusals(controller_pod, "restricted")[5:] == [
+        "container 'controller' does not set allowPrivilegeEscalation=false",
+        "container 'controller' has no RuntimeDefault or Localhost seccomp",
+        "container 'controller' does not drop ALL capabilities",
+        "container 'controller' adds ['NET_RAW'] (restricted)",
+    ]
+    assert _pod_security_refusals(controller_pod, "privileged") == []
+
+
+def test_the_pod_security_check_refuses_unknown_levels() -> None:
+    with pytest.raises(ValueError, match="level 'strict'; expected one of privileged, baseline"):
+        _pod_security_refusals(_pod_spec("Deployment", "fabric-dra"), "strict")
+    namespace = json.loads(json.dumps(_one("Namespace", NODE_NAMESPACE)))
+    namespace["metadata"]["labels"][PSS_LABEL + "enforce"] = "Privileged"
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "namespace 'fabric-dra-node': label pod-security.kubernetes.io/enforce is "
+            "'Privileged'; expected one of privileged, baseline, restricted"
+        ),
+    ):
+        _namespace_level(namespace, "enforce")
+    del namespace["metadata"]["labels"][PSS_LABEL + "enforce"]
+    assert _namespace_level(namespace, "enforce") == "privileged"
 
 
 # -- (b) docker-compose.yml -----------------------------------------------------------------------
