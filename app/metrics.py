@@ -110,6 +110,8 @@ class ClaimMetrics:
     * ``drift{kind}``: attached devices the fabric no longer shows on their host: ``lost``
       (free on the fabric, or gone from it: attached again) and ``moved`` (on another host).
     * ``terminal{state}``: reservations that ended ``failed`` (attach) or ``detach-failed``.
+    * ``node_reports{reason}``: Events from the node plugin (``DeviceNotPresentOnNode``)
+      that made the controller sync the inventory early (app.claims.nodereports).
     """
 
     reconciles: Counter
@@ -123,6 +125,7 @@ class ClaimMetrics:
     status_conflicts: Counter
     drift: Counter
     terminal: Counter
+    node_reports: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ClaimMetrics:
@@ -202,6 +205,14 @@ class ClaimMetrics:
                 "Reservations that ended in a terminal state (failed: the attach; "
                 "detach-failed: the detach), which only an operator clears.",
                 ["state"],
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
+            node_reports=Counter(
+                "node_reports",
+                "Node plugin Events on a claim (a prepared device vanished from its host) "
+                "that made the controller sync the inventory early, by reason.",
+                ["reason"],
                 namespace=NAMESPACE,
                 registry=registry,
             ),

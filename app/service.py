@@ -35,6 +35,7 @@ from app.admin.whatif import what_if_answer
 from app.allocator import Allocator
 from app.claims.drift import Drift, DriftTarget, DriftWatch
 from app.claims.fabric_ops import FabricOps
+from app.claims.nodereports import NodeReportWatch
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.clock import utcnow
 from app.config import Settings, read_secret
@@ -142,6 +143,7 @@ class Leadership:
     publishers: dict[ResourceApiVersion, Publisher] = field(default_factory=dict)
     claims: ClaimReconciler | None = None
     control_plane: ControlPlaneController | None = None
+    node_reports: NodeReportWatch | None = None
     publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     # A sync succeeded in this term: until then an empty database is no inventory at all.
     inventory_synced: bool = False
@@ -358,6 +360,12 @@ class Service:
                 metrics=self.metrics.claims,
             )
             await leading.control_plane.start()
+        if leading.claims is not None or leading.control_plane is not None:
+            # The node plugin's "device gone from the host" Events: sync (and check drift) now.
+            leading.node_reports = NodeReportWatch(
+                self.kube, leading.inventory.trigger, metrics=self.metrics.claims
+            )
+            await leading.node_reports.start()
         if self.freeze_heap:
             settle_heap()
 
@@ -369,6 +377,8 @@ class Service:
         leading, self.leading = self.leading, None
         if leading is None:
             return
+        if leading.node_reports is not None:
+            await leading.node_reports.stop()
         for name in ("inventory", "publish"):
             await self.supervisor.stop_one(name)
         if leading.claims is not None:
@@ -478,7 +488,7 @@ class Service:
         found: list[Any] = []
         for publisher in leading.publishers.values():
             found.extend(publisher.informers())
-        for component in (leading.claims, leading.control_plane):
+        for component in (leading.claims, leading.control_plane, leading.node_reports):
             if component is not None:
                 found.extend(component.informers())
         return found

@@ -422,6 +422,11 @@ STRUCTURED_ALLOWED = [
         for v, n in [("create", ""), ("patch", "e")]
     ),
     *(
+        RequestAttributes(v, "", "events", namespace=ns)
+        for v in ("list", "watch")
+        for ns in ("", "a")
+    ),
+    *(
         RequestAttributes(v, "coordination.k8s.io", "leases", namespace="fabric-dra", name=n)
         for v, n in [("get", "l"), ("create", ""), ("update", "l")]
     ),
@@ -445,6 +450,8 @@ STRUCTURED_DENIED = [
     RequestAttributes("update", "", "pods", namespace="a", name="p"),
     RequestAttributes("get", "", "secrets", namespace="fabric-dra", name="fabric-dra"),
     RequestAttributes("get", "", "events", namespace="a", name="e"),
+    RequestAttributes("list", "events.k8s.io", "events"),
+    RequestAttributes("delete", "", "events", namespace="a", name="e"),
     RequestAttributes("delete", "coordination.k8s.io", "leases", namespace="fabric-dra", name="l"),
     RequestAttributes("get", "coordination.k8s.io", "leases", namespace="kube-system", name="l"),
     RequestAttributes("create", RESOURCE, "podschedulingcontexts", namespace="a"),
