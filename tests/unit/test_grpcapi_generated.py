@@ -68,7 +68,8 @@ def test_the_published_names() -> None:
     ):
         assert service(module, "DRAResourceHealth") == f"{package}.DRAResourceHealth"
     fields = {
-        f.name: f.number for f in dra_v1_pb2.Device.DESCRIPTOR.fields  # type: ignore[attr-defined]
+        f.name: f.number
+        for f in dra_v1_pb2.Device.DESCRIPTOR.fields  # type: ignore[attr-defined]
     }
     assert fields == {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4}
     info = {f.name: f.number for f in pluginregistration_v1_pb2.PluginInfo.DESCRIPTOR.fields}

@@ -214,7 +214,13 @@ _CORE_LABELS: dict[str, frozenset[str]] = {
 }
 _SLICE_LABELS = frozenset({"metadata.name", "spec.nodeName", "spec.driver"})
 _DEFAULT_LABELS = frozenset({"metadata.name", "metadata.namespace"})
-_ALIASES = {("", "Pod", "spec.host"): "spec.nodeName"}
+# A label that reads another field. Event "source" is source.component, or reportingController
+# when that is empty (pkg/registry/core/event/strategy.go ToSelectableFields); "a|b" is the
+# first of a and b that is not empty.
+_ALIASES = {
+    ("", "Pod", "spec.host"): "spec.nodeName",
+    ("", "Event", "source"): "source.component|reportingController",
+}
 
 
 def _label_rule(group: str, version: str, kind: str) -> tuple[frozenset[str], Callable[[str], str]]:
@@ -262,7 +268,10 @@ def parse_field_selector_for(
 
 
 def field_value(obj: Mapping[str, Any], path: str) -> str:
-    """The string form of a dotted field in ``obj``: '' when absent, 'true'/'false' for bools."""
+    """The string form of a dotted field in ``obj``: '' when absent, 'true'/'false' for bools;
+    ``a|b``: the first of the two that is not empty."""
+    if "|" in path:
+        return next((v for p in path.split("|") if (v := field_value(obj, p))), "")
     current: Any = obj
     for key in path.split("."):
         if not isinstance(current, Mapping) or key not in current:

@@ -18,7 +18,7 @@ from fabric_dra_sim.kubeapi.errors import StatusError
 from fabric_dra_sim.kubeapi.objects import uses_generation
 from fabric_dra_sim.kubeapi.patch import list_strategy, list_type, strategic_merge
 from fabric_dra_sim.kubeapi.resources import served_types
-from fabric_dra_sim.kubeapi.selectors import parse_field_selector_for
+from fabric_dra_sim.kubeapi.selectors import fields_match, parse_field_selector_for
 
 DEVICE = {"driver": "d", "pool": "p", "device": "x"}
 
@@ -244,6 +244,17 @@ def test_supported_field_labels_parse_and_pod_spec_host_is_spec_node_name() -> N
         )[0].value
         == "default"
     )
+
+
+def test_an_event_source_selector_reads_the_component_else_the_reporting_controller() -> None:
+    # pkg/registry/core/event/strategy.go ToSelectableFields
+    (req,) = parse_field_selector_for("source=kubelet", "", "v1", "Event")
+    assert fields_match([req], {"source": {"component": "kubelet", "host": "n1"}})
+    assert fields_match([req], {"source": {}, "reportingController": "kubelet"})
+    assert not fields_match(
+        [req], {"source": {"component": "other"}, "reportingController": "kubelet"}
+    )
+    assert not fields_match([req], {})
 
 
 def test_only_slices_classes_and_pods_keep_a_generation() -> None:
