@@ -10,7 +10,8 @@ and ``RegistrarDirectoryPath``):
   whether it registered us (pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go).
 * ``<plugins_dir>/<driver>/dra.sock``: ``DRAPlugin`` v1 (Kubernetes 1.34 and later) and v1beta1
   (1.32, 1.33), advertised as ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin``
-  (staging/src/k8s.io/kubelet/pkg/apis/dra/v1/types.go ``DRAPluginService``), and the
+  (staging/src/k8s.io/kubelet/pkg/apis/dra/v1/types.go ``DRAPluginService``), ``v1alpha3.Node``
+  (dra/v1alpha4, Kubernetes 1.31, advertised as version ``1.0.0``), and the
   ``DRAResourceHealth`` stream (dra-health v1, v1beta1, v1alpha1).
 
 A stale socket file is removed before listening (the plugin watcher README: "Each time a plugin
@@ -41,6 +42,8 @@ import grpc
 from app.node.grpcapi import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
+    dra_v1alpha4_pb2,
+    dra_v1alpha4_pb2_grpc,
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
     drahealth_v1_pb2,
@@ -61,13 +64,18 @@ log = logging.getLogger(__name__)
 # The generated service modules carry no types.
 _dra_v1_grpc: Any = dra_v1_pb2_grpc
 _dra_v1beta1_grpc: Any = dra_v1beta1_pb2_grpc
+_dra_v1alpha4_grpc: Any = dra_v1alpha4_pb2_grpc
 _health_v1_grpc: Any = drahealth_v1_pb2_grpc
 _health_v1beta1_grpc: Any = drahealth_v1beta1_pb2_grpc
 _health_v1alpha1_grpc: Any = drahealth_v1alpha1_pb2_grpc
 _registration_grpc: Any = pluginregistration_v1_pb2_grpc
 
 PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants.go DRAPlugin
-SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# Kubernetes 1.32 and later pick the first service name of this list they speak
+# (pkg/kubelet/cm/dra/plugin/registration.go); a 1.31 kubelet reads it as versions, skips what
+# does not parse, wants a highest 1.x (pkg/util/version HighestSupportedVersion) and then calls
+# v1alpha3.Node (dra/v1alpha4). Names first: a newer kubelet never sees "1.0.0" as its choice.
+SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "1.0.0")
 SOCKET_MODE = 0o600
 HEALTH_MESSAGE_LIMIT = 1024
 
@@ -279,6 +287,7 @@ class PluginServers:
         _dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
             _DraService(plugin, dra_v1beta1_pb2), server
         )
+        _dra_v1alpha4_grpc.add_NodeServicer_to_server(_DraService(plugin, dra_v1alpha4_pb2), server)
         for module, pb in (
             (_health_v1_grpc, drahealth_v1_pb2),
             (_health_v1beta1_grpc, drahealth_v1beta1_pb2),

@@ -207,9 +207,11 @@ class NodeSide:
         version: Any,
         controller_url: str | None,
     ) -> DemoNode:
+        from app.kube.versions import ResourceApiVersion
         from app.node.agent import NodeAgent
         from fabric_dra_sim.fakehost import FakeHost
         from fabric_dra_sim.kubelet.kubelet import KubeletStandIn
+        from fabric_dra_sim.kubelet.registration import KUBELET_131_SERVICES, KUBELET_SERVICES
 
         node = DemoNode(str(host.hostname), host.host_id, root, FakeHost(root / "host"))
         update: dict[str, Any] = {
@@ -236,6 +238,10 @@ class NodeSide:
             node.cdi_dir,
             resource_version=version,
             watch_poll_s=WATCH_POLL_S,
+            # A 1.31 kubelet speaks dra/v1alpha4 only, found by a version number.
+            kubelet_services=(
+                KUBELET_131_SERVICES if version is ResourceApiVersion.V1ALPHA3 else KUBELET_SERVICES
+            ),
         )
         stack.push_async_callback(node.kubelet.stop)
         await node.kubelet.start()

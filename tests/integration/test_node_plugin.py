@@ -539,3 +539,24 @@ async def test_the_probes_say_serving_then_registered_and_metrics_count_prepares
     assert 'fabric_dra_node_claims_total{method="prepare",result="ok"} 1.0' in metrics
     assert "fabric_dra_node_prepared_claims 1.0" in metrics
     assert "fabric_dra_node_registered 1.0" in metrics
+
+
+async def test_a_kubernetes_1_31_kubelet_registers_by_version_and_calls_v1alpha4(
+    emu: KubeEmulator, root: Path, host: FakeHost, start_agent: Any, client: KubeClient
+) -> None:
+    await start_agent()
+    old = KubeletStandIn(
+        NODE, client, root / "reg", root / "cdi", timeout_s=10, kubelet_services=("v1alpha3.Node",)
+    )
+    await old.start()
+    try:
+        await eventually(lambda: DRIVER in old.watcher.plugins, what="registration")
+        assert old.watcher.plugins[DRIVER].service == "v1alpha3.Node"
+        pod = make_pod(emu, "p1", "c1")
+        claim = make_claim(emu, "c1", pod, [GPU_RESULT], [ready_entry("rack-1", "gpu-0", GPU_DATA)])
+        edits = await old.prepare_pod("default", "p1")
+        assert edits["app"].devices == [f"{DRIVER}/gpu={claim['metadata']['uid']}-gpu-0"]
+        await old.unprepare_pod("default", "p1")
+        assert list((root / "cdi").glob("*.json")) == []
+    finally:
+        await old.stop()

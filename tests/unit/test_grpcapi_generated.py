@@ -48,6 +48,7 @@ def test_the_published_names() -> None:
     # pluginregistration/v1,dra-health/v1}/api.proto
     from app.node.grpcapi import (
         dra_v1_pb2,
+        dra_v1alpha4_pb2,
         dra_v1beta1_pb2,
         drahealth_v1_pb2,
         drahealth_v1alpha1_pb2,
@@ -60,6 +61,8 @@ def test_the_published_names() -> None:
 
     assert service(dra_v1_pb2, "DRAPlugin") == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
     assert service(dra_v1beta1_pb2, "DRAPlugin") == "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+    # Kubernetes 1.31: dra/v1alpha4 kept the package v1alpha3
+    assert service(dra_v1alpha4_pb2, "Node") == "v1alpha3.Node"
     assert service(pluginregistration_v1_pb2, "Registration") == "pluginregistration.Registration"
     for module, package in (
         (drahealth_v1_pb2, "v1"),

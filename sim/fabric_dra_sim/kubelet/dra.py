@@ -25,6 +25,8 @@ import grpc
 from app.node.grpcapi import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
+    dra_v1alpha4_pb2,
+    dra_v1alpha4_pb2_grpc,
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
     drahealth_v1_pb2,
@@ -39,6 +41,8 @@ DEFAULT_TIMEOUT_S = 45.0
 _DRA_MODULES: dict[str, tuple[ModuleType, ModuleType]] = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+    # Kubernetes 1.31 (dra/v1alpha4, package v1alpha3)
+    "v1alpha3.Node": (dra_v1alpha4_pb2, dra_v1alpha4_pb2_grpc),
 }
 _HEALTH_MODULES: tuple[tuple[str, ModuleType, ModuleType], ...] = (
     ("v1", drahealth_v1_pb2, drahealth_v1_pb2_grpc),
@@ -170,7 +174,8 @@ class DraClient:
         self.driver = driver
         self._pb2, grpc_module = _DRA_MODULES[service]
         self._channel = grpc.aio.insecure_channel(f"unix://{endpoint}")
-        self._stub = grpc_module.DRAPluginStub(self._channel)
+        stub = getattr(grpc_module, "DRAPluginStub", None) or grpc_module.NodeStub
+        self._stub = stub(self._channel)
 
     def _where(self, call: str) -> str:
         return f"DRA driver {self.driver or '?'} at {self.endpoint}: {call} ({self.service})"

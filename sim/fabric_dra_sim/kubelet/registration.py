@@ -154,6 +154,51 @@ def _walk_sockets(root: Path) -> Iterator[tuple[str, tuple[int, int]]]:
             yield entry.path, (info.st_ino, info.st_mtime_ns)
 
 
+# A Kubernetes 1.31 kubelet speaks only dra/v1alpha4, whose gRPC service is v1alpha3.Node, and
+# finds it by a version number in the plugin's supported versions.
+KUBELET_131_SERVICES = ("v1alpha3.Node",)
+
+
+def _highest_1x(versions: Sequence[str]) -> str:
+    """The 1.31 kubelet's rule (pkg/kubelet/cm/dra/plugin/registration.go highestSupportedVersion,
+    k8s.io/apimachinery pkg/util/version ParseGeneric): entries that are not versions are skipped,
+    majors above 1 are skipped, the highest left must be 1.x; the service is then v1alpha3.Node.
+
+    Raises:
+        ValueError: no 1.x version in ``versions``.
+    """
+    best: tuple[int, ...] | None = None
+    for text in versions:
+        parsed = _generic_version(text)
+        if parsed is None or parsed[0] > 1:
+            continue
+        if best is None or parsed > best:
+            best = parsed
+    if best is None:
+        raise ValueError(
+            f"could not find a highest supported version from versions ({list(versions)}) "
+            "reported by this plugin"
+        )
+    if best[0] != 1:
+        raise ValueError(f"highest supported version reported by plugin is {best}, must be v1.x")
+    return KUBELET_131_SERVICES[0]
+
+
+def _generic_version(text: str) -> tuple[int, ...] | None:
+    """ParseGeneric: an optional leading v, then 2 or 3 dot-separated numbers without leading
+    zeros (anything after a - or + is ignored); None when it does not parse."""
+    core = text.removeprefix("v").split("-", 1)[0].split("+", 1)[0]
+    parts = core.split(".")
+    if not 2 <= len(parts) <= 3:
+        return None
+    numbers = []
+    for part in parts:
+        if not part.isdigit() or (len(part) > 1 and part.startswith("0")):
+            return None
+        numbers.append(int(part))
+    return tuple(numbers)
+
+
 def choose_service(
     supported: Sequence[str], kubelet_services: Sequence[str] = KUBELET_SERVICES
 ) -> str:
@@ -165,6 +210,8 @@ def choose_service(
     """
     if not supported:
         raise ValueError("empty list of supported gRPC services (aka supported versions)")
+    if tuple(kubelet_services) == KUBELET_131_SERVICES:
+        return _highest_1x(supported)
     for service in supported:
         if service in kubelet_services:
             return service
