@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -559,8 +560,9 @@ class NodePluginSettings(_Section):
     )
     hook: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
-        description="a command (list of words) run after a device is found, before its CDI "
-        "spec is written, e.g. a driver bind; empty: none",
+        description="a command run after a device is found, before its CDI spec is written "
+        "(e.g. a driver bind): a list of words, or one string split like a shell does; empty: "
+        "none",
     )
     hook_timeout_seconds: Seconds = Field(default=60.0, description="seconds, > 0")
     health_interval_seconds: Seconds = Field(
@@ -578,8 +580,8 @@ class NodePluginSettings(_Section):
     )
     allowed_host_paths: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
-        description="absolute host path prefixes a FabricDeviceConfig may mount; empty: mounts "
-        "are refused",
+        description="absolute host path prefixes a FabricDeviceConfig may mount (a list, or "
+        "comma-separated); empty: mounts are refused",
     )
     health_port: int = Field(
         default=8081,
@@ -589,11 +591,22 @@ class NodePluginSettings(_Section):
     )
     health_host: str = Field(default="0.0.0.0", description="an address to bind")
 
-    @field_validator("hook", "allowed_host_paths", mode="before")
+    @field_validator("allowed_host_paths", mode="before")
     @classmethod
-    def _words(cls, value: Any) -> Any:
+    def _paths(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("hook", mode="before")
+    @classmethod
+    def _command(cls, value: Any) -> Any:
+        # A JSON list of words, or one string split as a POSIX shell splits it (no shell runs).
         if isinstance(value, str):
-            return tuple(value.split()) if value.strip() else ()
+            if value.lstrip().startswith("["):
+                return _split_list(value)
+            try:
+                return tuple(shlex.split(value))
+            except ValueError as err:
+                raise ValueError(f"is not a command line: {err}") from None
         return value
 
     @field_validator("allowed_host_paths")

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 import os
+import shutil
 import socket
 from typing import Any
 
@@ -32,7 +34,7 @@ from app.kube.versions import (
 )
 from app.node.checkpoint import Checkpoint
 from app.node.metrics import NodeMetrics
-from app.node.plan import ClaimNotPreparable, ClaimRef
+from app.node.plan import ClaimNotPreparable, ClaimReadFailed, ClaimRef
 from app.node.plugin import NodePlugin
 from app.node.server import PluginServers, health_loop
 
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 EVENT_COMPONENT = "fabric-dra-node"
 NODE_NAME_ENV = "NODE_NAME"
 JOURNAL_TIMEOUT_S = 5.0
+MAX_JOURNAL_BYTES = 1024 * 1024
 
 
 def node_name(settings: Settings, environ: dict[str, str] | None = None) -> str:
@@ -57,6 +60,30 @@ def node_name(settings: Settings, environ: dict[str, str] | None = None) -> str:
             "(set it from the downward API: fieldRef spec.nodeName)"
         )
     return name
+
+
+def check_node_settings(settings: Settings) -> None:
+    """What can be checked before the first prepare: the host root exists, the hook's program
+    is there, the CDI and kubelet directories are absolute.
+
+    Raises:
+        ConfigError: one line naming the setting.
+    """
+    node = settings.node
+    for name in ("cdi_dir", "plugins_dir", "plugin_registry_dir", "host_root"):
+        path = getattr(node, name)
+        if not path.is_absolute():
+            raise ConfigError(f"setting node.{name}: {str(path)!r} is not an absolute path")
+    if not (node.host_root / "sys").is_dir():
+        raise ConfigError(
+            f"setting node.host_root: {str(node.host_root)!r} has no sys directory (mount the "
+            "host's /sys there)"
+        )
+    if node.hook:
+        program = node.hook[0]
+        found = shutil.which(program) if "/" not in program else program
+        if found is None or not os.access(found, os.X_OK):
+            raise ConfigError(f"setting node.hook: {program!r} is not an executable program")
 
 
 def checkpoint_path(settings: Settings) -> Any:
@@ -93,6 +120,7 @@ class NodeAgent:
             ConfigError, KubeError, OSError, CheckpointError: it could not start (one line).
         """
         s = self.settings
+        check_node_settings(s)
         self.kube = await connect(kube_client_settings(s.kube))
         served = await discover_served_versions(self.kube.api)
         fixed = s.kube.resource_api_version
@@ -110,6 +138,11 @@ class NodeAgent:
                 # Kubernetes 1.31: claims in v1alpha3 (classic DRA)
                 self.version = choose_version(served, control_plane=True)
         api_client = self.kube.api
+        if self.version is ResourceApiVersion.V1ALPHA3 and s.node.controller_url is None:
+            log.warning(
+                "resource.k8s.io v1alpha3 (Kubernetes 1.31): claims carry no status.devices, so "
+                "without node.controller_url no prepare can learn that its device is attached"
+            )
         if s.node.controller_url is not None:
             headers = {}
             if s.node.controller_token_file is not None:
@@ -128,7 +161,8 @@ class NodeAgent:
             except KubeNotFound:
                 raise ClaimNotPreparable(f"claim {namespace}/{name} not found") from None
             except KubeError as err:
-                raise ClaimNotPreparable(f"cannot {what}: {err}") from None
+                # The message names the call already.
+                raise ClaimReadFailed(str(err)) from None
             return claim_from_wire(wire, self.version, owned=True)
 
         self.plugin = NodePlugin(
@@ -174,13 +208,17 @@ class NodeAgent:
                 if response.status == 404:
                     return []
                 if response.status != 200:
-                    raise ClaimNotPreparable(f"the controller answered {response.status} for {url}")
-                body = await response.json()
+                    raise ClaimReadFailed(f"the controller answered {response.status} for {url}")
+                raw = await response.content.read(MAX_JOURNAL_BYTES + 1)
+                if len(raw) > MAX_JOURNAL_BYTES:
+                    raise ClaimReadFailed(f"the controller's answer for {url} is over 1 MiB")
+                body = json.loads(raw)
         except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-            raise ClaimNotPreparable(f"cannot ask the controller ({url}): {err}") from None
+            detail = str(err) or type(err).__name__
+            raise ClaimReadFailed(f"cannot ask the controller ({url}): {detail}") from None
         devices = body.get("devices") if isinstance(body, dict) else None
         if not isinstance(devices, list):
-            raise ClaimNotPreparable(f"the controller's answer for {url} has no devices list")
+            raise ClaimReadFailed(f"the controller's answer for {url} has no devices list")
         return [d for d in devices if isinstance(d, dict)]
 
     async def _post_event(self, claim: ClaimRef, type_: str, reason: str, message: str) -> None:
@@ -231,7 +269,7 @@ class NodeAgent:
             if self.servers is None or not self.servers.serving:
                 return web.Response(status=503, text="not serving\n")
             if not self.servers.registration.registered.is_set():
-                error = self.servers.registration.last_error
+                error = self.servers.registration.last_error[:500]
                 text = f"not registered with the kubelet yet{': ' + error if error else ''}\n"
                 return web.Response(status=503, text=text)
             return web.Response(text="ok\n")

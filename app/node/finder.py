@@ -660,7 +660,7 @@ async def locate(
             notes.append(await asyncio.to_thread(_request_rescan, host_root, identity.device))
             found = await asyncio.to_thread(_look, chosen, identity)
         if found is not None:
-            log.info(
+            log.debug(
                 "device %s found at %s by %s",
                 identity.device,
                 found.sysfs_path,

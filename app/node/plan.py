@@ -41,6 +41,10 @@ class ClaimNotPreparable(Exception):
     """This claim cannot be prepared on this node; the message says why (one line)."""
 
 
+class ClaimReadFailed(ClaimNotPreparable):
+    """The claim (or the controller's journal) could not be read now; trying again may work."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimRef:
     """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources."""

@@ -49,6 +49,7 @@ from app.node.identity import DeviceIdentity, HostDevice
 from app.node.metrics import NodeMetrics
 from app.node.plan import (
     ClaimNotPreparable,
+    ClaimReadFailed,
     ClaimRef,
     DeviceState,
     Verdict,
@@ -64,6 +65,21 @@ log = logging.getLogger(__name__)
 
 # Left of the kubelet's deadline for writing specs and answering.
 DEADLINE_MARGIN_S = 1.0
+# The longest error told to the kubelet (it lands in the pod's events).
+MAX_ERROR_CHARS = 2048
+
+
+def claim_message(ref: ClaimRef, err: BaseException) -> str:
+    """One line for the kubelet: starts with ``claim <namespace>/<name>``, at most
+    :data:`MAX_ERROR_CHARS` characters."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    if not text.startswith(f"claim {ref}"):
+        text = f"claim {ref}: {text}"
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 3] + "..."
+    return text
+
+
 _SPEC_UID = re.compile(r"_([A-Za-z0-9-]+)\.json$")
 
 ReadClaim = Callable[[str, str], Awaitable[JsonDict]]
@@ -144,7 +160,7 @@ class NodePlugin:
         self.vendor = driver
         self.health: dict[tuple[str, str, str], DeviceHealth] = {}
         self.health_changed = asyncio.Event()
-        self._lock = asyncio.Lock()
+        self._claim_locks: dict[str, asyncio.Lock] = {}
 
     # ------------------------------------------------------------------ start
     def start(self) -> list[str]:
@@ -199,17 +215,30 @@ class NodePlugin:
             claims: the kubelet's claims.
             time_remaining_s: seconds left of the kubelet's deadline (None: no deadline).
         """
-        async with self._lock:
-            start = self.clock()
-            budget = self.settings.device_wait_seconds
-            if time_remaining_s is not None:
-                budget = max(0.0, min(budget, time_remaining_s - DEADLINE_MARGIN_S))
-            deadline = start + budget
-            results = await asyncio.gather(*(self._prepare_one(ref, deadline) for ref in claims))
-            answer = {ref.uid: result for ref, result in zip(claims, results, strict=True)}
-            self._count()
-            self._count_call("prepare", answer.values())
-            return answer
+        start = self.clock()
+        budget = self.settings.device_wait_seconds
+        if time_remaining_s is not None:
+            budget = max(0.0, min(budget, time_remaining_s - DEADLINE_MARGIN_S))
+        deadline = start + budget
+        results = await asyncio.gather(*(self._prepare_one(ref, deadline) for ref in claims))
+        answer = {ref.uid: result for ref, result in zip(claims, results, strict=True)}
+        self._count()
+        self._count_call("prepare", answer.values())
+        return answer
+
+    def _claim_lock(self, uid: str) -> asyncio.Lock:
+        """The lock of one claim: calls for the same claim run one after the other (like
+        upstream's serialised calls), calls for different claims do not wait for each other
+        (a claim waiting for its attach does not hold up the node)."""
+        lock = self._claim_locks.get(uid)
+        if lock is None:
+            lock = self._claim_locks[uid] = asyncio.Lock()
+        return lock
+
+    def _release_lock(self, uid: str) -> None:
+        lock = self._claim_locks.get(uid)
+        if lock is not None and not lock.locked():
+            del self._claim_locks[uid]
 
     def _count_call(self, method: str, results: Any) -> None:
         if self.metrics is None:
@@ -224,13 +253,18 @@ class NodePlugin:
     async def _prepare_one(self, ref: ClaimRef, deadline: float) -> PrepareResult:
         started = self.clock()
         try:
-            devices = await self._prepare(ref, deadline)
+            async with self._claim_lock(ref.uid):
+                devices = await self._prepare(ref, deadline)
         except (ClaimNotPreparable, DeviceNotFound, HookFailed) as err:
-            log.warning("prepare of claim %s (%s) failed: %s", ref, ref.uid, err)
-            return PrepareResult(error=str(err))
+            message = claim_message(ref, err)
+            log.warning("prepare of claim %s (%s) failed: %s", ref, ref.uid, message)
+            return PrepareResult(error=message)
         except (cdi.CdiWriteError, CheckpointError) as err:
-            log.error("prepare of claim %s (%s) failed: %s", ref, ref.uid, err)
-            return PrepareResult(error=str(err))
+            message = claim_message(ref, err)
+            log.error("prepare of claim %s (%s) failed: %s", ref, ref.uid, message)
+            return PrepareResult(error=message)
+        finally:
+            self._release_lock(ref.uid)
         if self.metrics is not None:
             self.metrics.prepare_seconds.observe(self.clock() - started)
         return PrepareResult(devices=devices)
@@ -248,7 +282,7 @@ class NodePlugin:
         already = self._already(ref)
         if already is not None:
             return already
-        claim = await self.read_claim(ref.namespace, ref.name)
+        claim = await self._read(ref, deadline)
         check_claim(claim, ref, self.driver, self.node)
         if not our_devices(claim, self.driver):
             return ()
@@ -282,7 +316,10 @@ class NodePlugin:
             "prepared claim %s (%s): %s",
             ref,
             ref.uid,
-            ", ".join(f"{d.pool}/{d.device}" for d in devices),
+            ", ".join(
+                f"{h.identity.pool}/{h.identity.device} at {h.sysfs_path} ({h.matched_by})"
+                for h in found
+            ),
         )
         return devices
 
@@ -293,7 +330,14 @@ class NodePlugin:
             if isinstance(e, Mapping) and e.get("driver") == self.driver
         ]
         if not ours and self.read_journal is not None:
-            reservations = await self.read_journal(ref.uid)
+            try:
+                reservations = await self.read_journal(ref.uid)
+            except ClaimReadFailed as err:
+                log.info("claim %s: %s; trying again", ref, err)
+                return [
+                    DeviceState(w, Verdict.WAITING, why=str(err))
+                    for w in our_devices(claim, self.driver)
+                ]
             return states_from_journal(claim, self.driver, self.node, reservations)
         return device_states(claim, self.driver, self.node, self.ready_types, self.failed_types)
 
@@ -320,8 +364,21 @@ class NodePlugin:
                     f"{self.clock() - waited_from:.0f} s: {first.why}"
                 )
             await asyncio.sleep(min(self.settings.device_poll_seconds, deadline - self.clock()))
-            claim = await self.read_claim(ref.namespace, ref.name)
+            claim = await self._read(ref, deadline)
             check_claim(claim, ref, self.driver, self.node)
+
+    async def _read(self, ref: ClaimRef, deadline: float) -> JsonDict:
+        """Read the claim; a failed read that may pass (:class:`ClaimReadFailed`: the API
+        server or the controller unreachable, an error answer) is tried again until the
+        deadline, then raised."""
+        while True:
+            try:
+                return await self.read_claim(ref.namespace, ref.name)
+            except ClaimReadFailed as err:
+                if self.clock() >= deadline:
+                    raise
+                log.info("claim %s: %s; trying again", ref, err)
+                await asyncio.sleep(min(self.settings.device_poll_seconds, deadline - self.clock()))
 
     async def _find(self, identity: DeviceIdentity, deadline: float) -> HostDevice:
         return await locate(
@@ -343,18 +400,20 @@ class NodePlugin:
         """Unprepare ``claims``: remove their CDI specs and forget them. Idempotent: a claim
         not prepared here is answered without error. Returns claim UID -> error ("" for done).
         """
-        async with self._lock:
-            answer = {}
-            for ref in claims:
-                try:
+        answer = {}
+        for ref in claims:
+            try:
+                async with self._claim_lock(ref.uid):
                     self._unprepare(ref)
-                    answer[ref.uid] = ""
-                except (cdi.CdiWriteError, CheckpointError) as err:
-                    log.error("unprepare of claim %s (%s) failed: %s", ref, ref.uid, err)
-                    answer[ref.uid] = str(err)
-            self._count()
-            self._count_call("unprepare", answer.values())
-            return answer
+                answer[ref.uid] = ""
+            except (cdi.CdiWriteError, CheckpointError) as err:
+                answer[ref.uid] = claim_message(ref, err)
+                log.error("unprepare of claim %s (%s) failed: %s", ref, ref.uid, answer[ref.uid])
+            finally:
+                self._release_lock(ref.uid)
+        self._count()
+        self._count_call("unprepare", answer.values())
+        return answer
 
     def _unprepare(self, ref: ClaimRef) -> None:
         record = self.checkpoint.records.get(ref.uid)

@@ -341,8 +341,13 @@ class PluginServers:
 
     @property
     def serving(self) -> bool:
-        """True while both servers run."""
-        return self._dra_server is not None and self._reg_server is not None
+        """True while both servers run and the registration socket is ours (the kubelet can
+        find us)."""
+        return (
+            self._dra_server is not None
+            and self._reg_server is not None
+            and _socket_identity(self.registration_path) == self._reg_identity
+        )
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop listening and remove both sockets (registration first, so the kubelet stops

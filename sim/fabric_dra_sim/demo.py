@@ -89,7 +89,7 @@ DEMO_OWNED: dict[str, frozenset[str] | None] = {
 }
 OWNED_REASON = (
     "the demo runs its own fabric simulators and emulated Kubernetes clusters and sets it "
-    "itself; leave it out (it is for fabric-dra run)"
+    "itself; leave it out (it is for fabric-dra run and fabric-dra node)"
 )
 # The demo's defaults, under what the user gives: a quick story on one machine.
 DEMO_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -5,6 +5,8 @@ and prepare / unprepare against a fake host (sysfs under a temporary folder) wit
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,8 +17,8 @@ import pytest
 from app.config import NodePluginSettings
 from app.node import cdi
 from app.node.checkpoint import PREPARED, PREPARING, Checkpoint, ClaimRecord, decode
-from app.node.plan import ClaimNotPreparable, ClaimRef
-from app.node.plugin import NodePlugin, PrepareResult
+from app.node.plan import ClaimNotPreparable, ClaimReadFailed, ClaimRef
+from app.node.plugin import MAX_ERROR_CHARS, NodePlugin, PrepareResult, claim_message
 from fabric_dra_sim.fakehost import FakeHost
 from fabric_dra_sim.kubelet.cdi_check import read_spec_file
 
@@ -344,7 +346,7 @@ async def test_a_device_not_attached_when_the_deadline_is_spent_is_an_error(dirs
 async def test_a_device_not_on_the_host_is_an_error_naming_it(dirs: Dirs) -> None:
     plugin = dirs.plugin(Claims(claim(REF_A, [GPU, MISSING])))
     result = (await plugin.prepare([REF_A], time_remaining_s=1.0))[UID_A]
-    assert result.error.startswith("device gpu-9 (gpu) not found on this host")
+    assert result.error.startswith(f"claim {REF_A}: device gpu-9 (gpu) not found on this host")
     assert dirs.specs() == []
     assert plugin.checkpoint.records == {}
 
@@ -400,7 +402,7 @@ async def test_unprepare_reports_an_unlistable_cdi_directory_per_claim(dirs: Dir
     plugin = dirs.plugin(Claims())
     dirs.cdi.write_text("a file")
     answer = await plugin.unprepare([REF_A])
-    assert answer[UID_A].startswith(f"cannot list CDI specs in {dirs.cdi}: ")
+    assert answer[UID_A].startswith(f"claim {REF_A}: cannot list CDI specs in {dirs.cdi}: ")
 
 
 # --- a failing spec write ----------------------------------------------------------------------
@@ -429,7 +431,8 @@ async def test_a_failed_spec_write_is_a_claim_error_and_leaves_it_preparing(dirs
     answer = await plugin.prepare([REF_A])
     assert answer == {
         UID_A: PrepareResult(
-            error=f"cannot write CDI spec {dirs.cdi / NVME_SPEC_A}: No space left on device"
+            error=f"claim {REF_A}: cannot write CDI spec {dirs.cdi / NVME_SPEC_A}: "
+            "No space left on device"
         )
     }
     assert writer.calls == [GPU_SPEC_A, NVME_SPEC_A]
@@ -471,7 +474,7 @@ async def test_a_failed_write_of_one_claim_does_not_stop_the_others(dirs: Dirs) 
     writer = FailingWriter(GPU_SPEC_A)
     plugin = dirs.plugin(Claims(claim(REF_A, [GPU]), claim(REF_B, [GPU])), write_spec=writer)
     answer = await plugin.prepare([REF_A, REF_B])
-    assert answer[UID_A].error.startswith("cannot write CDI spec ")
+    assert answer[UID_A].error.startswith(f"claim {REF_A}: cannot write CDI spec ")
     assert answer[UID_B].error == ""
     assert {u: r.state for u, r in dirs.on_disk().items()} == {UID_A: PREPARING, UID_B: PREPARED}
     assert dirs.specs() == [GPU_SPEC_B]
@@ -481,7 +484,7 @@ async def test_a_checkpoint_that_cannot_be_written_is_a_claim_error(dirs: Dirs) 
     plugin = dirs.plugin(Claims(claim(REF_A, [GPU])))
     dirs.plugins.write_text("a file where the plugins directory should be")
     result = (await plugin.prepare([REF_A]))[UID_A]
-    assert result.error.startswith(f"cannot write checkpoint {dirs.checkpoint}: ")
+    assert result.error.startswith(f"claim {REF_A}: cannot write checkpoint {dirs.checkpoint}: ")
     assert dirs.specs() == []
     assert plugin.checkpoint.records == {}
 
@@ -494,3 +497,52 @@ def test_a_rebuild_goes_by_spec_names_not_their_content(dirs: Dirs) -> None:
     plugin.start()
     assert dirs.specs() == [GPU_SPEC_A]
     assert json.loads(dirs.checkpoint.read_text())["claims"][UID_A]["specs"] == [GPU_SPEC_A]
+
+
+class Flaky(Claims):
+    """Claims whose first ``failures`` reads fail the way an unreachable API server does."""
+
+    def __init__(self, failures: int, *claims: dict[str, Any]) -> None:
+        super().__init__(*claims)
+        self.failures = failures
+
+    async def __call__(self, namespace: str, name: str) -> dict[str, Any]:
+        if self.failures > 0:
+            self.failures -= 1
+            self.reads.append((namespace, name))
+            raise ClaimReadFailed("read ResourceClaim: Cannot connect to host")
+        return await super().__call__(namespace, name)
+
+
+async def test_a_failed_read_is_tried_again_within_the_deadline(dirs: Dirs) -> None:
+    claims = Flaky(3, claim(REF_A, [GPU]))
+    plugin = dirs.plugin(claims)
+    result = (await plugin.prepare([REF_A]))[UID_A]
+    assert result.error == "" and len(result.devices) == 1
+    assert len(claims.reads) == 4
+
+
+async def test_a_read_that_keeps_failing_ends_at_the_deadline_with_its_reason(dirs: Dirs) -> None:
+    plugin = dirs.plugin(Flaky(10**6, claim(REF_A, [GPU])))
+    result = (await plugin.prepare([REF_A], time_remaining_s=1.3))[UID_A]
+    assert result.error == f"claim {REF_A}: read ResourceClaim: Cannot connect to host"
+
+
+async def test_a_claim_waiting_for_its_attach_does_not_hold_up_the_others(dirs: Dirs) -> None:
+    plugin = dirs.plugin(Claims(claim(REF_A, [GPU], ready=False), claim(REF_B, [GPU])))
+    waiting = asyncio.create_task(plugin.prepare([REF_A]))
+    other = await asyncio.wait_for(plugin.prepare([REF_B]), timeout=4)
+    assert other[UID_B].error == "" and not waiting.done()
+    assert await asyncio.wait_for(plugin.unprepare([REF_B]), timeout=4) == {UID_B: ""}
+    assert not waiting.done()
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+
+
+def test_an_error_for_the_kubelet_names_the_claim_and_fits_one_bounded_line() -> None:
+    assert claim_message(REF_A, ValueError("bad\nthing")) == f"claim {REF_A}: bad thing"
+    assert claim_message(REF_A, ValueError(f"claim {REF_A}: x")) == f"claim {REF_A}: x"
+    assert claim_message(REF_A, TimeoutError()) == f"claim {REF_A}: TimeoutError"
+    long = claim_message(REF_A, ValueError("y" * 10_000))
+    assert len(long) == MAX_ERROR_CHARS and long.endswith("...")
