@@ -235,10 +235,14 @@ async def test_a_plugin_is_registered_with_the_service_chosen_and_told_so(
     chosen: str,
 ) -> None:
     plugin = await plugins(root, services=services, serve=serve)
-    await eventually(lambda: plugin.statuses == [(True, "")], what="registration status")
+    # The watcher records the handshake after the plugin was told: wait for the record.
+    await eventually(
+        lambda: [e.kind for e in watcher.events_for(plugin.reg_socket)] == ["registered"],
+        what="the handshake recorded",
+    )
+    assert plugin.statuses == [(True, "")]
     registered = watcher.plugins[DRIVER]
     assert (registered.endpoint, registered.service) == (str(plugin.dra_socket), chosen)
-    assert [e.kind for e in watcher.events_for(plugin.reg_socket)] == ["registered"]
 
 
 REFUSALS = [
@@ -260,12 +264,14 @@ async def test_an_invalid_plugin_is_refused_and_the_reason_is_sent_back(
     reason: str,
 ) -> None:
     plugin = await plugins(root, **options)
-    await eventually(lambda: bool(plugin.statuses), what="a registration status")
+    await eventually(
+        lambda: bool(watcher.events_for(plugin.reg_socket)), what="the handshake recorded"
+    )
+    assert watcher.events_for(plugin.reg_socket)[0].kind == "refused"
     registered, error = plugin.statuses[0]
     assert registered is False
     assert reason in error and error.startswith("RegisterPlugin error -- ")
     assert watcher.plugins == {}
-    assert watcher.events_for(plugin.reg_socket)[0].kind == "refused"
 
 
 async def test_an_empty_endpoint_means_the_registration_socket(
@@ -325,7 +331,10 @@ async def test_removing_the_socket_deregisters_and_a_restart_handshakes_again(
     root: Path, plugins: Callable[..., Any], watcher: PluginWatcher
 ) -> None:
     plugin = await plugins(root)
-    await eventually(lambda: DRIVER in watcher.plugins, what="registration")
+    await eventually(
+        lambda: [e.kind for e in watcher.events_for(plugin.reg_socket)] == ["registered"],
+        what="registration recorded",
+    )
     await watcher.restart()
     assert plugin.statuses == [(True, ""), (True, "")]
     kinds = [e.kind for e in watcher.events_for(plugin.reg_socket)]
@@ -512,7 +521,10 @@ async def test_a_shared_claim_is_prepared_once_and_unprepared_after_its_last_pod
     root: Path, emu: KubeEmulator, plugins: Callable[..., Any], kubelet: KubeletStandIn
 ) -> None:
     plugin = await plugins(root)
-    await eventually(lambda: DRIVER in kubelet.watcher.plugins, what="registration")
+    await eventually(
+        lambda: [e.kind for e in kubelet.watcher.events_for(plugin.reg_socket)] == ["registered"],
+        what="registration recorded",
+    )
     first, second = _pod(emu, "p1", "shared"), _pod(emu, "p2", "shared")
     claim = _claim(emu, "shared", [first, second])
     uid = claim["metadata"]["uid"]
