@@ -152,6 +152,17 @@ def _split_list(value: Any) -> Any:
     return value
 
 
+def _url_without_path(value: str | None) -> str | None:
+    """An http(s) URL without a path (``kube.url``, ``node.controller_url``), without its
+    trailing slash; None stays None."""
+    if value is None:
+        return None
+    problem = http_origin_problem(value)
+    if problem is not None:
+        raise ValueError(f"is not an http:// or https:// URL without a path{_detail(problem)}")
+    return value.rstrip("/")
+
+
 def _condition_type(value: str) -> str:
     # Source: k8s.io/apimachinery metav1 validation of Condition.type (a qualified name).
     if not is_label_key(value):
@@ -399,12 +410,7 @@ class KubeSettings(_Section):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        problem = http_origin_problem(value)
-        if problem is not None:
-            raise ValueError(f"is not an http:// or https:// URL without a path{_detail(problem)}")
-        return value.rstrip("/")
+        return _url_without_path(value)
 
     @model_validator(mode="after")
     def _mode_complete(self) -> KubeSettings:
@@ -620,12 +626,7 @@ class NodePluginSettings(_Section):
     @field_validator("controller_url")
     @classmethod
     def _controller_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        problem = http_origin_problem(value)
-        if problem is not None:
-            raise ValueError(f"is not an http:// or https:// URL without a path{_detail(problem)}")
-        return value.rstrip("/")
+        return _url_without_path(value)
 
 
 class LogSettings(_Section):
