@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import (
     Boolean,
+    Connection,
     Integer,
     String,
     Table,
@@ -331,46 +332,47 @@ class Journal:
         self, wanted: _Wanted, *, attaching: bool
     ) -> tuple[ReservationView, FabricDevice | None, bool]:
         claim, request, device_name = wanted.claim, wanted.request, wanted.device_name
-        try:
+
+        def work(conn: Connection) -> tuple[ReservationView, FabricDevice | None, bool]:
             # One transaction for the check and the insert (BEGIN IMMEDIATE on SQLite); the
             # time is taken inside it, so journal times follow commit order.
-            async with self.db.write_connection() as conn:
-                now = self.clock()
-                rows = (await conn.execute(_DEVICE_AND_HOLDERS, {"b_name": device_name})).all()
-                if not rows:
-                    raise UnknownDevice(f"device {device_name} is not in the inventory")
-                device = rows[0]
-                existing = [_view(r[_FABRIC_WIDTH:]) for r in rows if r[_FABRIC_WIDTH] is not None]
-                for held in existing:
-                    if held.claim.uid == claim.uid and held.request == request:
-                        return held, None, False
-                fabric = _fabric_device_from(device[1:_FABRIC_WIDTH])
-                exclusive = not fabric.shareable
-                if exclusive and existing:
-                    raise DeviceHeld(device_name, str(existing[0].claim), existing[0])
-                inserted = (
-                    await conn.execute(
-                        _INSERT,
-                        {
-                            "claim_uid": claim.uid,
-                            "claim_namespace": claim.namespace,
-                            "claim_name": claim.name,
-                            "request": request,
-                            "mode": wanted.mode,
-                            "device_id": device[0],
-                            "device_name": device_name,
-                            "pool": wanted.pool,
-                            "exclusive": exclusive,
-                            "node": wanted.node,
-                            "host_id": wanted.host_id,
-                            "state": ATTACHING if attaching else PENDING,
-                            "attempts": 1 if attaching else 0,
-                            "created_at": now,
-                            "updated_at": now,
-                        },
-                    )
-                ).one()
-                return _view(inserted), fabric if attaching else None, True
+            now = self.clock()
+            rows = conn.execute(_DEVICE_AND_HOLDERS, {"b_name": device_name}).all()
+            if not rows:
+                raise UnknownDevice(f"device {device_name} is not in the inventory")
+            device = rows[0]
+            existing = [_view(r[_FABRIC_WIDTH:]) for r in rows if r[_FABRIC_WIDTH] is not None]
+            for held in existing:
+                if held.claim.uid == claim.uid and held.request == request:
+                    return held, None, False
+            fabric = _fabric_device_from(device[1:_FABRIC_WIDTH])
+            exclusive = not fabric.shareable
+            if exclusive and existing:
+                raise DeviceHeld(device_name, str(existing[0].claim), existing[0])
+            inserted = conn.execute(
+                _INSERT,
+                {
+                    "claim_uid": claim.uid,
+                    "claim_namespace": claim.namespace,
+                    "claim_name": claim.name,
+                    "request": request,
+                    "mode": wanted.mode,
+                    "device_id": device[0],
+                    "device_name": device_name,
+                    "pool": wanted.pool,
+                    "exclusive": exclusive,
+                    "node": wanted.node,
+                    "host_id": wanted.host_id,
+                    "state": ATTACHING if attaching else PENDING,
+                    "attempts": 1 if attaching else 0,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            ).one()
+            return _view(inserted), fabric if attaching else None, True
+
+        try:
+            return await self.db.run_write(work)
         except IntegrityError as err:
             # A concurrent reserve (another process, or PostgreSQL's weaker isolation) won
             # the race for the device; the index said no.
@@ -378,17 +380,13 @@ class Journal:
             raise DeviceHeld(device_name, str(holder.claim) if holder else None, holder) from err
 
     async def _holder_of(self, device_name: str) -> ReservationView | None:
-        async with self.db.read_statement() as conn:
-            row = (
-                await conn.execute(
-                    select(*_COLUMNS)
-                    .where(
-                        _TABLE.c.device_name == device_name,
-                        _TABLE.c.state.in_(_ACTIVE),
-                    )
-                    .order_by(_TABLE.c.id)
-                )
+        row = await self.db.run_read(
+            lambda conn: conn.execute(
+                select(*_COLUMNS)
+                .where(_TABLE.c.device_name == device_name, _TABLE.c.state.in_(_ACTIVE))
+                .order_by(_TABLE.c.id)
             ).first()
+        )
         return _view(row) if row else None
 
     async def transition(
@@ -555,28 +553,27 @@ class Journal:
         device_required: bool,
     ) -> tuple[ReservationView, FabricDevice | None] | None:
         error = change.error
-        async with self.db.write_connection() as conn:
+
+        def work(conn: Connection) -> tuple[ReservationView, FabricDevice | None] | None:
             # Taken inside the transaction, so journal times follow commit order.
             now = self.clock()
-            row = (
-                await conn.execute(
-                    _MOVE,
-                    {
-                        "b_id": reservation_id,
-                        "b_expected": list(expected),
-                        "b_state": state,
-                        "b_error": error[:MAX_ERROR_LENGTH] if error else None,
-                        "b_attempt": 1 if change.count_attempt else 0,
-                        "b_node": change.node,
-                        "b_host_id": change.host_id,
-                        "b_operation_id": change.operation_id,
-                        "b_now": now,
-                        "b_same_phase": _SAME_PHASE[state],
-                        "b_clear_operation": change.clear_operation,
-                        "b_attached_at": now if state == ATTACHED else None,
-                        "b_released_at": now if state == RELEASED else None,
-                    },
-                )
+            row = conn.execute(
+                _MOVE,
+                {
+                    "b_id": reservation_id,
+                    "b_expected": list(expected),
+                    "b_state": state,
+                    "b_error": error[:MAX_ERROR_LENGTH] if error else None,
+                    "b_attempt": 1 if change.count_attempt else 0,
+                    "b_node": change.node,
+                    "b_host_id": change.host_id,
+                    "b_operation_id": change.operation_id,
+                    "b_now": now,
+                    "b_same_phase": _SAME_PHASE[state],
+                    "b_clear_operation": change.clear_operation,
+                    "b_attached_at": now if state == ATTACHED else None,
+                    "b_released_at": now if state == RELEASED else None,
+                },
             ).first()
             if row is None:
                 return None
@@ -584,72 +581,59 @@ class Journal:
             if view.host_id is not None and (
                 state == ATTACHED or (state == RELEASED and change.detached)
             ):
-                await conn.execute(
+                conn.execute(
                     _DEVICE_NOW_ON if state == ATTACHED else _DEVICE_NOW_OFF,
                     {"b_device_id": view.device_id, "b_device_host": view.host_id},
                 )
             if not with_device:
                 return view, None
-            device = (await conn.execute(_FABRIC_DEVICE, {"b_device_id": view.device_id})).first()
+            device = conn.execute(_FABRIC_DEVICE, {"b_device_id": view.device_id}).first()
             if device is None and device_required:
-                # Leaving the block rolls the transition back.
+                # Raising rolls the transition back.
                 raise UnknownDevice(f"device {view.device_name} is not in the inventory")
             return view, _fabric_device_from(device) if device is not None else None
 
+        return await self.db.run_write(work)
+
     async def get(self, reservation_id: int) -> ReservationView | None:
         """One reservation by id."""
-        async with self.db.read_statement() as conn:
-            row = (
-                await conn.execute(select(*_COLUMNS).where(_TABLE.c.id == reservation_id))
+        row = await self.db.run_read(
+            lambda conn: conn.execute(
+                select(*_COLUMNS).where(_TABLE.c.id == reservation_id)
             ).first()
+        )
         return _view(row) if row is not None else None
 
     async def for_claim(self, claim_uid: str, *, active_only: bool = True) -> list[ReservationView]:
         """The reservations of one claim, oldest first."""
         query = _FOR_CLAIM_ACTIVE if active_only else _FOR_CLAIM
-        async with self.db.read_statement() as conn:
-            rows = (await conn.execute(query, {"b_uid": claim_uid})).all()
-        return [_view(r) for r in rows]
+        return await self.db.run_read(
+            lambda conn: [_view(r) for r in conn.execute(query, {"b_uid": claim_uid})]
+        )
 
     async def active(
         self, states: Collection[str] = ACTIVE_RESERVATION_STATES
     ) -> list[ReservationView]:
         """Every reservation in one of ``states`` (default: every active one), by id."""
-        async with self.db.read_statement() as conn:
-            rows = (
-                await conn.execute(
-                    select(*_COLUMNS).where(_TABLE.c.state.in_(tuple(states))).order_by(_TABLE.c.id)
-                )
-            ).all()
-        return [_view(r) for r in rows]
+        query = select(*_COLUMNS).where(_TABLE.c.state.in_(tuple(states))).order_by(_TABLE.c.id)
+        return await self.db.run_read(lambda conn: [_view(r) for r in conn.execute(query)])
 
     async def held(self) -> list[HeldDevice]:
         """The devices held by active exclusive reservations (any mode), by reservation id:
         what allocation must leave alone. Lighter than :meth:`active`."""
-        async with self.db.read_statement() as conn:
-            rows = (await conn.execute(_HELD)).all()
-        return [HeldDevice(*row) for row in rows]
+        return await self.db.run_read(
+            lambda conn: [HeldDevice(*row) for row in conn.execute(_HELD)]
+        )
 
     async def count_active(self) -> int:
         """How many reservations are active (not released)."""
-        async with self.db.read_statement() as conn:
-            return int(
-                (
-                    await conn.execute(
-                        select(func.count()).select_from(_TABLE).where(_TABLE.c.state.in_(_ACTIVE))
-                    )
-                ).scalar_one()
-            )
+        query = select(func.count()).select_from(_TABLE).where(_TABLE.c.state.in_(_ACTIVE))
+        return int(await self.db.run_read(lambda conn: conn.execute(query).scalar_one()))
 
     async def recent(self, limit: int = 100, offset: int = 0) -> list[ReservationView]:
         """The newest reservations first (released ones included), for the admin API."""
-        async with self.db.read_statement() as conn:
-            rows = (
-                await conn.execute(
-                    select(*_COLUMNS).order_by(_TABLE.c.id.desc()).limit(limit).offset(offset)
-                )
-            ).all()
-        return [_view(r) for r in rows]
+        query = select(*_COLUMNS).order_by(_TABLE.c.id.desc()).limit(limit).offset(offset)
+        return await self.db.run_read(lambda conn: [_view(r) for r in conn.execute(query)])
 
     async def fabric_device(self, reservation: ReservationView) -> FabricDevice:
         """The fabric's view of the reserved device, enough for attach and detach calls.
@@ -657,10 +641,11 @@ class Journal:
         Raises:
             UnknownDevice: the device row is gone.
         """
-        async with self.db.read_statement() as conn:
-            row = (
-                await conn.execute(_FABRIC_DEVICE, {"b_device_id": reservation.device_id})
+        row = await self.db.run_read(
+            lambda conn: conn.execute(
+                _FABRIC_DEVICE, {"b_device_id": reservation.device_id}
             ).first()
+        )
         if row is None:
             raise UnknownDevice(f"device {reservation.device_name} is not in the inventory")
         return _fabric_device_from(row)
@@ -671,10 +656,8 @@ class Journal:
         Raises:
             UnknownDevice: no device has that name.
         """
-        async with self.db.read_statement() as conn:
-            row = (
-                await conn.execute(select(*_FABRIC_COLUMNS).where(_DEVICES.c.name == name).limit(1))
-            ).first()
+        query = select(*_FABRIC_COLUMNS).where(_DEVICES.c.name == name).limit(1)
+        row = await self.db.run_read(lambda conn: conn.execute(query).first())
         if row is None:
             raise UnknownDevice(f"device {name} is not in the inventory")
         return _fabric_device_from(row)

@@ -53,6 +53,7 @@ from bench.common import (
     redfish_simulator_process,
     reference_cpu_seconds,
     reference_units,
+    WindowProfile,
     write_figures,
 )
 
@@ -80,7 +81,11 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 async def measure(
-    claims: int, database_url: str | None, workers: int, rate: float = 50.0
+    claims: int,
+    database_url: str | None,
+    workers: int,
+    rate: float = 50.0,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark for ``claims`` claims; return the figures."""
     reference = reference_cpu_seconds()
@@ -109,7 +114,9 @@ async def measure(
             backend = RedfishBackend(fabric_url, auth="none", timeout_s=60)
             client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url))
             try:
-                figures = await _cycle(claims, database, backend, client, workers, rate)
+                figures = await _cycle(
+                    claims, database, backend, client, workers, rate, WindowProfile(profile)
+                )
                 figures["verify_reads_per_operation"] = round(
                     _verify_reads(backend) / (4 * claims), 3
                 )
@@ -125,7 +132,13 @@ async def measure(
 
 
 async def _cycle(
-    claims: int, database: Database, backend: RedfishBackend, client: Any, workers: int, rate: float
+    claims: int,
+    database: Database,
+    backend: RedfishBackend,
+    client: Any,
+    workers: int,
+    rate: float,
+    profile: WindowProfile,
 ) -> dict[str, Any]:
     await InventorySync(backend, database).sync_once()
     async with database.read() as session:
@@ -216,6 +229,7 @@ async def _cycle(
         journal = Journal(database)
         released = [{"name": n, "status": {}} for n in names]
         cpu0 = cpu_seconds()
+        profile.start()
         # Burst: every allocation written at once, as fast as the writer goes: throughput.
         writer = await _write_statuses(client.host, allocations)
         await _until(lambda: _all_ready(reconciler, resources, names))
@@ -228,6 +242,7 @@ async def _cycle(
         release_seconds = time.monotonic() - (await writer)["started"]
         release_durations = list(reconciler.durations)
         cpu = cpu_seconds() - cpu0
+        profile.stop()
 
         # Paced: the same allocations again at a steady rate below saturation: the latency
         # of one claim's reconcile when it does not queue behind a burst.
@@ -351,9 +366,17 @@ def main() -> None:
     )
     parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="write a cProfile of the burst (attach and release) to this file",
+    )
     options = parser.parse_args()
     figures = asyncio.run(
-        measure(options.claims, options.database_url, options.workers, options.rate)
+        measure(
+            options.claims, options.database_url, options.workers, options.rate, options.profile
+        )
     )
     write_figures(options.json, [figures])
 

@@ -184,6 +184,38 @@ def write_figures(path: Path | None, figures: list[dict[str, Any]]) -> None:
         path.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
 
 
+# --- profiling ------------------------------------------------------------------------------
+
+
+class WindowProfile:
+    """cProfile over the measured window only (``--profile FILE``): :meth:`start` and
+    :meth:`stop` bracket the window; :meth:`stop` writes the statistics to ``path`` (``pstats``
+    format, for ``python -m pstats FILE`` or snakeviz) and prints the 25 costliest functions by
+    own time to stderr. With ``path`` None both are no-ops. Only this process's event-loop
+    thread is profiled: a worker thread's own work (aiosqlite's) shows as the waits for it."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._profile: Any = None
+
+    def start(self) -> None:
+        if self.path is not None:
+            import cProfile
+
+            self._profile = cProfile.Profile()
+            self._profile.enable()
+
+    def stop(self) -> None:
+        if self._profile is None:
+            return
+        import pstats
+
+        self._profile.disable()
+        self._profile.dump_stats(str(self.path))
+        pstats.Stats(self._profile, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+        self._profile = None
+
+
 # --- command lines ----------------------------------------------------------------------------
 
 
