@@ -51,6 +51,7 @@ BENCHMARKS = (
     "kubeapi",
     "node",
 )
+_DATABASES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 MB = 1_000_000 / 2**20  # MiB per MB: targets speak of MB, the kernel reports KiB
 
 
@@ -73,6 +74,9 @@ class Outcome:
     seconds: float
     figures: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    # os.getloadavg() (1, 5 and 15 minutes) just before and just after the case ran.
+    load_start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 def cases(short: bool) -> list[Case]:
@@ -109,14 +113,30 @@ def cases(short: bool) -> list[Case]:
             )
         )
     claims = 60 if short else 400
-    out.append(
-        Case(
-            "claims",
-            f"{claims} claims, 8 workers",
-            ("--claims", str(claims), "--workers", "8"),
-            600,
-        )
+    # The claim path on both databases, and (full mode) as the inventory grows.
+    claim_cases = (
+        ((1_000, "sqlite"), (1_000, "postgresql"))
+        if short
+        else ((1_000, "sqlite"), (1_000, "postgresql"), (10_000, "sqlite"), (100_000, "sqlite"))
     )
+    for devices, database in claim_cases:
+        out.append(
+            Case(
+                "claims",
+                f"{claims} claims, {devices:,} devices, {_DATABASES[database]}",
+                (
+                    "--claims",
+                    str(claims),
+                    "--workers",
+                    "8",
+                    "--devices",
+                    str(devices),
+                    "--database",
+                    database,
+                ),
+                1200 if devices >= 100_000 else 600,
+            )
+        )
     if short:
         out.append(
             Case(
@@ -159,17 +179,42 @@ def cases(short: bool) -> list[Case]:
             Case("allocate", "10,000 devices, 300 allocations", ("--allocations", "300"), 300)
         )
     else:
-        out.append(
-            Case(
-                "controlplane",
-                "10,000 devices, 300 pods",
-                ("--devices", "10000", "--pods", "300", "--in-flight", "16"),
-                1200,
+        # Pods in flight (16 and 64), both databases, and the inventory's growth.
+        for devices, in_flight, database in (
+            (10_000, 16, "sqlite"),
+            (10_000, 64, "sqlite"),
+            (10_000, 16, "postgresql"),
+            (1_000, 16, "sqlite"),
+            (100_000, 16, "sqlite"),
+        ):
+            out.append(
+                Case(
+                    "controlplane",
+                    f"{devices:,} devices, 300 pods, {in_flight} in flight, {_DATABASES[database]}",
+                    (
+                        "--devices",
+                        str(devices),
+                        "--pods",
+                        "300",
+                        "--in-flight",
+                        str(in_flight),
+                        "--database",
+                        database,
+                    ),
+                    1800 if devices >= 100_000 else 1200,
+                )
             )
-        )
-        out.append(
-            Case("allocate", "10,000 devices, 2,000 allocations", ("--allocations", "2000"), 600)
-        )
+        # The allocator alone as pools are added (125 devices each; a node reaches a quarter
+        # of them): its cost must grow no faster than the pools a node reaches.
+        for pools in (8, 80, 800):
+            out.append(
+                Case(
+                    "allocate",
+                    f"{pools * 125:,} devices in {pools} pools, 2,000 allocations",
+                    ("--allocations", "2000", "--devices", str(pools * 125), "--pools", str(pools)),
+                    900,
+                )
+            )
     requests = 50 if short else 500
     out.append(
         Case("kubeapi", f"{requests} requests of each kind", ("--requests", str(requests)), 300)
@@ -187,6 +232,18 @@ def cases(short: bool) -> list[Case]:
 
 
 def run_case(case: Case) -> Outcome:
+    """Run ``case`` (see :func:`_run_case`), with the load average at its start and end."""
+    load_start = os.getloadavg()
+    outcome = _run_case(case)
+    outcome.load_start, outcome.load_end = load_start, os.getloadavg()
+    return outcome
+
+
+def _load(values: Sequence[float]) -> str:
+    return " ".join(f"{v:.2f}" for v in values)
+
+
+def _run_case(case: Case) -> Outcome:
     """Run ``case`` in a new process group (so that a timeout also ends the simulator and
     emulator it started); return its figures."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -299,6 +356,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("inventory_sync", "device listing", _key("list_devices_seconds"), "s"),
     Metric("inventory_sync", "first sync", _key("first_sync_seconds"), "s"),
     Metric("inventory_sync", "first sync rows written", _key("first_sync_rows_written")),
+    Metric("inventory_sync", "first sync CPU", _key("first_sync_cpu_seconds"), "s"),
     Metric(
         "inventory_sync",
         "first sync CPU per 1,000 devices",
@@ -321,6 +379,7 @@ METRICS: tuple[Metric, ...] = (
         _ratio("first_publish_writes", "minimum_writes"),
         target=("1.0", lambda v: v == 1),
     ),
+    Metric("publish", "first publish CPU", _key("first_publish_cpu_seconds"), "s"),
     Metric(
         "publish",
         "first publish CPU per 1,000 devices",
@@ -366,7 +425,7 @@ METRICS: tuple[Metric, ...] = (
         "claims per second",
         _key("claims_per_second"),
         "/s",
-        target=(">= 100", lambda v: v >= 100),
+        target=(">= 150", lambda v: v >= 150),
     ),
     Metric("claims", "reconcile p50", _key("reconcile_p50_ms"), "ms"),
     Metric(
@@ -377,7 +436,13 @@ METRICS: tuple[Metric, ...] = (
         target=("< 50 ms", lambda v: v < 50),
     ),
     Metric("claims", "reconcile p99 in the burst", _key("burst_reconcile_p99_ms"), "ms"),
-    Metric("claims", "CPU per claim cycle", _key("cpu_ms_per_claim_cycle"), "ms"),
+    Metric(
+        "claims",
+        "CPU per claim cycle",
+        _key("cpu_ms_per_claim_cycle"),
+        "ms",
+        target=("<= 8 ms", lambda v: v <= 8),
+    ),
     Metric("claims", "CPU per claim cycle (ratio)", _key("ref_units_per_claim_cycle"), "ref"),
     Metric(
         "claims", "fabric reads to verify, per attach or detach", _key("verify_reads_per_operation")
@@ -397,7 +462,7 @@ METRICS: tuple[Metric, ...] = (
         "allocations per second",
         _key("allocations_per_second", "allocations"),
         "/s",
-        target=(">= 100", lambda v: v >= 100),
+        target=(">= 150", lambda v: v >= 150),
     ),
     Metric("controlplane", "pod to bind p50", _key("p50_ms", "allocations"), "ms"),
     Metric("controlplane", "pod to bind p99", _key("p99_ms", "allocations"), "ms"),
@@ -407,13 +472,46 @@ METRICS: tuple[Metric, ...] = (
         _key("api_requests_per_allocation", "allocations"),
     ),
     Metric(
-        "controlplane", "CPU per allocation", _ms("cpu_seconds_per_allocation", "allocations"), "ms"
+        "controlplane",
+        "CPU per allocation",
+        _ms("cpu_seconds_per_allocation", "allocations"),
+        "ms",
+        target=("<= 8 ms", lambda v: v <= 8),
     ),
     Metric(
         "controlplane",
         "CPU per allocation (ratio)",
         _key("ref_units_per_allocation", "allocations"),
         "ref",
+    ),
+    *(
+        Metric(
+            "controlplane", f"pod to bind, {label}, p50", _key(f"{key}_p50_ms", "allocations"), "ms"
+        )
+        for key, label in (
+            ("to_context", "until the scheduling context is written"),
+            ("driver_answers", "waiting for the driver's answers"),
+            ("node_selection", "choosing the node"),
+            ("driver_allocation", "waiting for the driver's allocation"),
+            ("to_bind", "reserving and binding"),
+        )
+    ),
+    Metric(
+        "controlplane",
+        "scheduling context passes per allocation",
+        _key("context_passes_per_allocation", "allocations"),
+    ),
+    Metric(
+        "controlplane",
+        "emulator CPU per allocation",
+        _key("emulator_cpu_ms_per_allocation", "allocations"),
+        "ms",
+    ),
+    Metric(
+        "controlplane",
+        "scheduler stand-in CPU per allocation",
+        _key("standin_cpu_ms_per_allocation", "allocations"),
+        "ms",
     ),
     Metric(
         "controlplane",
@@ -427,6 +525,13 @@ METRICS: tuple[Metric, ...] = (
         "/s",
     ),
     Metric("allocate", "allocation p99", _key("p99_ms", "allocations"), "ms"),
+    Metric("allocate", "pools a node reaches", _key("reachable_pools", "allocations")),
+    Metric(
+        "allocate",
+        "time per allocation per pool reached",
+        _key("mean_us_per_reachable_pool", "allocations"),
+        "us",
+    ),
     *(
         Metric(
             "kubeapi",
@@ -464,6 +569,17 @@ def rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for outcome in outcomes:
         case = outcome.case
+        out.append(
+            {
+                "benchmark": case.benchmark,
+                "case": case.label,
+                "metric": "load average (1, 5, 15 min) at start / end",
+                "value": f"{_load(outcome.load_start)} / {_load(outcome.load_end)}",
+                "unit": "",
+                "target": "",
+                "met": None,
+            }
+        )
         if outcome.status != "ok":
             out.append(
                 {
@@ -498,7 +614,39 @@ def rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
                     "met": met,
                 }
             )
+    out.extend(_allocator_growth(outcomes))
     return out
+
+
+def _allocator_growth(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """The allocator's growth from its smallest case to its largest: the time per allocation
+    grows by some factor, the pools a node reaches by another; their quotient (time per pool
+    reached, largest over smallest) is at most 1 when the cost grows no faster than linearly."""
+    points = []
+    for outcome in outcomes:
+        if outcome.case.benchmark == "allocate" and outcome.status == "ok":
+            per_pool = _key("mean_us_per_reachable_pool", "allocations")(outcome.figures)
+            reached = _key("reachable_pools", "allocations")(outcome.figures)
+            if per_pool and reached:
+                points.append((reached, per_pool, outcome.case.label))
+    if len(points) < 2:
+        return []
+    points.sort()
+    (small_reach, small, small_label), (large_reach, large, large_label) = points[0], points[-1]
+    if large_reach <= small_reach:
+        return []
+    value = round(large / small, 3)
+    return [
+        {
+            "benchmark": "allocate",
+            "case": " -> ".join(label.split(", ")[0] for label in (small_label, large_label)),
+            "metric": "growth of the time per allocation per pool reached",
+            "value": value,
+            "unit": "x",
+            "target": "<= 1 (linear)",
+            "met": value <= 1,
+        }
+    ]
 
 
 def _shown(value: Any) -> str:
@@ -623,7 +771,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"running {case.benchmark} ({case.label}) ...", file=sys.stderr, flush=True)
         outcome = run_case(case)
         print(
-            f"  {outcome.status} in {outcome.seconds:.1f} s"
+            f"  {outcome.status} in {outcome.seconds:.1f} s, load average "
+            f"{_load(outcome.load_start)} at start, {_load(outcome.load_end)} at end"
             + (f": {outcome.error}" if outcome.error else ""),
             file=sys.stderr,
             flush=True,
@@ -655,6 +804,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "args": list(o.case.args),
                 "status": o.status,
                 "seconds": round(o.seconds, 1),
+                "load_average_start": list(o.load_start),
+                "load_average_end": list(o.load_end),
                 "error": o.error,
                 "figures": o.figures,
             }

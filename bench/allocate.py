@@ -197,13 +197,24 @@ def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, A
     lookups = stats["selector_hits"] + stats["selector_misses"]
     compiles = stats["compile_hits"] + stats["compile_misses"]
     ordered = sorted(latencies)
+    # A node reaches the pools of its region (the slices select the nodes of one region).
+    reachable = statistics.mean(
+        sum(1 for p in range(pool_count) if REGIONS[p % len(REGIONS)] == region)
+        for region in REGIONS
+    )
     lines.append(
         {
             "step": "allocations",
+            "devices": devices,
+            "pools": pool_count,
+            "reachable_pools": reachable,
             "count": len(latencies),
             "failures": failures,
             "allocations_per_second": round(len(latencies) / sum(latencies), 1),
             "p50_ms": round(statistics.median(ordered) * 1e3, 3),
+            "mean_us_per_reachable_pool": round(
+                statistics.mean(ordered) * 1e6 / max(reachable, 1), 3
+            ),
             "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1e3, 3),
             "selector_cache_hit_rate": round(stats["selector_hits"] / lookups, 4),
             "compile_cache_hit_rate": round(stats["compile_hits"] / compiles, 4),

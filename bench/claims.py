@@ -14,8 +14,11 @@ fabric and database calls included) at the steady rate and in the burst, release
 this process's CPU per claim cycle in the burst (attach and release; also in reference units,
 see ``bench.common.reference_cpu_seconds``) and peak memory.
 
-    python -m bench.claims [--claims 200] [--workers 8] [--rate 50] [--database-url URL]
-        [--json out.json]
+    python -m bench.claims [--claims 200] [--devices N] [--workers 8] [--rate 50]
+        [--database sqlite|postgresql] [--profile FILE] [--json out.json]
+
+With ``--devices`` the fabric holds that many devices (at least one rack of 64 per 64 claims),
+all inventoried before the claims start: the cost of a claim as the inventory grows.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
 from app.kube.versions import ResourceApiVersion
 from app.service import settle_heap
 from bench.common import (
+    WindowProfile,
     at_least,
+    bench_database,
     command_line,
     cpu_seconds,
     kube_emulator_process,
@@ -53,7 +58,6 @@ from bench.common import (
     redfish_simulator_process,
     reference_cpu_seconds,
     reference_units,
-    WindowProfile,
     write_figures,
 )
 
@@ -82,14 +86,16 @@ def percentile(values: list[float], fraction: float) -> float:
 
 async def measure(
     claims: int,
-    database_url: str | None,
+    database_kind: str,
     workers: int,
     rate: float = 50.0,
     profile: Path | None = None,
+    devices: int = 0,
 ) -> dict[str, Any]:
-    """Run the benchmark for ``claims`` claims; return the figures."""
+    """Run the benchmark for ``claims`` claims (``devices`` in the fabric, at least enough
+    racks of 64 for the claims); return the figures."""
     reference = reference_cpu_seconds()
-    racks = max(1, -(-claims // 64))
+    racks = max(1, -(-claims // 64), -(-devices // 64))
     sim_args = [
         "--regions",
         "1",
@@ -104,13 +110,13 @@ async def measure(
         "--expand",
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        url = database_url or f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}"
-        database = Database.connect(url)
-        await upgrade(database.engine)
         async with (
+            bench_database(database_kind, Path(tmp)) as url,
             redfish_simulator_process(sim_args) as fabric_url,
             kube_emulator_process() as kube_url,
         ):
+            database = Database.connect(url)
+            await upgrade(database.engine)
             backend = RedfishBackend(fabric_url, auth="none", timeout_s=60)
             client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=kube_url))
             try:
@@ -124,6 +130,8 @@ async def measure(
                 await client.close()
                 await backend.close()
                 await database.dispose()
+    figures["database"] = database_kind
+    figures["devices"] = racks * 64
     figures["reference_cpu_seconds"] = round(reference, 4)
     figures["ref_units_per_claim_cycle"] = round(
         reference_units(figures["cpu_ms_per_claim_cycle"] / 1000, reference), 4
@@ -364,7 +372,19 @@ def main() -> None:
         default=50.0,
         help="claims per second of the paced (latency) phase",
     )
-    parser.add_argument("--database-url", default=None, help="default: a temporary SQLite file")
+    parser.add_argument(
+        "--devices",
+        type=at_least(0),
+        default=0,
+        help="devices in the fabric (default: one rack of 64 per 64 claims)",
+    )
+    parser.add_argument(
+        "--database",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="a temporary SQLite file, or a database created for the run on the local "
+        "PostgreSQL server (FABRIC_DRA_BENCH_PG_ADMIN_URL)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(
         "--profile",
@@ -375,7 +395,12 @@ def main() -> None:
     options = parser.parse_args()
     figures = asyncio.run(
         measure(
-            options.claims, options.database_url, options.workers, options.rate, options.profile
+            options.claims,
+            options.database,
+            options.workers,
+            options.rate,
+            options.profile,
+            options.devices,
         )
     )
     write_figures(options.json, [figures])

@@ -8,7 +8,8 @@ the controller's event loop. For each line ``{"create": i}`` on its standard inp
 claim ``c<i>`` (the ``--claim`` JSON, named) and pod ``p<i>`` using it in namespace
 ``default``; it runs :class:`fabric_dra_sim.scheduler.classic.ClassicScheduler` with the benchmark's
 short intervals, and prints one JSON line per bound pod, ``{"bound": "default/p<i>",
-"seconds": <from the pod's creation to its binding>}``. When its standard input closes it
+"seconds": <from the pod's creation to its binding>, "steps": {<step>: <seconds from the
+pod's creation>}}`` (the steps of ``ClassicScheduler.timeline``). When its standard input closes it
 prints ``{"abandoned": n}`` (selected nodes the scheduler gave up) and exits. The first line
 it prints is ``{"ready": true}``.
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
@@ -77,32 +77,37 @@ async def run(url: str, spec: dict[str, Any]) -> None:
         scheduler = ClassicScheduler(
             client,
             ClassicSchedulerSettings(
-                poll_interval_s=0.01,
+                # A fallback only: the stand-in waits for informer events.
+                poll_interval_s=0.05,
                 answer_timeout_s=60,
                 allocation_timeout_s=60,
                 retry_interval_s=0.05,
                 informer=informer,
             ),
         )
+        created: dict[str, float] = {}
+
+        def bound(key: str) -> None:
+            started = created.pop(key, None)
+            if started is not None:
+                steps = scheduler.timeline.pop(key, {})
+                _say(
+                    {
+                        "bound": key,
+                        "seconds": loop.time() - started,
+                        "steps": {step: at - started for step, at in steps.items()},
+                    }
+                )
+
+        scheduler.on_bound = bound
         await scheduler.start()
         _say({"ready": True})
-        created: dict[str, float] = {}
-        reading = asyncio.ensure_future(reader.readline())
         try:
-            while True:
-                done, _ = await asyncio.wait({reading}, timeout=0.002)
-                if done:
-                    line = reading.result()
-                    if not line:
-                        break
-                    index = int(json.loads(line)["create"])
-                    created[f"default/p{index}"] = time.monotonic()
-                    await _create(core, custom, index, spec)
-                    reading = asyncio.ensure_future(reader.readline())
-                for key in scheduler.bound.keys() & created.keys():
-                    _say({"bound": key, "seconds": time.monotonic() - created.pop(key)})
+            while line := await reader.readline():
+                index = int(json.loads(line)["create"])
+                created[f"default/p{index}"] = loop.time()
+                await _create(core, custom, index, spec)
         finally:
-            reading.cancel()
             await scheduler.stop()
         _say({"abandoned": scheduler.abandoned})
 

@@ -47,8 +47,7 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         """User plus system CPU seconds the server process has used so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_seconds(self.pid)
 
 
 @contextlib.asynccontextmanager
@@ -117,12 +116,75 @@ def kube_emulator_process(
     benchmarks run it with ``--no-validation`` unless ``validate`` is set; the tests run it
     with every check on, so what the controller writes is still checked.
     """
+    return _server_process("Kubernetes API emulator", _emulator_command(args, validate))
+
+
+def kube_emulator_server(
+    args: Sequence[str] = (), *, validate: bool = False
+) -> contextlib.AbstractAsyncContextManager[ServerProcess]:
+    """As :func:`kube_emulator_process`, yielding the :class:`ServerProcess` (URL and pid, for
+    the emulator's own CPU)."""
+    return server_process("Kubernetes API emulator", _emulator_command(args, validate))
+
+
+def _emulator_command(args: Sequence[str], validate: bool) -> list[str]:
     extra = [] if validate else ["--no-validation"]
     if "--kubernetes-version" not in args and "--feature-gates" not in args:
         # A 1.34 cluster set up for this driver: the alpha gates for binding conditions and
         # device taints on, as the deployment guide asks.
         extra += ["--feature-gates", DRIVER_GATES]
-    return _server_process("Kubernetes API emulator", ["sim", "kube", *args, *extra])
+    return ["sim", "kube", *args, *extra]
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds process ``pid`` has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# --- databases --------------------------------------------------------------------------------
+
+PG_ADMIN_URL = os.environ.get(
+    "FABRIC_DRA_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+@contextlib.asynccontextmanager
+async def bench_database(kind: str, folder: Path) -> AsyncIterator[str]:
+    """The URL of an empty database for one benchmark run: ``sqlite`` a file in ``folder``;
+    ``postgresql`` a database created for the run on the server of ``PG_ADMIN_URL``
+    (``FABRIC_DRA_BENCH_PG_ADMIN_URL``, default the local server on 127.0.0.1:5432) and
+    dropped afterwards.
+
+    Raises:
+        ValueError: another kind.
+        RuntimeError: PostgreSQL cannot be reached (one line, with the server's reason).
+    """
+    if kind == "sqlite":
+        yield f"sqlite+aiosqlite:///{folder / 'bench.db'}"
+        return
+    if kind != "postgresql":
+        raise ValueError(f"unknown database {kind!r}: sqlite or postgresql")
+    import asyncpg
+
+    name = f"fabric_dra_bench_{os.getpid()}_{int(time.time())}"
+
+    async def admin(statement: str) -> None:
+        try:
+            conn = await asyncpg.connect(PG_ADMIN_URL)
+        except (OSError, asyncpg.PostgresError) as err:
+            raise RuntimeError(f"PostgreSQL at {PG_ADMIN_URL}: {err}") from None
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    await admin(f'CREATE DATABASE "{name}"')
+    try:
+        base = PG_ADMIN_URL.rpartition("/")[0].replace("postgresql://", "postgresql+asyncpg://", 1)
+        yield f"{base}/{name}"
+    finally:
+        await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # --- the reference workload -------------------------------------------------------------------

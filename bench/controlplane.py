@@ -27,6 +27,7 @@ API requests per allocation, this process's CPU per allocation (also in referenc
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import statistics
 import sys
@@ -63,11 +64,14 @@ from app.kube.workqueue import WorkQueueSettings
 from app.pools import PoolConfig, desired_pools, resource_slice_spec
 from app.service import settle_heap
 from bench.common import (
+    ServerProcess,
     at_least,
+    bench_database,
     command_line,
     cpu_seconds,
-    kube_emulator_process,
+    kube_emulator_server,
     peak_rss_mib,
+    process_cpu_seconds,
     reference_cpu_seconds,
     reference_units,
     write_figures,
@@ -79,6 +83,28 @@ REGIONS = ("us-east", "us-west", "eu-central", "ap-south")
 REGION_LABEL = "topology.kubernetes.io/region"
 RACK_LABEL = "fabric-dra.io/rack"
 MODELS = ("H100", "A100", "L40S")
+
+
+# A pod's time from creation to binding, in the stand-in's steps (ClassicScheduler.timeline):
+# (name, from step, to step). "answers" and "allocation" are the driver's turns (the
+# controller with the API server and the watch between them); the others are the stand-in's.
+PHASES = (
+    ("to_context", "created", "context"),
+    ("driver_answers", "context", "answers"),
+    ("node_selection", "answers", "selected"),
+    ("driver_allocation", "selected", "allocated"),
+    ("to_bind", "allocated", "bound"),
+)
+
+
+class CountingController(ControlPlaneController):
+    """Counts its passes: scheduling contexts answered and claims looked at."""
+
+    passes: collections.Counter[str]
+
+    async def reconcile(self, key: Any) -> bool:
+        self.passes[key[0]] += 1
+        return await super().reconcile(key)
 
 
 class InstantBackend:
@@ -207,7 +233,13 @@ GPU_REQUEST = {
 
 
 async def measure(
-    devices: int, racks: int, pods: int, in_flight: int, workers: int, warmup: int = 20
+    devices: int,
+    racks: int,
+    pods: int,
+    in_flight: int,
+    workers: int,
+    warmup: int = 20,
+    database_kind: str = "sqlite",
 ) -> list[dict[str, Any]]:
     """Run the benchmark; return its figure lines."""
     reference = reference_cpu_seconds()
@@ -217,41 +249,68 @@ async def measure(
     fabric_devices, hosts = inventory(devices, racks)
     backend = InstantBackend(fabric_devices, hosts)
     with tempfile.TemporaryDirectory() as tmp:
-        database = Database.connect(f"sqlite+aiosqlite:///{Path(tmp) / 'bench.db'}")
-        await upgrade(database.engine)
-        started = time.perf_counter()
-        await InventorySync(backend, database).sync_once()
-        lines.append(
-            {
-                "step": "inventory",
-                "devices": len(fabric_devices),
-                "racks": racks,
-                "seconds": round(time.perf_counter() - started, 2),
-            }
-        )
-        # Classic DRA (v1alpha3 with PodSchedulingContexts) is Kubernetes 1.31's.
-        args = [
-            "--kubernetes-version",
-            "1.31",
-            "--resource-versions",
-            VERSION,
-            "--history-size",
-            "200000",
-        ]
-        async with kube_emulator_process(args) as url:
-            client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url))
+        async with bench_database(database_kind, Path(tmp)) as url:
+            database = Database.connect(url)
             try:
+                await upgrade(database.engine)
                 lines.extend(
-                    await _run(client, database, backend, hosts, pods, in_flight, workers, warmup)
+                    await _with_database(
+                        database, backend, hosts, pods, in_flight, workers, warmup, racks
+                    )
                 )
             finally:
-                await client.close()
                 await database.dispose()
     for line in lines:
         if line["step"] == "allocations":
+            line["database"] = database_kind
+            line["devices"] = devices
+            line["in_flight"] = in_flight
             line["ref_units_per_allocation"] = round(
                 reference_units(line["cpu_seconds_per_allocation"], reference), 4
             )
+    return lines
+
+
+async def _with_database(
+    database: Database,
+    backend: InstantBackend,
+    hosts: list[FabricHost],
+    pods: int,
+    in_flight: int,
+    workers: int,
+    warmup: int,
+    racks: int,
+) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    await InventorySync(backend, database).sync_once()
+    lines.append(
+        {
+            "step": "inventory",
+            "devices": len(backend.devices),
+            "racks": racks,
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+    )
+    # Classic DRA (v1alpha3 with PodSchedulingContexts) is Kubernetes 1.31's.
+    args = [
+        "--kubernetes-version",
+        "1.31",
+        "--resource-versions",
+        VERSION,
+        "--history-size",
+        "200000",
+    ]
+    async with kube_emulator_server(args) as emulator:
+        client = await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=emulator.url))
+        try:
+            lines.extend(
+                await _run(
+                    client, database, backend, hosts, pods, in_flight, workers, warmup, emulator
+                )
+            )
+        finally:
+            await client.close()
     return lines
 
 
@@ -264,6 +323,7 @@ async def _run(
     in_flight: int,
     workers: int,
     warmup: int,
+    emulator: ServerProcess,
 ) -> list[dict[str, Any]]:
     core = CoreV1Api(client.api)
     custom: Any = CustomObjectsApi(client.api)
@@ -317,7 +377,7 @@ async def _run(
     }
 
     informer = InformerSettings(name="bench", watch_timeout_s=300, page_size=500)
-    controller = ControlPlaneController(
+    controller = CountingController(
         client,
         database,
         backend,
@@ -329,6 +389,7 @@ async def _run(
             queue=WorkQueueSettings(base_delay_s=0.01, max_delay_s=0.5, qps=1000, burst=1000),
         ),
     )
+    controller.passes = collections.Counter()
     started = time.perf_counter()
     await controller.start()
     settle_heap()  # as the service does once it leads
@@ -349,9 +410,11 @@ async def _run(
     start_seconds = time.perf_counter() - started
     abandoned = 0
 
+    phases: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}
+
     async def drive(first: int, count: int) -> list[float]:
         """Create pods ``first`` .. ``first + count - 1``, ``in_flight`` at a time; return
-        their times from creation to binding."""
+        their times from creation to binding (and add their steps to ``phases``)."""
         assert scheduler.stdin is not None
         assert scheduler.stdout is not None
         created, latencies = first, []
@@ -362,6 +425,10 @@ async def _run(
             line = json.loads(await asyncio.wait_for(scheduler.stdout.readline(), 120))
             if "bound" in line:
                 latencies.append(float(line["seconds"]))
+                steps = {"created": 0.0, **line.get("steps", {})}
+                for name, since, until in PHASES:
+                    if since in steps and until in steps:
+                        phases[name].append(steps[until] - steps[since])
         return latencies
 
     try:
@@ -377,11 +444,19 @@ async def _run(
         }
         requests_before = await _request_count(client.host)
         hits0, misses0 = controller.answers.hits, controller.answers.misses
+        passes0 = collections.Counter(controller.passes)
         cpu0 = cpu_seconds()
+        emulator_cpu0 = emulator.cpu_seconds()
+        standin_cpu0 = process_cpu_seconds(scheduler.pid)
         started = time.perf_counter()
+        for values in phases.values():
+            values.clear()
         latencies = await drive(warmup, pods)
         elapsed = time.perf_counter() - started
         cpu = cpu_seconds() - cpu0
+        passes = controller.passes - passes0
+        emulator_cpu = emulator.cpu_seconds() - emulator_cpu0
+        standin_cpu = process_cpu_seconds(scheduler.pid) - standin_cpu0
         hits, misses = controller.answers.hits - hits0, controller.answers.misses - misses0
         # Pods may be bound a moment before the attach is recorded: let it finish.
         for _ in range(3000):
@@ -413,7 +488,18 @@ async def _run(
             "p50_ms": round(statistics.median(ordered) * 1e3, 1),
             "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1e3, 1),
             "api_requests_per_allocation": round(requests / pods, 1),
+            "context_passes_per_allocation": round(passes["context"] / pods, 2),
+            "claim_passes_per_allocation": round(passes["claim"] / pods, 2),
             "cpu_seconds_per_allocation": round(cpu / pods, 4),
+            # The CPU of the emulator and of the stand-in (users and kube-scheduler) per pod:
+            # they share the two cores with the controller.
+            "emulator_cpu_ms_per_allocation": round(emulator_cpu / pods * 1e3, 2),
+            "standin_cpu_ms_per_allocation": round(standin_cpu / pods * 1e3, 2),
+            **{
+                f"{name}_p50_ms": round(statistics.median(values) * 1e3, 1)
+                for name, values in phases.items()
+                if values
+            },
             "selector_cache_hit_rate": round(stats["selector_hits"] / max(1, lookups), 4),
             "node_answers_hit_rate": round(hits / max(1, hits + misses), 4),
             "node_answers_computed_per_allocation": round(misses / pods, 1),
@@ -448,6 +534,13 @@ def main() -> None:
     parser.add_argument(
         "--warmup", type=at_least(0), default=20, help="pods allocated before the measured ones"
     )
+    parser.add_argument(
+        "--database",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="a temporary SQLite file, or a database created for the run on the local "
+        "PostgreSQL server (FABRIC_DRA_BENCH_PG_ADMIN_URL)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     if options.devices < options.racks * 5:
@@ -465,6 +558,7 @@ def main() -> None:
                 options.in_flight,
                 options.workers,
                 options.warmup,
+                options.database,
             )
         ),
     )

@@ -254,3 +254,56 @@ def test_the_suite_under_load_reports_each_run_and_fails_when_a_run_fails(
     assert all((tmp_path / "logs" / f"run-{n}.log").is_file() for n in (1, 2))
     if status == 0:
         assert all("passed" in r["summary"] for r in runs)
+
+
+def test_claims_and_the_control_plane_are_measured_on_both_databases() -> None:
+    for short in (True, False):
+        claims = [c for c in cases(short) if c.benchmark == "claims"]
+        assert {c.args[c.args.index("--database") + 1] for c in claims} == {
+            "sqlite",
+            "postgresql",
+        }
+    full = [c for c in cases(False) if c.benchmark == "controlplane"]
+    assert {c.args[c.args.index("--database") + 1] for c in full} == {"sqlite", "postgresql"}
+    assert {c.args[c.args.index("--in-flight") + 1] for c in full} == {"16", "64"}
+    # The scale curves: claims and allocations at 1,000, 10,000 and 100,000 devices.
+    for benchmark in ("claims", "controlplane"):
+        sizes = {
+            c.args[c.args.index("--devices") + 1] for c in cases(False) if c.benchmark == benchmark
+        }
+        assert {"1000", "10000", "100000"} <= sizes, benchmark
+
+
+def _allocate(label: str, reached: float, per_pool_us: float) -> Outcome:
+    line = {
+        "step": "allocations",
+        "allocations_per_second": 1000.0,
+        "reachable_pools": reached,
+        "mean_us_per_reachable_pool": per_pool_us,
+    }
+    return Outcome(Case("allocate", label, (), 1), "ok", 1.0, figures=[line])
+
+
+def test_the_allocator_growth_row_compares_the_smallest_and_largest_case() -> None:
+    linear = rows(
+        [_allocate("1,000 devices, x", 2, 50.0), _allocate("100,000 devices, x", 200, 49.0)]
+    )
+    growth = [r for r in linear if r["metric"].startswith("growth")]
+    assert len(growth) == 1
+    assert growth[0]["case"] == "1,000 devices -> 100,000 devices"
+    assert growth[0]["value"] == 0.98 and growth[0]["met"] is True
+    worse = rows([_allocate("100,000 devices", 200, 80.0), _allocate("1,000 devices", 2, 50.0)])
+    assert [r["met"] for r in worse if r["metric"].startswith("growth")] == [False]
+    # One case alone has nothing to compare with.
+    assert not [r for r in rows([_allocate("a", 2, 1.0)]) if r["metric"].startswith("growth")]
+
+
+def test_every_case_shows_the_load_average_at_its_start_and_end() -> None:
+    outcome = _allocate("1,000 devices", 2, 50.0)
+    outcome.load_start, outcome.load_end = (0.5, 0.25, 0.125), (1.0, 2.0, 3.0)
+    failed = Outcome(Case("claims", "2 claims", (), 1), "timeout", 1.0, error="too slow")
+    table_rows = rows([outcome, failed])
+    loads = [r for r in table_rows if r["metric"].startswith("load average")]
+    assert [r["case"] for r in loads] == ["1,000 devices", "2 claims"]
+    assert loads[0]["value"] == "0.50 0.25 0.12 / 1.00 2.00 3.00"
+    assert loads[0]["met"] is None

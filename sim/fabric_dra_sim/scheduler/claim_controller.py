@@ -326,6 +326,10 @@ class ClaimController:
         # Claims deleted here: a sync that still sees one in the cache leaves it alone.
         self._deleted_claims = _UidCache(self.settings.deleted_pods_remembered)
         self._created: dict[tuple[str, str], JsonDict] = {}
+        # controller.go's podResourceClaimIndex: (namespace, claim name) -> the pods naming
+        # the claim, kept with each pod's names so an update can take the old ones out.
+        self._pods_of_claim: dict[tuple[str, str], set[str]] = {}
+        self._claims_of_pod: dict[tuple[str, str], tuple[str, ...]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def _bind(self, function: Any, *first: str) -> Any:
@@ -357,8 +361,25 @@ class ClaimController:
             await informer.stop()
 
     # ------------------------------------------------------------------ events
+    def _index_pod(self, event: str, obj: JsonDict) -> None:
+        key = pod_key(obj)
+        for claim_name in self._claims_of_pod.pop(key, ()):
+            pods = self._pods_of_claim.get((key[0], claim_name))
+            if pods is not None:
+                pods.discard(key[1])
+                if not pods:
+                    del self._pods_of_claim[(key[0], claim_name)]
+        if event == "DELETED":
+            return
+        names = tuple(claim_names(obj))
+        if names:
+            self._claims_of_pod[key] = names
+            for claim_name in names:
+                self._pods_of_claim.setdefault((key[0], claim_name), set()).add(key[1])
+
     async def _on_pod(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
         # controller.go enqueuePod
+        self._index_pod(event, obj)
         if not (obj.get("spec") or {}).get("resourceClaims"):
             return
         namespace, name = pod_key(obj)
@@ -388,8 +409,10 @@ class ClaimController:
             self._created.pop((namespace, name), None)
         else:
             self.queue.add(("claim", namespace, name))
-        for pod in self.pods.objects():
-            if pod_key(pod)[0] == namespace and name in claim_names(pod):
+        # controller.go: podIndexer.ByIndex(podResourceClaimIndex, namespace/name)
+        for pod_name in sorted(self._pods_of_claim.get((namespace, name), ())):
+            pod = self.pods.get(pod_name, namespace)
+            if pod is not None:
                 await self._on_pod("MODIFIED", pod, None)
 
     # ------------------------------------------------------------------ worker

@@ -37,7 +37,7 @@ import contextlib
 import functools
 import logging
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -76,7 +76,8 @@ class ClassicSchedulerSettings:
     Attributes:
         scheduler_name: pods naming another scheduler are left alone.
         namespace: only pods of this namespace, or None for all.
-        poll_interval_s: how often a pod's progress is looked at.
+        poll_interval_s: the longest wait between two looks at a pod's progress (a change
+            of a claim, a context or a pod ends a wait sooner).
         answer_timeout_s: how long to wait for every driver's ``resourceClaims`` entry before
             starting the round again.
         allocation_timeout_s: how long after ``selectedNode`` the claims must be allocated.
@@ -130,6 +131,13 @@ class ClassicScheduler:
         self.claims = self._informer("resourceclaims", namespace)
         self.contexts = self._informer("podschedulingcontexts", namespace)
         self.pods.add_handler(self._on_pod)
+        # kube-scheduler requeues a pod on the events its plugins registered (1.31
+        # pkg/scheduler/framework/plugins/dynamicresources EventsToRegister: PodSchedulingContext
+        # and ResourceClaim changes), not on a timer: a wait below ends at the next change
+        # of a claim, a context or a pod, with poll_interval_s only as its longest wait.
+        self._waiters: set[asyncio.Future[None]] = set()
+        for informer in (self.pods, self.claims, self.contexts):
+            informer.add_handler(self._on_change)
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.claim_controller = (
             ClaimController(
@@ -139,6 +147,12 @@ class ClassicScheduler:
             else None
         )
         self.bound: dict[str, str] = {}
+        # Called with ``namespace/name`` as each pod is bound (after ``bound`` has it).
+        self.on_bound: Callable[[str], None] | None = None
+        # ``namespace/name`` -> step -> loop time of its last round's steps: "context"
+        # (written), "answers" (every claim answered), "selected" (node chosen), "allocated"
+        # (every claim allocated and reserved, as the cache shows it), "bound".
+        self.timeline: dict[str, dict[str, float]] = {}
         self.unschedulable: dict[str, str] = {}
         self.abandoned = 0
         self._running = False
@@ -186,6 +200,25 @@ class ClassicScheduler:
             await self.claim_controller.stop()
         for informer in (self.pods, self.contexts, self.claims, self.nodes):
             await informer.stop()
+
+    def _step(self, key: str, step: str) -> None:
+        self.timeline.setdefault(key, {})[step] = asyncio.get_running_loop().time()
+
+    async def _on_change(self, _event: str, _obj: JsonDict, _old: JsonDict | None) -> None:
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _next_change(self) -> None:
+        """Wait for the next change the informers see, at most ``poll_interval_s``."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait({waiter}, timeout=self.settings.poll_interval_s)
+        finally:
+            self._waiters.discard(waiter)
+            waiter.cancel()
 
     # ------------------------------------------------------------------ pods
     async def _on_pod(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
@@ -267,15 +300,20 @@ class ClassicScheduler:
                 if not reserved_for_pod(claim, uid):
                     await self._reserve_for(claim, pod)
             if await bind_pod(self._core, pod, str(node)):
+                self._step(key, "bound")
                 self.bound[key] = str(node)
                 self.unschedulable.pop(key, None)
+                if self.on_bound is not None:
+                    self.on_bound(key)
             await self._delete_context(namespace, name)
             return True
         context = await self._ensure_context(pod, potential, context)
+        self._step(key, "context")
         names = [n for n, _ in pending]
         entries = await self._wait_for_answers(namespace, name, names)
         if entries is None:
             return False
+        self._step(key, "answers")
         unsuitable = {node for n in names for node in entries[n]}
         candidates = [n for n in potential if n not in unsuitable]
         if not candidates:
@@ -288,7 +326,9 @@ class ClassicScheduler:
         # keeps pods from all racing for the same first node.
         selected = str(candidates[zlib.crc32(uid.encode()) % len(candidates)])
         await self._patch_context(namespace, name, {"spec": {"selectedNode": selected}})
+        self._step(key, "selected")
         if await self._wait_for_allocation(namespace, name, [n for n, _ in claims], pod, selected):
+            self._step(key, "allocated")
             return False  # the next round binds
         await self._abandon(pod, selected)
         return False
@@ -373,7 +413,7 @@ class ClassicScheduler:
             }
             if all(n in entries for n in names):
                 return entries
-            await asyncio.sleep(self.settings.poll_interval_s)
+            await self._next_change()
         self.unschedulable[f"{namespace}/{name}"] = "no answer from the DRA driver"
         return None
 
@@ -402,7 +442,7 @@ class ClassicScheduler:
                     entry.get("unsuitableNodes") or []
                 ):
                     return False
-            await asyncio.sleep(self.settings.poll_interval_s)
+            await self._next_change()
         return False
 
     async def _abandon(self, pod: JsonDict, selected: str) -> None:
