@@ -65,6 +65,7 @@ from app.pools import PoolConfig, desired_pools, resource_slice_spec
 from app.service import settle_heap
 from bench.common import (
     ServerProcess,
+    WindowProfile,
     at_least,
     bench_database,
     command_line,
@@ -240,6 +241,7 @@ async def measure(
     workers: int,
     warmup: int = 20,
     database_kind: str = "sqlite",
+    profile_path: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Run the benchmark; return its figure lines."""
     reference = reference_cpu_seconds()
@@ -255,7 +257,15 @@ async def measure(
                 await upgrade(database.engine)
                 lines.extend(
                     await _with_database(
-                        database, backend, hosts, pods, in_flight, workers, warmup, racks
+                        database,
+                        backend,
+                        hosts,
+                        pods,
+                        in_flight,
+                        workers,
+                        warmup,
+                        racks,
+                        WindowProfile(profile_path),
                     )
                 )
             finally:
@@ -280,6 +290,7 @@ async def _with_database(
     workers: int,
     warmup: int,
     racks: int,
+    profile: WindowProfile,
 ) -> list[dict[str, Any]]:
     lines: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -306,7 +317,16 @@ async def _with_database(
         try:
             lines.extend(
                 await _run(
-                    client, database, backend, hosts, pods, in_flight, workers, warmup, emulator
+                    client,
+                    database,
+                    backend,
+                    hosts,
+                    pods,
+                    in_flight,
+                    workers,
+                    warmup,
+                    emulator,
+                    profile,
                 )
             )
         finally:
@@ -324,6 +344,7 @@ async def _run(
     workers: int,
     warmup: int,
     emulator: ServerProcess,
+    profile: WindowProfile,
 ) -> list[dict[str, Any]]:
     core = CoreV1Api(client.api)
     custom: Any = CustomObjectsApi(client.api)
@@ -445,6 +466,7 @@ async def _run(
         requests_before = await _request_count(client.host)
         hits0, misses0 = controller.answers.hits, controller.answers.misses
         passes0 = collections.Counter(controller.passes)
+        profile.start()
         cpu0 = cpu_seconds()
         emulator_cpu0 = emulator.cpu_seconds()
         standin_cpu0 = process_cpu_seconds(scheduler.pid)
@@ -454,6 +476,7 @@ async def _run(
         latencies = await drive(warmup, pods)
         elapsed = time.perf_counter() - started
         cpu = cpu_seconds() - cpu0
+        profile.stop()
         passes = controller.passes - passes0
         emulator_cpu = emulator.cpu_seconds() - emulator_cpu0
         standin_cpu = process_cpu_seconds(scheduler.pid) - standin_cpu0
@@ -542,6 +565,12 @@ def main() -> None:
         "PostgreSQL server (FABRIC_DRA_BENCH_PG_ADMIN_URL)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="write a cProfile of the measured pods (warm-up left out) to this file",
+    )
     options = parser.parse_args()
     if options.devices < options.racks * 5:
         parser.error(
@@ -559,6 +588,7 @@ def main() -> None:
                 options.workers,
                 options.warmup,
                 options.database,
+                options.profile,
             )
         ),
     )

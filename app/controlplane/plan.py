@@ -375,6 +375,32 @@ class InUseView(Collection[DeviceId]):
         return self.index.pool_key(pool, self.exclude_uids)
 
 
+class _PassView(InUseView):
+    """An :class:`InUseView` for one synchronous pass (nothing changes what is in use
+    meanwhile): each pool's key, and the keys of each list of reachable pools, are worked out
+    once instead of once per node (nodes of one rack share their list of pools)."""
+
+    def __init__(self, view: InUseView) -> None:
+        super().__init__(view.index, view.exclude_uids)
+        self._keys: dict[str, tuple[Any, ...]] = {}
+        self._lists: dict[int, tuple[Sequence[Pool], tuple[Any, ...]]] = {}
+
+    def pool_key(self, pool: str) -> tuple[Any, ...]:
+        key = self._keys.get(pool)
+        if key is None:
+            key = self._keys[pool] = self.index.pool_key(pool, self.exclude_uids)
+        return key
+
+    def pools_key(self, usable: Sequence[Pool]) -> tuple[Any, ...]:
+        """The keys of ``usable``'s pools, in order."""
+        known = self._lists.get(id(usable))
+        if known is not None and known[0] is usable:
+            return known[1]
+        keys = tuple(self.pool_key(p.name) for p in usable)
+        self._lists[id(usable)] = (usable, keys)
+        return keys
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
     """One of the pod's claims we must allocate: its pod-level name and parsed claim."""
@@ -436,8 +462,10 @@ class NodeAnswers:
         """True when ``claims`` can be allocated together on ``node`` (see
         :meth:`Allocator.allocate`), from memory when the same question was answered.
         ``spec_key``: :meth:`spec_key` of ``claims``, when the caller has it."""
-        if isinstance(in_use, InUseView):
-            pools_key: tuple[Any, ...] = tuple(in_use.pool_key(p.name) for p in usable)
+        if isinstance(in_use, _PassView):
+            pools_key: tuple[Any, ...] = in_use.pools_key(usable)
+        elif isinstance(in_use, InUseView):
+            pools_key = tuple(in_use.pool_key(p.name) for p in usable)
         else:
             pools_key = tuple(in_use_by_pool.get(p.name, _NONE) for p in usable)
         key = (self.spec_key(claims) if spec_key is None else spec_key, node.name, pools_key)
@@ -502,6 +530,8 @@ def unsuitable_nodes(
     ``answers`` remembers answers across calls (see :class:`NodeAnswers`).
     """
     claims = [p.claim for p in pending]
+    if isinstance(in_use, InUseView):
+        in_use = _PassView(in_use)  # no await below: what is in use cannot change meanwhile
     grouped = (
         in_use_by_pool(in_use) if answers is not None and not isinstance(in_use, InUseView) else {}
     )

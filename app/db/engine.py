@@ -231,10 +231,14 @@ class Database:
     held_feed: Any = field(default=None, repr=False)
     # SQLite only: the thread that runs whole transactions (run_write, run_read).
     _thread: _SqliteThread | None = field(default=None, repr=False)
+    # PostgreSQL only: the same engine (and pool) without transactions, for run_read.
+    _autocommit: AsyncEngine | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.engine.dialect.name == "sqlite":
             self._thread = _SqliteThread(self.engine.url)
+        else:
+            self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @classmethod
     def connect(cls, url: str, *, pool_size: int = 5, echo: bool = False) -> Database:
@@ -285,11 +289,15 @@ class Database:
             return await self._thread.run(work, write=True)
 
     async def run_read(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` as :meth:`run_write` does, in a read transaction (one snapshot; on
-        SQLite not behind :meth:`write`'s lock, which only writers take)."""
-        if self._thread is None:
-            async with self.engine.connect() as conn:
+        """Run ``work`` as :meth:`run_write` does, for reading: one statement, or several that
+        need no common snapshot. On SQLite in a read transaction on the database's thread
+        (not behind :meth:`write`'s lock, which only writers take); on PostgreSQL in
+        autocommit, which saves the BEGIN and the ROLLBACK around the statement (two round
+        trips to the server). Use :meth:`read` when statements must see one snapshot."""
+        if self._autocommit is not None:
+            async with self._autocommit.connect() as conn:
                 return await conn.run_sync(work)
+        assert self._thread is not None
         return await self._thread.run(work, write=False)
 
     async def ping(self) -> None:
