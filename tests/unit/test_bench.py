@@ -55,6 +55,16 @@ def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: P
     assert ("publish", "no-change resync writes") in shown
     assert ("claims", "reconcile p99") in shown
     assert ("node", "prepare p99") in shown
+    # The control-plane case splits a pod's time into the scheduler stand-in's steps.
+    (controlplane,) = [c for c in results["cases"] if c["benchmark"] == "controlplane"]
+    (allocations,) = [f for f in controlplane["figures"] if f.get("step") == "allocations"]
+    for step in ("to_context", "driver_answers", "node_selection", "driver_allocation", "to_bind"):
+        assert allocations[f"{step}_p50_ms"] >= 0, step
+    assert allocations["context_passes_per_allocation"] > 0
+    assert {
+        f["database"] for c in results["cases"] if c["benchmark"] == "claims" for f in c["figures"]
+    } == {"sqlite", "postgresql"}
+    assert all(len(c["load_average_start"]) == 3 for c in results["cases"])
     node_cases = [c for c in results["cases"] if c["benchmark"] == "node"]
     assert sorted(c["figures"][0]["devices_per_claim"] for c in node_cases) == [1, 8]
     assert all(r["met"] in (True, False, None) for r in results["table"])
@@ -307,3 +317,23 @@ def test_every_case_shows_the_load_average_at_its_start_and_end() -> None:
     assert [r["case"] for r in loads] == ["1,000 devices", "2 claims"]
     assert loads[0]["value"] == "0.50 0.25 0.12 / 1.00 2.00 3.00"
     assert loads[0]["met"] is None
+
+
+async def test_a_benchmark_database_of_another_kind_or_an_unreachable_server_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bench.common
+    from bench.common import bench_database, free_port
+
+    with pytest.raises(ValueError, match="unknown database 'mysql'"):
+        async with bench_database("mysql", tmp_path):
+            pass
+    async with bench_database("sqlite", tmp_path) as url:
+        assert url == f"sqlite+aiosqlite:///{tmp_path / 'bench.db'}"
+    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
+    monkeypatch.setattr(bench.common, "PG_ADMIN_URL", closed)
+    with pytest.raises(RuntimeError) as caught:
+        async with bench_database("postgresql", tmp_path):
+            pass
+    assert str(caught.value).startswith(f"PostgreSQL at {closed}: ")
+    assert "\n" not in str(caught.value)

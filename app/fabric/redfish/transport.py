@@ -22,7 +22,7 @@ import json
 import logging
 import random
 import ssl
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -435,10 +435,17 @@ class RedfishTransport:
         return Response(status, response_headers, decoded)
 
     def _wait(self, state: RetryCallState) -> float:
+        # The first try ran before the loop (see _with_retries): the loop's try 1 is the
+        # call's try 2.
         error = state.outcome.exception() if state.outcome is not None else None
+        return self._wait_after(error, state.attempt_number + 1)
+
+    def _wait_after(self, error: BaseException | None, attempt: int) -> float:
+        """Seconds to wait after try number ``attempt`` failed with ``error``: the
+        service's ``Retry-After`` (capped) on a 429/503, else :meth:`backoff`."""
         if isinstance(error, ServiceBusy) and error.retry_after is not None:
             return min(error.retry_after, self._retry.max_retry_after_s)
-        return self.backoff(state.attempt_number)
+        return self.backoff(attempt)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed try number ``attempt`` (from 1)."""
@@ -457,18 +464,14 @@ class RedfishTransport:
         def count(_state: Any) -> None:
             self.retries["transient"] += 1
 
-        most = stop_after_attempt(self._retry.attempts)
+        # The loop starts at the call's second try (see _with_retries).
+        most = stop_after_attempt(self._retry.attempts - 1)
 
         def stop(state: RetryCallState) -> bool:
             if most(state):
                 return True
             error = state.outcome.exception() if state.outcome is not None else None
-            return (
-                item
-                and state.attempt_number >= 2
-                and isinstance(error, FabricUnavailable)
-                and error.status == 500
-            )
+            return item and isinstance(error, FabricUnavailable) and error.status == 500
 
         return AsyncRetrying(
             stop=stop,
@@ -481,18 +484,45 @@ class RedfishTransport:
     async def get(self, ref: str, *, item: bool = False) -> Response:
         """GET with retries on FabricUnavailable (not on TLS failures); with ``item``, an
         HTTP 500 is retried once only."""
-        retrying = self._retrying(
+        return await self._with_retries(
             lambda err: isinstance(err, FabricUnavailable) and not isinstance(err, TlsFailure),
+            lambda: self.request("GET", ref),
             item=item,
         )
-        return await retrying(self.request, "GET", ref)
 
     async def write(
         self, method: str, ref: str, body: Any, headers: Mapping[str, str] | None = None
     ) -> Response:
         """A write, retried only when the service cannot have acted on it."""
-        retrying = self._retrying(lambda err: isinstance(err, RequestNotSent | ServiceBusy))
-        return await retrying(self.request, method, ref, json_body=body, headers=headers)
+        return await self._with_retries(
+            lambda err: isinstance(err, RequestNotSent | ServiceBusy),
+            lambda: self.request(method, ref, json_body=body, headers=headers),
+        )
+
+    async def _with_retries(
+        self,
+        retryable: Callable[[BaseException], bool],
+        call: Callable[[], Awaitable[Response]],
+        *,
+        item: bool = False,
+    ) -> Response:
+        """``call()``, tried up to ``RetrySettings.attempts`` times while it fails with an
+        error ``retryable`` accepts (see :meth:`_retrying`). The first try runs outside
+        tenacity: most calls succeed at once, and building the retry loop for each of them
+        cost more than the request's own bookkeeping."""
+        try:
+            return await call()
+        except Exception as err:
+            if self._retry.attempts <= 1 or not retryable(err):
+                raise
+            first = err
+        self.retries["transient"] += 1
+        await asyncio.sleep(self._wait_after(first, 1))
+        async def again() -> Response:  # tenacity awaits coroutine functions only
+            return await call()
+
+        retrying = self._retrying(retryable, item=item)
+        return await retrying(again)
 
     async def close(self) -> None:
         """Delete the login session (best effort) and close the owned HTTP session.

@@ -1,0 +1,131 @@
+"""Database.run_write and run_read: whole transactions on a real SQLite file and PostgreSQL.
+
+On SQLite they run on one thread of the database's own (one hand-over per transaction); on
+PostgreSQL in ``run_sync``, reads in autocommit. Either way a transaction commits when its
+function returns and rolls back when it raises, and what it committed is what the next reader
+and the async sessions see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from sqlalchemy import Connection, func, insert, select, text
+from sqlalchemy.exc import IntegrityError
+
+from app.clock import utcnow
+from app.db.engine import Database
+from app.db.models import Host
+
+_HOSTS = Host.__table__
+
+
+def _add_host(conn: Connection, host_id: str) -> str:
+    now = utcnow()
+    conn.execute(
+        insert(_HOSTS).values(
+            backend="redfish",
+            host_id=host_id,
+            hostname=host_id,
+            health="OK",
+            attached_units=[],
+            content_hash="x",
+            first_seen=now,
+            last_seen=now,
+        )
+    )
+    return host_id
+
+
+def _count(conn: Connection) -> int:
+    return int(conn.execute(select(func.count()).select_from(_HOSTS)).scalar_one())
+
+
+async def test_a_write_commits_when_it_returns_and_readers_see_it(db: Database) -> None:
+    assert await db.run_write(lambda conn: _add_host(conn, "h1")) == "h1"
+    assert await db.run_read(_count) == 1
+    # The async sessions of the rest of the service see the same rows.
+    async with db.read() as session:
+        assert (await session.execute(select(func.count()).select_from(_HOSTS))).scalar_one() == 1
+
+
+async def test_a_write_that_raises_leaves_nothing_behind(db: Database) -> None:
+    class Refused(Exception):
+        pass
+
+    def half(conn: Connection) -> None:
+        _add_host(conn, "h1")
+        raise Refused
+
+    with pytest.raises(Refused):
+        await db.run_write(half)
+    assert await db.run_read(_count) == 0
+    # The connection is usable again after the rollback.
+    await db.run_write(lambda conn: _add_host(conn, "h2"))
+    assert await db.run_read(_count) == 1
+
+
+async def test_a_database_error_reaches_the_caller_and_the_next_transaction_works(
+    db: Database,
+) -> None:
+    await db.run_write(lambda conn: _add_host(conn, "h1"))
+    with pytest.raises(IntegrityError):
+        await db.run_write(lambda conn: _add_host(conn, "h1"))  # the same host id again
+    assert await db.run_read(_count) == 1
+
+
+async def test_concurrent_writes_all_land(db: Database) -> None:
+    ids = await asyncio.gather(
+        *(db.run_write(lambda c, i=i: _add_host(c, f"h{i}")) for i in range(20))
+    )
+    assert sorted(ids) == sorted(f"h{i}" for i in range(20))
+    assert await db.run_read(_count) == 20
+
+
+async def test_sqlite_transactions_run_on_one_thread_of_their_own(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("PostgreSQL transactions run on the event loop (asyncpg)")
+    names = {await db.run_read(lambda _conn: threading.current_thread().name) for _ in range(3)} | {
+        await db.run_write(lambda _conn: threading.current_thread().name)
+    }
+    assert len(names) == 1
+    (name,) = names
+    assert name.startswith("fabric-dra-sqlite") and name != threading.current_thread().name
+
+
+async def test_a_cancelled_caller_waits_for_the_transaction_it_started(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("on PostgreSQL cancellation is asyncpg's (the transaction is rolled back)")
+    started, release = threading.Event(), threading.Event()
+
+    def slow(conn: Connection) -> str:
+        started.set()
+        release.wait(10)
+        return _add_host(conn, "h1")
+
+    task = asyncio.ensure_future(db.run_write(slow))
+    await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    # Still waiting: the commit cannot be stopped half way, and the writers' lock is held.
+    assert not task.done()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The transaction ran to its end.
+    assert await db.run_read(_count) == 1
+
+
+async def test_a_disposed_database_can_be_used_again(db: Database) -> None:
+    await db.run_write(lambda conn: _add_host(conn, "h1"))
+    await db.dispose()
+    await db.dispose()  # twice is harmless
+    assert await db.run_read(_count) == 1
+    async with db.read() as session:
+        assert (await session.execute(text("SELECT 1"))).scalar_one() == 1
