@@ -152,9 +152,7 @@ async def _cycle(
     async with database.read() as session:
         # The devices the claims get, not all of them: the benchmark's own copy of 100,000
         # rows would count as the controller's memory.
-        devices = (
-            await session.scalars(select(Device).order_by(Device.name).limit(claims))
-        ).all()
+        devices = (await session.scalars(select(Device).order_by(Device.name).limit(claims))).all()
     hosts = sorted({d.rack for d in devices})
     core, resources = CoreV1Api(client.api), ResourceV1Api(client.api)
     nodes = [f"node-us-east-{rack}-{i}" for rack in hosts for i in range(1, 5)]

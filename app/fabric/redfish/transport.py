@@ -518,6 +518,7 @@ class RedfishTransport:
             first = err
         self.retries["transient"] += 1
         await asyncio.sleep(self._wait_after(first, 1))
+
         async def again() -> Response:  # tenacity awaits coroutine functions only
             return await call()
 
