@@ -32,7 +32,7 @@ from bench.__main__ import (  # noqa: E402
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(160)
+@pytest.mark.timeout(620)
 def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: Path) -> None:
     results_path = tmp_path / "results.json"
     finished = subprocess.run(
@@ -40,7 +40,9 @@ def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: P
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=150,
+        # About a minute on a quiet 2-CPU machine; beside the rest of the suite on a slow
+        # one it took over 150 s.
+        timeout=600,
         check=False,
     )
     assert finished.returncode == 0, finished.stdout + finished.stderr
