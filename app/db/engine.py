@@ -229,14 +229,17 @@ class Database:
     _write_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     # The journal's feed of held devices (app.heldfeed.HeldFeed), created by the journal.
     held_feed: Any = field(default=None, repr=False)
-    # SQLite only: the thread that runs whole transactions (run_write, run_read).
+    # SQLite only: the threads that run whole transactions, one for run_write and one for
+    # run_read, so that a read never waits behind a write that waits for SQLite's lock.
     _thread: _SqliteThread | None = field(default=None, repr=False)
+    _reader: _SqliteThread | None = field(default=None, repr=False)
     # PostgreSQL only: the same engine (and pool) without transactions, for run_read.
     _autocommit: AsyncEngine | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.engine.dialect.name == "sqlite":
             self._thread = _SqliteThread(self.engine.url)
+            self._reader = _SqliteThread(self.engine.url)
         else:
             self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
 
@@ -297,8 +300,8 @@ class Database:
         if self._autocommit is not None:
             async with self._autocommit.connect() as conn:
                 return await conn.run_sync(work)
-        assert self._thread is not None
-        return await self._thread.run(work, write=False)
+        assert self._reader is not None
+        return await self._reader.run(work, write=False)
 
     async def ping(self) -> None:
         """Run ``SELECT 1``.
@@ -314,6 +317,7 @@ class Database:
 
     async def dispose(self) -> None:
         """Close every pooled connection (and on SQLite stop the transaction thread)."""
-        if self._thread is not None:
-            await self._thread.dispose()
+        for thread in (self._thread, self._reader):
+            if thread is not None:
+                await thread.dispose()
         await self.engine.dispose()

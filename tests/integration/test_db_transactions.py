@@ -1,9 +1,9 @@
 """Database.run_write and run_read: whole transactions on a real SQLite file and PostgreSQL.
 
-On SQLite they run on one thread of the database's own (one hand-over per transaction); on
-PostgreSQL in ``run_sync``, reads in autocommit. Either way a transaction commits when its
-function returns and rolls back when it raises, and what it committed is what the next reader
-and the async sessions see.
+On SQLite they run on threads of the database's own, one for writes and one for reads (one
+hand-over per transaction); on PostgreSQL in ``run_sync``, reads in autocommit. Either way a
+transaction commits when its function returns and rolls back when it raises, and what it
+committed is what the next reader and the async sessions see.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ async def test_concurrent_writes_all_land(db: Database) -> None:
     assert await db.run_read(_count) == 20
 
 
-async def test_sqlite_transactions_run_on_one_thread_of_their_own(
+async def test_sqlite_transactions_run_on_threads_of_their_own(
     db: Database, database_kind: str
 ) -> None:
     if database_kind != "sqlite":
