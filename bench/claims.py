@@ -48,6 +48,7 @@ from app.kube.versions import ResourceApiVersion
 from app.service import settle_heap
 from bench.common import (
     WindowProfile,
+    add_database_option,
     at_least,
     bench_database,
     command_line,
@@ -380,13 +381,7 @@ def main() -> None:
         default=0,
         help="devices in the fabric (default: one rack of 64 per 64 claims)",
     )
-    parser.add_argument(
-        "--database",
-        choices=("sqlite", "postgresql"),
-        default="sqlite",
-        help="a temporary SQLite file, or a database created for the run on the local "
-        "PostgreSQL server (FABRIC_DRA_BENCH_PG_ADMIN_URL)",
-    )
+    add_database_option(parser)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(
         "--profile",

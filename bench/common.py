@@ -305,6 +305,18 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def add_database_option(parser: argparse.ArgumentParser) -> None:
+    """``--database sqlite|postgresql`` (default sqlite): the database :func:`bench_database`
+    makes for the run."""
+    parser.add_argument(
+        "--database",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="a temporary SQLite file, or a database created for the run on the local "
+        "PostgreSQL server (FABRIC_DRA_BENCH_PG_ADMIN_URL)",
+    )
+
+
 def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least ``minimum``."""
 

@@ -66,6 +66,7 @@ from app.service import settle_heap
 from bench.common import (
     ServerProcess,
     WindowProfile,
+    add_database_option,
     at_least,
     bench_database,
     command_line,
@@ -557,13 +558,7 @@ def main() -> None:
     parser.add_argument(
         "--warmup", type=at_least(0), default=20, help="pods allocated before the measured ones"
     )
-    parser.add_argument(
-        "--database",
-        choices=("sqlite", "postgresql"),
-        default="sqlite",
-        help="a temporary SQLite file, or a database created for the run on the local "
-        "PostgreSQL server (FABRIC_DRA_BENCH_PG_ADMIN_URL)",
-    )
+    add_database_option(parser)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(
         "--profile",
