@@ -3,7 +3,7 @@
 #
 #   make lint       ruff check, ruff format --check, mypy, lint-imports (import contracts)
 #   make test-fast  the fast tests on SQLite only (no tests marked slow, no PostgreSQL)
-#   make test       the whole suite on SQLite and PostgreSQL, as .ci/run runs it
+#   make test       the whole suite on SQLite and PostgreSQL in WORKERS (2) processes, as .ci/run
 #   make demo       the demo (ARGS=--once stops after the story)
 #   make bench      every benchmark (ARGS=--short for the quick run, ARGS="--only claims")
 #   make protos     regenerate the kubelet gRPC stubs (app/node/grpcapi) from their .proto files
@@ -13,6 +13,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
+WORKERS ?= 2
 ARGS ?=
 
 .PHONY: lint test-fast test demo bench protos
@@ -27,7 +28,7 @@ test-fast:
 	FABRIC_DRA_TEST_DATABASES=sqlite $(PYTEST) -m "not slow" $(ARGS)
 
 test:
-	$(PYTEST) $(ARGS)
+	$(PYTEST) -n $(WORKERS) $(ARGS)
 
 demo:
 	$(BIN)/fabric-dra demo $(ARGS)
