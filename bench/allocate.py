@@ -6,7 +6,8 @@ with a ``gpu`` request and a ``nic`` request joined by a matchAttribute constrai
 with CEL selectors on both classes (type and a capacity threshold) and on the GPU request (model
 and a firmware version comparison). Allocated devices stay in use, so later allocations search
 past them. Prints JSON lines: gathering the pools, one CEL evaluation, the cold first
-allocation, then allocations/s, p50/p99 latency per allocation (wall time of the allocator
+allocation (the first on each of the 4 nodes fills the selector cache for its pools; those are
+not counted below, and the slowest is shown), then allocations/s, p50/p99 latency per allocation (wall time of the allocator
 alone; in reference units too, see ``bench.common.reference_cpu_seconds``) and cache hit rates.
 
     python -m bench.allocate [--allocations 2000] [--devices 10000] [--pools 80] [--json FILE]
@@ -173,6 +174,7 @@ def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, A
     latencies: list[float] = []
     failures = 0
     cold = None
+    colds: list[float] = []
     for index in range(allocations):
         claim = claim_from_json(
             CLAIM_SPEC, uid=f"uid-{index}", namespace="bench", name=f"claim-{index}"
@@ -184,8 +186,12 @@ def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, A
         if cold is None:
             cold = elapsed
             lines.append({"step": "first_allocation", "milliseconds": round(elapsed * 1e3, 2)})
-            continue
-        latencies.append(elapsed)
+        if index < len(nodes):
+            # The first allocation on each node fills the selector cache for the pools that
+            # reach it: a cold cost, shown apart, not counted among the allocations.
+            colds.append(elapsed)
+        else:
+            latencies.append(elapsed)
         if not result.ok:
             failures += 1
             in_use.clear()
@@ -209,6 +215,7 @@ def measure(allocations: int, devices: int, pool_count: int) -> list[dict[str, A
             "pools": pool_count,
             "reachable_pools": reachable,
             "count": len(latencies),
+            "cold_allocations_ms_max": round(max(colds) * 1e3, 2),
             "failures": failures,
             "allocations_per_second": round(len(latencies) / sum(latencies), 1),
             "p50_ms": round(statistics.median(ordered) * 1e3, 3),
@@ -232,9 +239,9 @@ def main() -> None:
     parser = command_line(__doc__, "bench.allocate")
     parser.add_argument(
         "--allocations",
-        type=at_least(2),
+        type=at_least(5),
         default=2000,
-        help="at least 2: the first one is timed apart",
+        help="at least 5: the first one on each of the 4 nodes is timed apart",
     )
     parser.add_argument("--devices", type=at_least(1), default=10_000, help="devices in the pools")
     parser.add_argument("--pools", type=at_least(1), default=80, help="pools (one rack each)")

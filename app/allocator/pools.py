@@ -52,6 +52,9 @@ class Pool:
         fingerprint: SHA-256 over its devices' names and fingerprints.
         consistent: every slice of the newest generation gives the same
             ``resourceSliceCount`` (when not, ``invalid_reason`` says so).
+        reach_key: a canonical text of ``reaches`` (pools with equal keys reach the same
+            nodes), so that one allocation checks each distinct reach once, not once per
+            pool; empty when unknown (then the pool's reach is checked on its own).
     """
 
     driver: str
@@ -65,6 +68,7 @@ class Pool:
     uniform_reach: bool = False
     fingerprint: str = ""
     consistent: bool = True
+    reach_key: str = ""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -210,6 +214,7 @@ def _pool(driver: str, name: str, generation: int, objs: list[Mapping[str, Any]]
         uniform_reach=len(reaches) == 1 and not per_device_seen,
         fingerprint=digest.hexdigest(),
         consistent=consistent,
+        reach_key="\n".join(sorted(reaches)),
     )
 
 

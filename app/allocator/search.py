@@ -32,9 +32,9 @@ Rules (k8s.io/dynamic-resource-allocation structured/internal allocator, and DRA
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from app.allocator import outcome as oc
 from app.allocator.cel import CelEnvironment, CompileError, EvaluationError, SelectorCache
@@ -107,6 +107,8 @@ class Allocator:
         self.environment = CelEnvironment()
         self.selectors = SelectorCache(self.environment, cache_entries)
         self.max_steps = max_steps
+        self._tainted: dict[tuple[str, str, str], bool] = {}
+        self._tainted_entries = cache_entries
 
     def allocate(
         self,
@@ -134,6 +136,16 @@ class Allocator:
         except _Abort as abort:
             return oc.Outcome(failure=abort.failure, reports=tuple(run.reports()))
 
+    def has_taints(self, pool: Pool) -> bool:
+        """Whether any device of ``pool`` has a taint (remembered by the pool's content key,
+        which covers its devices' taints)."""
+        known = self._tainted.get(pool.key)
+        if known is None:
+            if len(self._tainted) >= self._tainted_entries:
+                self._tainted.clear()
+            known = self._tainted[pool.key] = any(d.taints for d in pool.devices)
+        return known
+
     def stats(self) -> dict[str, int]:
         """Cache counters: compiled expressions and pool selector results."""
         return {
@@ -143,6 +155,25 @@ class Allocator:
             "selector_misses": self.selectors.misses,
             "selector_evaluations": self.selectors.evaluations,
         }
+
+
+def _pools_in_use(
+    in_use: Collection[DeviceId], reachable_devices: int
+) -> Callable[[str, str], bool]:
+    """Whether a pool (driver, name) may have a device in ``in_use``: False means none has,
+    so the pool's devices need no check one by one.
+
+    An ``in_use`` with a ``may_hold_pool(driver, pool)`` method (the control plane's
+    :class:`app.controlplane.plan.InUseView`) answers itself. Any other collection is indexed
+    once, unless it is larger than the devices the allocation looks at (then every pool may).
+    """
+    probe = getattr(in_use, "may_hold_pool", None)
+    if callable(probe):
+        return cast(Callable[[str, str], bool], probe)
+    if len(in_use) > reachable_devices:
+        return lambda driver, pool: True
+    pools = {(driver, pool) for driver, pool, _ in in_use}
+    return lambda driver, pool: (driver, pool) in pools
 
 
 class _Run:
@@ -163,7 +194,19 @@ class _Run:
         self.in_use = in_use
         self.node = node
         self.slots = [(ci, r) for ci, claim in enumerate(claims) for r in claim.requests]
-        reaching = [p for p in pools if p.reaches_node(node)]
+        # Pools of one reach (the slices of a rack all select the same nodes, say) are
+        # checked against the node once: the check costs microseconds, the pools are many.
+        reach_memo: dict[str, bool] = {}
+
+        def reaches(pool: Pool) -> bool:
+            if not pool.reach_key:
+                return pool.reaches_node(node)
+            known = reach_memo.get(pool.reach_key)
+            if known is None:
+                known = reach_memo[pool.reach_key] = pool.reaches_node(node)
+            return known
+
+        reaching = [p for p in pools if reaches(p)]
         self.pools = [p for p in reaching if p.usable]
         # A pool whose slices disagree on their count is reported as invalid only.
         self.incomplete = tuple(p.describe() for p in reaching if not p.complete and p.consistent)
@@ -171,6 +214,7 @@ class _Run:
             f"{p.describe()} ({p.invalid_reason})" for p in reaching if p.invalid_reason is not None
         )
         self.candidates: dict[tuple[int, str], _Candidates] = {}
+        self.may_hold_pool = _pools_in_use(in_use, sum(len(p.devices) for p in self.pools))
 
     def reports(self) -> list[oc.RequestReport]:
         return [c.report for c in self.candidates.values()]
@@ -289,21 +333,10 @@ class _Run:
                 else sum(1 for d in pool.devices if self._reaches(d, reach_memo))
             )
             before = len(devices)
-            for index in selected:
-                device = pool.devices[index]
-                if not uniform and not self._reaches(device, reach_memo):
-                    continue
-                matched += 1
-                if not request.admin_access and device.device_id in self.in_use:
-                    in_use += 1
-                elif device.taints and any(
-                    t.effect in _BLOCKING_EFFECTS
-                    and not any(tol.tolerates(t) for tol in request.tolerations)
-                    for t in device.taints
-                ):
-                    tainted += 1
-                else:
-                    devices.append(device)
+            counts = self._take(pool, selected, request, reach_memo, devices)
+            matched += counts[0]
+            in_use += counts[1]
+            tainted += counts[2]
             if len(devices) > before:
                 pools.append(pool.describe())
         blocked = None
@@ -336,6 +369,44 @@ class _Run:
         )
         self.candidates[key] = _Candidates(devices, report)
         return self.candidates[key]
+
+    def _take(
+        self,
+        pool: Pool,
+        selected: tuple[int, ...],
+        request: DeviceRequest,
+        reach_memo: dict[int, bool],
+        devices: list[Device],
+    ) -> tuple[int, int, int]:
+        """Append to ``devices`` the ``selected`` devices of ``pool`` that reach the node,
+        are free (or the request has admin access) and have no taint the request does not
+        tolerate. Returns (matched: selected and reaching, in use, tainted)."""
+        if (
+            pool.uniform_reach
+            and not self.allocator.has_taints(pool)
+            and (request.admin_access or not self.may_hold_pool(pool.driver, pool.name))
+        ):
+            # The common case: every selected device reaches the node, is free and has no
+            # taint; no need to look at each one.
+            devices.extend(map(pool.devices.__getitem__, selected))
+            return len(selected), 0, 0
+        matched = in_use = tainted = 0
+        for index in selected:
+            device = pool.devices[index]
+            if not pool.uniform_reach and not self._reaches(device, reach_memo):
+                continue
+            matched += 1
+            if not request.admin_access and device.device_id in self.in_use:
+                in_use += 1
+            elif device.taints and any(
+                t.effect in _BLOCKING_EFFECTS
+                and not any(tol.tolerates(t) for tol in request.tolerations)
+                for t in device.taints
+            ):
+                tainted += 1
+            else:
+                devices.append(device)
+        return matched, in_use, tainted
 
     def _reaches(self, device: Device, memo: dict[int, bool]) -> bool:
         known = memo.get(id(device.reach))

@@ -266,6 +266,7 @@ class InUse:
         self._journal: dict[str, frozenset[DeviceId]] = {}
         self._holders: dict[DeviceId, dict[str, int]] = {}
         self._versions: dict[str, int] = {}
+        self._held_per_pool: dict[str, int] = {}
 
     def set_claim(self, uid: str, devices: frozenset[DeviceId]) -> None:
         """What claim ``uid`` is allocated now (empty when nothing, or gone)."""
@@ -318,8 +319,13 @@ class InUse:
                 del holders[uid]
             if not holders:
                 del self._holders[device]
+                self._held_per_pool[device[1]] -= 1
+                if not self._held_per_pool[device[1]]:
+                    del self._held_per_pool[device[1]]
             self._bump(device[1])
         for device in devices - old:
+            if device not in self._holders:
+                self._held_per_pool[device[1]] = self._held_per_pool.get(device[1], 0) + 1
             holders = self._holders.setdefault(device, {})
             holders[uid] = holders.get(uid, 0) + 1
             self._bump(device[1])
@@ -344,6 +350,10 @@ class InUse:
             if d[1] == pool and all(h in exclude_uids for h in self._holders.get(d, ()))
         )
         return (self._versions.get(pool, 0), freed)
+
+    def pool_held(self, pool: str) -> bool:
+        """Whether any claim holds a device of ``pool``."""
+        return pool in self._held_per_pool
 
     def holders(self, device: DeviceId) -> frozenset[str]:
         """The uids of the claims holding ``device``."""
@@ -373,6 +383,13 @@ class InUseView(Collection[DeviceId]):
     def pool_key(self, pool: str) -> tuple[Any, ...]:
         """See :meth:`InUse.pool_key`."""
         return self.index.pool_key(pool, self.exclude_uids)
+
+    def may_hold_pool(self, driver: str, pool: str) -> bool:
+        """False when no device of ``pool`` is in use (for the allocator: its devices need
+        no check one by one). True may still mean none, when only left-out claims hold
+        some. Every device of an :class:`InUse` is of one driver, so ``driver`` is not
+        looked at."""
+        return self.index.pool_held(pool)
 
 
 class _PassView(InUseView):

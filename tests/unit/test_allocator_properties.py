@@ -293,3 +293,38 @@ def test_a_pool_is_used_only_when_all_its_newest_slices_agree_on_their_count(
         assert result.failure.incomplete_pools == ()
         assert result.failure.invalid_pools == (f"{DRIVER}/p0 ({pool.invalid_reason})",)
         assert pool.invalid_reason in result.failure.message
+
+
+class _Unindexed(frozenset[tuple[str, str, str]]):
+    """An in-use set the allocator cannot index cheaply (it claims to be huge), so that it
+    checks every device one by one."""
+
+    def __len__(self) -> int:
+        return 10**9
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    devices_strategy,
+    st.lists(request_strategy, min_size=1, max_size=3),
+    constraint_strategy,
+    st.sets(st.integers(0, 7), max_size=3),
+    st.sets(st.sampled_from(POOL_NAMES), max_size=1),
+)
+def test_skipping_the_per_device_check_of_free_untainted_pools_changes_nothing(
+    raw_devices: list[dict[str, Any]],
+    raw_requests: list[dict[str, Any]],
+    raw_constraint: dict[str, Any] | None,
+    busy: set[int],
+    unreachable: set[str],
+) -> None:
+    """Pools with no device in use and no taint are taken whole; the outcome (allocations,
+    failure and every request's report) is the one the device-by-device check gives."""
+    claim, slices, _ = build(raw_devices, raw_requests, raw_constraint, unreachable)
+    in_use = {(DRIVER, raw_devices[i]["pool"], f"d{i}") for i in busy if i < len(raw_devices)}
+    pools = gather_pools(slices)
+    fast = Allocator().allocate([claim], CLASSES, pools, in_use, NODE)
+    slow = Allocator().allocate([claim], CLASSES, pools, _Unindexed(in_use), NODE)
+    assert fast.allocations == slow.allocations
+    assert fast.failure == slow.failure
+    assert fast.reports == slow.reports

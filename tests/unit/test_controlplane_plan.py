@@ -521,6 +521,14 @@ def test_the_in_use_index_matches_a_count_from_scratch(
             if keys.get(pool) == key:
                 assert sets[pool] == now
             keys[pool], sets[pool] = key, now
+            # "No device of the pool in use" is never said of a pool with one in use, and
+            # is said whenever no claim holds any (left-out claims may make it say "may").
+            held_by_anyone = any(
+                d[1] == pool for u, ds in claims.items() for d in ((DRIVER, *x) for x in ds)
+            ) or any(device[0] == pool for _, device in held)
+            assert view.may_hold_pool(DRIVER, pool) == held_by_anyone
+            if now:
+                assert view.may_hold_pool(DRIVER, pool)
 
 
 def _allocated(uid: str, devices: frozenset[tuple[str, str]]) -> dict[str, Any]:
