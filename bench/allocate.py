@@ -7,8 +7,9 @@ with CEL selectors on both classes (type and a capacity threshold) and on the GP
 and a firmware version comparison). Allocated devices stay in use, so later allocations search
 past them. Prints JSON lines: gathering the pools, one CEL evaluation, the cold first
 allocation (the first on each of the 4 nodes fills the selector cache for its pools; those are
-not counted below, and the slowest is shown), then allocations/s, p50/p99 latency per allocation (wall time of the allocator
-alone; in reference units too, see ``bench.common.reference_cpu_seconds``) and cache hit rates.
+not counted below, and the slowest is shown), then allocations/s, p50/p99 latency per
+allocation (wall time of the allocator alone; in reference units too, see
+``bench.common.reference_cpu_seconds``) and cache hit rates.
 
     python -m bench.allocate [--allocations 2000] [--devices 10000] [--pools 80] [--json FILE]
 """

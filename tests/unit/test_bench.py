@@ -183,7 +183,7 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(
         ),
         ("bench.controlplane", ["--warmup", "-1"], "--warmup: must be at least 0, got -1"),
         ("bench.publish", ["--devices", "0"], "--devices: must be at least 2, got 0"),
-        ("bench.allocate", ["--allocations", "1"], "--allocations: must be at least 2, got 1"),
+        ("bench.allocate", ["--allocations", "4"], "--allocations: must be at least 5, got 4"),
         ("bench.inventory_sync", ["--devices", "-3"], "--devices: must be at least 1, got -3"),
         ("bench.node", ["--claims", "0"], "--claims: must be at least 1, got 0"),
         ("bench.node", ["--warmup", "-1"], "--warmup: must be at least 0, got -1"),
