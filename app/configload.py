@@ -55,6 +55,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _is_section(annotation: Any) -> bool:
+    """Whether a top-level setting is a section (a model of settings of its own)."""
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
 def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
     """The settings given by ``FABRIC_DRA_*`` variables, nested; unknown names are errors."""
     known_sections = {name: info.annotation for name, info in Settings.model_fields.items()}
@@ -76,10 +81,13 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
             if close is not None and section is None and tail:
                 close = f"{close}.{tail}"
             mean = "" if close is None else f" (did you mean {_env_name(close.split('.'))}?)"
+            sections = sorted(n for n, a in known_sections.items() if _is_section(a))
+            names = sorted(n for n, a in known_sections.items() if not _is_section(a))
             raise ConfigError(
                 f"environment variable {key}: no such setting{mean}; settings are "
-                f"{ENV_PREFIX}<NAME> or {ENV_PREFIX}<SECTION>{NESTED_DELIMITER}<NAME>, "
-                f"sections: {', '.join(sorted(known_sections))}"
+                f"{ENV_PREFIX}<NAME> (names: {', '.join(names)}) or "
+                f"{ENV_PREFIX}<SECTION>{NESTED_DELIMITER}<NAME> "
+                f"(sections: {', '.join(sections)})"
             )
     source = EnvSettingsSource(
         Settings,

@@ -107,6 +107,13 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
             "environment variable FABRIC_DRA_FABRICURL: no such setting",
         ),
         ({"FABRIC_DRA_FABRIC__NOPE": "x"}, "FABRIC_DRA_FABRIC__NOPE: no such setting"),
+        # driver_name is a setting, not a section: the message lists it apart.
+        (
+            {"FABRIC_DRA_DRIVER_NAME__X": "1"},
+            "FABRIC_DRA_<NAME> (names: driver_name) or FABRIC_DRA_<SECTION>__<NAME> "
+            "(sections: admin, controller, database, fabric, hosts, inventory, kube, leader, "
+            "log, node, node_labels, pools, publisher)",
+        ),
         (
             {"FABRIC_DRA_FABRIC__PASSWORD": "hunter2"},
             "FABRIC_DRA_FABRIC__PASSWORD: no such setting "
