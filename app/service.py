@@ -209,6 +209,7 @@ class Service:
             KubeError: discovery failed (the API server is unreachable or refuses us).
             KubeVersionError: no resource.k8s.io version fits the configured mode.
         """
+        log.info("fabric-dra %s starting (driver %s)", self.identity, self.settings.driver_name)
         if self.settings.database.migrate_on_start:
             await check_usable(self.db.engine)
             await migrate.upgrade(self.db.engine)
@@ -611,6 +612,20 @@ class Service:
             ) from err
         address = self._admin.addresses[0] if self._admin.addresses else None
         self.admin_port = address[1] if isinstance(address, tuple) else admin.port
+        host = f"[{admin.host}]" if ":" in admin.host else admin.host
+        log.info("admin endpoint listening on http://%s:%s", host, self.admin_port)
+        if not admin.require_token_for_reads and admin.host not in (
+            "127.0.0.1",
+            "::1",
+            "localhost",
+        ):
+            # The default: reads (state, metrics, dashboard) answer anyone who can reach the
+            # port; actions always need the token.
+            log.warning(
+                "admin endpoint: reads need no token (admin.require_token_for_reads is false) "
+                "and it listens on %s, reachable from other hosts; actions need the token",
+                admin.host,
+            )
 
     def admin_context(self) -> AdminContext:
         """Everything the admin endpoint reads and calls, wired to this service's parts (the

@@ -564,3 +564,39 @@ async def test_sigterm_lets_the_attach_in_flight_finish_then_releases_the_lease(
             process.kill()
             await process.wait()
         await db.dispose()
+
+
+@pytest.mark.parametrize(
+    ("host", "warned"),
+    [("0.0.0.0", True), ("127.0.0.1", False)],
+)
+async def test_the_log_says_starting_the_admin_address_and_open_reads_before_stopped(
+    tmp_path: Path,
+    cluster: tuple[KubeEmulator, RedfishSimulator],
+    caplog: pytest.LogCaptureFixture,
+    host: str,
+    warned: bool,
+) -> None:
+    emu, sim = cluster
+    caplog.set_level("INFO", logger="app.service")
+    service = Service(
+        settings_for(
+            tmp_path,
+            emu,
+            sim,
+            f"sqlite+aiosqlite:///{tmp_path}/l.db",
+            FABRIC_DRA_LEADER__ENABLED="false",
+            FABRIC_DRA_ADMIN__HOST=host,
+        )
+    )
+    await service.start()
+    await service.stop(deadline_s=5)
+    lines = [r.getMessage() for r in caplog.records if r.name == "app.service"]
+    order = [
+        next(i for i, line in enumerate(lines) if needle in line)
+        for needle in ("starting", "admin endpoint listening on", " started:", " stopped")
+    ]
+    assert order == sorted(order), lines
+    assert f"admin endpoint listening on http://{host}:{service.admin_port}" in lines
+    open_reads = [line for line in lines if "reads need no token" in line]
+    assert bool(open_reads) is warned, lines
