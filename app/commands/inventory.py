@@ -7,7 +7,6 @@ scripts notice.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
@@ -16,6 +15,7 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.commands.common import Settings, no_schema, run, settings_options
+from app.commands.output import Format, output_option, structured
 from app.db import migrate
 from app.db.engine import Database, check_usable, missing_sqlite_file, unusable
 from app.fabric.factory import backend_from_settings
@@ -37,12 +37,25 @@ _COLUMNS: tuple[Column, ...] = (
 )
 
 
-def render_table(devices: Sequence[DeviceView], status: Sequence[StatusView]) -> str:
-    """The inventory as text: one block per region and rack, then the sync status."""
+_WIDE: tuple[Column, ...] = (
+    ("STATE", lambda d: d.state or "-"),
+    ("SERIAL", lambda d: d.serial or "-"),
+    ("FIRMWARE", lambda d: d.firmware_version or "-"),
+    ("VENDOR ID", lambda d: d.vendor_id),
+)
+
+
+def render_table(
+    devices: Sequence[DeviceView], status: Sequence[StatusView], wide: bool = False
+) -> str:
+    """The inventory as text: one block per region and rack, then the sync status; ``wide``
+    adds each device's state, serial number, firmware version and vendor id."""
     lines: list[str] = []
     racks = {(d.region, d.rack) for d in devices}
     lines.append(f"{len(devices)} devices in {len(racks)} racks")
     columns = _COLUMNS if any(d.removed_at for d in devices) else _COLUMNS[:-1]
+    if wide:
+        columns = columns + _WIDE
     widths = [max([len(title)] + [len(str(get(d))) for d in devices]) for title, get in columns]
     for (region, rack), group in groupby(devices, key=lambda d: (d.region, d.rack)):
         members = list(group)
@@ -115,10 +128,13 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> I
 
 @click.command()
 @click.option("--sync", is_flag=True, help="Sync from the fabric manager first.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@output_option
+@click.option("--json", "as_json", is_flag=True, help="The same as -o json.")
 @click.option("--all", "include_removed", is_flag=True, help="Include removed devices.")
 @settings_options
-def inventory(sync: bool, as_json: bool, include_removed: bool, settings: Settings) -> None:
+def inventory(
+    sync: bool, output: Format, as_json: bool, include_removed: bool, settings: Settings
+) -> None:
     """Print the device inventory from the database, grouped by region and rack.
 
     With --sync, a failed sync still prints the last known inventory and exits with status 1.
@@ -131,17 +147,14 @@ def inventory(sync: bool, as_json: bool, include_removed: bool, settings: Settin
             err=True,
         )
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "devices": [d.to_json() for d in read.devices],
-                    "backends": [s.to_json() for s in read.status],
-                },
-                indent=2,
-                ensure_ascii=False,
-            )
-        )
+        output = "json"
+    if output in ("json", "yaml"):
+        document = {
+            "devices": [d.to_json() for d in read.devices],
+            "backends": [s.to_json() for s in read.status],
+        }
+        click.echo(structured(document, output))
     else:
-        click.echo(render_table(read.devices, read.status))
+        click.echo(render_table(read.devices, read.status, wide=output == "wide"))
     if read.sync_error is not None:
         raise SystemExit(1)

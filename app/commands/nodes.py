@@ -7,7 +7,6 @@ command gathers Nodes from the API server and hosts and devices from the databas
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from kubernetes_asyncio.client import CoreV1Api
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.commands.common import Settings, no_schema, run, settings_options
+from app.commands.output import Format, output_option, structured
 from app.config import redact_url
 from app.db import migrate
 from app.db.engine import Database, check_usable, missing_sqlite_file, unusable
@@ -318,12 +318,15 @@ async def _report(settings: Settings) -> NodesReport:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@output_option
+@click.option("--json", "as_json", is_flag=True, help="The same as -o json.")
 @settings_options
-def nodes(as_json: bool, settings: Settings) -> None:
+def nodes(output: Format, as_json: bool, settings: Settings) -> None:
     """Show each Kubernetes node's fabric host and the pools it can reach, with warnings."""
     report = run(_report(settings))
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+        output = "json"
+    if output in ("json", "yaml"):
+        click.echo(structured(report.to_json(), output))
     else:
         click.echo(render_table(report))

@@ -45,6 +45,8 @@ class DeviceView:
     state: str | None
     host_id: str | None
     removed_at: dt.datetime | None
+    serial: str | None = None
+    firmware_version: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (times as ISO 8601 strings in UTC)."""
@@ -103,6 +105,8 @@ async def list_devices(db: Database, *, include_removed: bool = False) -> list[D
             state=r.state,
             host_id=r.host_id,
             removed_at=r.removed_at,
+            serial=r.serial,
+            firmware_version=r.firmware_version,
         )
         for r in rows
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from builders import MemoryBackend, gpu, host
 from prometheus_client import CollectorRegistry, Counter
@@ -1095,7 +1097,14 @@ async def test_the_forget_command_releases_through_the_admin_api(
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
     code, out, err = await _cli("forget", str(rid), "--reason", "re-seated", "--admin-url", url)
-    assert code == 1 and len(err.strip().splitlines()) == 1 and "401" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--token-file" in err
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-token\n")
+    code, out, err = await _cli(
+        "forget", str(rid), "--reason", "re-seated", "--admin-url", url, "--token-file", str(wrong)
+    )
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "403" in err
+    assert "--token-file" in err
     assert (await reservation(admin.db, rid)).state == "detach-failed"
     code, out, err = await _cli(
         "forget", str(rid), "--reason", "re-seated", "--admin-url", url, "--token-file", str(token)
@@ -1197,3 +1206,78 @@ async def test_dashboard_shows_pools_errors_freshness_and_attention(admin: Admin
         assert text in html, text
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "http://" not in html and "https://" not in html
+
+
+# --------------------------------------------------------------------------- operator commands
+async def test_status_prints_leader_freshness_counts_waiting_and_attention(
+    admin: Admin, tmp_path: Path
+) -> None:
+    url = str(admin.client.make_url("")).rstrip("/")
+    code, out, err = await _cli("status", "--admin-url", url)
+    assert code == 0, err
+    assert "leader: this replica" in out
+    assert "fabric manager memory: fresh" in out and "9 devices, 2 hosts" in out
+    assert "claims waiting: 1" in out and "claim team-c/claim-c, reason no node yet" in out
+    code, wide, err = await _cli("status", "--admin-url", url, "-o", "wide")
+    assert code == 0, err
+    assert wide.startswith(out.rstrip("\n")) and "loops:" in wide
+    for output, load in (("json", json.loads), ("yaml", yaml.safe_load)):
+        code, text, err = await _cli("status", "--admin-url", url, "-o", output)
+        assert code == 0, err
+        document = load(text)
+        assert document["service"]["leader"]["is_leader"] is True
+        assert document["database"]["devices"]["present"] > 0
+    admin.live.status["inventory"][0]["stale"] = True
+    admin.context.status = admin.live.get_status
+    code, out, _ = await _cli("status", "--admin-url", url)
+    assert code == 0 and "STALE" in out
+
+
+async def test_reservations_lists_in_every_output_format(admin: Admin) -> None:
+    rid = await _detach_failed(admin)
+    url = str(admin.client.make_url("")).rstrip("/")
+    code, out, err = await _cli("reservations", "--admin-url", url, "--state", "detach-failed")
+    assert code == 0, err
+    header, *rows = out.strip().splitlines()
+    assert header.split()[:3] == ["ID", "STATE", "CLAIM"] and "LAST" not in header
+    assert [row.split()[:2] for row in rows] == [[str(rid), "detach-failed"]]
+    code, out, err = await _cli("reservations", "--admin-url", url, "-o", "wide")
+    assert code == 0 and "LAST ERROR" in out.splitlines()[0] and "block in use" in out
+    code, out, err = await _cli("reservations", "--admin-url", url, "-o", "json")
+    assert code == 0 and any(item["id"] == rid for item in json.loads(out)["items"])
+    code, out, err = await _cli("reservations", "--admin-url", url, "--state", "nothing-like-it")
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "HTTP 400" in err
+
+
+async def test_cordon_uncordon_and_release_act_through_the_admin_api(
+    admin: Admin, tmp_path: Path
+) -> None:
+    url = str(admin.client.make_url("")).rstrip("/")
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    name = admin.seeded.names["us-east/rack-01"][0]
+    with_token = ("--admin-url", url, "--token-file", str(token))
+    code, out, err = await _cli("cordon", name, "--reason", "fan noise", *with_token)
+    assert code == 0 and f"device {name} cordoned" in out, err
+    async with admin.db.read() as session:
+        row = (await session.scalars(select(Device).where(Device.name == name))).one()
+    assert row.cordon_reason == "fan noise"
+    code, out, err = await _cli("uncordon", name, *with_token)
+    assert code == 0 and "uncordoned" in out, err
+    async with admin.db.read() as session:
+        row = (await session.scalars(select(Device).where(Device.name == name))).one()
+    assert row.cordoned_at is None
+    # Bad input, each one line: no such device, a reason too long, no token, a URL that is
+    # not the admin API.
+    code, _, err = await _cli("cordon", "no-such-device", *with_token)
+    assert code == 1 and "HTTP 404" in err and len(err.strip().splitlines()) == 1
+    code, _, err = await _cli("cordon", name, "--reason", "x" * 256, *with_token)
+    assert code == 2 and "at most 255" in err and len(err.strip().splitlines()) == 1
+    code, _, err = await _cli("uncordon", name, "--admin-url", url)
+    assert code == 2 and "--token-file" in err
+    code, _, err = await _cli("status", "--admin-url", url + "/healthz-nothing")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    rid = await _detach_failed(admin)
+    code, out, err = await _cli("release", str(rid), *with_token)
+    assert code == 0 and f"reservation {rid}" in out and "released" in out, err
+    assert (await reservation(admin.db, rid)).state == RELEASED
