@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.db.migrate import head_revision
 from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
@@ -130,6 +131,16 @@ async def test_inventory_sync_prints_a_table_and_json(tmp_path: Path, simulator:
     assert len(data["devices"]) == 6
     assert {d["rack"] for d in data["devices"]} == {"rack-01", "rack-02"}
     assert data["backends"][0]["stale"] is False
+
+    code, out, err = await cli("inventory", "-o", "yaml", cwd=tmp_path, env=env)
+    assert code == 0, err
+    assert yaml.safe_load(out) == data
+    code, out, err = await cli("inventory", "-o", "wide", cwd=tmp_path, env=env)
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if "SERIAL" in line).split()
+    assert header[-5:] == ["STATE", "SERIAL", "FIRMWARE", "VENDOR", "ID"]
+    code, _, err = await cli("inventory", "-o", "xml", cwd=tmp_path, env=env)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "'xml' is not one of" in err
 
 
 async def test_inventory_sync_with_the_fabric_down_keeps_data_and_says_why(
