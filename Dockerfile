@@ -11,7 +11,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 # Only what the wheel is built from: metadata first, so the dependency layer is cached while
 # only the code changes.
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY app ./app
 COPY migrations ./migrations
 RUN pip wheel --wheel-dir /wheels .

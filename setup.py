@@ -1,13 +1,15 @@
 """Packaging glue: ship the top-level ``migrations/`` folder inside the wheel as ``app.migrations``.
 
-Everything else about the distribution is in pyproject.toml.
+Everything else about the distribution is in pyproject.toml. Packages are found as namespace
+packages, so that folders without an ``__init__.py`` (the generated kubelet gRPC modules in
+``app/node/grpcapi``, the dashboard's ``app/admin/templates``) are shipped too.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 setup(
     packages=[
-        *find_packages(include=["app", "app.*"]),
+        *find_namespace_packages(include=["app", "app.*"], exclude=["*.__pycache__"]),
         "app.migrations",
         "app.migrations.versions",
     ],

@@ -1394,7 +1394,7 @@ def test_the_builder_stage_sources_make_a_wheel_with_migrations_and_the_script(
             )
         else:
             shutil.copy2(ROOT / entry, source / entry)
-    subprocess.run(
+    build = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -1408,13 +1408,32 @@ def test_the_builder_stage_sources_make_a_wheel_with_migrations_and_the_script(
         ],
         check=True,
         capture_output=True,
+        text=True,
         timeout=120,
     )
+    # setuptools' deprecations (a license table, package data outside `packages`) stop builds
+    # in later releases; the build must be clean today.
+    assert "Warning" not in build.stdout + build.stderr, build.stderr
     [wheel] = (tmp_path / "wheels").glob("fabric_dra-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         assert "fabric-dra = app.cli:main" in archive.read(entry_points).decode()
+        [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
+        headers = archive.read(metadata).decode().split("\n\n", 1)[0].splitlines()
+        assert "License-Expression: Apache-2.0" in headers
+        assert "License-File: LICENSE" in headers
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    # Every module and template of the package, including folders without an __init__.py
+    # (the generated kubelet gRPC modules, the dashboard's templates).
+    sources = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "app").rglob("*")
+        if p.suffix in (".py", ".pyi", ".j2") and "__pycache__" not in p.parts
+    }
+    assert "app/node/grpcapi/dra_v1_pb2_grpc.py" in sources
+    assert "app/admin/templates/dashboard.html.j2" in sources
+    assert sources <= set(names), sorted(sources - set(names))
     assert "app/migrations/env.py" in names
     assert any(n.startswith("app/migrations/versions/") for n in names)
     assert not any(
