@@ -729,9 +729,27 @@ def _flags(admin_port: int | None, **_: Any) -> dict[str, Any]:
     help="Port of the first cluster's dashboard and admin API (admin.port; 0: any free port; "
     "the second cluster's always takes a free one) [8080].",
 )
-@click.option("--regions", default=2, show_default=True, type=click.IntRange(1, 20))
-@click.option("--racks-per-region", default=2, show_default=True, type=click.IntRange(1, 50))
-@click.option("--devices-per-rack", default=8, show_default=True, type=click.IntRange(4, 512))
+@click.option(
+    "--regions",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 20),
+    help="Regions of each simulated fabric (each region is a group of racks and pools).",
+)
+@click.option(
+    "--racks-per-region",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 50),
+    help="Racks in each region; each rack is one pool, with two servers (two nodes).",
+)
+@click.option(
+    "--devices-per-rack",
+    default=8,
+    show_default=True,
+    type=click.IntRange(4, 512),
+    help="Fabric devices in each rack (a mix of GPUs, FPGAs, NVMe drives and CXL memory).",
+)
 @click.option(
     "--fabric-url", hidden=True, expose_value=False, callback=_refuse_fabric_url, is_eager=True
 )
@@ -748,11 +766,12 @@ def demo(
 
     No cluster or hardware needed: everything runs in this process. Two emulated clusters, as
     no Kubernetes release serves both allocation modes: 1.34 (structured parameters) and 1.31
-    (classic DRA), each with its own fabric and fabric-dra. The inventories go to
-    ./fabric-dra-demo.db and ./fabric-dra-demo-classic.db unless --database-url is given (a
-    SQLite file; the second cluster's gets "-classic" added). Every node runs the node plugin
-    and a kubelet stand-in, and each story ends with the edits the pod's container gets.
-    The first dashboard is served at http://127.0.0.1:8080 until Ctrl-C.
+    (classic DRA), each with its own fabric and fabric-dra. Each needs its own database: the
+    first cluster's is --database-url (default ./fabric-dra-demo.db); the second's is the same
+    SQLite file name with "-classic" added (./fabric-dra-demo-classic.db by default), or
+    ./fabric-dra-demo-classic.db when --database-url is not a SQLite file. Every node runs the
+    node plugin and a kubelet stand-in, and each story ends with the edits the pod's container
+    gets. The first dashboard is served at http://127.0.0.1:8080 until Ctrl-C.
 
     Settings come from --config and FABRIC_DRA_* as for fabric-dra run (admin.token_file,
     pools, node_labels, log, database, controller and inventory timings, node.device_wait_seconds,
