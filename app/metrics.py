@@ -333,3 +333,51 @@ class InformerCollector:
         for name, ok in sorted(healthy.items()):
             gauge.add_metric([name], 1 if ok else 0)
         yield gauge
+
+
+class _Electorish(Protocol):
+    """What :class:`LeaderCollector` reads of a leader elector (see :mod:`app.kube.leader`)."""
+
+    transitions_seen: int
+    lost_count: int
+
+    @property
+    def leader_identity(self) -> str | None: ...
+
+
+class LeaderCollector:
+    """Exposes leader election at scrape time.
+
+    * ``leader``: 1 while this replica leads (always 1 with leader election off), else 0.
+    * ``leader_transitions_total``: holder changes this replica has observed on the Lease
+      (a new holder, including itself); a rate of several an hour means the leaders flap.
+    * ``leader_lost_total``: times this replica lost leadership while running.
+
+    Args:
+        elector: returns the elector, or None when leader election is off.
+        leading: returns True while this replica acts as leader.
+    """
+
+    def __init__(self, elector: Callable[[], _Electorish | None], leading: Callable[[], bool]):
+        self.elector = elector
+        self.leading = leading
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the metric families (called by prometheus-client on every scrape)."""
+        elector = self.elector()
+        gauge = GaugeMetricFamily(
+            f"{NAMESPACE}_leader", "1 while this replica is the leader, else 0."
+        )
+        gauge.add_metric([], 1 if self.leading() else 0)
+        yield gauge
+        transitions = CounterMetricFamily(
+            f"{NAMESPACE}_leader_transitions",
+            "Lease holder changes this replica has observed.",
+        )
+        transitions.add_metric([], elector.transitions_seen if elector is not None else 0)
+        yield transitions
+        lost = CounterMetricFamily(
+            f"{NAMESPACE}_leader_lost", "Times this replica lost leadership while running."
+        )
+        lost.add_metric([], elector.lost_count if elector is not None else 0)
+        yield lost

@@ -55,7 +55,7 @@ from app.kube.versions import (
     discover_served_versions,
     resource_api,
 )
-from app.metrics import FabricRetryCollector, InformerCollector, Metrics
+from app.metrics import FabricRetryCollector, InformerCollector, LeaderCollector, Metrics
 from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools
 from app.publisher import Publisher, PublisherMetrics, PublisherSettings
 from app.supervisor import Supervisor
@@ -178,6 +178,9 @@ class Service:
         self.publisher_metrics = PublisherMetrics.create(self.metrics.registry)
         self.metrics.registry.register(InformerCollector(self._live_informers))
         self.metrics.registry.register(FabricRetryCollector(lambda: self.backend))
+        self.metrics.registry.register(
+            LeaderCollector(lambda: self.elector, lambda: self.leading is not None)
+        )
         self.supervisor = Supervisor()
         self.identity = settings.leader.identity or default_identity()
         self.db = Database.connect(settings.database.url, pool_size=settings.database.pool_size)
@@ -512,11 +515,30 @@ class Service:
         ]
 
     async def readiness_checks(self) -> list[tuple[str, bool, str]]:
-        """Readiness: database reachable, leader state known, caches synced, loops running."""
+        """Readiness: database reachable, leader state known, caches synced, loops running.
+
+        A stale inventory is listed but does not fail readiness, deliberately: the fault is
+        the fabric manager's, which no restart or traffic shift of ours fixes, and an unready
+        pod would hide the dashboard and the status API when an operator needs them. It is
+        an alert instead (``fabric_dra_inventory_stale``, the dashboard's banner).
+        """
         checks: list[tuple[str, bool, str]] = []
         try:
             await self.db.ping()
             checks.append(("database", True, "reachable"))
+            for status in await list_status(self.db):
+                if status.stale:
+                    since = (
+                        status.last_success_at.isoformat() if status.last_success_at else "never"
+                    )
+                    checks.append(
+                        (
+                            f"inventory {status.backend}",
+                            True,
+                            f"stale (last complete sync {since}); not a readiness failure: "
+                            "alert on fabric_dra_inventory_stale",
+                        )
+                    )
         except Exception as err:
             checks.append(("database", False, str(err)))
         if self.elector is not None:
@@ -559,6 +581,13 @@ class Service:
                 "enabled": self.elector is not None,
                 "is_leader": leading is not None,
                 "holder": self.elector.leader_identity if self.elector else self.identity,
+                "transitions": self.elector.transitions_seen if self.elector else 0,
+                "lost_count": self.elector.lost_count if self.elector else 0,
+                "lost_at": (
+                    self.elector.lost_at.isoformat()
+                    if self.elector and self.elector.lost_at
+                    else None
+                ),
             },
             "inventory": inventory,
             "loops": [dataclasses.asdict(s) for s in self.supervisor.states()],

@@ -196,6 +196,85 @@ def waiting_claims(
     return rows[:MAX_ROWS]
 
 
+#: How long after this replica lost leadership the dashboard keeps saying so.
+LEADERSHIP_NEWS_SECONDS = 3600
+
+
+def banners(service: Mapping[str, Any] | None, now: dt.datetime) -> list[dict[str, str]]:
+    """What is broken right now, loudest first, as banners over the dashboard: a stale
+    inventory, no leader or leadership lost, fields the API server dropped from our
+    ResourceSlices. (Detach failures and devices held elsewhere have banners of their own,
+    from the database.) Each is ``{"id", "level" (bad or warn), "title", "text"}``.
+    """
+    found: list[dict[str, str]] = []
+    if service is None:
+        return found
+    for status in _dicts(service.get("inventory")):
+        if not status.get("stale"):
+            continue
+        backend = str(status.get("backend") or "?")
+        failures = int(status.get("consecutive_failures") or 0)
+        error = f" Last error: {status['last_error']}." if status.get("last_error") else ""
+        found.append(
+            {
+                "id": f"banner-stale-{backend}",
+                "level": "bad",
+                "title": f"The inventory of fabric manager {backend} is stale.",
+                "text": f"No complete sync since {age(now, status.get('last_success_at'))} "
+                f"({failures} failed in a row).{error} Everything below is as of then: "
+                "devices may have failed, gone, or been attached by someone else since.",
+            }
+        )
+    leader = _section(service, "leader")
+    electing = leader and leader.get("enabled", True)
+    if electing and not leader.get("is_leader") and not leader.get("holder"):
+        found.append(
+            {
+                "id": "banner-no-leader",
+                "level": "bad",
+                "title": "No replica is known to lead.",
+                "text": "Nothing publishes ResourceSlices or attaches devices until one "
+                "holds the Lease; check the replicas' logs and their RBAC for Leases.",
+            }
+        )
+    lost_at = parse_time(leader.get("lost_at")) if leader else None
+    if lost_at is not None and (now - lost_at).total_seconds() < LEADERSHIP_NEWS_SECONDS:
+        holder = "this replica again" if leader.get("is_leader") else leader.get("holder")
+        found.append(
+            {
+                "id": "banner-leadership-lost",
+                "level": "warn",
+                "title": f"This replica lost leadership {age(now, leader.get('lost_at'))}.",
+                "text": f"The leader is {holder or 'unknown'}"
+                f"; {leader.get('lost_count', 1)} loss(es) since start. Losses that repeat "
+                "mean the API server is slow or unreachable from this replica.",
+            }
+        )
+    dropped: set[str] = set()
+    for publisher in [_section(service, "publisher"), *_section(service, "publishers").values()]:
+        if isinstance(publisher, Mapping):
+            dropped.update(str(p) for p in publisher.get("dropped_paths") or [])
+    if dropped:
+        taints = any(p.endswith(".taints") for p in dropped)
+        found.append(
+            {
+                "id": "banner-dropped-fields",
+                "level": "warn",
+                "title": "The API server dropped fields from our ResourceSlices: "
+                + ", ".join(sorted(dropped))
+                + ".",
+                "text": "A feature gate is off on the API server (DRADeviceTaints, "
+                "DRADeviceBindingConditions, ...), so those fields have no effect."
+                + (
+                    " Unhealthy devices are withheld from the slices instead of tainted."
+                    if taints
+                    else ""
+                ),
+            }
+        )
+    return found
+
+
 def dashboard_model(
     *,
     service: Mapping[str, Any] | None,
@@ -210,8 +289,12 @@ def dashboard_model(
     by_state = dict(devices.get("by_state") or {})
     by_health = dict(devices.get("by_health") or {})
     leader = _section(service, "leader")
+    stale = [status for status in _dicts((service or {}).get("inventory")) if status.get("stale")]
     return {
         "driver": driver,
+        "banners": banners(service, now),
+        # The cards show the database's view; with a stale inventory it is an old view.
+        "stale_since": _oldest_success(stale, now) if stale else None,
         "now": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
         "service_ok": service is not None,
         "identity": (service or {}).get("identity"),
@@ -265,6 +348,14 @@ def dashboard_model(
         ],
         "held_elsewhere": list(attention.get("held_elsewhere") or [])[:MAX_ROWS],
     }
+
+
+def _oldest_success(statuses: Sequence[Mapping[str, Any]], now: dt.datetime) -> str:
+    times = [parse_time(s.get("last_success_at")) for s in statuses]
+    known = [t for t in times if t is not None]
+    if len(known) < len(times) or not known:
+        return "never"
+    return age(now, min(known).isoformat())
 
 
 def stuck_row(reservation: Mapping[str, Any], now: dt.datetime) -> dict[str, Any]:

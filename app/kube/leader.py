@@ -239,6 +239,10 @@ class LeaderElector:
         self._task: asyncio.Task[None] | None = None
         self.last_error: BaseException | None = None
         self.transitions_seen = 0
+        #: Times this replica lost leadership while running (not counting a shutdown), and
+        #: the wall-clock time of the last loss (aware UTC), for the dashboard and metrics.
+        self.lost_count = 0
+        self.lost_at: datetime | None = None
 
     @property
     def leader_identity(self) -> str | None:
@@ -277,6 +281,8 @@ class LeaderElector:
                 await self._call(self._on_started, "on_started_leading")
                 await self._renew()
                 self.is_leader.clear()
+                self.lost_count += 1
+                self.lost_at = self._utc_now()
                 logger.warning("%s: %s lost leadership", self._what, self.settings.identity)
                 await self._call(self._on_stopped, "on_stopped_leading")
         except asyncio.CancelledError:

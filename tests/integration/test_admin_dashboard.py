@@ -69,7 +69,13 @@ async def dashboard_url(db: Database) -> AsyncIterator[str]:
             )
         ).one()
         free.host_id = "someone-elses-server"
-    runner = await serve(make_context(db, seeded, Live(status=live_status())), "127.0.0.1", 0)
+    # Broken states that get banners: a stale inventory, leadership lost a minute ago, and a
+    # field the API server dropped.
+    status = live_status()
+    status["inventory"][0].update(stale=True, consecutive_failures=4, last_error="timeout")
+    status["leader"].update(lost_at=status["inventory"][0]["last_attempt_at"], lost_count=1)
+    status["publisher"]["dropped_paths"] = ["spec.devices[].taints"]
+    runner = await serve(make_context(db, seeded, Live(status=status)), "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}/"
     finally:
@@ -136,6 +142,12 @@ async def test_the_dashboard_renders_in_chromium_with_a_clean_console(
         "banner-held-elsewhere",
         "someone-elses-server",
         "Needs an operator",
+        "banner-stale-memory",
+        "The inventory of fabric manager memory is stale.",
+        "banner-leadership-lost",
+        "banner-dropped-fields",
+        "spec.devices[].taints",
+        '<div class="cards stale">',
     ):
         assert text in dom, text
     assert console_lines(stderr) == []

@@ -142,6 +142,8 @@ async def test_a_released_lease_is_taken_over_at_once(
         await first.elector.stop()
         assert not first.leading
         assert first.log == ["started", "stopped"]
+        # Stepping down at shutdown is not losing leadership.
+        assert first.elector.lost_count == 0 and first.elector.lost_at is None
         took = await eventually(
             lambda: second.leading, LEASE_DURATION_S, "the standby leads", interval_s=0.01
         )
@@ -172,6 +174,7 @@ async def test_failing_renewals_make_the_leader_step_down(
         assert leader.log == ["started", "stopped"]
         assert leader.elector.last_error is not None
         assert "500" in str(leader.elector.last_error)
+        assert leader.elector.lost_count == 1 and leader.elector.lost_at is not None
         # Once the API server answers again the replica campaigns and leads again.
         await asyncio.wait_for(leader.elector.is_leader.wait(), 5)
         assert leader.log == ["started", "stopped", "started"]

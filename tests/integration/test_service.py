@@ -259,7 +259,13 @@ async def test_two_replicas_one_leader_and_failover(
             "enabled": True,
             "is_leader": False,
             "holder": "replica-a",
+            "transitions": 1,
+            "lost_count": 0,
+            "lost_at": None,
         }
+        _, metrics_text = await _text(second.admin_port or 0, "/metrics")
+        assert "fabric_dra_leader 0.0" in metrics_text
+        assert "fabric_dra_leader_transitions_total 1.0" in metrics_text
         writes_before = len(emu.writes("resourceslices"))
         await first.stop(deadline_s=10)
         await eventually(
@@ -282,7 +288,6 @@ async def test_a_fabric_manager_that_is_down_shows_in_readiness_and_status(
     tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
 ) -> None:
     emu, sim = cluster
-    await sim.stop()
     service = Service(
         settings_for(
             tmp_path,
@@ -295,6 +300,8 @@ async def test_a_fabric_manager_that_is_down_shows_in_readiness_and_status(
     )
     await service.start()
     try:
+        await eventually(lambda: _ready(service.admin_port or 0), what="ready")
+        await sim.stop()
 
         async def stale() -> bool:
             _, body = await get_json(service.admin_port or 0, "/api/v1/status")
@@ -304,6 +311,17 @@ async def test_a_fabric_manager_that_is_down_shows_in_readiness_and_status(
         await eventually(stale, what="the inventory marked stale")
         status, metrics_text = await _text(service.admin_port or 0, "/metrics")
         assert status == 200 and 'fabric_dra_inventory_stale{backend="redfish"} 1.0' in metrics_text
+        assert "fabric_dra_leader 1.0" in metrics_text  # leader election off: always leads
+        # Deliberately still ready (an alert, not a restart), and /readyz says why.
+        status, ready = await get_json(service.admin_port or 0, "/readyz")
+        assert status == 200, ready
+        [check] = [c for c in ready["checks"] if c["name"] == "inventory redfish"]
+        assert check["ok"] is True and "stale" in check["message"]
+        assert "fabric_dra_inventory_stale" in check["message"]
+        status, page = await _text(service.admin_port or 0, "/")
+        assert status == 200 and 'id="banner-stale-redfish"' in page
+        assert "The inventory of fabric manager redfish is stale." in page
+        assert '<div class="cards stale">' in page and 'id="cards-stale"' in page
     finally:
         await service.stop(deadline_s=5)
 
