@@ -1,7 +1,7 @@
 """``fabric-dra node`` put together: the Kubernetes client, the plugin, its gRPC servers, the
 health loop and a small HTTP endpoint (``/healthz``, ``/readyz``, ``/metrics``) for probes.
 
-RBAC it needs (deploy/node-rbac.yaml): get ResourceClaims; create Events.
+RBAC it needs (deploy/base/node-rbac.yaml): get ResourceClaims; create Events.
 """
 
 from __future__ import annotations

@@ -37,6 +37,12 @@ from app.node.agent import node_name as agent_node_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
+BASE = DEPLOY / "base"
+OVERLAYS = DEPLOY / "overlays"
+MONITORING = DEPLOY / "monitoring"
+# Kinds of the Prometheus Operator's CRDs (monitoring.coreos.com/v1): no official schema in
+# kubernetes-validate, so tests/integration/test_deploy_monitoring.py checks them.
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
@@ -63,11 +69,14 @@ def _documents(path: Path) -> list[dict[str, Any]]:
 
 
 def _manifest_files() -> list[Path]:
-    """Every Kubernetes manifest under deploy/ (not kustomizations, not compose helpers)."""
+    """Every Kubernetes manifest under deploy/ (not kustomizations, not an overlay's patches,
+    not compose helpers)."""
     return sorted(
         p
         for p in DEPLOY.rglob("*.yaml")
-        if p.name != "kustomization.yaml" and "compose" not in p.relative_to(DEPLOY).parts
+        if p.name != "kustomization.yaml"
+        and not p.name.endswith(".patch.yaml")
+        and "compose" not in p.relative_to(DEPLOY).parts
     )
 
 
@@ -169,7 +178,12 @@ def _load_or_explain(**kwargs: Any) -> Any:
 
 # -- (a) manifests against the official schemas ---------------------------------------------------
 
-MANIFESTS = [(f, i, doc) for f in _manifest_files() for i, doc in enumerate(_documents(f))]
+MANIFESTS = [
+    (f, i, doc)
+    for f in _manifest_files()
+    for i, doc in enumerate(_documents(f))
+    if doc.get("kind") not in OPERATOR_KINDS
+]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -206,13 +220,16 @@ def test_kustomization_lists_every_manifest_and_nothing_else(directory: Path) ->
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     listed = list(kustomization["resources"])
     assert len(listed) == len(set(listed)), f"listed twice: {listed}"
+    patches = [entry["path"] for entry in kustomization.get("patches") or []]
     files = {p.name for p in directory.glob("*.yaml") if p.name != "kustomization.yaml"}
     # Examples of secrets are never applied by -k, so they can never overwrite real ones.
     examples = {f for f in files if f.endswith(".example.yaml")}
     local = {entry for entry in listed if "/" not in entry}
-    assert local == files - examples
+    assert local | set(patches) == files - examples
     assert not local & examples
-    for entry in listed:
+    assert all(p.endswith(".patch.yaml") for p in patches), patches
+    assert not any(f.endswith(".patch.yaml") for f in local), "a patch listed as a resource"
+    for entry in [*listed, *patches]:
         assert (directory / entry).exists(), f"{entry} is listed but does not exist"
 
 
@@ -232,13 +249,26 @@ def test_kustomize_renders_exactly_the_listed_objects(directory: Path) -> None:
         timeout=60,
     ).stdout
     got = sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(rendered) if d)
+    assert got == sorted(_listed_objects(directory))
+
+
+def _listed_objects(directory: Path) -> list[tuple[str, str]]:
+    """(kind, name) of what a kustomization should render: its resources (folders followed),
+    less what its patches delete, plus the ConfigMaps it generates."""
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    expected = sorted(
-        (d["kind"], d["metadata"]["name"])
-        for entry in kustomization["resources"]
-        for d in _documents(directory / entry)
-    )
-    assert got == expected
+    found: list[tuple[str, str]] = []
+    for entry in kustomization["resources"]:
+        path = (directory / entry).resolve()
+        if path.is_dir():
+            found += _listed_objects(path)
+        else:
+            found += [(d["kind"], d["metadata"]["name"]) for d in _documents(path)]
+    for patch in kustomization.get("patches") or []:
+        for d in _documents(directory / patch["path"]):
+            if d.get("$patch") == "delete":
+                found.remove((d["kind"], d["metadata"]["name"]))
+    found += [("ConfigMap", g["name"]) for g in kustomization.get("configMapGenerator") or []]
+    return found
 
 
 # -- the manifests agree with each other and with the settings ------------------------------------
@@ -746,26 +776,26 @@ def test_the_node_rbac_check_catches_mistakes() -> None:
 
 
 def test_kubectl_apply_k_deploy_installs_the_node_plugin() -> None:
-    listed = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    listed = yaml.safe_load((BASE / "kustomization.yaml").read_text())["resources"]
     node_files = {"node-namespace.yaml", "node-rbac.yaml", "node-configmap.yaml"}
     assert {*node_files, "node-daemonset.yaml"} <= set(listed)
-    [daemonset] = _documents(DEPLOY / "node-daemonset.yaml")
+    [daemonset] = _documents(BASE / "node-daemonset.yaml")
     assert daemonset["kind"] == "DaemonSet"
-    kinds = {name: {d["kind"] for d in _documents(DEPLOY / name)} for name in node_files}
+    kinds = {name: {d["kind"] for d in _documents(BASE / name)} for name in node_files}
     assert kinds == {
         "node-namespace.yaml": {"Namespace", "ServiceAccount"},
         "node-rbac.yaml": {"ClusterRole", "ClusterRoleBinding"},
         "node-configmap.yaml": {"ConfigMap"},
     }
     # The controller's file holds the controller's identity only.
-    accounts = [d["metadata"]["name"] for d in _documents(DEPLOY / "serviceaccount.yaml")]
+    accounts = [d["metadata"]["name"] for d in _documents(BASE / "serviceaccount.yaml")]
     assert accounts == ["fabric-dra"]
 
 
 def test_namespaces_are_applied_before_what_lives_in_them() -> None:
-    listed = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    listed = yaml.safe_load((BASE / "kustomization.yaml").read_text())["resources"]
     assert listed[0] == "node-namespace.yaml"
-    holds_namespace = ["Namespace" in {d["kind"] for d in _documents(DEPLOY / f)} for f in listed]
+    holds_namespace = ["Namespace" in {d["kind"] for d in _documents(BASE / f)} for f in listed]
     first_other = holds_namespace.index(False)
     assert not any(holds_namespace[first_other:]), listed
 

@@ -1,6 +1,7 @@
 """RBAC in the Kubernetes API emulator, driven by the real client: the controller's service
-account may do exactly what deploy/rbac.yaml (and deploy/controlplane/rbac.yaml) grant, and gets
-the API server's 403 Forbidden for anything else, while the admin stays unrestricted."""
+account may do exactly what deploy/base/rbac.yaml (and deploy/controlplane/rbac.yaml) grant,
+and gets the API server's 403 Forbidden for anything else, while the admin stays
+unrestricted."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from fabric_dra_sim.kubeapi import KubeEmulator, RbacPolicy
 from fabric_dra_sim.kubeapi import cli as kube_cli
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-BASE_RBAC = DEPLOY / "rbac.yaml"
+BASE_RBAC = DEPLOY / "base" / "rbac.yaml"
 CONTROLPLANE_RBAC = DEPLOY / "controlplane" / "rbac.yaml"
 SA = "system:serviceaccount:fabric-dra:fabric-dra"
 SA_TOKEN = "controller-token"
@@ -127,7 +128,7 @@ async def _cluster(
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
-    """resource.k8s.io/v1 with the structured-mode RBAC of deploy/rbac.yaml."""
+    """resource.k8s.io/v1 with the structured-mode RBAC of deploy/base/rbac.yaml."""
     async with _cluster([BASE_RBAC]) as value:
         yield value
 

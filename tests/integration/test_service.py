@@ -439,7 +439,7 @@ def ready_on(emu: KubeEmulator, namespace: str, name: str) -> bool:
 
 
 async def test_the_whole_cycle_works_with_only_the_rbac_of_deploy(tmp_path: Path) -> None:
-    """The API emulator enforces deploy/rbac.yaml for the controller's service account: any
+    """The API emulator enforces deploy/base/rbac.yaml for the controller's service account: any
     call the ClusterRole or the leader-election Role does not allow fails with 403."""
     from fabric_dra_sim.kubeapi import RbacPolicy
 
@@ -455,7 +455,7 @@ async def test_the_whole_cycle_works_with_only_the_rbac_of_deploy(tmp_path: Path
         feature_gates=all_gates_on("1.34"),
         token="cluster-admin",
         tokens={"sa-token": SERVICE_ACCOUNT},
-        rbac=RbacPolicy.from_manifests([DEPLOY / "rbac.yaml"]),
+        rbac=RbacPolicy.from_manifests([DEPLOY / "base" / "rbac.yaml"]),
     )
     await emu.start()
     (tmp_path / "sa-token").write_text("sa-token\n")

@@ -1,5 +1,5 @@
 """The emulator's RBAC: request attributes, rule matching, bindings and the Forbidden answer, and
-what deploy/rbac.yaml grants the controller's service account."""
+what deploy/base/rbac.yaml grants the controller's service account."""
 
 from __future__ import annotations
 
@@ -372,12 +372,12 @@ def test_forbidden_reads_like_the_api_server(attributes: RequestAttributes, mess
 
 @pytest.fixture(scope="module")
 def deployed() -> RbacPolicy:
-    return RbacPolicy.from_manifests([DEPLOY / "rbac.yaml"])
+    return RbacPolicy.from_manifests([DEPLOY / "base" / "rbac.yaml"])
 
 
 @pytest.fixture(scope="module")
 def deployed_with_controlplane() -> RbacPolicy:
-    return RbacPolicy.from_manifests([DEPLOY / "rbac.yaml", DEPLOY / "controlplane"])
+    return RbacPolicy.from_manifests([DEPLOY / "base" / "rbac.yaml", DEPLOY / "controlplane"])
 
 
 STRUCTURED_ALLOWED = [
