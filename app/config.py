@@ -455,6 +455,21 @@ class AdminSettings(_Section):
         le=16 * 1024 * 1024,
         description="largest request body in bytes, 1024 to 16777216",
     )
+    history_window_seconds: Seconds = Field(
+        default=3600.0,
+        description="seconds of the recent past the dashboard charts, > 0, at most 86400",
+    )
+    history_interval_seconds: Seconds = Field(
+        default=30.0, description="seconds between two samples of the dashboard's charts, > 0"
+    )
+
+    @model_validator(mode="after")
+    def _history_fits(self) -> AdminSettings:
+        if self.history_window_seconds < self.history_interval_seconds:
+            raise ValueError(
+                "admin.history_window_seconds must be at least admin.history_interval_seconds"
+            )
+        return self
 
 
 class LeaderSettings(_Section):

@@ -31,6 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.admin.actions import DatabaseActions
 from app.admin.context import AdminContext, Check
+from app.admin.history import History, take_sample
 from app.admin.whatif import what_if_answer
 from app.allocator import Allocator
 from app.claims.drift import Drift, DriftTarget, DriftWatch
@@ -182,6 +183,10 @@ class Service:
             LeaderCollector(lambda: self.elector, lambda: self.leading is not None)
         )
         self.supervisor = Supervisor()
+        # The dashboard's charts, sampled by the "history" loop on every replica.
+        self.history = History(
+            settings.admin.history_window_seconds, settings.admin.history_interval_seconds
+        )
         self.identity = settings.leader.identity or default_identity()
         self.db = Database.connect(settings.database.url, pool_size=settings.database.pool_size)
         self.backend = backend
@@ -194,6 +199,7 @@ class Service:
         self.leading: Leadership | None = None
         self._lead_task: asyncio.Task[None] | None = None
         self._admin: Any = None
+        self._admin_context: AdminContext | None = None
         self._allocator: Allocator | None = None
         self.admin_port: int | None = None
         self._started_at = time.monotonic()
@@ -222,6 +228,7 @@ class Service:
             self.kube = await connect(kube_client_settings(self.settings.kube, self.environ))
         await self._choose_modes()
         await self._start_admin()
+        self.supervisor.spawn("history", self._history_loop)
         if self.settings.leader.enabled:
             leader = self.settings.leader
             self.elector = LeaderElector(
@@ -631,7 +638,7 @@ class Service:
         from app.admin.app import serve
 
         admin = self.settings.admin
-        context = self.admin_context()
+        context = self._admin_context = self.admin_context()
         try:
             self._admin = await serve(context, admin.host, admin.port)
         except OSError as err:
@@ -655,6 +662,19 @@ class Service:
                 "and it listens on %s, reachable from other hosts; actions need the token",
                 admin.host,
             )
+
+    async def _history_loop(self) -> None:
+        """Sample the dashboard's charts every ``admin.history_interval_seconds``; a failed
+        sample (the database away, say) is logged and the next one tried on time."""
+        context = self._admin_context
+        assert context is not None
+        interval = self.settings.admin.history_interval_seconds
+        while True:
+            try:
+                await take_sample(context, self.history, time.time())
+            except Exception as err:
+                log.warning("dashboard history: sample failed: %s", err)
+            await asyncio.sleep(interval)
 
     def admin_context(self) -> AdminContext:
         """Everything the admin endpoint reads and calls, wired to this service's parts (the
@@ -703,6 +723,7 @@ class Service:
             require_token_for_reads=settings.admin.require_token_for_reads,
             max_request_bytes=settings.admin.max_request_bytes,
             pool_config=pool_config,
+            history=self.history,
         )
 
     async def claim_view(self, namespace: str, name: str) -> dict[str, Any] | None:

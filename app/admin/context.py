@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
+from app.admin.history import History
 from app.db.engine import Database
 from app.pools import PoolConfig
 
@@ -72,6 +73,8 @@ class AdminContext:
         max_request_bytes: the largest accepted request body.
         driver_name: our DRA driver.
         pool_config: how devices are grouped into pools (default: the defaults for the driver).
+        history: the recent past the dashboard charts (see :mod:`app.admin.history`), or None
+            for no charts.
     """
 
     db: Database
@@ -88,4 +91,5 @@ class AdminContext:
     require_token_for_reads: bool = False
     max_request_bytes: int = 64 * 1024
     pool_config: PoolConfig | None = None
+    history: History | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -292,6 +292,8 @@ def dashboard_model(
     stale = [status for status in _dicts((service or {}).get("inventory")) if status.get("stale")]
     return {
         "driver": driver,
+        # Filled in by the route from the sampled history (app.admin.history), when kept.
+        "history": None,
         "banners": banners(service, now),
         # The cards show the database's view; with a stale inventory it is an old view.
         "stale_since": _oldest_success(stale, now) if stale else None,

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from app.admin import queries
 from app.admin.context import AdminContext, Check
 from app.admin.dashboard import dashboard_model
+from app.admin.history import charts
 from app.admin.pipeline import OPENAPI, TEMPLATE_ENV, ApiError, Call, json_answer
 
 log = logging.getLogger(__name__)
@@ -240,14 +241,18 @@ async def dashboard(call: Call) -> web.Response:
     except Exception:
         log.exception("service status could not be read for the dashboard")
         service = None
+    now = dt.datetime.now(dt.UTC)
+    pools = await queries.pools(context.db, call.pool_config, _publisher(context))
     model = dashboard_model(
         service=service,
         counts=await queries.counts(context.db),
-        pools=await queries.pools(context.db, call.pool_config, _publisher(context)),
+        pools=pools,
         attention=await queries.attention(context.db, call.pool_config),
         driver=context.driver_name,
-        now=dt.datetime.now(dt.UTC),
+        now=now,
     )
+    if context.history is not None:
+        model["history"] = charts(context.history, now.timestamp(), [p["name"] for p in pools])
     nonce = secrets.token_urlsafe(16)
     template = call.request.app[TEMPLATE_ENV].get_template("dashboard.html.j2")
     html = await template.render_async(model=model, nonce=nonce, refresh=REFRESH_SECONDS)

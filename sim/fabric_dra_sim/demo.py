@@ -63,6 +63,7 @@ from app.configload import load_settings
 from fabric_dra_sim.demo_nodes import NodeSide
 from fabric_dra_sim.demo_nodes import say as _say
 from fabric_dra_sim.demo_nodes import until as _until
+from fabric_dra_sim.demo_workload import Workload
 
 DEMO_DATABASE = "sqlite+aiosqlite:///fabric-dra-demo.db"
 # What the demo sets itself, as it runs its own fabrics and clusters: section -> the settings
@@ -93,7 +94,8 @@ OWNED_REASON = (
 )
 # The demo's defaults, under what the user gives: a quick story on one machine.
 DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
-    "admin": {"host": "127.0.0.1"},
+    # Charts sampled every 5 s, so that the workload shows on them within a minute.
+    "admin": {"host": "127.0.0.1", "history_interval_seconds": 5},
     "controller": {"orphan_grace_seconds": 5},
     "inventory": {"poll_interval_seconds": 2},
     "leader": {"namespace": "kube-system"},
@@ -700,8 +702,21 @@ async def _run(
                 f"(Kubernetes 1.31)   (API: /api/v1/status, /metrics)"
             )
             if not once:
+                workload = Workload(
+                    demo.structured.emu,
+                    STRUCTURED_NS,
+                    lambda node: _node_side(demo.structured).node(node).kubelet,
+                )
+                workload.start()
+                _say(
+                    f"[1.34] a small workload keeps up to {workload.settings.pods} pods with "
+                    f"fabric claims coming and going in namespace {STRUCTURED_NS}"
+                )
                 _say("serving until Ctrl-C")
-                await _wait_for_signal()
+                try:
+                    await _wait_for_signal()
+                finally:
+                    await workload.stop()
         finally:
             await demo.stop()
     _say("stopped")

@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,13 +23,14 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from builders import MemoryBackend, gpu, host
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import SecretStr
 from sqlalchemy import select
 
 from app.admin.actions import DatabaseActions
 from app.admin.app import make_app, serve
 from app.admin.context import AdminContext, Check
+from app.admin.history import History, take_sample
 from app.db.engine import Database
 from app.db.models import Device, DeviceEvent, Reservation
 from app.fabric.errors import FabricError, FabricNotFound, FabricUnavailable
@@ -1206,6 +1208,37 @@ async def test_dashboard_shows_pools_errors_freshness_and_attention(admin: Admin
         assert text in html, text
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "http://" not in html and "https://" not in html
+
+
+async def test_the_dashboard_charts_the_last_hour_from_sampled_history(admin: Admin) -> None:
+    # No history: no charts, and nothing breaks.
+    html = await (await admin.client.get("/")).text()
+    assert 'id="history"' not in html
+    history = History(window_s=3600, interval_s=30)
+    admin.context.history = history
+    attach = Histogram(
+        "attach_seconds", "test", namespace="fabric_dra", registry=admin.context.registry
+    )
+    html = await (await admin.client.get("/")).text()
+    assert 'id="history"' in html and "Collecting: 0 sample" in html
+    now = time.time()
+    first = await take_sample(admin.context, history, now - 60)
+    assert first.attach_seconds is None and first.attaches == 0
+    attach.observe(1.5)
+    attach.observe(2.5)
+    second = await take_sample(admin.context, history, now - 30)
+    assert second.attach_seconds == 2.0 and second.attaches == 2
+    # The seeded database: us-east/rack-01 has 4 devices, 2 of them reserved.
+    assert second.utilisation["us-east/rack-01"] == 0.5
+    assert second.claims_waiting >= 1  # team-c/claim-c waits for a node
+    await take_sample(admin.context, history, now)
+    html = await (await admin.client.get("/")).text()
+    assert "Collecting" not in html and "latest" in html
+    assert "peak 2.00 s" in html and '<svg class="spark small"' in html
+    assert html.count("<polyline points=") >= 2 + len(second.utilisation)
+    # A failing live status leaves the waiting claims from the database alone.
+    admin.live.status_error = RuntimeError("down")
+    assert (await take_sample(admin.context, history, now + 30)).claims_waiting >= 0
 
 
 # --------------------------------------------------------------------------- operator commands

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import struct
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from sqlalchemy import select
 from test_admin import Live, live_status, make_context, seed
 
 from app.admin.app import serve
+from app.admin.history import History, take_sample
 from app.db.engine import Database
 from app.db.models import Device, Reservation
 from app.journal import Journal
@@ -75,7 +77,13 @@ async def dashboard_url(db: Database) -> AsyncIterator[str]:
     status["inventory"][0].update(stale=True, consecutive_failures=4, last_error="timeout")
     status["leader"].update(lost_at=status["inventory"][0]["last_attempt_at"], lost_count=1)
     status["publisher"]["dropped_paths"] = ["spec.devices[].taints"]
-    runner = await serve(make_context(db, seeded, Live(status=status)), "127.0.0.1", 0)
+    context = make_context(db, seeded, Live(status=status))
+    # An hour of history: utilisation rising, one attach time, claims waiting.
+    context.history = History(window_s=3600, interval_s=30)
+    start = time.time() - 3600
+    for step in range(0, 3600, 30):
+        await take_sample(context, context.history, start + step)
+    runner = await serve(context, "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}/"
     finally:
@@ -148,6 +156,8 @@ async def test_the_dashboard_renders_in_chromium_with_a_clean_console(
         "banner-dropped-fields",
         "spec.devices[].taints",
         '<div class="cards stale">',
+        'id="history"',
+        '<svg class="spark small"',
     ):
         assert text in dom, text
     assert console_lines(stderr) == []

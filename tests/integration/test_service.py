@@ -309,6 +309,8 @@ async def test_a_fabric_manager_that_is_down_shows_in_readiness_and_status(
             return bool(inventory) and inventory[0]["stale"]
 
         await eventually(stale, what="the inventory marked stale")
+        # The dashboard's history was sampled at start, on its own loop.
+        assert len(service.history) >= 1
         status, metrics_text = await _text(service.admin_port or 0, "/metrics")
         assert status == 200 and 'fabric_dra_inventory_stale{backend="redfish"} 1.0' in metrics_text
         assert "fabric_dra_leader 1.0" in metrics_text  # leader election off: always leads
