@@ -284,6 +284,19 @@ class InventorySettings(_Section):
     stale_after_failures: int = Field(
         default=3, ge=1, le=1000, description="failed syncs in a row before the inventory is stale"
     )
+    events: bool = Field(
+        default=True,
+        description="true or false: follow the fabric manager's event stream (Redfish "
+        "server-sent events) and sync at once on a change; polling stays as the safety net",
+    )
+    events_poll_interval_seconds: Seconds = Field(
+        default=600.0,
+        description="seconds between full polls while the event stream is healthy, > 0",
+    )
+    events_idle_seconds: Seconds = Field(
+        default=600.0,
+        description="seconds an event stream may stay silent before it is opened again, > 0",
+    )
 
 
 class PublishingSettings(_Section):

@@ -27,6 +27,9 @@ class InventoryMetrics:
     * ``row_writes{backend, table}``: rows inserted, updated or marked removed.
     * ``stale{backend}``: 1 while the inventory is stale, else 0.
     * ``last_success{backend}``: Unix time of the last complete sync.
+    * ``events{backend, result}``: events read from the fabric manager's stream: relevant
+      (a sync was asked for), ignored (nothing the inventory holds), malformed.
+    * ``events_streaming{backend}``: 1 while the event stream is open, 0 while polling only.
     """
 
     syncs: Counter
@@ -36,6 +39,8 @@ class InventoryMetrics:
     row_writes: Counter
     stale: Gauge
     last_success: Gauge
+    events: Counter
+    events_streaming: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> InventoryMetrics:
@@ -87,6 +92,20 @@ class InventoryMetrics:
             last_success=Gauge(
                 "inventory_last_success_timestamp_seconds",
                 "Unix time of the last complete inventory sync.",
+                ["backend"],
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
+            events=Counter(
+                "inventory_events",
+                "Events read from the fabric manager's stream, by result.",
+                ["backend", "result"],
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
+            events_streaming=Gauge(
+                "inventory_events_streaming",
+                "1 while the fabric manager's event stream is open, 0 while only polling.",
                 ["backend"],
                 namespace=NAMESPACE,
                 registry=registry,

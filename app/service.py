@@ -45,6 +45,7 @@ from app.db.engine import Database, check_usable
 from app.fabric.backend import FabricBackend
 from app.fabric.factory import backend_from_settings
 from app.inventory import InventorySync
+from app.inventory.events import EventWatcher
 from app.inventory.queries import list_status, pool_devices
 from app.journal import Journal
 from app.kube.client import KubeClient, call_json, connect
@@ -145,6 +146,8 @@ class Leadership:
     claims: ClaimReconciler | None = None
     control_plane: ControlPlaneController | None = None
     node_reports: NodeReportWatch | None = None
+    # The fabric manager's event stream (inventory.events), or None.
+    events: EventWatcher | None = None
     publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     # A sync succeeded in this term: until then an empty database is no inventory at all.
     inventory_synced: bool = False
@@ -315,6 +318,15 @@ class Service:
         )
         self.leading = leading
         self.supervisor.spawn("inventory", lambda: self._inventory_loop(leading))
+        if settings.inventory.events:
+            leading.events = EventWatcher(
+                self.backend,
+                leading.inventory.trigger,
+                kind=self.backend.kind,
+                idle_timeout_s=settings.inventory.events_idle_seconds,
+                metrics=self.metrics.inventory,
+            )
+            self.supervisor.spawn("inventory-events", leading.events.run)
         # One publisher, in the one version the mode speaks: the structured version
         # (Kubernetes 1.32+), or v1alpha3 for the control-plane mode (1.31). No release serves
         # both (app.modes.choose_modes refuses "both" and auto picks one).
@@ -390,7 +402,7 @@ class Service:
             return
         if leading.node_reports is not None:
             await leading.node_reports.stop()
-        for name in ("inventory", "publish"):
+        for name in ("inventory", "inventory-events", "publish"):
             await self.supervisor.stop_one(name)
         if leading.claims is not None:
             await leading.claims.stop(drain_s=drain_s)
@@ -400,9 +412,16 @@ class Service:
             await publisher.stop()
 
     async def _inventory_loop(self, leading: Leadership) -> None:
-        interval = self.settings.inventory.poll_interval_seconds
+        settings = self.settings.inventory
         first = True
         while True:
+            # Polling is the safety net: less often while the event stream is healthy.
+            streaming = leading.events is not None and leading.events.healthy
+            interval = (
+                settings.events_poll_interval_seconds
+                if streaming
+                else settings.poll_interval_seconds
+            )
             listed_from = utcnow()
             result = await leading.inventory.sync_once()
             self.last_inventory = result
@@ -597,6 +616,11 @@ class Service:
                 ),
             },
             "inventory": inventory,
+            "inventory_events": (
+                leading.events.status()
+                if leading is not None and leading.events is not None
+                else {"state": "off" if not self.settings.inventory.events else "standby"}
+            ),
             "loops": [dataclasses.asdict(s) for s in self.supervisor.states()],
             # What the last drift check found (each acted on: attached again, or failed).
             "drift": [

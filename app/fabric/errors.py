@@ -67,3 +67,8 @@ class FabricNotEffective(FabricError):
     """
 
     retryable = True
+
+
+class FabricEventsUnsupported(FabricError):
+    """The fabric manager offers no event stream this backend can read (no EventService, no
+    ``ServerSentEventUri``, the service disabled): the inventory is polled instead."""

@@ -134,6 +134,15 @@ import click
 from aiohttp import web
 
 from fabric_dra_sim.listen import listen
+from fabric_dra_sim.redfish_events import (
+    EVENT_SERVICE,
+    SSE_URI,
+    SUBSCRIPTIONS,
+    EventHub,
+    FilterError,
+    event_service,
+    subscriptions,
+)
 from fabric_dra_sim.redfish_profiles import (
     PROFILE_NAMES,
     PROFILES,
@@ -339,6 +348,9 @@ class RedfishSimulator:
                 "MaxLevels": MAX_EXPAND_LEVELS,
             }
         self.state = FabricState(self.tree, builder)
+        #: Server-sent events of every change (redfish_events; faults in events.faults).
+        self.events = EventHub()
+        self.state.on_change = self.events.emit
         self.state.owned = owned
         self.state.etags = self.switches.etag_style != "none"
         self.state.noop_attaches = None if self.switches.attach_noop else 0
@@ -408,6 +420,12 @@ class RedfishSimulator:
             },
         )
         self.tree.setdefault(TASKS, collection(TASKS, "TaskCollection", "Task Collection", []))
+        # The EventService with server-sent events (a mockup's own EventService is kept, and
+        # then no stream is served unless it names ours).
+        if EVENT_SERVICE not in self.tree:
+            self.tree[EVENT_SERVICE] = event_service()
+            self.tree[SUBSCRIPTIONS] = subscriptions()
+            self.tree[ROOT].setdefault("EventService", link(EVENT_SERVICE))
 
     # ----- inspection and control for tests --------------------------------------------------
 
@@ -544,6 +562,8 @@ class RedfishSimulator:
         blocks, faults, ``noop_attaches``).
         """
         self.expire_sessions()
+        # The event streams end with the service (clients reconnect and must resync).
+        self.events.close_all()
         for task_id in self._tasks:
             self.tree.pop(f"{TASKS}/{task_id}", None)
         self._tasks.clear()
@@ -622,6 +642,7 @@ class RedfishSimulator:
     async def stop(self) -> None:
         """Stop serving and close every connection. Safe to call twice."""
         runner, self._runner = self._runner, None
+        self.events.close_all()
         if runner is not None:
             await runner.cleanup()
 
@@ -747,6 +768,14 @@ class RedfishSimulator:
             self._authenticate(request)
         if path.startswith(TASK_MONITORS + "/"):
             return self._respond(self._task_monitor(method, path))
+        if path == SSE_URI and self.tree.get(EVENT_SERVICE, {}).get("ServerSentEventUri") == path:
+            self._require_method(method, "GET")
+            try:
+                return await self.events.stream(request)
+            except FilterError as err:
+                raise RedfishError(
+                    400, "QueryParameterValueFormatError", f"$filter: {err}"
+                ) from None
         action = _ACTION_RE.match(path)
         system_action = action is not None and self.state.is_system(action["system"])
         if action is not None and system_action and self.switches.block_actions:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ from fabric_dra_sim.redfish_tree import (
 )
 
 HEALTHS = ("OK", "Warning", "Critical")
+# Resource.Health -> the event's MessageSeverity (ResourceEvent registry).
+_SEVERITY = {"OK": "OK", "Warning": "Warning", "Critical": "Critical"}
 """The values of ``Status.Health`` (Resource.Health)."""
 
 
@@ -263,6 +266,9 @@ class FabricState:
         self.owned: dict[str, str] = {}
         self.etags = True
         self.noop_attaches: int | None = 0
+        #: Called with (ResourceEvent message, origin URI, severity) on every change the
+        #: simulator makes (the EventService's server-sent events); None: nobody listens.
+        self.on_change: Callable[[str, str, str], None] | None = None
         self.systems: list[str] = self._members_present(SYSTEMS)
         self.blocks: list[str] = self._members_present(BLOCKS)
         self._system_set = frozenset(self.systems)
@@ -455,7 +461,15 @@ class FabricState:
             raise ValueError(f"health must be one of {', '.join(HEALTHS)}, got {health!r}")
         resource = self.tree[normalise(uri)]
         current = resource.get("Status")
+        before = current.get("Health") if isinstance(current, dict) else None
         resource["Status"] = {**(current if isinstance(current, dict) else {}), "Health": health}
+        if before != health:
+            self.changed(f"ResourceStatusChanged{health}", normalise(uri), _SEVERITY[health])
+
+    def changed(self, message: str, origin: str, severity: str = "OK") -> None:
+        """Tell :attr:`on_change` (the EventService) of a change."""
+        if self.on_change is not None:
+            self.on_change(message, origin, severity)
 
     def remove_block(self, block_uri: str) -> None:
         """Remove a block, its devices and every link to it (no history entry is written).
@@ -466,6 +480,7 @@ class FabricState:
         uri = normalise(block_uri)
         if uri not in self._holders:
             raise KeyError(f"no ResourceBlock {block_uri!r}")
+        holders = list(self._holders[uri])
         for key in [k for k in self.tree if k == uri or k.startswith(uri + "/")]:
             del self.tree[key]
         self.blocks.remove(uri)
@@ -482,6 +497,9 @@ class FabricState:
                     for r in links["ResourceBlocks"]
                     if not (isinstance(r, dict) and normalise(str(r.get("@odata.id"))) == uri)
                 ]
+        self.changed("ResourceRemoved", uri)
+        for system in holders:
+            self.changed("ResourceChanged", system)
 
     def add_block(self, region: str, rack: str, device_type: str = "gpu") -> str:
         """Add a device in a new ResourceBlock to an existing rack of a generated tree.
@@ -503,6 +521,7 @@ class FabricState:
         uri = self._builder.add_block(region, rack, device_type)
         self.blocks.append(uri)
         self._holders[uri] = []
+        self.changed("ResourceCreated", uri)
         return uri
 
     def check_block(self, block: str, system: str) -> None:
@@ -560,6 +579,8 @@ class FabricState:
         if block not in self.system_blocks(system):
             refs.append(link(block))
         self._sync_block(block)
+        self.changed("ResourceChanged", block)
+        self.changed("ResourceChanged", system)
         if record:
             self.history.append(("attach", block, self.system_id(system)))
 
@@ -572,6 +593,8 @@ class FabricState:
             if not (isinstance(r, dict) and normalise(str(r.get("@odata.id"))) == block)
         ]
         self._sync_block(block)
+        self.changed("ResourceChanged", block)
+        self.changed("ResourceChanged", system)
         if record:
             self.history.append(("detach", block, self.system_id(system)))
 

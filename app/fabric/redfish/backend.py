@@ -16,12 +16,14 @@ collection page is malformed.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import aiohttp
 
+from app.fabric.events import FabricEvent
 from app.fabric.redfish.composition import Composer
+from app.fabric.redfish.event_stream import read_events
 from app.fabric.redfish.listing import RedfishInventory
 from app.fabric.redfish.parse.identity import IdentityMode
 from app.fabric.redfish.reader import ResourceReader
@@ -103,7 +105,7 @@ class RedfishBackend:
             raise ValueError("verify_poll_s must be positive and verify_timeout_s not negative")
         if device_identity not in ("uri", "serial", "uuid"):
             raise ValueError(f"device identity {device_identity!r} is not one of uri, serial, uuid")
-        reader = ResourceReader(self._transport)
+        reader = self._reader = ResourceReader(self._transport)
         server_owned = ServerOwnedBlocks(server_owned_blocks)
         self._tasks = TaskMonitor(
             self._transport, poll_interval_s=task_poll_interval_s, timeout_s=task_timeout_s
@@ -154,6 +156,19 @@ class RedfishBackend:
             FabricInvalidData: the service root or a collection page is malformed.
         """
         return await self._inventory.list_devices()
+
+    def events(
+        self, *, last_event_id: str | None, idle_timeout_s: float
+    ) -> AsyncIterator[FabricEvent | ValueError]:
+        """The service's changes as they happen, from its server-sent event stream (see
+        :mod:`app.fabric.redfish.event_stream`); a ``ValueError`` item stands for a message
+        that could not be read. Ends when the service ends the stream.
+
+        Raises:
+            FabricEventsUnsupported: the service offers no event stream.
+            FabricError: the stream could not be opened, or broke.
+        """
+        return read_events(self._reader, last_event_id=last_event_id, idle_timeout_s=idle_timeout_s)
 
     async def attach(
         self, device: FabricDevice, host_id: str, *, on_operation: OnOperation | None = None

@@ -22,7 +22,7 @@ import json
 import logging
 import random
 import ssl
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -524,6 +524,78 @@ class RedfishTransport:
 
         retrying = self._retrying(retryable, item=item)
         return await retrying(again)
+
+    async def stream_lines(
+        self, ref: str, *, last_event_id: str | None, idle_timeout_s: float
+    ) -> AsyncIterator[str]:
+        """GET ``ref`` as a ``text/event-stream`` and yield its lines (decoded as UTF-8,
+        line endings removed) until the service ends the stream. The first line yielded is an
+        empty one, as soon as the service has answered with the stream.
+
+        The stream has an HTTP session of its own, so that it holds none of the connections
+        the listings and attaches share; it authenticates as every request does (a session
+        token is renewed once on 401). ``Last-Event-ID`` is sent when given (DSP0266: the
+        service may replay what was missed).
+
+        Raises:
+            FabricError: the stream could not be opened (the same classes as :meth:`request`:
+                401/403 FabricAuthError, 404 FabricNotFound, ...), the answer is not an event
+                stream (FabricInvalidData), or the connection failed or stayed silent for
+                ``idle_timeout_s`` seconds (FabricUnavailable, FabricTimeout).
+        """
+        path = self.path(ref)
+        context = f"GET {path} (event stream)"
+        headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        if self._auth == "basic":
+            headers["Authorization"] = self._basic.value
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self._timeout.total, sock_read=idle_timeout_s
+        )
+        token = await self._ensure_token() if self._auth == "session" else None
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            for renewal in (False, True):
+                if token is not None:
+                    headers["X-Auth-Token"] = token
+                try:
+                    async with http.get(
+                        self._origin.join(URL(path, encoded=True)),
+                        headers=headers,
+                        ssl=self._ssl,
+                        allow_redirects=False,
+                    ) as response:
+                        if response.status == 401 and token is not None and not renewal:
+                            token = await self._renew(token)
+                            continue
+                        if response.status >= 400:
+                            body = _error_body(await response.read())
+                            raise error_from_response(response.status, body, context=context)
+                        kind = response.headers.get("Content-Type", "")
+                        if response.status != 200 or not kind.startswith("text/event-stream"):
+                            raise FabricInvalidData(
+                                f"{context}: HTTP {response.status} {kind or 'no content type'}"
+                                " is not an event stream",
+                                status=response.status,
+                            )
+                        yield ""  # open: an empty line, which no event stream parser acts on
+                        async for raw in response.content:
+                            yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                        return
+                except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as err:
+                    raise TlsFailure(f"{context}: {self._tls_problem(err)}") from err
+                except aiohttp.ClientConnectorError as err:
+                    raise RequestNotSent(
+                        f"{context}: cannot connect to {self._origin}: {err}"
+                    ) from err
+                except TimeoutError as err:
+                    raise FabricTimeout(
+                        f"{context}: nothing received for {idle_timeout_s} s"
+                    ) from err
+                except aiohttp.ClientError as err:
+                    raise FabricUnavailable(
+                        f"{context}: {err.__class__.__name__}: {self._redact(str(err))}"
+                    ) from err
 
     async def close(self) -> None:
         """Delete the login session (best effort) and close the owned HTTP session.

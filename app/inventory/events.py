@@ -1,0 +1,223 @@
+"""Event-driven inventory: follow the fabric manager's event stream and sync at once when it
+reports a change, with polling kept as the safety net.
+
+The watcher opens the backend's stream (Redfish server-sent events) and, for every event that
+can change the inventory, asks the inventory loop for a sync now
+(:meth:`app.inventory.sync.InventorySync.trigger`). Triggers coalesce: a flood of events while
+a sync runs makes one more sync, not one per event, so the work stays bounded. After every
+(re)connect a sync is asked for too, since events may have been missed while the stream was
+down. A malformed event is counted and logged and changes nothing.
+
+The stream is opened again after a failure with exponential backoff and ``Last-Event-ID``. A
+service without a stream, or a stream that keeps failing, leaves the inventory on polling:
+visibly, with one log line, the ``fabric_dra_inventory_events_*`` metrics and the status API
+(:meth:`EventWatcher.status`). While the stream is healthy, the inventory loop polls at the
+longer ``inventory.events_poll_interval_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from app.fabric.errors import FabricError, FabricEventsUnsupported
+from app.fabric.events import OPENED, FabricEvent
+
+log = logging.getLogger(__name__)
+
+#: Watcher states, as the status API and the ``fabric_dra_inventory_events_streaming`` gauge
+#: show them.
+STREAMING = "streaming"
+CONNECTING = "connecting"
+POLLING = "polling"  # no stream (unsupported, or failing): the inventory is polled
+OFF = "off"  # inventory.events is false
+
+#: Failed opens in a row after which the watcher says it is polling (it keeps trying).
+FAILURES_BEFORE_POLLING = 3
+#: How often a service that offers no stream is asked again (it may be upgraded).
+UNSUPPORTED_RETRY_S = 600.0
+
+
+class EventSource(Protocol):
+    """What the watcher needs of a backend: :meth:`RedfishBackend.events
+    <app.fabric.redfish.backend.RedfishBackend.events>`."""
+
+    def events(
+        self, *, last_event_id: str | None, idle_timeout_s: float
+    ) -> AsyncIterator[FabricEvent | ValueError]: ...
+
+
+@dataclass
+class EventWatcher:
+    """Follows one backend's event stream and triggers inventory syncs.
+
+    Args:
+        backend: the fabric backend (one without an ``events`` method is polled).
+        trigger: asks the inventory loop for a sync now (coalescing).
+        kind: the backend's kind, for logs and metrics.
+        idle_timeout_s: seconds of silence after which the stream is opened again.
+        backoff_s: (first, largest) wait between failed opens, in seconds; doubled each time,
+            with jitter.
+        metrics: the inventory metrics' ``events`` counter and ``events_streaming`` gauge, or
+            None.
+        sleep: injected in tests.
+    """
+
+    backend: Any
+    trigger: Callable[[], None]
+    kind: str
+    idle_timeout_s: float = 600.0
+    backoff_s: tuple[float, float] = (1.0, 60.0)
+    metrics: Any = None
+    sleep: Callable[[float], Any] = asyncio.sleep
+    state: str = CONNECTING
+    events: int = 0
+    relevant: int = 0
+    malformed: int = 0
+    connects: int = 0
+    failures_in_a_row: int = 0
+    last_event_id: str | None = None
+    last_event_at: float | None = None
+    last_error: str | None = None
+    _said_polling: bool = field(default=False, repr=False)
+
+    @property
+    def healthy(self) -> bool:
+        """True while the stream is open: the inventory loop may poll less often."""
+        return self.state == STREAMING
+
+    def status(self) -> dict[str, Any]:
+        """JSON-ready state for the status API."""
+        return {
+            "backend": self.kind,
+            "state": self.state,
+            "events": self.events,
+            "relevant": self.relevant,
+            "malformed": self.malformed,
+            "connects": self.connects,
+            "last_event_id": self.last_event_id,
+            "last_event_at": (
+                None
+                if self.last_event_at is None
+                else dt.datetime.fromtimestamp(self.last_event_at, dt.UTC).isoformat()
+            ),
+            "last_error": self.last_error,
+        }
+
+    async def run(self) -> None:
+        """Follow the stream until cancelled. Never raises for a fabric error."""
+        if not callable(getattr(self.backend, "events", None)):
+            self._polling(f"backend {self.kind} has no event stream")
+            await asyncio.Event().wait()
+        attempt = 0
+        while True:
+            if self.failures_in_a_row < FAILURES_BEFORE_POLLING:
+                self._set_state(CONNECTING)
+            try:
+                delivered = await self._follow()
+                self.last_error = "the service ended the stream"
+                if delivered:
+                    # Open it again at once (and resync, as after every connect).
+                    attempt = 0
+                    continue
+                # Ended before any event: back off, as after a failure, so that a service
+                # closing every stream at once is not asked again in a tight loop.
+                attempt += 1
+                await self.sleep(self._backoff(attempt))
+            except FabricEventsUnsupported as err:
+                self._polling(str(err))
+                await self.sleep(UNSUPPORTED_RETRY_S)
+                continue
+            except FabricError as err:
+                self.failures_in_a_row += 1
+                self.last_error = str(err)
+                attempt += 1
+                if self.failures_in_a_row >= FAILURES_BEFORE_POLLING:
+                    self._polling(f"the event stream keeps failing: {err}")
+                else:
+                    log.info("inventory events of %s: %s; opening again", self.kind, err)
+                await self.sleep(self._backoff(attempt))
+
+    def _backoff(self, attempt: int) -> float:
+        """Seconds to wait before open number ``attempt + 1``: doubling from the first
+        backoff up to the largest, with up to half as much again of jitter."""
+        first, most = self.backoff_s
+        step: float = min(first * 2.0 ** min(attempt - 1, 20), most)
+        return step + random.uniform(0, step / 2)
+
+    async def _follow(self) -> bool:
+        """Read the stream until it ends; True when it delivered at least one event."""
+        stream = self.backend.events(
+            last_event_id=self.last_event_id, idle_timeout_s=self.idle_timeout_s
+        )
+        opened = delivered = False
+        async for item in stream:
+            if item is OPENED:
+                opened = True
+                self._opened()
+                continue
+            if not opened:  # a backend that does not say when it opens
+                opened = True
+                self._opened()
+            delivered = True
+            self._take(item)
+        return delivered
+
+    def _opened(self) -> None:
+        self.connects += 1
+        self.failures_in_a_row = 0
+        self.last_error = None
+        if self.state != STREAMING:
+            log.info("inventory events of %s: streaming (full polls less often)", self.kind)
+        self._said_polling = False
+        self._set_state(STREAMING)
+        # Events may have been missed while the stream was down: sync once now.
+        self.trigger()
+
+    def _take(self, item: FabricEvent | ValueError) -> None:
+        self.events += 1
+        self.last_event_at = time.time()
+        if isinstance(item, ValueError):
+            self.malformed += 1
+            self._count("malformed")
+            if self.malformed == 1 or self.malformed % 100 == 0:
+                log.warning(
+                    "inventory events of %s: malformed event ignored (%d so far): %s",
+                    self.kind,
+                    self.malformed,
+                    item,
+                )
+            return
+        if item.event_id is not None:
+            self.last_event_id = item.event_id
+        if not item.relevant:
+            self._count("ignored")
+            return
+        self.relevant += 1
+        self._count("relevant")
+        self.trigger()
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.events.labels(self.kind, result).inc()
+
+    def _set_state(self, state: str) -> None:
+        if self.state == STREAMING and state != STREAMING:
+            # The loop may be waiting out the long interval: poll now, then at the short one.
+            self.trigger()
+        self.state = state
+        if self.metrics is not None:
+            self.metrics.events_streaming.labels(self.kind).set(1 if state == STREAMING else 0)
+
+    def _polling(self, why: str) -> None:
+        self.last_error = why
+        self._set_state(POLLING)
+        if not self._said_polling:
+            self._said_polling = True
+            log.warning("inventory of %s: no event stream (%s); polling instead", self.kind, why)

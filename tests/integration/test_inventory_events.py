@@ -1,0 +1,351 @@
+"""Event-driven inventory over real HTTP: the Redfish simulator's server-sent events (with
+their faults), the backend's stream, the watcher, and the whole service reacting to a health
+change long before its next poll."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from builders import eventually
+
+from app.configload import load_settings
+from app.fabric.redfish.backend import RedfishBackend
+from app.inventory.events import CONNECTING, POLLING, STREAMING, EventWatcher
+from app.service import Service
+from fabric_dra_sim.kubeapi import KubeEmulator
+from fabric_dra_sim.kubeapi.cluster import all_gates_on
+from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
+from fabric_dra_sim.redfish_events import EVENT_SERVICE, SSE_URI
+
+DRIVER = "fabric.example.com"
+V1 = "resource.k8s.io/v1"
+NODE = "node-us-east-rack-01-1"
+WAIT_S = 30.0
+BASIC = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret-pw").decode()}
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[tuple[RedfishSimulator, str]]:
+    simulator = RedfishSimulator(
+        spec=InventorySpec(regions=1, racks_per_region=1, devices_per_rack=4, hosts_per_rack=2),
+        username="ops",
+        password="s3cret-pw",
+        auth="any",  # the backend logs in with a session; the raw tests use Basic
+    )
+    url = await simulator.start()
+    yield simulator, url
+    await simulator.stop()
+
+
+async def _read(response: aiohttp.ClientResponse, count: int) -> list[tuple[str, dict[str, Any]]]:
+    """``count`` messages of an SSE response as (id, decoded data)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    event_id, data = "", ""
+    while len(found) < count:
+        line = (await asyncio.wait_for(response.content.readline(), 5)).decode().rstrip("\n")
+        if line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("data: "):
+            data = line[6:]
+        elif line == "" and data:
+            found.append((event_id, json.loads(data)))
+            data = ""
+    return found
+
+
+def _message_ids(messages: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+    return [
+        (e["MessageId"].rsplit(".", 1)[1], e["OriginOfCondition"]["@odata.id"])
+        for _, body in messages
+        for e in body["Events"]
+    ]
+
+
+# -- the simulator's EventService ------------------------------------------------------------
+
+
+async def test_the_simulator_streams_an_event_for_every_change(
+    sim: tuple[RedfishSimulator, str],
+) -> None:
+    simulator, url = sim
+    blocks = simulator.block_uris()
+    system = simulator.system_ids()[0]
+    async with aiohttp.ClientSession(headers=BASIC) as http:
+        async with http.get(url + "/redfish/v1/") as response:
+            root = await response.json()
+        assert root["EventService"] == {"@odata.id": EVENT_SERVICE}
+        async with http.get(url + EVENT_SERVICE) as response:
+            service = await response.json()
+        assert service["ServerSentEventUri"] == SSE_URI
+        assert service["SSEFilterPropertiesSupported"]["RegistryPrefix"] is True
+        params = {"$filter": "RegistryPrefix eq 'ResourceEvent'"}
+        async with http.get(url + SSE_URI, params=params) as stream:
+            assert stream.status == 200
+            assert stream.headers["Content-Type"] == "text/event-stream"
+            simulator.set_health(blocks[0], "Critical")
+            simulator.set_health(blocks[0], "Critical")  # no change, no event
+            simulator.attach_out_of_band(blocks[1], system)
+            simulator.detach_out_of_band(blocks[1])
+            added = simulator.add_block("us-east", "rack-01")
+            simulator.remove_block(blocks[2])
+            messages = await _read(stream, 7)
+        system_uri = f"/redfish/v1/Systems/{system}"
+        assert _message_ids(messages) == [
+            ("ResourceStatusChangedCritical", blocks[0]),
+            ("ResourceChanged", blocks[1]),
+            ("ResourceChanged", system_uri),
+            ("ResourceChanged", blocks[1]),
+            ("ResourceChanged", system_uri),
+            ("ResourceCreated", added),
+            ("ResourceRemoved", blocks[2]),
+        ]
+        assert [int(i) for i, _ in messages] == list(range(1, 8))
+        assert messages[0][1]["Events"][0]["MessageSeverity"] == "Critical"
+
+        # Last-Event-ID: what was missed since event 5 comes first.
+        async with http.get(url + SSE_URI, headers={"Last-Event-ID": "5"}) as stream:
+            replayed = await _read(stream, 2)
+        assert [i for i, _ in replayed] == ["6", "7"]
+
+        # A filter the service does not evaluate is refused, as the EventService says.
+        async with http.get(url + SSE_URI, params={"$filter": "ResourceType eq 'Processor'"}) as r:
+            assert r.status == 400
+            assert "ResourceType is not supported" in (await r.json())["error"]["message"]
+        async with http.post(url + SSE_URI, json={}) as r:
+            assert r.status == 405
+    async with aiohttp.ClientSession() as anonymous, anonymous.get(url + SSE_URI) as r:
+        assert r.status == 401
+
+
+async def test_stream_faults_duplicates_unknown_resources_drops_and_slow_consumers(
+    sim: tuple[RedfishSimulator, str],
+) -> None:
+    simulator, url = sim
+    block = simulator.block_uris()[0]
+    faults = simulator.events.faults
+    async with aiohttp.ClientSession(headers=BASIC) as http:
+        faults.duplicate = True
+        faults.unknown_every = 2
+        async with http.get(url + SSE_URI) as stream:
+            simulator.set_health(block, "Warning")
+            simulator.set_health(block, "OK")
+            messages = await _read(stream, 4)
+        assert [i for i, _ in messages] == ["1", "1", "2", "2"]
+        assert _message_ids(messages)[2][1] == "/redfish/v1/Chassis/Gone-2"
+        faults.duplicate, faults.unknown_every = False, 0
+
+        faults.drop_after = 1
+        async with http.get(url + SSE_URI) as stream:
+            simulator.set_health(block, "Critical")
+            await _read(stream, 1)
+            assert await asyncio.wait_for(stream.content.read(), 5) == b""  # closed
+        faults.drop_after = None
+
+        faults.queue_size = 2
+        async with http.get(url + SSE_URI) as stream:
+            await eventually(lambda: simulator.events.open_streams == 1, what="stream open")
+            for health in ("OK", "Warning", "OK", "Warning"):
+                simulator.set_health(block, health)
+            # Cut off with its queue full; what was queued is still delivered, then the end.
+            assert simulator.events.open_streams == 0
+            rest = await asyncio.wait_for(stream.content.read(), 5)
+        assert rest.count(b"data: ") <= 2
+
+
+# -- the backend's stream and the watcher ------------------------------------------------------
+
+
+def _backend(url: str) -> RedfishBackend:
+    return RedfishBackend(url, username="ops", password="s3cret-pw", timeout_s=5.0)
+
+
+async def test_the_watcher_triggers_a_sync_per_relevant_event_and_after_each_connect(
+    sim: tuple[RedfishSimulator, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    simulator, url = sim
+    backend = _backend(url)
+    triggers: list[float] = []
+    watcher = EventWatcher(
+        backend, lambda: triggers.append(time.monotonic()), kind="redfish", backoff_s=(0.05, 0.2)
+    )
+    task = asyncio.create_task(watcher.run())
+    try:
+        await eventually(lambda: watcher.state == STREAMING, what="streaming")
+        assert len(triggers) == 1  # the resync after connecting
+        block = simulator.block_uris()[0]
+        simulator.set_health(block, "Critical")
+        await eventually(lambda: len(triggers) == 2, what="a sync for the event")
+        assert watcher.last_event_id == "1" and watcher.relevant == 1
+
+        # A malformed event is counted and logged once, and asks for nothing.
+        simulator.events.faults.malformed_every = 2
+        with caplog.at_level(logging.WARNING, logger="app.inventory.events"):
+            simulator.set_health(block, "OK")
+            await eventually(lambda: watcher.malformed == 1, what="the malformed event")
+        assert len(triggers) == 2
+        assert "malformed event ignored (1 so far)" in caplog.text
+        simulator.events.faults.malformed_every = 0
+
+        # The service restarts: the stream ends (a sync is asked for at once, as polling
+        # takes over), is opened again with a new session, and a resync is asked for since
+        # events may have been missed meanwhile.
+        simulator.restart()
+        await eventually(lambda: watcher.connects == 2, what="the reconnect")
+        await eventually(lambda: len(triggers) == 4, what="the syncs for the gap")
+        simulator.set_health(block, "Warning")
+        await eventually(lambda: len(triggers) == 5, what="events after the reconnect")
+        assert watcher.status()["state"] == STREAMING and watcher.status()["connects"] == 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await backend.close()
+
+
+async def test_without_an_event_service_the_watcher_says_it_polls_once(
+    sim: tuple[RedfishSimulator, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    simulator, url = sim
+    del simulator.tree[EVENT_SERVICE]
+    del simulator.tree["/redfish/v1"]["EventService"]
+    backend = _backend(url)
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        await asyncio.sleep(0.01)
+
+    watcher = EventWatcher(backend, lambda: None, kind="redfish", sleep=sleep)
+    with caplog.at_level(logging.WARNING, logger="app.inventory.events"):
+        task = asyncio.create_task(watcher.run())
+        try:
+            await eventually(lambda: len(sleeps) >= 3, what="three discovery rounds")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await backend.close()
+    assert watcher.state == POLLING and watcher.healthy is False
+    assert "no EventService" in (watcher.last_error or "")
+    assert caplog.text.count("no event stream") == 1
+    assert sleeps[0] == 600.0
+
+
+async def test_a_stream_that_keeps_failing_falls_back_to_polling_with_backoff(
+    sim: tuple[RedfishSimulator, str],
+) -> None:
+    simulator, url = sim
+    backend = _backend(url)
+    simulator.fail_next(50, path_prefix=SSE_URI, status=500)
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        await asyncio.sleep(0.01)
+
+    watcher = EventWatcher(backend, lambda: None, kind="redfish", backoff_s=(1.0, 8.0), sleep=sleep)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await eventually(lambda: len(sleeps) >= 6, what="six failed opens")
+        assert watcher.state == POLLING and "500" in (watcher.last_error or "")
+        assert [s >= b for s, b in zip(sleeps, (1, 2, 4, 8, 8, 8), strict=False)] == [True] * 6
+        assert all(s <= 12 for s in sleeps)
+        simulator.clear_failures()
+        await eventually(lambda: watcher.state == STREAMING, what="streaming again")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await backend.close()
+    assert watcher.state in (STREAMING, CONNECTING)
+
+
+# -- the whole service ---------------------------------------------------------------------------
+
+
+async def test_a_device_turning_critical_is_tainted_long_before_the_next_poll(
+    sim: tuple[RedfishSimulator, str], tmp_path: Path
+) -> None:
+    simulator, url = sim
+    emu = KubeEmulator(kubernetes_version="1.34", feature_gates=all_gates_on("1.34"))
+    await emu.start()
+    emu.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": NODE,
+                "labels": {
+                    "kubernetes.io/hostname": NODE,
+                    "topology.kubernetes.io/region": "us-east",
+                    "fabric-dra.io/rack": "rack-01",
+                },
+            },
+        }
+    )
+    (tmp_path / "user").write_text("ops\n")
+    (tmp_path / "password").write_text("s3cret-pw\n")
+    settings = load_settings(
+        environ={
+            "FABRIC_DRA_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path}/events.db",
+            "FABRIC_DRA_FABRIC__URL": url,
+            "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
+            "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
+            "FABRIC_DRA_KUBE__MODE": "url",
+            "FABRIC_DRA_KUBE__URL": emu.url,
+            "FABRIC_DRA_ADMIN__HOST": "127.0.0.1",
+            "FABRIC_DRA_ADMIN__PORT": "0",
+            "FABRIC_DRA_LEADER__ENABLED": "false",
+            # Polls far apart: only the event can make the change show in time.
+            "FABRIC_DRA_INVENTORY__POLL_INTERVAL_SECONDS": "3600",
+            "FABRIC_DRA_INVENTORY__EVENTS_POLL_INTERVAL_SECONDS": "3600",
+        }
+    )
+    service = Service(settings)
+    await service.start()
+    try:
+
+        def slices() -> list[dict[str, Any]]:
+            return [s for s in emu.list(V1, "ResourceSlice") if s["spec"]["driver"] == DRIVER]
+
+        def tainted() -> list[str]:
+            return [d["name"] for s in slices() for d in s["spec"]["devices"] if d.get("taints")]
+
+        await eventually(
+            lambda: (
+                slices()
+                and service.leading
+                and service.leading.events
+                and service.leading.events.healthy
+            ),
+            timeout_s=WAIT_S,
+            what="published, streaming",
+        )
+        assert tainted() == []
+        started = time.monotonic()
+        simulator.set_health(simulator.block_uris()[0], "Critical")
+        await eventually(lambda: len(tainted()) == 1, timeout_s=WAIT_S, what="the taint")
+        took = time.monotonic() - started
+        assert took < 60, took  # the poll is an hour away
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{service.admin_port}/api/v1/status") as response,
+        ):
+            status = (await response.json())["service"]["inventory_events"]
+        assert status["state"] == STREAMING and status["relevant"] >= 1
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{service.admin_port}/metrics") as response,
+        ):
+            text = await response.text()
+        assert 'fabric_dra_inventory_events_streaming{backend="redfish"} 1.0' in text
+        assert 'fabric_dra_inventory_events_total{backend="redfish",result="relevant"}' in text
+    finally:
+        await service.stop(deadline_s=5)
+        await emu.stop()
