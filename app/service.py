@@ -45,7 +45,7 @@ from app.db.engine import Database, check_usable
 from app.fabric.backend import FabricBackend
 from app.fabric.factory import backend_from_settings
 from app.inventory import InventorySync
-from app.inventory.events import EventWatcher
+from app.inventory.events import EventApplier, EventWatcher
 from app.inventory.queries import list_status, pool_devices
 from app.journal import Journal
 from app.kube.client import KubeClient, call_json, connect
@@ -146,8 +146,9 @@ class Leadership:
     claims: ClaimReconciler | None = None
     control_plane: ControlPlaneController | None = None
     node_reports: NodeReportWatch | None = None
-    # The fabric manager's event stream (inventory.events), or None.
+    # The fabric manager's event stream (inventory.events) and what applies its events.
     events: EventWatcher | None = None
+    applier: EventApplier | None = None
     publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     # A sync succeeded in this term: until then an empty database is no inventory at all.
     inventory_synced: bool = False
@@ -319,14 +320,28 @@ class Service:
         self.leading = leading
         self.supervisor.spawn("inventory", lambda: self._inventory_loop(leading))
         if settings.inventory.events:
+
+            def inventory_changed() -> None:
+                leading.publish_wanted.set()
+                if leading.control_plane is not None:
+                    leading.control_plane.mark_inventory_changed()
+
+            leading.applier = EventApplier(
+                leading.inventory,
+                self.backend,
+                on_change=inventory_changed,
+                full_sync=leading.inventory.trigger,
+            )
             leading.events = EventWatcher(
                 self.backend,
                 leading.inventory.trigger,
                 kind=self.backend.kind,
                 idle_timeout_s=settings.inventory.events_idle_seconds,
                 metrics=self.metrics.inventory,
+                on_event=leading.applier.offer,
             )
             self.supervisor.spawn("inventory-events", leading.events.run)
+            self.supervisor.spawn("inventory-apply", leading.applier.run)
         # One publisher, in the one version the mode speaks: the structured version
         # (Kubernetes 1.32+), or v1alpha3 for the control-plane mode (1.31). No release serves
         # both (app.modes.choose_modes refuses "both" and auto picks one).
@@ -402,7 +417,7 @@ class Service:
             return
         if leading.node_reports is not None:
             await leading.node_reports.stop()
-        for name in ("inventory", "inventory-events", "publish"):
+        for name in ("inventory", "inventory-events", "inventory-apply", "publish"):
             await self.supervisor.stop_one(name)
         if leading.claims is not None:
             await leading.claims.stop(drain_s=drain_s)
@@ -617,7 +632,12 @@ class Service:
             },
             "inventory": inventory,
             "inventory_events": (
-                leading.events.status()
+                {
+                    **leading.events.status(),
+                    "applied": leading.applier.applied if leading.applier else 0,
+                    "full_syncs_asked": leading.applier.fallbacks if leading.applier else 0,
+                    "unknown": leading.applier.unknown if leading.applier else 0,
+                }
                 if leading is not None and leading.events is not None
                 else {"state": "off" if not self.settings.inventory.events else "standby"}
             ),

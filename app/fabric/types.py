@@ -207,3 +207,19 @@ class Operation:
     op_id: str | None
     state: OperationState
     message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRead:
+    """One attach unit (a Redfish ResourceBlock) read again on its own, after an event.
+
+    Attributes:
+        unit: the unit's id (URI).
+        devices: its devices as a full listing would give them (holders from the unit's own
+            links), or an empty listing when the unit is gone.
+        gone: the fabric manager no longer has the unit (404): its devices are removed.
+    """
+
+    unit: str
+    devices: Listing[FabricDevice]
+    gone: bool = False

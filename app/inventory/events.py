@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.fabric.errors import FabricError, FabricEventsUnsupported
+from app.fabric.errors import FabricError, FabricEventsUnsupported, FabricNotFound
 from app.fabric.events import OPENED, FabricEvent
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ class EventWatcher:
 
     Args:
         backend: the fabric backend (one without an ``events`` method is polled).
-        trigger: asks the inventory loop for a sync now (coalescing).
+        trigger: asks the inventory loop for a full sync now (coalescing): after every
+            connect, and for each relevant event when ``on_event`` is None.
         kind: the backend's kind, for logs and metrics.
         idle_timeout_s: seconds of silence after which the stream is opened again.
         backoff_s: (first, largest) wait between failed opens, in seconds; doubled each time,
@@ -76,6 +77,9 @@ class EventWatcher:
     backoff_s: tuple[float, float] = (1.0, 60.0)
     metrics: Any = None
     sleep: Callable[[float], Any] = asyncio.sleep
+    #: Takes each relevant event (an :class:`EventApplier`'s ``offer``); None: a full sync
+    #: is asked for on each.
+    on_event: Callable[[FabricEvent], None] | None = None
     state: str = CONNECTING
     events: int = 0
     relevant: int = 0
@@ -201,7 +205,10 @@ class EventWatcher:
             return
         self.relevant += 1
         self._count("relevant")
-        self.trigger()
+        if self.on_event is not None:
+            self.on_event(item)
+        else:
+            self.trigger()
 
     def _count(self, result: str) -> None:
         if self.metrics is not None:
@@ -221,3 +228,126 @@ class EventWatcher:
         if not self._said_polling:
             self._said_polling = True
             log.warning("inventory of %s: no event stream (%s); polling instead", self.kind, why)
+
+
+@dataclass
+class EventApplier:
+    """Applies events one resource at a time: the resource an event names is read again on
+    its own and only its change is written, with the rules of the full sync
+    (:meth:`InventorySync.apply_unit <app.inventory.sync.InventorySync.apply_unit>`).
+
+    * A device or a block: the block (its attach unit) is read again; its devices are added,
+      changed or removed.
+    * A System: the blocks it holds now are compared with the blocks the database says it
+      holds; each block that differs is read again.
+    * Anything else (an unknown resource, a block that does not say who holds it, a read
+      that fails, a backend without single reads, more than ``max_batch`` resources at
+      once): a full sync is asked for instead.
+
+    Events are coalesced per resource: a flood about one block reads it once per pass.
+
+    Args:
+        inventory: the sync to apply units with (and whose database is read).
+        backend: the fabric backend (``read_unit``, ``read_host_units``).
+        on_change: called after a pass that wrote something (publish, recompute).
+        full_sync: asks the inventory loop for a full sync.
+        max_batch: resources in one pass above which a full sync is cheaper.
+    """
+
+    inventory: Any
+    backend: Any
+    on_change: Callable[[], None]
+    full_sync: Callable[[], None]
+    max_batch: int = 256
+    applied: int = 0
+    fallbacks: int = 0
+    unknown: int = 0
+    row_writes: int = 0
+    _pending: dict[str, FabricEvent] = field(default_factory=dict, repr=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _running: bool = field(default=False, repr=False)
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is waiting or being applied."""
+        return not self._pending and not self._running
+
+    def offer(self, event: FabricEvent) -> None:
+        """Take a relevant event; it is applied by :meth:`run`."""
+        if event.origin is None:
+            self._fallback()
+            return
+        self._pending[event.origin] = event
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Apply what is offered, pass by pass, until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._pending = self._pending, {}
+            if len(batch) > self.max_batch:
+                self._fallback()
+                continue
+            wrote = 0
+            self._running = True
+            try:
+                for origin, event in batch.items():
+                    try:
+                        wrote += await self._apply(origin, event)
+                    except FabricError as err:
+                        log.info("inventory event about %s: %s; a full sync follows", origin, err)
+                        self._fallback()
+            finally:
+                self._running = False
+                self.row_writes += wrote
+            if wrote:
+                self.on_change()
+
+    async def _apply(self, origin: str, event: FabricEvent) -> int:
+        units = await self._units_for(origin, event)
+        if units is None:
+            self._fallback()
+            return 0
+        wrote = 0
+        for unit in units:
+            listed_from = dt.datetime.now(dt.UTC)
+            read = await self.backend.read_unit(unit)
+            if read is None:
+                self._fallback()
+                return wrote
+            result = await self.inventory.apply_unit(read, listed_from)
+            self.applied += 1
+            wrote += result.row_writes
+        return wrote
+
+    async def _units_for(self, origin: str, event: FabricEvent) -> list[str] | None:
+        """The attach units to read again for an event about ``origin``; None: only a full
+        sync will do."""
+        if not callable(getattr(self.backend, "read_unit", None)):
+            return None
+        from app.inventory.queries import unit_of, units_held_by
+
+        unit = await unit_of(self.inventory.db, self.backend.kind, origin)
+        if unit is not None:
+            return [unit]
+        if event.message == "ResourceCreated":
+            return [origin]  # a new block, perhaps: read_unit says None if it is not one
+        if callable(getattr(self.backend, "read_host_units", None)):
+            try:
+                host = await self.backend.read_host_units(origin)
+            except FabricNotFound:
+                if event.message == "ResourceRemoved":
+                    return None  # a System gone: the full sync marks it removed
+                # Nothing we hold, and gone or never there: nothing to do.
+                self.unknown += 1
+                return []
+            if host is not None:
+                host_id, now_held = host
+                before = await units_held_by(self.inventory.db, self.backend.kind, host_id)
+                return sorted(set(now_held) ^ set(before))
+        return None
+
+    def _fallback(self) -> None:
+        self.fallbacks += 1
+        self.full_sync()

@@ -257,3 +257,33 @@ async def still_unmanaged(db: Database, vendor_id: str, host_id: str) -> bool:
             )
         ).first()
     return found is not None
+
+
+async def unit_of(db: Database, backend: str, resource: str) -> str | None:
+    """The attach unit ``resource`` names: itself when it is a stored unit, else the unit of
+    the stored device whose vendor id it is; None when it is neither."""
+    async with db.read() as session:
+        found = await session.scalar(
+            select(Device.attach_unit)
+            .where(
+                Device.backend == backend,
+                (Device.attach_unit == resource) | (Device.vendor_id == resource),
+            )
+            .limit(1)
+        )
+    return found
+
+
+async def units_held_by(db: Database, backend: str, host_id: str) -> list[str]:
+    """The attach units of present devices that the database says ``host_id`` holds."""
+    async with db.read() as session:
+        rows = await session.scalars(
+            select(Device.attach_unit)
+            .where(
+                Device.backend == backend,
+                Device.host_id == host_id,
+                Device.removed_at.is_(None),
+            )
+            .distinct()
+        )
+        return sorted(set(rows.all()))

@@ -26,7 +26,7 @@ from app.db.engine import Database
 from app.db.models import Device, DeviceEvent, Host, InventoryStatus, Reservation
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
-from app.fabric.types import FabricDevice, FabricHost, Location, Rejected
+from app.fabric.types import FabricDevice, FabricHost, Location, Rejected, UnitRead
 from app.inventory.plan import Plan, StoredItem, plan_devices, plan_hosts
 from app.inventory.validate import split_valid_devices, split_valid_hosts
 from app.metrics import InventoryMetrics
@@ -214,6 +214,90 @@ class InventorySync:
         result = await self._apply(now, hosts, devices, rejected)
         self._log_rejects(rejected)
         return self._finish(result, started)
+
+    async def apply_unit(self, read: UnitRead, listed_from: dt.datetime) -> SyncResult:
+        """Make the database match one attach unit read again on its own (after an event):
+        its devices are added, changed or marked removed as a full sync would, with the same
+        validation, rejections, naming and journal rules, in one transaction; nothing
+        outside the unit changes, and the backend's sync status is left alone (this is not
+        a complete listing).
+
+        Args:
+            read: the unit as the backend read it (:meth:`RedfishBackend.read_unit
+                <app.fabric.redfish.backend.RedfishBackend.read_unit>`).
+            listed_from: when the read began (holders the journal moved since are kept).
+
+        Returns:
+            A :class:`SyncResult` for the unit (``row_writes`` 0 when nothing changed).
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the database failed; nothing was half-written.
+        """
+        started = time.monotonic()
+        now = self.clock()
+        kind = self.backend.kind
+        devices, device_rejects = split_valid_devices(read.devices.items)
+        rejected = (*read.devices.rejected, *device_rejects)
+        rejected_keys = {r.vendor_id for r in rejected}
+        listed_keys = {d.vendor_id for d in devices}
+        async with self.db.write() as session:
+            status = await session.get(InventoryStatus, kind)
+            previous_success = status.last_success_at if status else None
+            stored = [
+                StoredItem(
+                    row.id,
+                    row.vendor_id,
+                    row.content_hash,
+                    row.removed_at is not None,
+                    row.health,
+                    row.host_id,
+                    row.name,
+                    row.attach_unit,
+                )
+                for row in await session.execute(
+                    select(
+                        Device.id,
+                        Device.vendor_id,
+                        Device.content_hash,
+                        Device.removed_at,
+                        Device.health,
+                        Device.host_id,
+                        Device.name,
+                        Device.attach_unit,
+                    ).where(
+                        Device.backend == kind,
+                        # The unit's devices, and any listed device stored under another unit
+                        # (moved): an update, never a second row.
+                        (Device.attach_unit == read.unit)
+                        | Device.vendor_id.in_(sorted(listed_keys) or [""]),
+                    )
+                )
+            ]
+            devices = await self._keep_journal_holders(session, listed_from, stored, devices)
+            stored_keys = {item.key for item in stored}
+            taken: set[str] = set()
+            if any(d.vendor_id not in stored_keys for d in devices):
+                taken = set((await session.scalars(select(Device.name))).all())
+            plan = plan_devices(stored, devices, rejected_keys, taken)
+            await self._write_devices(session, plan, now, previous_success)
+        if self.metrics:
+            self.metrics.row_writes.labels(kind, "devices").inc(plan.row_writes)
+            for item in rejected:
+                self.metrics.rejected.labels(kind, item.kind).inc()
+        self._log_rejects(rejected)
+        kinds = [e.kind for e in plan.events]
+        return SyncResult(
+            ok=True,
+            added=len(plan.inserts),
+            changed=sum(1 for u in plan.updates if not u.returned),
+            removed=len(plan.removals),
+            returned=sum(1 for u in plan.updates if u.returned),
+            health_changed=kinds.count("health"),
+            rejected=rejected,
+            row_writes=plan.row_writes,
+            devices=len(devices),
+            seconds=time.monotonic() - started,
+        )
 
     async def _apply(
         self,

@@ -16,10 +16,15 @@ from typing import Any
 import aiohttp
 import pytest
 from builders import eventually
+from sqlalchemy import select
 
 from app.configload import load_settings
+from app.db.engine import Database
+from app.db.models import Device, InventoryStatus
+from app.fabric.events import FabricEvent
 from app.fabric.redfish.backend import RedfishBackend
-from app.inventory.events import CONNECTING, POLLING, STREAMING, EventWatcher
+from app.inventory import InventorySync
+from app.inventory.events import CONNECTING, POLLING, STREAMING, EventApplier, EventWatcher
 from app.service import Service
 from fabric_dra_sim.kubeapi import KubeEmulator
 from fabric_dra_sim.kubeapi.cluster import all_gates_on
@@ -339,6 +344,8 @@ async def test_a_device_turning_critical_is_tainted_long_before_the_next_poll(
         ):
             status = (await response.json())["service"]["inventory_events"]
         assert status["state"] == STREAMING and status["relevant"] >= 1
+        # Applied by reading the one block again, not by a full sync.
+        assert status["applied"] >= 1 and status["full_syncs_asked"] == 0
         async with (
             aiohttp.ClientSession() as http,
             http.get(f"http://127.0.0.1:{service.admin_port}/metrics") as response,
@@ -349,3 +356,114 @@ async def test_a_device_turning_critical_is_tainted_long_before_the_next_poll(
     finally:
         await service.stop(deadline_s=5)
         await emu.stop()
+
+
+# -- one resource at a time, into the database ---------------------------------------------------
+
+
+async def _device(db: Database, unit: str) -> Device:
+    async with db.read() as session:
+        return (await session.scalars(select(Device).where(Device.attach_unit == unit))).one()
+
+
+async def test_each_event_rereads_only_its_resource_and_writes_only_its_change(
+    db: Database, sim: tuple[RedfishSimulator, str]
+) -> None:
+    simulator, url = sim
+    backend = _backend(url)
+    inventory = InventorySync(backend, db)
+    assert (await inventory.sync_once()).ok
+    async with db.read() as session:
+        synced_at = (await session.scalars(select(InventoryStatus))).one().last_success_at
+    full_syncs: list[int] = []
+    changes: list[int] = []
+    applier = EventApplier(
+        inventory,
+        backend,
+        on_change=lambda: changes.append(1),
+        full_sync=lambda: full_syncs.append(1),
+    )
+    watcher = EventWatcher(
+        backend, lambda: None, kind="redfish", backoff_s=(0.05, 0.2), on_event=applier.offer
+    )
+    tasks = [asyncio.create_task(watcher.run()), asyncio.create_task(applier.run())]
+    blocks = simulator.block_uris()
+    system = simulator.system_ids()[1]
+    try:
+        await eventually(lambda: watcher.healthy, what="streaming")
+
+        simulator.set_health(blocks[0], "Critical")
+        await eventually(lambda: applier.row_writes == 1, what="one row written")
+        assert (await _device(db, blocks[0])).health == "Critical"
+
+        simulator.attach_out_of_band(blocks[1], system)  # block and System events
+        await eventually(
+            lambda: watcher.relevant == 3 and applier.idle, what="the block and the System"
+        )
+        assert (await _device(db, blocks[1])).host_id == system
+        # The block was read again; the System's event found its blocks as the database
+        # has them now, so nothing more was read or written.
+        assert applier.applied == 2 and applier.row_writes == 2
+
+        simulator.remove_block(blocks[2])
+        await eventually(lambda: applier.row_writes == 3, what="the removal")
+        assert (await _device(db, blocks[2])).removed_at is not None
+
+        added = simulator.add_block("us-east", "rack-01", "nvme")
+        await eventually(lambda: applier.row_writes == 4, what="the new block")
+        assert (await _device(db, added)).device_type == "nvme"
+
+        # An event about a resource the service does not have changes nothing, and asks for
+        # no full sync; neither does a duplicate.
+        simulator.events.faults.unknown_every = 1
+        simulator.events.faults.duplicate = True
+        simulator.set_health(blocks[3], "Warning")
+        await eventually(lambda: applier.unknown >= 1, what="the unknown resource")
+        assert applier.row_writes == 4
+        assert full_syncs == [] and len(changes) == 4
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await backend.close()
+    async with db.read() as session:
+        status = (await session.scalars(select(InventoryStatus))).one()
+    # None of it was a full sync: the last complete listing is still the first.
+    assert status.last_success_at == synced_at
+    # The safety net: a full sync finds only what no event told. The unknown-resource fault
+    # replaced the origin of the last change, so that event was lost: the poll brings it.
+    # Host rows (the blocks each server holds) are refreshed by full syncs only; the
+    # devices' holders were already right.
+    again = await InventorySync(backend := _backend(url), db).sync_once()
+    await backend.close()
+    assert again.ok and (again.changed, again.health_changed, again.hosts_written) == (1, 1, 1)
+    assert (await _device(db, blocks[3])).health == "Warning"
+
+
+async def test_a_block_that_does_not_name_its_holders_asks_for_a_full_sync(
+    db: Database, sim: tuple[RedfishSimulator, str]
+) -> None:
+    simulator, url = sim
+    backend = _backend(url)
+    inventory = InventorySync(backend, db)
+    assert (await inventory.sync_once()).ok
+    block = simulator.block_uris()[0]
+    del simulator.tree[block]["Links"]["ComputerSystems"]
+    full_syncs: list[int] = []
+    applier = EventApplier(
+        inventory, backend, on_change=lambda: None, full_sync=lambda: full_syncs.append(1)
+    )
+    task = asyncio.create_task(applier.run())
+    try:
+        applier.offer(FabricEvent("ResourceChanged", block, "1", True))
+        await eventually(lambda: full_syncs == [1], what="the fallback")
+        # Too many resources at once: one full sync instead of reading each.
+        applier.max_batch = 2
+        for uri in simulator.block_uris()[1:5]:
+            applier.offer(FabricEvent("ResourceChanged", uri, "2", True))
+        await eventually(lambda: full_syncs == [1, 1], what="the flood's full sync")
+        assert applier.applied == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await backend.close()

@@ -30,7 +30,7 @@ from app.fabric.redfish.reader import ResourceReader
 from app.fabric.redfish.server_owned import ServerOwnedBlocks
 from app.fabric.redfish.task_monitor import OnOperation, TaskMonitor
 from app.fabric.redfish.transport import AuthMode, RedfishTransport, RetrySettings
-from app.fabric.types import FabricDevice, FabricHost, Listing, Operation
+from app.fabric.types import FabricDevice, FabricHost, Listing, Operation, UnitRead
 
 
 class RedfishBackend:
@@ -156,6 +156,29 @@ class RedfishBackend:
             FabricInvalidData: the service root or a collection page is malformed.
         """
         return await self._inventory.list_devices()
+
+    async def read_unit(self, unit: str) -> UnitRead | None:
+        """Read one ResourceBlock and its devices again, on their own (after an event about
+        it), with the same parsing, validation and rejections as :meth:`list_devices`.
+
+        Returns:
+            A :class:`UnitRead` (``gone`` when the service answers 404), or None when
+            ``unit`` is not a ResourceBlock, or the block does not say who holds it
+            (``Links.ComputerSystems``): then only a full listing can tell.
+
+        Raises:
+            FabricError: the block could not be read (other than 404).
+        """
+        return await self._inventory.read_unit(unit)
+
+    async def read_host_units(self, host: str) -> tuple[str, tuple[str, ...]] | None:
+        """Read one ComputerSystem again (after an event about it): its host id and the
+        attach units (ResourceBlocks) it holds now, or None when ``host`` is not a System.
+
+        Raises:
+            FabricError: the System could not be read.
+        """
+        return await self._inventory.read_host_units(host)
 
     def events(
         self, *, last_event_id: str | None, idle_timeout_s: float

@@ -13,9 +13,10 @@ rejected as ``duplicate``. Server-owned blocks yield no device and are reported 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from app.fabric.errors import FabricNotFound
 from app.fabric.redfish.parse.chassis import location_from_chain
 from app.fabric.redfish.parse.common import BadItem
 from app.fabric.redfish.parse.identity import IdentityMode, device_identity
@@ -24,7 +25,7 @@ from app.fabric.redfish.reader import ResourceReader, bad_members, expanded_memb
 from app.fabric.redfish.server_owned import ServerOwnedBlocks
 from app.fabric.redfish.transport import gather
 from app.fabric.redfish.walk import BlockResult, ChassisCache, DeviceWalk, ServerOwnedBlock
-from app.fabric.types import FabricDevice, FabricHost, Listing, Rejected
+from app.fabric.types import FabricDevice, FabricHost, Listing, Rejected, UnitRead
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,40 @@ class RedfishInventory:
         for results in await gather(walk.block, block_uris):
             collector.add(results)
         return self._finish(collector)
+
+    async def read_unit(self, uri: str) -> UnitRead | None:
+        """One ResourceBlock and its devices, read on their own (after an event about it);
+        as :meth:`app.fabric.redfish.backend.RedfishBackend.read_unit`."""
+        try:
+            body = (await self._reader.transport.get(uri)).body
+        except FabricNotFound:
+            return UnitRead(uri, Listing(()), gone=True)
+        if not isinstance(body, Mapping) or not _is_block(body):
+            return None
+        links = body.get("Links")
+        if not isinstance(links, Mapping) or not isinstance(links.get("ComputerSystems"), list):
+            # Who holds it would then be known only from every System: a full listing.
+            return None
+        walk = DeviceWalk(self._reader, self._server_owned, blocks_by_system={}, system_ids={})
+        collector = _Collector(self._identity, [])
+        collector.add(await walk.block(uri, body))
+        return UnitRead(uri, collector.listing())
+
+    async def read_host_units(self, uri: str) -> tuple[str, tuple[str, ...]] | None:
+        """A ComputerSystem's ``Id`` and the blocks it holds, read on its own; None when
+        ``uri`` is not a System; as :meth:`RedfishBackend.read_host_units
+        <app.fabric.redfish.backend.RedfishBackend.read_host_units>`."""
+        body = (await self._reader.transport.get(uri)).body
+        if not isinstance(body, Mapping):
+            return None
+        kind = body.get("@odata.type")
+        if not (isinstance(kind, str) and ".ComputerSystem" in kind):
+            return None
+        try:
+            system = parse_system(body, uri)
+        except BadItem:
+            return None
+        return system.host_id, tuple(system.resource_blocks)
 
     async def _walk(self) -> DeviceWalk:
         systems, _ = await self.systems(strict=True)
@@ -227,3 +262,9 @@ class _Collector:
 
     def listing(self) -> Listing[FabricDevice]:
         return Listing(tuple(self._devices.values()), tuple(self._rejected), tuple(self._local))
+
+
+def _is_block(body: Mapping[str, Any]) -> bool:
+    """True when ``body`` is a ResourceBlock (its ``@odata.type``)."""
+    kind = body.get("@odata.type")
+    return isinstance(kind, str) and ".ResourceBlock" in kind
