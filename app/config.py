@@ -302,6 +302,12 @@ class InventorySettings(_Section):
 class PublishingSettings(_Section):
     """How the ResourceSlice publisher keeps the API server's slices right."""
 
+    debounce_seconds: Seconds = Field(
+        default=0.2,
+        description="seconds a pool waits after a change before it is written, so that a "
+        "burst of changes makes one write, > 0",
+    )
+
     resync_period_seconds: Seconds = Field(
         default=600.0,
         description="seconds between full resyncs (every slice listed again, every pool "

@@ -493,12 +493,51 @@ def minimum_slices(tainted: int, others: int) -> int:
     return max(1, with_taints + math.ceil(rest / MAX_DEVICES_PER_SLICE))
 
 
-def desired_pools(devices: Iterable[PoolDevice], config: PoolConfig) -> dict[str, DesiredPool]:
+class PoolCache:
+    """The pools :func:`desired_pools` laid out last time, by name, with the devices and
+    configuration they were made from: a pool whose devices and configuration are equal is
+    reused instead of laid out again (its slices' content and hashes are the costly part,
+    and after one change only one pool differs). Holds one entry per pool; entries of pools
+    that are gone are dropped on each call."""
+
+    __slots__ = ("_entries", "_names")
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[PoolConfig, list[PoolDevice], DesiredPool]] = {}
+        self._names: dict[tuple[Location, tuple[str, ...]], str] = {}
+
+    def pool_name(self, location: Location, grouping_keys: Sequence[str]) -> str:
+        """:func:`pool_name`, remembered per location (there are few distinct ones)."""
+        key = (location, tuple(grouping_keys))
+        name = self._names.get(key)
+        if name is None:
+            if len(self._names) > 100_000:
+                self._names.clear()
+            name = self._names[key] = pool_name(location, grouping_keys)
+        return name
+
+    def get(self, name: str, config: PoolConfig, members: list[PoolDevice]) -> DesiredPool | None:
+        """The pool laid out from exactly ``members`` and ``config`` before, else None."""
+        entry = self._entries.get(name)
+        if entry is not None and entry[0] == config and entry[1] == members:
+            return entry[2]
+        return None
+
+    def keep(self, pools: Mapping[str, tuple[PoolConfig, list[PoolDevice], DesiredPool]]) -> None:
+        """Remember exactly ``pools`` (name -> (config, members, pool))."""
+        self._entries = dict(pools)
+
+
+def desired_pools(
+    devices: Iterable[PoolDevice], config: PoolConfig, cache: PoolCache | None = None
+) -> dict[str, DesiredPool]:
     """Group ``devices`` into pools and lay each pool out as slices.
 
     Args:
         devices: every present device (removed ones excluded); names unique.
         config: see :class:`PoolConfig`.
+        cache: pools laid out by an earlier call; a pool whose devices and configuration
+            are equal is taken from it (the result is the same as without it).
 
     Returns:
         Pool name -> :class:`DesiredPool`, for every pool that has at least one device
@@ -509,18 +548,25 @@ def desired_pools(devices: Iterable[PoolDevice], config: PoolConfig) -> dict[str
     """
     groups: dict[str, list[PoolDevice]] = {}
     locations: dict[str, Location] = {}
+    name_of = cache.pool_name if cache is not None else pool_name
     for device in devices:
-        name = pool_name(device.location, config.grouping_keys)
+        name = name_of(device.location, config.grouping_keys)
         groups.setdefault(name, []).append(device)
         locations.setdefault(name, device.location)
 
     shared = SharedValues()
     pools: dict[str, DesiredPool] = {}
+    kept: dict[str, tuple[PoolConfig, list[PoolDevice], DesiredPool]] = {}
     for name, members in sorted(groups.items()):
         members.sort(key=lambda d: d.name)
         for first, second in itertools.pairwise(members):
             if first.name == second.name:
                 raise ValueError(f"pool {name!r}: device name {first.name!r} is used twice")
+        cached = cache.get(name, config, members) if cache is not None else None
+        if cached is not None:
+            pools[name] = cached
+            kept[name] = (config, members, cached)
+            continue
         tainted: list[dict[str, Any]] = []
         others: list[dict[str, Any]] = []
         withheld: list[str] = []
@@ -548,6 +594,9 @@ def desired_pools(devices: Iterable[PoolDevice], config: PoolConfig) -> dict[str
             withheld=tuple(withheld),
             dropped=tuple(dropped),
         )
+        kept[name] = (config, members, pools[name])
+    if cache is not None:
+        cache.keep(kept)
     return pools
 
 

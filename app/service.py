@@ -46,7 +46,7 @@ from app.fabric.backend import FabricBackend
 from app.fabric.factory import backend_from_settings
 from app.inventory import InventorySync
 from app.inventory.events import EventApplier, EventWatcher
-from app.inventory.queries import list_status, pool_devices
+from app.inventory.queries import PoolDeviceCache, list_status, pool_devices
 from app.journal import Journal
 from app.kube.client import KubeClient, call_json, connect
 from app.kube.factory import kube_client_settings
@@ -58,7 +58,7 @@ from app.kube.versions import (
     resource_api,
 )
 from app.metrics import FabricRetryCollector, InformerCollector, LeaderCollector, Metrics
-from app.pools import DesiredPool, PoolConfig, PoolDevice, desired_pools
+from app.pools import DesiredPool, PoolCache, PoolConfig, PoolDevice, desired_pools
 from app.publisher import Publisher, PublisherMetrics, PublisherSettings
 from app.supervisor import Supervisor
 
@@ -321,10 +321,13 @@ class Service:
         self.supervisor.spawn("inventory", lambda: self._inventory_loop(leading))
         if settings.inventory.events:
 
-            def inventory_changed() -> None:
+            async def inventory_changed(read_from: dt.datetime) -> None:
                 leading.publish_wanted.set()
                 if leading.control_plane is not None:
                     leading.control_plane.mark_inventory_changed()
+                # A holder changed by someone else shows as drift: act on it now, not at
+                # the next full poll.
+                await self._check_drift(leading, read_from)
 
             leading.applier = EventApplier(
                 leading.inventory,
@@ -351,7 +354,10 @@ class Service:
                 self.kube,
                 version,
                 settings.driver_name,
-                PublisherSettings(resync_period_s=settings.publisher.resync_period_seconds),
+                PublisherSettings(
+                    resync_period_s=settings.publisher.resync_period_seconds,
+                    debounce_s=settings.publisher.debounce_seconds,
+                ),
                 self.publisher_metrics,
             )
             await publisher.start()
@@ -473,6 +479,9 @@ class Service:
     async def _publish_loop(self, leading: Leadership) -> None:
         published_with: dict[ResourceApiVersion, bool] = {}  # taints_supported last used
         waiting_logged = False
+        # One per version: after a change, only the pools that changed are laid out again.
+        caches: dict[ResourceApiVersion, PoolCache] = {}
+        rows = PoolDeviceCache()
         while True:
             with contextlib.suppress(TimeoutError):
                 # The timeout re-checks what the API server drops even when nothing changed.
@@ -481,7 +490,7 @@ class Service:
             if not leading.publish_wanted.is_set() and supported == published_with:
                 continue
             leading.publish_wanted.clear()
-            devices = await pool_devices(self.db)
+            devices = await pool_devices(self.db, cache=rows)
             if not devices and not leading.inventory_synced:
                 # An empty database before any successful sync is not an empty fabric:
                 # publishing it would delete every slice the driver has in the cluster.
@@ -503,15 +512,23 @@ class Service:
                     )
             published_with = supported
             for version, publisher in leading.publishers.items():
-                publisher.set_desired(self._pools_for(devices, version, supported[version]))
+                cache = caches.setdefault(version, PoolCache())
+                publisher.set_desired(self._pools_for(devices, version, supported[version], cache))
 
     def _pools_for(
-        self, devices: list[PoolDevice], version: ResourceApiVersion, taints_supported: bool
+        self,
+        devices: list[PoolDevice],
+        version: ResourceApiVersion,
+        taints_supported: bool,
+        cache: PoolCache | None = None,
     ) -> dict[str, DesiredPool]:
         """The pools published in ``version`` (the publish loop and the what-if both use
-        this, so that the what-if sees exactly what the scheduler is offered)."""
+        this, so that the what-if sees exactly what the scheduler is offered); ``cache``
+        reuses the pools that did not change since the last call with it."""
         return desired_pools(
-            devices, publishing_config(self.settings, version, taints_supported=taints_supported)
+            devices,
+            publishing_config(self.settings, version, taints_supported=taints_supported),
+            cache,
         )
 
     async def published_pools(self) -> dict[str, DesiredPool]:

@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -243,20 +243,23 @@ class EventApplier:
     * Anything else (an unknown resource, a block that does not say who holds it, a read
       that fails, a backend without single reads, more than ``max_batch`` resources at
       once): a full sync is asked for instead.
+    * A device whose holder changed (attached or detached by someone else): applied, and a
+      full sync follows, whose drift check compares the journal with the fabric.
 
     Events are coalesced per resource: a flood about one block reads it once per pass.
 
     Args:
         inventory: the sync to apply units with (and whose database is read).
         backend: the fabric backend (``read_unit``, ``read_host_units``).
-        on_change: called after a pass that wrote something (publish, recompute).
+        on_change: awaited with the time the pass began, after a pass that wrote something
+            (publish, recompute, compare the journal with what was read).
         full_sync: asks the inventory loop for a full sync.
         max_batch: resources in one pass above which a full sync is cheaper.
     """
 
     inventory: Any
     backend: Any
-    on_change: Callable[[], None]
+    on_change: Callable[[dt.datetime], Awaitable[None]]
     full_sync: Callable[[], None]
     max_batch: int = 256
     applied: int = 0
@@ -290,6 +293,7 @@ class EventApplier:
                 self._fallback()
                 continue
             wrote = 0
+            began = dt.datetime.now(dt.UTC)
             self._running = True
             try:
                 for origin, event in batch.items():
@@ -298,11 +302,11 @@ class EventApplier:
                     except FabricError as err:
                         log.info("inventory event about %s: %s; a full sync follows", origin, err)
                         self._fallback()
+                if wrote:
+                    await self.on_change(began)
             finally:
                 self._running = False
                 self.row_writes += wrote
-            if wrote:
-                self.on_change()
 
     async def _apply(self, origin: str, event: FabricEvent) -> int:
         units = await self._units_for(origin, event)
@@ -319,6 +323,11 @@ class EventApplier:
             result = await self.inventory.apply_unit(read, listed_from)
             self.applied += 1
             wrote += result.row_writes
+            if result.holders_changed:
+                # Someone attached or detached behind our back, perhaps while the journal
+                # was moving: the drift check after this pass skips what moved meanwhile,
+                # and the full sync's check, whose listing begins later, judges it.
+                self._fallback()
         return wrote
 
     async def _units_for(self, origin: str, event: FabricEvent) -> list[str] | None:

@@ -6,10 +6,11 @@ Rows are converted here into plain value types, so callers do not hold ORM objec
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Text, cast, select
 
 from app.db.engine import Database
 from app.db.models import (
@@ -137,18 +138,83 @@ async def list_status(db: Database) -> list[StatusView]:
     ]
 
 
-async def pool_devices(db: Database, backend: str | None = None) -> list[PoolDevice]:
+_POOL_COLUMNS = (
+    Device.id,
+    Device.name,
+    Device.device_type,
+    Device.region,
+    Device.zone,
+    Device.site,
+    Device.row,
+    Device.rack,
+    Device.chassis,
+    Device.slot,
+    Device.fabric,
+    Device.fabric_zone,
+    Device.health,
+    Device.vendor,
+    Device.model,
+    Device.uuid,
+    Device.serial,
+    Device.part_number,
+    Device.firmware_version,
+    Device.memory_mib,
+    # As their stored text: decoded only when it changed (PoolDeviceCache).
+    cast(Device.capacity, Text).label("capacity"),
+    cast(Device.attributes, Text).label("attributes"),
+    Device.cordoned_at,
+    Device.host_id,
+)
+
+
+class PoolDeviceCache:
+    """The :class:`PoolDevice` values :func:`pool_devices` made last time, by the row they
+    were made from: an unchanged row gives the same object again instead of being decoded and
+    built anew (after one change, one row differs). Also remembers decoded JSON texts."""
+
+    __slots__ = ("_devices", "_json")
+
+    def __init__(self) -> None:
+        self._devices: dict[tuple[Any, ...], PoolDevice] = {}
+        self._json: dict[str, Any] = {}
+
+    def get(self, key: tuple[Any, ...]) -> PoolDevice | None:
+        """The value made from the row ``key`` last time, if any."""
+        return self._devices.get(key)
+
+    def replace(self, devices: dict[tuple[Any, ...], PoolDevice]) -> None:
+        """Keep exactly ``devices`` (row -> value) for the next call."""
+        self._devices = devices
+
+    def decode(self, text: str | None) -> dict[str, Any]:
+        """The JSON object ``text`` holds ({} for none), decoded once per distinct text."""
+        if not text:
+            return {}
+        found = self._json.get(text)
+        if found is None:
+            if len(self._json) > 200_000:
+                self._json.clear()
+            found = self._json[text] = json.loads(text)
+        return dict(found)
+
+
+async def pool_devices(
+    db: Database, backend: str | None = None, cache: PoolDeviceCache | None = None
+) -> list[PoolDevice]:
     """Every present device as a :class:`app.pools.PoolDevice`, for publishing.
 
     ``attach_failed`` is True for devices whose active reservation is in state ``failed``,
     ``detach_failed`` for ``detach-failed``; ``held_by`` names the host of a device the fabric
     shows attached while no active reservation of ours holds it (someone else's server).
+    ``cache`` (kept by the caller between calls) reuses the values of unchanged rows.
     """
-    query = select(Device).where(Device.removed_at.is_(None))
+    # Columns, not ORM objects: a publish pass reads every device, and building ORM
+    # instances cost about as much as the rest of the pass.
+    query = select(*_POOL_COLUMNS).where(Device.removed_at.is_(None))
     if backend is not None:
         query = query.where(Device.backend == backend)
     async with db.read() as session:
-        rows = (await session.scalars(query)).all()
+        rows = (await session.execute(query)).all()
         states: dict[int, set[str]] = {}
         for device_id, state in (
             await session.execute(
@@ -160,38 +226,46 @@ async def pool_devices(db: Database, backend: str | None = None) -> list[PoolDev
             states.setdefault(device_id, set()).add(state)
     failed = {d for d, held in states.items() if "failed" in held}
     detach_failed = {d for d, held in states.items() if "detach-failed" in held}
-    return [
-        PoolDevice(
-            name=r.name,
-            device_type=r.device_type,
-            location=Location(
-                region=r.region,
-                zone=r.zone,
-                site=r.site,
-                row=r.row,
-                rack=r.rack,
-                chassis=r.chassis,
-                slot=r.slot,
-                fabric=r.fabric,
-                fabric_zone=r.fabric_zone,
-            ),
-            health=r.health,
-            vendor=r.vendor,
-            model=r.model,
-            uuid=r.uuid,
-            serial=r.serial,
-            part_number=r.part_number,
-            firmware_version=r.firmware_version,
-            memory_mib=r.memory_mib,
-            capacity=dict(r.capacity or {}),
-            attributes=dict(r.attributes or {}),
-            cordoned=r.cordoned_at is not None,
-            attach_failed=r.id in failed,
-            detach_failed=r.id in detach_failed,
-            held_by=r.host_id if r.host_id is not None and r.id not in states else None,
-        )
-        for r in rows
-    ]
+    cache = cache if cache is not None else PoolDeviceCache()
+    fresh: dict[tuple[Any, ...], PoolDevice] = {}
+    out = []
+    for r in rows:
+        key = (*r, r.id in failed, r.id in detach_failed, r.id in states)
+        device = cache.get(key)
+        if device is None:
+            device = PoolDevice(
+                name=r.name,
+                device_type=r.device_type,
+                location=Location(
+                    region=r.region,
+                    zone=r.zone,
+                    site=r.site,
+                    row=r.row,
+                    rack=r.rack,
+                    chassis=r.chassis,
+                    slot=r.slot,
+                    fabric=r.fabric,
+                    fabric_zone=r.fabric_zone,
+                ),
+                health=r.health,
+                vendor=r.vendor,
+                model=r.model,
+                uuid=r.uuid,
+                serial=r.serial,
+                part_number=r.part_number,
+                firmware_version=r.firmware_version,
+                memory_mib=r.memory_mib,
+                capacity=cache.decode(r.capacity),
+                attributes=cache.decode(r.attributes),
+                cordoned=r.cordoned_at is not None,
+                attach_failed=r.id in failed,
+                detach_failed=r.id in detach_failed,
+                held_by=r.host_id if r.host_id is not None and r.id not in states else None,
+            )
+        fresh[key] = device
+        out.append(device)
+    cache.replace(fresh)
+    return out
 
 
 async def host_refs(db: Database) -> list[HostRef]:

@@ -50,6 +50,7 @@ class SyncResult:
         row_writes: device and host rows written (0 for a sync that found no change).
         devices: devices present after the sync.
         seconds: wall time of the sync.
+        holders_changed: devices whose holder (the host they are attached to) changed.
     """
 
     ok: bool
@@ -65,6 +66,7 @@ class SyncResult:
     devices: int = 0
     seconds: float = 0.0
     stale: bool = False
+    holders_changed: int = 0
 
 
 def _public_name(err: Exception) -> str:
@@ -293,6 +295,7 @@ class InventorySync:
             removed=len(plan.removals),
             returned=sum(1 for u in plan.updates if u.returned),
             health_changed=kinds.count("health"),
+            holders_changed=kinds.count("host"),
             rejected=rejected,
             row_writes=plan.row_writes,
             devices=len(devices),

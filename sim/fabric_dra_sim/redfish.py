@@ -200,6 +200,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# The benchmark control (--control): not Redfish, and served only when asked for.
+CONTROL_HEALTH = "/_sim/health"
 
 AuthMode = Literal["any", "session", "basic", "none"]
 MAX_EXPAND_LEVELS = 3
@@ -363,6 +365,8 @@ class RedfishSimulator:
         self._task_seq = 0
         self._fail_rules: list[_FailRule] = []
         self._runner: web.AppRunner | None = None
+        #: Serve ``POST /_sim/health`` (a benchmark's way to change health from outside).
+        self.control = False
 
     # ----- setup -----------------------------------------------------------------------------
 
@@ -741,6 +745,8 @@ class RedfishSimulator:
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         path = normalise(request.path)
         method = request.method
+        if self.control and path == CONTROL_HEALTH:
+            return await self._control_health(request)
         if path == "/redfish":
             self._require_method(method, "GET, HEAD")
             return self._respond(Result(200, {"v1": "/redfish/v1/"}))
@@ -805,6 +811,17 @@ class RedfishSimulator:
         if method == "DELETE":
             return self._respond(self._logout(path))
         raise RedfishError(405, "OperationNotAllowed", "The HTTP method is not allowed.")
+
+    async def _control_health(self, request: web.Request) -> web.Response:
+        """``POST /_sim/health {"uri", "health"}``: :meth:`set_health` from outside; 204, or
+        400 with the reason."""
+        self._require_method(request.method, "POST")
+        body = await self._json_object(request)
+        try:
+            self.set_health(str(body.get("uri")), str(body.get("health")))
+        except (KeyError, ValueError) as err:
+            raise RedfishError(400, "GeneralError", f"cannot set health: {err}") from None
+        return web.Response(status=204)
 
     def _allowed(self, path: str) -> str:
         if self.state.is_system(path):
@@ -1382,6 +1399,13 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
     + ", ".join(PROFILE_NAMES)
     + ".",
 )
+@click.option(
+    "--control/--no-control",
+    default=False,
+    show_default=True,
+    help='Serve POST /_sim/health {"uri": ..., "health": "Critical"} to change a '
+    "resource's health from outside (benchmarks); not part of Redfish.",
+)
 def cli(
     host: str,
     port: int,
@@ -1402,6 +1426,7 @@ def cli(
     error_rate: float,
     require_if_match: bool,
     profiles: tuple[str, ...],
+    control: bool,
 ) -> None:
     """Serve a simulated Redfish fabric manager (CompositionService) until Ctrl-C or SIGTERM.
 
@@ -1444,4 +1469,5 @@ def cli(
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from err
+    sim.control = control
     asyncio.run(_serve_until_stopped(sim, host, port))
