@@ -46,6 +46,7 @@ BENCHMARKS = (
     "publish",
     "claims",
     "drift",
+    "events",
     "controlplane",
     "allocate",
     "kubeapi",
@@ -153,6 +154,22 @@ def cases(short: bool) -> list[Case]:
                 "10,000 devices, 10 devices lost",
                 ("--devices", "10000", "--samples", "10"),
                 1200,
+            )
+        )
+    # A health change to its taint in the slice: with events, and with polling back to back.
+    event_cases = (
+        ((1_000, "events"),)
+        if short
+        else ((10_000, "events"), (10_000, "polling"), (100_000, "events"))
+    )
+    for devices, mode in event_cases:
+        samples = 10 if short else 20
+        out.append(
+            Case(
+                "events",
+                f"{devices:,} devices, {samples} changes, {mode}",
+                ("--devices", str(devices), "--samples", str(samples), "--mode", mode),
+                1800 if devices >= 100_000 else 600,
             )
         )
     if short:
@@ -459,6 +476,30 @@ METRICS: tuple[Metric, ...] = (
         _key("lost_to_ready_again_p99_s"),
         "s",
     ),
+    Metric("events", "change -> taint in the slice, p50", _key("latency_p50_s"), "s"),
+    Metric(
+        "events",
+        "change -> taint in the slice, p99",
+        _key("latency_p99_s"),
+        "s",
+        target=("< 2 with events", lambda v: v < 2),
+        when=lambda f: _key("mode")(f) == "events",
+    ),
+    Metric("events", "CPU per change", _key("cpu_ms_per_change"), "ms"),
+    Metric(
+        "events",
+        "ResourceSlice writes per change",
+        _key("slice_writes_per_change"),
+        target=("1", lambda v: v == 1),
+    ),
+    Metric(
+        "events",
+        "device rows written per change",
+        _key("device_rows_per_change"),
+        target=("1", lambda v: v == 1),
+        when=lambda f: _key("mode")(f) == "events",
+    ),
+    Metric("events", "peak resident memory", _mb("peak_rss_mib"), "MB"),
     Metric(
         "controlplane",
         "allocations per second",

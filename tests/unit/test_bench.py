@@ -193,6 +193,8 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(
             "--devices-per-claim: must be at most 64",
         ),
         ("bench.node", ["--devices-per-claim", "x"], "'x' is not a whole number"),
+        ("bench.events", ["--devices", "10"], "--devices: must be at least 64"),
+        ("bench.events", ["--mode", "push"], "invalid choice: 'push'"),
     ],
 )
 def test_bad_benchmark_arguments_are_refused_with_a_message(
