@@ -436,13 +436,6 @@ class Service:
         settings = self.settings.inventory
         first = True
         while True:
-            # Polling is the safety net: less often while the event stream is healthy.
-            streaming = leading.events is not None and leading.events.healthy
-            interval = (
-                settings.events_poll_interval_seconds
-                if streaming
-                else settings.poll_interval_seconds
-            )
             listed_from = utcnow()
             result = await leading.inventory.sync_once()
             self.last_inventory = result
@@ -455,6 +448,15 @@ class Service:
                 first = False
             if result.ok:
                 await self._check_drift(leading, listed_from)
+            # Polling is the safety net: less often while the event stream is healthy and the
+            # sync succeeded (a failing fabric manager is retried at the short interval, so
+            # that it is marked stale as soon as without events).
+            streaming = leading.events is not None and leading.events.healthy
+            interval = (
+                settings.events_poll_interval_seconds
+                if streaming and result.ok
+                else settings.poll_interval_seconds
+            )
             await leading.inventory.wait_trigger(interval)
 
     async def _check_drift(self, leading: Leadership, listed_from: dt.datetime) -> None:

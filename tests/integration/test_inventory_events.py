@@ -474,3 +474,61 @@ async def test_a_block_that_does_not_name_its_holders_asks_for_a_full_sync(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await backend.close()
+
+
+async def test_a_failing_fabric_manager_is_polled_at_the_short_interval_despite_the_stream(
+    sim: tuple[RedfishSimulator, str], tmp_path: Path
+) -> None:
+    simulator, url = sim
+    emu = KubeEmulator(kubernetes_version="1.34", feature_gates=all_gates_on("1.34"))
+    await emu.start()
+    (tmp_path / "user").write_text("ops\n")
+    (tmp_path / "password").write_text("s3cret-pw\n")
+    service = Service(
+        load_settings(
+            environ={
+                "FABRIC_DRA_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path}/fail.db",
+                "FABRIC_DRA_FABRIC__URL": url,
+                "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
+                "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "password"),
+                "FABRIC_DRA_FABRIC__RETRY_ATTEMPTS": "1",
+                "FABRIC_DRA_KUBE__MODE": "url",
+                "FABRIC_DRA_KUBE__URL": emu.url,
+                "FABRIC_DRA_ADMIN__HOST": "127.0.0.1",
+                "FABRIC_DRA_ADMIN__PORT": "0",
+                "FABRIC_DRA_LEADER__ENABLED": "false",
+                "FABRIC_DRA_INVENTORY__POLL_INTERVAL_SECONDS": "0.5",
+                "FABRIC_DRA_INVENTORY__EVENTS_POLL_INTERVAL_SECONDS": "3600",
+                "FABRIC_DRA_INVENTORY__STALE_AFTER_FAILURES": "3",
+            }
+        )
+    )
+    await service.start()
+    try:
+        await eventually(
+            lambda: (
+                service.leading is not None
+                and service.leading.events is not None
+                and service.leading.events.healthy
+                and service.last_inventory is not None
+            ),
+            timeout_s=WAIT_S,
+            what="streaming after a sync",
+        )
+        # The REST side fails while the stream stays open; the next event's read fails,
+        # a full sync follows and fails, and from then on syncs come every 0.5 s until the
+        # inventory is stale, as they would without events.
+        simulator.fail_next(10_000, path_prefix="/redfish/v1/CompositionService", status=500)
+        simulator.fail_next(10_000, path_prefix="/redfish/v1/Systems", status=500)
+        simulator.set_health(simulator.block_uris()[0], "Critical")
+
+        async def stale() -> bool:
+            status = await service.status()
+            return bool(status["inventory"]) and status["inventory"][0]["stale"]
+
+        await eventually(stale, timeout_s=WAIT_S, what="stale after three quick failed syncs")
+        assert service.leading is not None and service.leading.events is not None
+        assert service.leading.events.healthy  # the stream itself never broke
+    finally:
+        await service.stop(deadline_s=5)
+        await emu.stop()

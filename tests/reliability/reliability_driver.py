@@ -74,6 +74,8 @@ class Cluster:
             "FABRIC_DRA_ADMIN__PORT": "0",
             "FABRIC_DRA_ADMIN__TOKEN_FILE": str(self.tmp_path / "token"),
             "FABRIC_DRA_INVENTORY__POLL_INTERVAL_SECONDS": "1",
+            # The faults here hit the REST API the polls read; the event stream stays on.
+            "FABRIC_DRA_INVENTORY__EVENTS_POLL_INTERVAL_SECONDS": "1",
             "FABRIC_DRA_INVENTORY__STALE_AFTER_FAILURES": "1",
             "FABRIC_DRA_CONTROLLER__ORPHAN_GRACE_SECONDS": "1",
             "FABRIC_DRA_LEADER__NAMESPACE": "default",
