@@ -46,7 +46,13 @@ from app.fabric.backend import FabricBackend
 from app.fabric.factory import backend_from_settings
 from app.inventory import InventorySync
 from app.inventory.events import EventApplier, EventWatcher
-from app.inventory.queries import PoolDeviceCache, list_status, pool_devices
+from app.inventory.queries import (
+    PoolDeviceCache,
+    list_status,
+    located_in,
+    pool_devices,
+    unit_locations,
+)
 from app.journal import Journal
 from app.kube.client import KubeClient, call_json, connect
 from app.kube.factory import kube_client_settings
@@ -58,7 +64,7 @@ from app.kube.versions import (
     resource_api,
 )
 from app.metrics import FabricRetryCollector, InformerCollector, LeaderCollector, Metrics
-from app.pools import DesiredPool, PoolCache, PoolConfig, PoolDevice, desired_pools
+from app.pools import DesiredPool, PoolCache, PoolConfig, PoolDevice, desired_pools, pool_name
 from app.publisher import Publisher, PublisherMetrics, PublisherSettings
 from app.supervisor import Supervisor
 
@@ -149,9 +155,24 @@ class Leadership:
     # The fabric manager's event stream (inventory.events) and what applies its events.
     events: EventWatcher | None = None
     applier: EventApplier | None = None
+    # Attach units the events changed: their pools alone are laid out again and published
+    # (publish_wanted, set by everything else, lays out every pool).
+    publish_units: set[str] = field(default_factory=set)
+    publish_partial: asyncio.Event = field(default_factory=asyncio.Event)
     publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     # A sync succeeded in this term: until then an empty database is no inventory at all.
     inventory_synced: bool = False
+
+
+async def _first_of(*events: asyncio.Event, timeout_s: float) -> None:
+    """Wait until any of ``events`` is set, or ``timeout_s`` seconds."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
 
 
 class Service:
@@ -321,8 +342,9 @@ class Service:
         self.supervisor.spawn("inventory", lambda: self._inventory_loop(leading))
         if settings.inventory.events:
 
-            async def inventory_changed(read_from: dt.datetime) -> None:
-                leading.publish_wanted.set()
+            async def inventory_changed(read_from: dt.datetime, units: frozenset[str]) -> None:
+                leading.publish_units.update(units)
+                leading.publish_partial.set()
                 if leading.control_plane is not None:
                     leading.control_plane.mark_inventory_changed()
                 # A holder changed by someone else shows as drift: act on it now, not at
@@ -484,14 +506,25 @@ class Service:
         # One per version: after a change, only the pools that changed are laid out again.
         caches: dict[ResourceApiVersion, PoolCache] = {}
         rows = PoolDeviceCache()
+        # What the last pass handed each publisher, and each device's pool then: a pass for
+        # a few units reads and lays out only the pools they are (or were) in.
+        last: dict[ResourceApiVersion, dict[str, DesiredPool]] = {}
+        pool_of: dict[str, str] = {}
+        keys = self.settings.pools.grouping_keys
         while True:
-            with contextlib.suppress(TimeoutError):
-                # The timeout re-checks what the API server drops even when nothing changed.
-                await asyncio.wait_for(leading.publish_wanted.wait(), timeout=5.0)
+            await _first_of(leading.publish_wanted, leading.publish_partial, timeout_s=5.0)
             supported = _taints_supported(leading)
-            if not leading.publish_wanted.is_set() and supported == published_with:
+            full = leading.publish_wanted.is_set() or supported != published_with
+            if not full and leading.publish_partial.is_set() and last:
+                leading.publish_partial.clear()
+                units, leading.publish_units = leading.publish_units, set()
+                await self._publish_units(leading, units, supported, last, pool_of)
+                continue
+            if not full and not leading.publish_partial.is_set():
                 continue
             leading.publish_wanted.clear()
+            leading.publish_partial.clear()
+            leading.publish_units.clear()
             devices = await pool_devices(self.db, cache=rows)
             if not devices and not leading.inventory_synced:
                 # An empty database before any successful sync is not an empty fabric:
@@ -515,7 +548,54 @@ class Service:
             published_with = supported
             for version, publisher in leading.publishers.items():
                 cache = caches.setdefault(version, PoolCache())
-                publisher.set_desired(self._pools_for(devices, version, supported[version], cache))
+                last[version] = self._pools_for(devices, version, supported[version], cache)
+                publisher.set_desired(last[version])
+            pool_of.clear()
+            for device in devices:
+                pool_of[device.name] = pool_name(device.location, keys)
+
+    async def _publish_units(
+        self,
+        leading: Leadership,
+        units: set[str],
+        supported: dict[ResourceApiVersion, bool],
+        last: dict[ResourceApiVersion, dict[str, DesiredPool]],
+        pool_of: dict[str, str],
+    ) -> None:
+        """Lay out again only the pools the devices of ``units`` are in now or were in at
+        the last pass, and hand each publisher the last desired state with those pools
+        replaced (or removed when they have no device left). The result equals a full pass
+        when nothing but those units changed since the last one."""
+        keys = self.settings.pools.grouping_keys
+        changed = await unit_locations(self.db, units)
+        affected: dict[str, dict[str, str | None]] = {}
+        for name, location, removed in changed:
+            old = pool_of.get(name)
+            if old is not None:
+                for pools in last.values():
+                    if old in pools:
+                        affected[old] = dict(pools[old].location)
+                        break
+            if not removed:
+                affected[pool_name(location, keys)] = {k: getattr(location, k) for k in keys}
+        if not affected:
+            return
+        devices = await pool_devices(self.db, where=located_in(affected.values()))
+        for version, publisher in leading.publishers.items():
+            fresh = self._pools_for(devices, version, supported[version])
+            pools = dict(last.get(version) or {})
+            for name in affected:
+                if name in fresh:
+                    pools[name] = fresh[name]
+                else:
+                    pools.pop(name, None)
+            last[version] = pools
+            publisher.set_desired(pools)
+        for name, location, removed in changed:
+            if removed:
+                pool_of.pop(name, None)
+            else:
+                pool_of[name] = pool_name(location, keys)
 
     def _pools_for(
         self,

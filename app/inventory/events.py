@@ -251,15 +251,16 @@ class EventApplier:
     Args:
         inventory: the sync to apply units with (and whose database is read).
         backend: the fabric backend (``read_unit``, ``read_host_units``).
-        on_change: awaited with the time the pass began, after a pass that wrote something
-            (publish, recompute, compare the journal with what was read).
+        on_change: awaited with the time the pass began and the attach units it wrote, after
+            a pass that wrote something (publish those units' pools, recompute, compare the
+            journal with what was read).
         full_sync: asks the inventory loop for a full sync.
         max_batch: resources in one pass above which a full sync is cheaper.
     """
 
     inventory: Any
     backend: Any
-    on_change: Callable[[dt.datetime], Awaitable[None]]
+    on_change: Callable[[dt.datetime, frozenset[str]], Awaitable[None]]
     full_sync: Callable[[], None]
     max_batch: int = 256
     applied: int = 0
@@ -293,22 +294,23 @@ class EventApplier:
                 self._fallback()
                 continue
             wrote = 0
+            units: set[str] = set()
             began = dt.datetime.now(dt.UTC)
             self._running = True
             try:
                 for origin, event in batch.items():
                     try:
-                        wrote += await self._apply(origin, event)
+                        wrote += await self._apply(origin, event, units)
                     except FabricError as err:
                         log.info("inventory event about %s: %s; a full sync follows", origin, err)
                         self._fallback()
                 if wrote:
-                    await self.on_change(began)
+                    await self.on_change(began, frozenset(units))
             finally:
                 self._running = False
                 self.row_writes += wrote
 
-    async def _apply(self, origin: str, event: FabricEvent) -> int:
+    async def _apply(self, origin: str, event: FabricEvent, written: set[str]) -> int:
         units = await self._units_for(origin, event)
         if units is None:
             self._fallback()
@@ -323,6 +325,8 @@ class EventApplier:
             result = await self.inventory.apply_unit(read, listed_from)
             self.applied += 1
             wrote += result.row_writes
+            if result.row_writes:
+                written.add(unit)
             if result.holders_changed:
                 # Someone attached or detached behind our back, perhaps while the journal
                 # was moving: the drift check after this pass skips what moved meanwhile,

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import ColumnElement, Text, and_, cast, false, or_, select, true
 
 from app.db.engine import Database
 from app.db.models import (
@@ -167,6 +168,20 @@ _POOL_COLUMNS = (
 )
 
 
+LOCATION_KEYS = (
+    "region",
+    "zone",
+    "site",
+    "row",
+    "rack",
+    "chassis",
+    "slot",
+    "fabric",
+    "fabric_zone",
+)
+_LOCATION_COLUMNS = tuple(getattr(Device, key) for key in LOCATION_KEYS)
+
+
 class PoolDeviceCache:
     """The :class:`PoolDevice` values :func:`pool_devices` made last time, by the row they
     were made from: an unchanged row gives the same object again instead of being decoded and
@@ -198,8 +213,44 @@ class PoolDeviceCache:
         return dict(found)
 
 
+async def unit_locations(db: Database, units: Iterable[str]) -> list[tuple[str, Location, bool]]:
+    """``(name, location, removed)`` of every stored device of the attach ``units`` (removed
+    ones included), for a publish pass over the pools they are in."""
+    wanted = sorted(set(units))
+    if not wanted:
+        return []
+    query = select(Device.name, *_LOCATION_COLUMNS, Device.removed_at).where(
+        Device.attach_unit.in_(wanted)
+    )
+    async with db.read() as session:
+        rows = (await session.execute(query)).all()
+    return [
+        (r.name, Location(**{k: getattr(r, k) for k in LOCATION_KEYS}), r.removed_at is not None)
+        for r in rows
+    ]
+
+
+def located_in(locations: Iterable[Mapping[str, str | None]]) -> ColumnElement[bool]:
+    """A condition on devices: at any of ``locations`` (location key -> value; a None value
+    means no value)."""
+    terms = []
+    for location in locations:
+        parts = [
+            # A missing value may be stored as NULL or as an empty string.
+            or_(getattr(Device, key).is_(None), getattr(Device, key) == "")
+            if not value
+            else getattr(Device, key) == value
+            for key, value in location.items()
+        ]
+        terms.append(and_(*parts) if parts else true())
+    return or_(*terms) if terms else false()
+
+
 async def pool_devices(
-    db: Database, backend: str | None = None, cache: PoolDeviceCache | None = None
+    db: Database,
+    backend: str | None = None,
+    cache: PoolDeviceCache | None = None,
+    where: ColumnElement[bool] | None = None,
 ) -> list[PoolDevice]:
     """Every present device as a :class:`app.pools.PoolDevice`, for publishing.
 
@@ -213,6 +264,8 @@ async def pool_devices(
     query = select(*_POOL_COLUMNS).where(Device.removed_at.is_(None))
     if backend is not None:
         query = query.where(Device.backend == backend)
+    if where is not None:
+        query = query.where(where)
     async with db.read() as session:
         rows = (await session.execute(query)).all()
         states: dict[int, set[str]] = {}

@@ -36,6 +36,7 @@ import logging
 from collections import Counter as CountMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from kubernetes_asyncio.client import ResourceV1Api, ResourceV1beta1Api, ResourceV1beta2Api
@@ -219,6 +220,10 @@ class Publisher:
     def informers(self) -> tuple[Informer, ...]:
         """The informers this publisher runs (for metrics)."""
         return (self._informer,)
+
+    def desired(self) -> Mapping[str, DesiredPool]:
+        """The desired state last handed over (empty before the first), read-only."""
+        return MappingProxyType(self._desired or {})
 
     def set_desired(self, pools: Mapping[str, DesiredPool]) -> None:
         """Hand over the whole desired state: pool name -> :class:`DesiredPool`.

@@ -353,6 +353,48 @@ async def test_a_device_turning_critical_is_tainted_long_before_the_next_poll(
             text = await response.text()
         assert 'fabric_dra_inventory_events_streaming{backend="redfish"} 1.0' in text
         assert 'fabric_dra_inventory_events_total{backend="redfish",result="relevant"}' in text
+
+        # More changes, each published by laying out only its pools: the desired state the
+        # publisher holds equals what a full pass over every device gives.
+        blocks = simulator.block_uris()
+        simulator.set_health(blocks[0], "OK")
+        simulator.remove_block(blocks[1])
+        added = simulator.add_block("us-east", "rack-01", "nvme")
+        leading = service.leading
+        assert leading is not None and leading.applier is not None
+        publisher = next(iter(leading.publishers.values()))
+
+        async def applied() -> bool:
+            async with service.db.read() as session:
+                rows = (
+                    await session.scalars(
+                        select(Device).where(Device.attach_unit.in_([blocks[1], added]))
+                    )
+                ).all()
+            return {(r.attach_unit, r.removed_at is None) for r in rows} == {
+                (blocks[1], False),
+                (added, True),
+            }
+
+        await eventually(applied, timeout_s=WAIT_S, what="the changes in the database")
+
+        async def settled() -> bool:
+            return (
+                leading.applier is not None
+                and leading.applier.idle
+                and not leading.publish_partial.is_set()
+                and dict(publisher.desired()) == await service.published_pools()
+            )
+
+        await eventually(settled, timeout_s=WAIT_S, what="the pools laid out by units")
+        removed_name = (await _device(service.db, blocks[1])).name
+        added_name = (await _device(service.db, added)).name
+
+        def published() -> bool:
+            names = {d["name"] for s in slices() for d in s["spec"]["devices"]}
+            return removed_name not in names and added_name in names and tainted() == []
+
+        await eventually(published, timeout_s=WAIT_S, what="the slices written")
     finally:
         await service.stop(deadline_s=5)
         await emu.stop()
@@ -378,7 +420,8 @@ async def test_each_event_rereads_only_its_resource_and_writes_only_its_change(
     full_syncs: list[int] = []
     changes: list[int] = []
 
-    async def changed(_: object) -> None:
+    async def changed(_: object, units: frozenset[str]) -> None:
+        assert units
         changes.append(1)
 
     applier = EventApplier(
@@ -454,7 +497,7 @@ async def test_a_block_that_does_not_name_its_holders_asks_for_a_full_sync(
     del simulator.tree[block]["Links"]["ComputerSystems"]
     full_syncs: list[int] = []
 
-    async def changed(_: object) -> None:
+    async def changed(_: object, __: object) -> None:
         pass
 
     applier = EventApplier(
