@@ -347,9 +347,8 @@ class Service:
                 leading.publish_partial.set()
                 if leading.control_plane is not None:
                     leading.control_plane.mark_inventory_changed()
-                # A holder changed by someone else shows as drift: act on it now, not at
-                # the next full poll.
-                await self._check_drift(leading, read_from)
+                # Drift (a holder changed behind our back) is judged by the full sync the
+                # applier asks for then: its listing time is what the journal's rule needs.
 
             leading.applier = EventApplier(
                 leading.inventory,

@@ -252,8 +252,7 @@ class EventApplier:
         inventory: the sync to apply units with (and whose database is read).
         backend: the fabric backend (``read_unit``, ``read_host_units``).
         on_change: awaited with the time the pass began and the attach units it wrote, after
-            a pass that wrote something (publish those units' pools, recompute, compare the
-            journal with what was read).
+            a pass that wrote something (publish those units' pools, recompute).
         full_sync: asks the inventory loop for a full sync.
         max_batch: resources in one pass above which a full sync is cheaper.
     """
@@ -328,9 +327,8 @@ class EventApplier:
             if result.row_writes:
                 written.add(unit)
             if result.holders_changed:
-                # Someone attached or detached behind our back, perhaps while the journal
-                # was moving: the drift check after this pass skips what moved meanwhile,
-                # and the full sync's check, whose listing begins later, judges it.
+                # Someone attached or detached behind our back: the full sync's drift check
+                # compares the journal with the fabric, with the listing time its rule needs.
                 self._fallback()
         return wrote
 
