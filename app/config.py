@@ -41,6 +41,7 @@ MAX_SECRET_BYTES = 64 * 1024
 # Kubernetes rules (k8s.io/apimachinery pkg/util/validation): a DNS-1123 subdomain is at most
 # 253 characters of lowercase alphanumerics, '-' and '.', starting and ending alphanumeric; a
 # label-key name part is at most 63 characters of alphanumerics, '-', '_' and '.'.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
@@ -56,7 +57,11 @@ MODE_BOTH_REFUSED = (
     "control-plane"
 )
 
-LocationKey = Literal["region", "zone", "site", "row", "rack", "fabric", "fabric_zone", "chassis"]
+LocationKey = Literal[
+    "region", "zone", "site", "row", "rack", "fabric", "fabric_zone", "chassis", "manager"
+]
+MANAGER_NAME_MAX = 32
+"""The longest fabric manager name: it is stored in every device row (``devices.backend``)."""
 
 
 class ConfigError(Exception):
@@ -212,9 +217,22 @@ class DatabaseSettings(_Section):
         return f"{normalised}://{rest}"
 
 
-class FabricSettings(_Section):
-    """The fabric manager to inventory and to attach through."""
+def _manager_name(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) > MANAGER_NAME_MAX or not _DNS_LABEL.match(value):
+        raise ValueError(f"is not a lowercase DNS label of at most {MANAGER_NAME_MAX} characters")
+    return value
 
+
+class FabricSettings(_Section):
+    """A fabric manager to inventory and to attach through."""
+
+    name: Annotated[str | None, AfterValidator(_manager_name)] = Field(
+        default=None,
+        description="a lowercase DNS label of at most 32 characters naming this fabric "
+        "manager, e.g. hall-a; stored with every device (default: the kind, redfish)",
+    )
     kind: Literal["redfish"] = Field(default="redfish", description="redfish")
     url: str | None = Field(
         default=None,
@@ -260,6 +278,11 @@ class FabricSettings(_Section):
         default="uri",
         description="uri, serial or uuid: what makes two listed devices one physical device",
     )
+
+    @property
+    def manager(self) -> str:
+        """The manager's name: ``name``, or the kind when unnamed."""
+        return self.name or self.kind
 
     @field_validator("url")
     @classmethod
@@ -321,7 +344,13 @@ class PoolSettings(_Section):
     grouping_keys: Annotated[tuple[LocationKey, ...], NoDecode] = Field(
         default=("region", "rack"),
         description="a non-empty list of location keys without repeats, from: region, zone, "
-        "site, row, rack, fabric, fabric_zone, chassis",
+        "site, row, rack, fabric, fabric_zone, chassis, manager",
+    )
+    mix_managers: bool = Field(
+        default=False,
+        description="true or false: with several fabric managers, let devices of different "
+        "managers share a pool when the grouping keys alone match (by default the manager "
+        "is the first grouping key)",
     )
 
     binds_to_node: bool = Field(
@@ -392,6 +421,7 @@ class NodeLabelSettings(_Section):
     fabric: LabelKey = Field(default="fabric-dra.io/fabric", description="a label key")
     fabric_zone: LabelKey = Field(default="fabric-dra.io/fabric-zone", description="a label key")
     chassis: LabelKey = Field(default="fabric-dra.io/chassis", description="a label key")
+    manager: LabelKey = Field(default="fabric-dra.io/fabric-manager", description="a label key")
 
     def for_key(self, key: str) -> str:
         """The node label key that carries location ``key`` (one of :data:`LocationKey`)."""
@@ -693,6 +723,11 @@ class Settings(BaseSettings):
     )
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     fabric: FabricSettings = Field(default_factory=FabricSettings)
+    fabrics: tuple[FabricSettings, ...] = Field(
+        default=(),
+        description="a list of fabric managers, each a mapping of fabric settings with its "
+        "own name, used instead of fabric",
+    )
     inventory: InventorySettings = Field(default_factory=InventorySettings)
     pools: PoolSettings = Field(default_factory=PoolSettings)
     publisher: PublishingSettings = Field(default_factory=PublishingSettings)
@@ -715,9 +750,43 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _fabric_complete(self) -> Settings:
-        if self.fabric.password_file is not None and self.fabric.username_file is None:
-            raise ValueError("fabric.password_file is set but fabric.username_file is not")
+        if self.fabrics and self.fabric != FabricSettings():
+            raise ValueError(
+                "both fabric and fabrics are set; give one fabric manager as fabric, or "
+                "several as fabrics"
+            )
+        names = [m.manager for m in self.managers]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"fabrics: the name {repeated[0]!r} is given to several fabric managers; give "
+                f"each its own name"
+            )
+        for manager in self.managers:
+            if manager.password_file is not None and manager.username_file is None:
+                raise ValueError(
+                    f"{self.setting_of(manager)}.password_file is set but "
+                    f"{self.setting_of(manager)}.username_file is not"
+                )
         return self
+
+    @property
+    def managers(self) -> tuple[FabricSettings, ...]:
+        """Every fabric manager: ``fabrics``, or the one ``fabric`` when that list is empty."""
+        return self.fabrics or (self.fabric,)
+
+    def setting_of(self, manager: FabricSettings) -> str:
+        """How errors name ``manager``'s settings: ``fabric``, or ``fabrics[<name>]``."""
+        return f"fabrics[{manager.manager}]" if self.fabrics else "fabric"
+
+    def grouping_keys(self) -> tuple[str, ...]:
+        """The location keys pools are grouped by: ``pools.grouping_keys``, with ``manager``
+        first when several fabric managers are configured, unless ``pools.mix_managers`` is
+        set or the keys name ``manager`` already."""
+        keys: tuple[str, ...] = self.pools.grouping_keys
+        if len(self.managers) > 1 and not self.pools.mix_managers and "manager" not in keys:
+            return ("manager", *keys)
+        return keys
 
 
 def redact_url(text: str) -> str:

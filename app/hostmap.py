@@ -39,16 +39,19 @@ _NAME_HINT = (
 _HINTS = {
     HOSTNAME: _NAME_HINT,
     SHORT_HOSTNAME: _NAME_HINT,
-    HOST_ID: "no node maps to them: two backends report the same host id",
+    HOST_ID: "two fabric managers report the same host id: with hosts.match label, "
+    "annotation or provider_id no node maps to them (hosts.match=hostname still can)",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class HostRef:
-    """A fabric host as the mapping needs it."""
+    """A fabric host as the mapping needs it: its id, hostname and fabric manager
+    (``hosts.backend``; "" when unknown)."""
 
     host_id: str
     hostname: str | None = None
+    backend: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +219,21 @@ def ambiguities(index: HostIndex) -> tuple[Ambiguity, ...]:
 
 
 def host_for_node(node: Mapping[str, Any], index: HostIndex, match: str, key: str) -> str | None:
-    """The host id of ``node`` (a Node JSON object), or None when no host matches.
+    """The host id of ``node`` (a Node JSON object), or None when no host matches; see
+    :func:`host_ref_for_node`."""
+    ref = host_ref_for_node(node, index, match, key)
+    return None if ref is None else ref.host_id
+
+
+def host_ref_for_node(
+    node: Mapping[str, Any], index: HostIndex, match: str, key: str
+) -> HostRef | None:
+    """The host of ``node`` (a Node JSON object), with its fabric manager, or None when no
+    host matches.
+
+    A host found by hostname is the one host of that name, even when its id is also used on
+    another fabric manager (``/redfish/v1/Systems/1`` on two managers); an id alone (label,
+    annotation, providerID) must be held by one host.
 
     Args:
         node: a core/v1 Node as a JSON dict.
@@ -231,16 +248,15 @@ def host_for_node(node: Mapping[str, Any], index: HostIndex, match: str, key: st
     if match == "hostname":
         for name in _node_names(metadata):
             found = index.by_hostname.get(name.lower()) or index.by_short.get(_short(name))
-            if found and found.host_id not in index.ambiguous_ids:
-                return found.host_id
+            if found and (found.backend or found.host_id not in index.ambiguous_ids):
+                return found
         return None
     if match in ("label", "annotation"):
-        value = _host_id_value(metadata, match, key)
-        return value if value in index.by_id else None
+        return index.by_id.get(_host_id_value(metadata, match, key))
     if match == "provider_id":
         for candidate in _provider_id_candidates(node):
             if candidate in index.by_id:
-                return candidate
+                return index.by_id[candidate]
         return None
     raise ValueError(f"unknown host match rule {match!r}")
 

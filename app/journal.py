@@ -82,6 +82,10 @@ class UnknownDevice(Exception):
     """No present device has that name."""
 
 
+class WrongManager(UnknownDevice):
+    """The device is on another fabric manager than the node's host: no attach can join them."""
+
+
 _TABLE: Table = Reservation.__table__  # type: ignore[assignment]
 _COLUMNS = tuple(_TABLE.c)
 _DEVICES: Table = Device.__table__  # type: ignore[assignment]
@@ -97,6 +101,8 @@ _FABRIC_COLUMNS = (
     _DEVICES.c.serial,
     _DEVICES.c.slot,
     _DEVICES.c.attributes,
+    # the fabric manager that owns it: attach and detach go there (app.fabric.fleet)
+    _DEVICES.c.backend,
 )
 _ACTIVE = tuple(ACTIVE_RESERVATION_STATES)
 
@@ -233,6 +239,7 @@ class _Wanted:
     mode: str
     node: str | None
     host_id: str | None
+    manager: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,18 +279,26 @@ class Journal:
         mode: str,
         node: str | None,
         host_id: str | None,
+        *,
+        manager: str | None = None,
     ) -> ReservationView:
         """Hold ``device_name`` for ``claim``'s ``request`` (state ``pending``).
 
         Idempotent: when ``claim`` already holds the device for that request, the existing
         active reservation is returned.
 
+        Args:
+            manager: the fabric manager ``host_id`` belongs to; the device must be on it
+                (None: not checked, one manager).
+
         Raises:
             UnknownDevice: no present device has that name.
+            WrongManager: the device is on another fabric manager than ``manager``.
             DeviceHeld: another claim holds the device.
         """
         view, _ = await self._reserve(
-            _Wanted(claim, request, device_name, pool, mode, node, host_id), attaching=False
+            _Wanted(claim, request, device_name, pool, mode, node, host_id, manager),
+            attaching=False,
         )
         return view
 
@@ -296,6 +311,8 @@ class Journal:
         mode: str,
         node: str,
         host_id: str,
+        *,
+        manager: str | None = None,
     ) -> tuple[ReservationView, FabricDevice | None]:
         """Hold ``device_name`` for ``claim``'s ``request`` and record the intent to attach it
         in the same transaction: the new reservation is written as ``attaching`` with one
@@ -308,10 +325,12 @@ class Journal:
 
         Raises:
             UnknownDevice: no present device has that name.
+            WrongManager: the device is on another fabric manager than ``manager``.
             DeviceHeld: another claim holds the device.
         """
         return await self._reserve(
-            _Wanted(claim, request, device_name, pool, mode, node, host_id), attaching=True
+            _Wanted(claim, request, device_name, pool, mode, node, host_id, manager),
+            attaching=True,
         )
 
     async def _reserve(
@@ -346,6 +365,11 @@ class Journal:
                 if held.claim.uid == claim.uid and held.request == request:
                     return held, None, False
             fabric = _fabric_device_from(device[1:_FABRIC_WIDTH])
+            if wanted.manager is not None and fabric.location.manager != wanted.manager:
+                raise WrongManager(
+                    f"device {device_name} is on fabric manager {fabric.location.manager}, "
+                    f"but host {wanted.host_id} of node {wanted.node} is on {wanted.manager}"
+                )
             exclusive = not fabric.shareable
             if exclusive and existing:
                 raise DeviceHeld(device_name, str(existing[0].claim), existing[0])
@@ -676,6 +700,7 @@ def _fabric_device_from(row: Any) -> FabricDevice:
         serial,
         slot,
         attributes,
+        manager,
     ) = row
     return FabricDevice(
         vendor_id=vendor_id,
@@ -684,7 +709,7 @@ def _fabric_device_from(row: Any) -> FabricDevice:
         uuid=uuid,
         serial=serial,
         attributes=attributes if isinstance(attributes, dict) else {},
-        location=Location(slot=slot),
+        location=Location(slot=slot, manager=manager),
         host_id=host_id,
         shareable=bool(shareable),
         name=vendor_name,
@@ -708,4 +733,5 @@ __all__ = [
     "Journal",
     "ReservationView",
     "UnknownDevice",
+    "WrongManager",
 ]

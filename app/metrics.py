@@ -243,8 +243,9 @@ class FabricRetryCollector:
     inside one call (transient errors, a changed ETag, a write whose outcome was unknown).
 
     Args:
-        source: returns the live backend, or None; its ``retries`` (a Counter by reason) and
-            ``kind`` are read at scrape time. Backends without ``retries`` count nothing.
+        source: returns the live backend (or fleet of backends), or None; each backend's
+            ``retries`` (a Counter by reason) and ``name`` are read at scrape time. Backends
+            without ``retries`` count nothing.
     """
 
     def __init__(self, source: Callable[[], Any]) -> None:
@@ -258,8 +259,12 @@ class FabricRetryCollector:
             labels=["backend", "reason"],
         )
         backend = self.source()
-        for reason, value in sorted((getattr(backend, "retries", None) or {}).items()):
-            family.add_metric([str(getattr(backend, "kind", "?")), reason], value)
+        # A fleet of several fabric managers: one series per manager and reason.
+        members = getattr(backend, "backends", None) or {None: backend}
+        for name, member in members.items():
+            label = name or getattr(member, "name", None) or getattr(member, "kind", "?")
+            for reason, value in sorted((getattr(member, "retries", None) or {}).items()):
+                family.add_metric([str(label), reason], value)
         yield family
 
 

@@ -66,7 +66,9 @@ def _readable(vendor_id: str) -> str:
     return sanitize_label("-".join(meaningful[-_READABLE_PARTS:]), DNS_LABEL_MAX)
 
 
-def device_name(vendor_id: str, taken: Container[str] = frozenset()) -> str:
+def device_name(
+    vendor_id: str, taken: Container[str] = frozenset(), scope: str | None = None
+) -> str:
     """Derive the Kubernetes device name for ``vendor_id``.
 
     The result is ``<readable>-<hash>`` where ``readable`` is the sanitised last two
@@ -79,6 +81,9 @@ def device_name(vendor_id: str, taken: Container[str] = frozenset()) -> str:
     Args:
         vendor_id: the backend's id of the device; any non-empty string.
         taken: names already used by other devices.
+        scope: the fabric manager's name when several are configured: it is hashed with the
+            id, so that the same vendor id on two managers gives two names without either
+            having to see the other's (their syncs may run at the same time).
 
     Returns:
         A DNS label of at most 63 characters, not in ``taken``.
@@ -88,7 +93,8 @@ def device_name(vendor_id: str, taken: Container[str] = frozenset()) -> str:
     """
     if not vendor_id:
         raise ValueError("empty vendor id")
-    digest = hashlib.sha256(vendor_id.encode("utf-8", "surrogatepass")).hexdigest()
+    hashed = vendor_id if scope is None else f"{scope}\x00{vendor_id}"
+    digest = hashlib.sha256(hashed.encode("utf-8", "surrogatepass")).hexdigest()
     readable = _readable(vendor_id) or "device"
     for length in _HASH_LENGTHS:
         suffix = digest[:length]

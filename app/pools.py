@@ -136,7 +136,7 @@ class PoolConfig:
     @classmethod
     def from_settings(cls, settings: Settings, *, taints_supported: bool = True) -> PoolConfig:
         """The pool configuration that ``settings`` describe."""
-        keys = tuple(settings.pools.grouping_keys)
+        keys = settings.grouping_keys()
         return cls(
             driver_name=settings.driver_name,
             grouping_keys=keys,

@@ -43,7 +43,8 @@ from app.config import Settings, read_secret
 from app.db import migrate
 from app.db.engine import Database, check_usable
 from app.fabric.backend import FabricBackend
-from app.fabric.factory import backend_from_settings
+from app.fabric.factory import fleet_from_settings
+from app.fabric.fleet import FabricFleet
 from app.inventory import InventorySync
 from app.inventory.events import EventApplier, EventWatcher
 from app.inventory.queries import (
@@ -51,6 +52,7 @@ from app.inventory.queries import (
     list_status,
     located_in,
     pool_devices,
+    unconfigured_managers,
     unit_locations,
 )
 from app.journal import Journal
@@ -144,17 +146,27 @@ def default_namespace(environ: Mapping[str, str]) -> str:
 
 
 @dataclass
+class ManagerInventory:
+    """One fabric manager's inventory loop while this replica leads: its sync, and its event
+    stream with what applies its events."""
+
+    name: str
+    backend: FabricBackend
+    inventory: InventorySync
+    events: EventWatcher | None = None
+    applier: EventApplier | None = None
+    last_result: Any = None
+
+
+@dataclass
 class Leadership:
     """The parts that run only while this replica leads."""
 
-    inventory: InventorySync
+    managers: dict[str, ManagerInventory]
     publishers: dict[ResourceApiVersion, Publisher] = field(default_factory=dict)
     claims: ClaimReconciler | None = None
     control_plane: ControlPlaneController | None = None
     node_reports: NodeReportWatch | None = None
-    # The fabric manager's event stream (inventory.events) and what applies its events.
-    events: EventWatcher | None = None
-    applier: EventApplier | None = None
     # Attach units the events changed: their pools alone are laid out again and published
     # (publish_wanted, set by everything else, lays out every pool).
     publish_units: set[str] = field(default_factory=set)
@@ -162,6 +174,11 @@ class Leadership:
     publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     # A sync succeeded in this term: until then an empty database is no inventory at all.
     inventory_synced: bool = False
+
+    def sync_all(self) -> None:
+        """Ask every fabric manager's inventory to sync now."""
+        for manager in self.managers.values():
+            manager.inventory.trigger()
 
 
 async def _first_of(*events: asyncio.Event, timeout_s: float) -> None:
@@ -181,7 +198,8 @@ class Service:
     Args:
         settings: the validated settings.
         environ: the environment (in-cluster discovery, POD_NAMESPACE).
-        backend: a fabric backend to use instead of building one from the settings (tests).
+        backend: a fabric backend, or a :class:`FabricFleet` of several, to use instead of
+            building them from the settings (tests).
         kube: a Kubernetes client to use instead of building one (tests).
         freeze_heap: once leading has started, freeze the heap (:func:`settle_heap`); for a
             process that runs one service (``fabric-dra run``), not for tests that start many
@@ -214,7 +232,13 @@ class Service:
         )
         self.identity = settings.leader.identity or default_identity()
         self.db = Database.connect(settings.database.url, pool_size=settings.database.pool_size)
-        self.backend = backend
+        self.backend: FabricFleet | None = (
+            None
+            if backend is None
+            else backend
+            if isinstance(backend, FabricFleet)
+            else FabricFleet({backend.name: backend})
+        )
         self.kube = kube
         self._owns_backend = backend is None
         self._owns_kube = kube is None
@@ -229,9 +253,14 @@ class Service:
         self.admin_port: int | None = None
         self._started_at = time.monotonic()
         self.last_inventory: Any = None
-        self.last_drift: list[Drift] = []
+        self._drift: dict[str | None, list[Drift]] = {}
         self.mode = settings.controller.mode
         self._stopping = False
+
+    @property
+    def last_drift(self) -> list[Drift]:
+        """What the last drift check of each fabric manager found."""
+        return [d for drifts in self._drift.values() for d in drifts]
 
     # ------------------------------------------------------------------ start / stop
     async def start(self) -> None:
@@ -248,7 +277,7 @@ class Service:
             await check_usable(self.db.engine)
             await migrate.upgrade(self.db.engine)
         if self.backend is None:
-            self.backend = backend_from_settings(self.settings.fabric)
+            self.backend = fleet_from_settings(self.settings)
         if self.kube is None:
             self.kube = await connect(kube_client_settings(self.settings.kube, self.environ))
         await self._choose_modes()
@@ -331,41 +360,31 @@ class Service:
         assert self.kube is not None
         settings = self.settings
         leading = Leadership(
-            inventory=InventorySync(
-                self.backend,
-                self.db,
-                stale_after_failures=settings.inventory.stale_after_failures,
-                metrics=self.metrics.inventory,
-            )
+            managers={
+                name: ManagerInventory(
+                    name,
+                    backend,
+                    InventorySync(
+                        backend,
+                        self.db,
+                        stale_after_failures=settings.inventory.stale_after_failures,
+                        metrics=self.metrics.inventory,
+                        name_scope=name if len(self.backend.backends) > 1 else None,
+                    ),
+                )
+                for name, backend in self.backend.backends.items()
+            }
         )
         self.leading = leading
-        self.supervisor.spawn("inventory", lambda: self._inventory_loop(leading))
-        if settings.inventory.events:
-
-            async def inventory_changed(read_from: dt.datetime, units: frozenset[str]) -> None:
-                leading.publish_units.update(units)
-                leading.publish_partial.set()
-                if leading.control_plane is not None:
-                    leading.control_plane.mark_inventory_changed()
-                # Drift (a holder changed behind our back) is judged by the full sync the
-                # applier asks for then: its listing time is what the journal's rule needs.
-
-            leading.applier = EventApplier(
-                leading.inventory,
-                self.backend,
-                on_change=inventory_changed,
-                full_sync=leading.inventory.trigger,
+        await self._warn_unconfigured()
+        for manager in leading.managers.values():
+            # One loop per fabric manager: one being down or slow holds up none of the others.
+            self.supervisor.spawn(
+                self._loop_name("inventory", manager.name),
+                lambda m=manager: self._inventory_loop(leading, m),  # type: ignore[misc]
             )
-            leading.events = EventWatcher(
-                self.backend,
-                leading.inventory.trigger,
-                kind=self.backend.kind,
-                idle_timeout_s=settings.inventory.events_idle_seconds,
-                metrics=self.metrics.inventory,
-                on_event=leading.applier.offer,
-            )
-            self.supervisor.spawn("inventory-events", leading.events.run)
-            self.supervisor.spawn("inventory-apply", leading.applier.run)
+            if settings.inventory.events:
+                self._follow_events(leading, manager)
         # One publisher, in the one version the mode speaks: the structured version
         # (Kubernetes 1.32+), or v1alpha3 for the control-plane mode (1.31). No release serves
         # both (app.modes.choose_modes refuses "both" and auto picks one).
@@ -428,11 +447,65 @@ class Service:
         if leading.claims is not None or leading.control_plane is not None:
             # The node plugin's "device gone from the host" Events: sync (and check drift) now.
             leading.node_reports = NodeReportWatch(
-                self.kube, leading.inventory.trigger, metrics=self.metrics.claims
+                self.kube, leading.sync_all, metrics=self.metrics.claims
             )
             await leading.node_reports.start()
         if self.freeze_heap:
             settle_heap()
+
+    def _managers(self) -> tuple[str, ...]:
+        """The configured fabric managers' names (``devices.backend`` values)."""
+        assert self.backend is not None
+        return self.backend.names
+
+    async def _warn_unconfigured(self) -> None:
+        """Say once, at the start of a term, which fabric managers no longer configured still
+        have devices in the database: they are not offered any more."""
+        try:
+            left = await unconfigured_managers(self.db, self._managers())
+        except SQLAlchemyError as err:
+            log.warning("could not look for devices of unconfigured fabric managers: %s", err)
+            return
+        for name, count in sorted(left.items()):
+            log.warning(
+                "fabric manager %s is not configured but has %d devices in the database; "
+                "they are not published (was it renamed?)",
+                name,
+                count,
+            )
+
+    def _loop_name(self, loop: str, manager: str) -> str:
+        """A loop's name: ``inventory``, or ``inventory hall-a`` with several managers."""
+        return loop if len(self.settings.managers) <= 1 else f"{loop} {manager}"
+
+    def _follow_events(self, leading: Leadership, manager: ManagerInventory) -> None:
+        """Start following ``manager``'s event stream, applying its events one resource at
+        a time (inventory.events)."""
+
+        async def inventory_changed(read_from: dt.datetime, units: frozenset[str]) -> None:
+            leading.publish_units.update(units)
+            leading.publish_partial.set()
+            if leading.control_plane is not None:
+                leading.control_plane.mark_inventory_changed()
+            # Drift (a holder changed behind our back) is judged by the full sync the
+            # applier asks for then: its listing time is what the journal's rule needs.
+
+        manager.applier = EventApplier(
+            manager.inventory,
+            manager.backend,
+            on_change=inventory_changed,
+            full_sync=manager.inventory.trigger,
+        )
+        manager.events = EventWatcher(
+            manager.backend,
+            manager.inventory.trigger,
+            kind=manager.name,
+            idle_timeout_s=self.settings.inventory.events_idle_seconds,
+            metrics=self.metrics.inventory,
+            on_event=manager.applier.offer,
+        )
+        self.supervisor.spawn(self._loop_name("inventory-events", manager.name), manager.events.run)
+        self.supervisor.spawn(self._loop_name("inventory-apply", manager.name), manager.applier.run)
 
     async def _stop_leading(self, drain_s: float) -> None:
         task, self._lead_task = self._lead_task, None
@@ -453,13 +526,13 @@ class Service:
         for publisher in leading.publishers.values():
             await publisher.stop()
 
-    async def _inventory_loop(self, leading: Leadership) -> None:
+    async def _inventory_loop(self, leading: Leadership, manager: ManagerInventory) -> None:
         settings = self.settings.inventory
         first = True
         while True:
             listed_from = utcnow()
-            result = await leading.inventory.sync_once()
-            self.last_inventory = result
+            result = await manager.inventory.sync_once()
+            manager.last_result = self.last_inventory = result
             if result.ok:
                 leading.inventory_synced = True
             if result.ok and (first or result.row_writes):
@@ -468,20 +541,23 @@ class Service:
                     leading.control_plane.mark_inventory_changed()
                 first = False
             if result.ok:
-                await self._check_drift(leading, listed_from)
+                await self._check_drift(leading, listed_from, manager.name)
             # Polling is the safety net: less often while the event stream is healthy and the
             # sync succeeded (a failing fabric manager is retried at the short interval, so
             # that it is marked stale as soon as without events).
-            streaming = leading.events is not None and leading.events.healthy
+            streaming = manager.events is not None and manager.events.healthy
             interval = (
                 settings.events_poll_interval_seconds
                 if streaming and result.ok
                 else settings.poll_interval_seconds
             )
-            await leading.inventory.wait_trigger(interval)
+            await manager.inventory.wait_trigger(interval)
 
-    async def _check_drift(self, leading: Leadership, listed_from: dt.datetime) -> None:
-        """Compare the journal with what the sync just read (DESIGN.md invariant 8)."""
+    async def _check_drift(
+        self, leading: Leadership, listed_from: dt.datetime, manager: str | None = None
+    ) -> None:
+        """Compare the journal with what the sync of ``manager`` just read (DESIGN.md
+        invariant 8); only that manager's devices are judged, by that listing's time."""
         targets: dict[str, DriftTarget] = {}
         if leading.claims is not None:
             targets["structured"] = leading.claims.drift_target()
@@ -491,11 +567,11 @@ class Service:
             return
         watch = DriftWatch(Journal(self.db), self.db, targets)
         try:
-            drifts = await watch.check(listed_from)
+            drifts = await watch.check(listed_from, manager)
         except SQLAlchemyError as err:
             log.warning("drift check failed (tried again after the next sync): %s", err)
             return
-        self.last_drift = drifts
+        self._drift[manager] = drifts
         if drifts:
             leading.publish_wanted.set()
 
@@ -509,7 +585,7 @@ class Service:
         # a few units reads and lays out only the pools they are (or were) in.
         last: dict[ResourceApiVersion, dict[str, DesiredPool]] = {}
         pool_of: dict[str, str] = {}
-        keys = self.settings.pools.grouping_keys
+        keys = self.settings.grouping_keys()
         while True:
             await _first_of(leading.publish_wanted, leading.publish_partial, timeout_s=5.0)
             supported = _taints_supported(leading)
@@ -524,7 +600,7 @@ class Service:
             leading.publish_wanted.clear()
             leading.publish_partial.clear()
             leading.publish_units.clear()
-            devices = await pool_devices(self.db, cache=rows)
+            devices = await pool_devices(self.db, cache=rows, managers=self._managers())
             if not devices and not leading.inventory_synced:
                 # An empty database before any successful sync is not an empty fabric:
                 # publishing it would delete every slice the driver has in the cluster.
@@ -565,7 +641,7 @@ class Service:
         the last pass, and hand each publisher the last desired state with those pools
         replaced (or removed when they have no device left). The result equals a full pass
         when nothing but those units changed since the last one."""
-        keys = self.settings.pools.grouping_keys
+        keys = self.settings.grouping_keys()
         changed = await unit_locations(self.db, units)
         affected: dict[str, dict[str, str | None]] = {}
         for name, location, removed in changed:
@@ -579,7 +655,9 @@ class Service:
                 affected[pool_name(location, keys)] = {k: getattr(location, k) for k in keys}
         if not affected:
             return
-        devices = await pool_devices(self.db, where=located_in(affected.values()))
+        devices = await pool_devices(
+            self.db, where=located_in(affected.values()), managers=self._managers()
+        )
         for version, publisher in leading.publishers.items():
             fresh = self._pools_for(devices, version, supported[version])
             pools = dict(last.get(version) or {})
@@ -622,7 +700,9 @@ class Service:
         """
         version = publisher_versions(self.version, self.control_plane_served)[0]
         supported = _taints_supported(self.leading).get(version, True)
-        return self._pools_for(await pool_devices(self.db), version, supported)
+        return self._pools_for(
+            await pool_devices(self.db, managers=self._managers()), version, supported
+        )
 
     def _live_informers(self) -> list[Any]:
         leading = self.leading
@@ -706,10 +786,52 @@ class Service:
         )
         return checks
 
+    def _managers_status(
+        self, leading: Leadership | None, inventory: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Each configured fabric manager: its URL, its inventory's state (stale, counts,
+        last error) and its event stream's, in configuration order."""
+        by_backend = {status.get("backend"): status for status in inventory}
+        out = []
+        for manager in self.settings.managers:
+            name = manager.manager
+            loop = leading.managers.get(name) if leading is not None else None
+            events: dict[str, Any]
+            if loop is not None and loop.events is not None:
+                events = {
+                    **loop.events.status(),
+                    "applied": loop.applier.applied if loop.applier else 0,
+                    "full_syncs_asked": loop.applier.fallbacks if loop.applier else 0,
+                    "unknown": loop.applier.unknown if loop.applier else 0,
+                }
+            else:
+                events = {"state": "off" if not self.settings.inventory.events else "standby"}
+            status = by_backend.get(name)
+            out.append(
+                {
+                    "name": name,
+                    "kind": manager.kind,
+                    "url": manager.url,
+                    "state": (
+                        "unknown"
+                        if status is None
+                        else "stale"
+                        if status.get("stale")
+                        else "failing"
+                        if status.get("consecutive_failures")
+                        else "ok"
+                    ),
+                    "inventory": status,
+                    "events": events,
+                }
+            )
+        return out
+
     async def status(self) -> dict[str, Any]:
         """A JSON-ready summary of the live parts."""
         leading = self.leading
         inventory = [s.to_json() for s in await list_status(self.db)]
+        managers = self._managers_status(leading, inventory)
         result: dict[str, Any] = {
             "identity": self.identity,
             "driver": self.settings.driver_name,
@@ -729,16 +851,9 @@ class Service:
                 ),
             },
             "inventory": inventory,
-            "inventory_events": (
-                {
-                    **leading.events.status(),
-                    "applied": leading.applier.applied if leading.applier else 0,
-                    "full_syncs_asked": leading.applier.fallbacks if leading.applier else 0,
-                    "unknown": leading.applier.unknown if leading.applier else 0,
-                }
-                if leading is not None and leading.events is not None
-                else {"state": "off" if not self.settings.inventory.events else "standby"}
-            ),
+            # The first (or only) manager's event stream; "managers" has every one's.
+            "inventory_events": managers[0]["events"],
+            "managers": managers,
             "loops": [dataclasses.asdict(s) for s in self.supervisor.states()],
             # What the last drift check found (each acted on: attached again, or failed).
             "drift": [

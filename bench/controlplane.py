@@ -113,6 +113,7 @@ class InstantBackend:
     """A fabric backend in memory that answers at once (zero fabric latency)."""
 
     kind = "memory"
+    name = "memory"
 
     def __init__(self, devices: list[FabricDevice], hosts: list[FabricHost]) -> None:
         self.devices = {d.vendor_id: d for d in devices}

@@ -129,7 +129,8 @@ async def _run(
             assert leading is not None
             publisher = next(iter(leading.publishers.values()))
             writes_before = sum(publisher.status().writes.values())
-            rows_before = leading.applier.row_writes if leading.applier else 0
+            (manager,) = leading.managers.values()
+            rows_before = manager.applier.row_writes if manager.applier else 0
             cpu_before = cpu_seconds()
             profiler = cProfile.Profile() if PROFILE is not None else None
             if profiler is not None:
@@ -153,7 +154,7 @@ async def _run(
                 profiler.disable()
                 profiler.dump_stats(PROFILE)
             slice_writes = sum(publisher.status().writes.values()) - writes_before
-            row_writes = (leading.applier.row_writes if leading.applier else 0) - rows_before
+            row_writes = (manager.applier.row_writes if manager.applier else 0) - rows_before
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -187,7 +188,10 @@ async def _published(
             and leading.inventory_synced
             and publishers
             and all(p.status().synced and not p.status().queue_depth for p in publishers)
-            and (not events or (leading.events is not None and leading.events.healthy))
+            and (
+                not events
+                or all(m.events is not None and m.events.healthy for m in leading.managers.values())
+            )
         )
         if ready:
             async with http.get(f"{kube_url}{SLICES}", params={"limit": "1"}) as response:

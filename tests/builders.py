@@ -98,8 +98,13 @@ class MemoryBackend:
     kind = "memory"
 
     def __init__(
-        self, devices: list[FabricDevice] | None = None, hosts: list[FabricHost] | None = None
+        self,
+        devices: list[FabricDevice] | None = None,
+        hosts: list[FabricHost] | None = None,
+        *,
+        name: str = "memory",
     ) -> None:
+        self.name = name
         self.devices = list(devices or [])
         self.hosts = list(hosts or [])
         self.device_rejects: list[Rejected] = []

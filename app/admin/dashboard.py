@@ -119,20 +119,41 @@ def freshness(
     """One line per live part: how fresh its view is."""
     lines: list[dict[str, str]] = []
     statuses = _dicts((service or {}).get("inventory")) or _dicts(counts.get("inventory"))
-    for status in statuses:
+    # Each configured fabric manager, with its URL and event stream, when the service says;
+    # else each manager that has synced.
+    managers = _dicts((service or {}).get("managers")) or [
+        {"name": status.get("backend", "?"), "inventory": status} for status in statuses
+    ]
+    for manager in managers:
+        status = manager.get("inventory") if isinstance(manager.get("inventory"), dict) else {}
+        events = (manager.get("events") or {}).get("state")
+        where = f", {manager['url']}" if manager.get("url") else ""
+        if not status:
+            lines.append(
+                {
+                    "what": f"inventory ({manager.get('name', '?')})",
+                    "age": "never",
+                    "detail": f"no sync yet{where}",
+                    "level": "warn",
+                }
+            )
+            continue
         stale = bool(status.get("stale"))
         failures = int(status.get("consecutive_failures") or 0)
         detail = f"{status.get('device_count', 0)} devices, {status.get('host_count', 0)} hosts"
         if failures:
             detail += f", {failures} failed in a row"
+        if events:
+            detail += f", events {events}"
         lines.append(
             {
-                "what": f"inventory ({status.get('backend', '?')})",
+                "what": f"inventory ({manager.get('name', '?')})",
                 "age": age(now, status.get("last_success_at")),
-                "detail": detail,
+                "detail": detail + where,
                 "level": "bad" if stale else "warn" if failures else "ok",
             }
         )
+    statuses = statuses or [m for m in managers if m.get("inventory")]
     if not statuses:
         lines.append(
             {"what": "inventory", "age": "never", "detail": "no sync yet", "level": "warn"}

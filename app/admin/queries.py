@@ -31,7 +31,7 @@ from app.claims.model import device_identity_data
 from app.db.engine import Database
 from app.db.models import ACTIVE_RESERVATION_STATES, Device, DeviceEvent, Reservation
 from app.fabric.types import DeviceType, FabricDevice, Location
-from app.inventory.queries import host_ambiguities, list_status, pool_devices
+from app.inventory.queries import host_ambiguities, list_status, location_column, pool_devices
 from app.journal import ATTACHED, DETACH_FAILED, FAILED, ClaimRef, ReservationView
 from app.pools import (
     HEALTH_UNKNOWN,
@@ -58,6 +58,11 @@ LOCATION_KEYS = (
     "fabric",
     "fabric_zone",
 )
+
+
+def _row_location(row: Device) -> Location:
+    """Where a device row is, its fabric manager included."""
+    return Location(**{key: getattr(row, key) for key in LOCATION_KEYS}, manager=row.backend)
 
 
 class BadToken(ValueError):
@@ -166,7 +171,7 @@ def _state_condition(state: str | None) -> ColumnElement[bool]:
 async def _pool_condition(db: Database, pool: str, config: PoolConfig) -> ColumnElement[bool]:
     """Devices whose location makes ``pool``. Pool names are computed in Python (segments may be
     sanitised and hashed), so the distinct locations are read first: there are few of them."""
-    columns = [getattr(Device, key) for key in config.grouping_keys]
+    columns = [location_column(key) for key in config.grouping_keys]
     async with db.read() as session:
         rows = (await session.execute(select(*columns).distinct())).all()
     terms = []
@@ -229,7 +234,7 @@ def device_json(
     row: Device, reservation_states: Sequence[str], config: PoolConfig
 ) -> dict[str, Any]:
     """A device row as JSON, with its pool and admin state."""
-    location = Location(**{key: getattr(row, key) for key in LOCATION_KEYS})
+    location = _row_location(row)
     return {
         "name": row.name,
         "pool": pool_name(location, config.grouping_keys),
@@ -508,7 +513,7 @@ def identity_device(row: Device) -> FabricDevice:
         serial=row.serial,
         uuid=row.uuid,
         attributes=dict(row.attributes or {}),
-        location=Location(**{key: getattr(row, key) for key in LOCATION_KEYS}),
+        location=_row_location(row),
         host_id=row.host_id,
         shareable=row.shareable,
     )
@@ -657,7 +662,7 @@ async def _tallies(
     )
     per_device = (
         select(
-            *(getattr(Device, key).label(key) for key in keys),
+            *(location_column(key).label(key) for key in keys),
             Device.device_type.label("device_type"),
             Device.health.label("health"),
             Device.cordoned_at.is_not(None).label("is_cordoned"),

@@ -141,11 +141,14 @@ class DriftWatch:
         self.targets = dict(targets)
         self.last: list[Drift] = []
 
-    async def check(self, since: dt.datetime) -> list[Drift]:
+    async def check(self, since: dt.datetime, manager: str | None = None) -> list[Drift]:
         """Compare, then act on each drift (see the module docstring).
 
         Args:
             since: when the inventory sync's listing began (aware UTC).
+            manager: the fabric manager that listing read (``devices.backend``): only its
+                devices are judged, since the others were listed at other times. None
+                judges every device.
 
         Returns:
             The drifts found (acted on when their mode has a target).
@@ -157,7 +160,9 @@ class DriftWatch:
         if not attached:
             self.last = []
             return []
-        fabric = await _fabric_views(self.db, {r.device_id for r in attached})
+        fabric = await _fabric_views(self.db, {r.device_id for r in attached}, manager)
+        if manager is not None:
+            attached = [r for r in attached if r.device_id in fabric]
         drifts = find_drift(attached, fabric, since)
         self.last = drifts
         for drift in drifts:
@@ -177,21 +182,20 @@ class DriftWatch:
 
 
 async def _fabric_views(
-    db: Database, device_ids: Sequence[int] | set[int]
+    db: Database, device_ids: Sequence[int] | set[int], manager: str | None = None
 ) -> dict[int, FabricView]:
     # Imported here so that importing this module (find_drift) loads no database library.
     from sqlalchemy import select
 
     from app.db.models import Device
 
+    query = select(Device.id, Device.host_id, Device.removed_at).where(
+        Device.id.in_(sorted(device_ids))
+    )
+    if manager is not None:
+        query = query.where(Device.backend == manager)
     async with db.read() as session:
-        rows = (
-            await session.execute(
-                select(Device.id, Device.host_id, Device.removed_at).where(
-                    Device.id.in_(sorted(device_ids))
-                )
-            )
-        ).all()
+        rows = (await session.execute(query)).all()
     return {id_: FabricView(host_id, removed_at is not None) for id_, host_id, removed_at in rows}
 
 

@@ -56,6 +56,7 @@ from app.claims.model import (
 from app.clock import utcnow
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricConflict, FabricError, FabricNotFound
+from app.fabric.fleet import member
 from app.fabric.types import FabricDevice
 from app.journal import (
     ATTACHED,
@@ -716,21 +717,30 @@ class FabricOps:
         counts = {"attached": 0, "pending": 0, "released": 0}
         if not unfinished:
             return counts
-        try:
-            listing = await self.backend.list_devices()
-        except FabricError as err:
-            log.warning(
-                "recovery: cannot list the fabric (%s); %d unfinished operations will "
-                "be driven again",
-                err,
-                len(unfinished),
-            )
-            return counts
-        holder = {d.vendor_id: d.host_id for d in listing.items}
+        devices: list[tuple[ReservationView, FabricDevice]] = []
         for reservation in unfinished:
             try:
-                device = await self.journal.fabric_device(reservation)
+                devices.append((reservation, await self.journal.fabric_device(reservation)))
             except UnknownDevice:
+                continue
+        # Each fabric manager is listed once, and only for its own devices: the same vendor
+        # id on two managers is two devices.
+        holders: dict[str | None, dict[str, str | None]] = {}
+        for manager in sorted({d.location.manager or "" for _, d in devices}):
+            try:
+                listing = await member(self.backend, manager or None).list_devices()
+            except FabricError as err:
+                log.warning(
+                    "recovery: cannot list fabric manager %s (%s); its unfinished operations "
+                    "will be driven again",
+                    manager or "-",
+                    err,
+                )
+                continue
+            holders[manager or None] = {d.vendor_id: d.host_id for d in listing.items}
+        for reservation, device in devices:
+            holder = holders.get(device.location.manager)
+            if holder is None:
                 continue
             on_host = holder.get(device.vendor_id) == reservation.host_id
             if reservation.state == ATTACHING:

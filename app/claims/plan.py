@@ -34,12 +34,15 @@ class ClaimWants:
         node: the node the devices must go to, None while unknown.
         host_id: the fabric host of ``node``, None while unknown or unmapped.
         config_error: why the claim's config for our driver is invalid, if it is.
+        manager: the fabric manager of ``host_id`` (``hosts.backend``), None when unknown;
+            only devices of that manager can be attached to it.
     """
 
     wanted: tuple[WantedDevice, ...] = ()
     node: str | None = None
     host_id: str | None = None
     config_error: str | None = None
+    manager: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,7 @@ from app.db.engine import Database
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
 from app.fabric.types import FabricDevice
-from app.hostmap import HostIndex, host_for_node
+from app.hostmap import HostIndex, HostRef, host_ref_for_node
 from app.inventory.queries import host_refs
 from app.journal import (
     FAILED,
@@ -498,7 +498,13 @@ class ClaimReconciler:
         if node is None:
             node = await self._node_from_pods(claim)
         host = await self._host_for(node) if node else None
-        return ClaimWants(wanted, node, host, config_error), configs
+        return ClaimWants(
+            wanted,
+            node,
+            host.host_id if host else None,
+            config_error,
+            (host.backend or None) if host else None,
+        ), configs
 
     async def _node_from_pods(self, claim: JsonDict) -> str | None:
         # Without binding conditions the allocation names the pool's nodes, not one node: the
@@ -533,7 +539,7 @@ class ClaimReconciler:
                 return str(node)
         return None
 
-    async def _host_for(self, node_name: str) -> str | None:
+    async def _host_for(self, node_name: str) -> HostRef | None:
         now = time.monotonic()
         if self._host_index is None or now - self._host_index_at > self.settings.hosts_refresh_s:
             self._host_index = HostIndex.build(await host_refs(self.db))
@@ -541,7 +547,7 @@ class ClaimReconciler:
         node = self.nodes.get(node_name)
         if node is None:
             return None
-        return host_for_node(
+        return host_ref_for_node(
             node, self._host_index, self.settings.host_match, self.settings.host_key
         )
 
@@ -569,7 +575,14 @@ class ClaimReconciler:
         try:
             if not attach_now:
                 return await self.journal.reserve(
-                    ref, wanted.request, wanted.device, wanted.pool, MODE, wants.node, wants.host_id
+                    ref,
+                    wanted.request,
+                    wanted.device,
+                    wanted.pool,
+                    MODE,
+                    wants.node,
+                    wants.host_id,
+                    manager=wants.manager,
                 ), None
             return await self.journal.reserve_for_attach(
                 ref,
@@ -579,6 +592,7 @@ class ClaimReconciler:
                 MODE,
                 wants.node,
                 wants.host_id,
+                manager=wants.manager,
             )
         except DeviceHeld as err:
             verdict = wait_for_holder(

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
-from app.fabric.types import DeviceType, FabricDevice
+from app.fabric.types import DeviceType, FabricDevice, Location
 from app.inventory.queries import still_unmanaged, unmanaged_attachments
 from app.journal import RELEASED, STATES, Journal
 from app.kube.informer import Informer
@@ -74,7 +74,7 @@ class ClaimSweep:
         self.metrics = metrics
         self.unmanaged: list[dict[str, str]] = []
         self._missing_since: dict[str, float] = {}
-        self._unmanaged_since: dict[str, float] = {}
+        self._unmanaged_since: dict[tuple[str | None, str], float] = {}
 
     async def loop(self) -> None:
         """Sweep every ``interval_s`` until cancelled; a failed sweep is logged."""
@@ -116,12 +116,13 @@ class ClaimSweep:
         self.unmanaged = await unmanaged_attachments(self.db)
         if self.metrics:
             self.metrics.unmanaged_attachments.set(len(self.unmanaged))
-        seen = {u["vendor_id"] for u in self.unmanaged}
-        for vendor_id in list(self._unmanaged_since):
-            if vendor_id not in seen:
-                del self._unmanaged_since[vendor_id]
+        # By manager and vendor id: the same vendor id on two managers is two devices.
+        seen = {(u.get("backend"), u["vendor_id"]) for u in self.unmanaged}
+        for key in list(self._unmanaged_since):
+            if key not in seen:
+                del self._unmanaged_since[key]
         for item in self.unmanaged:
-            first = self._unmanaged_since.setdefault(item["vendor_id"], now)
+            first = self._unmanaged_since.setdefault((item.get("backend"), item["vendor_id"]), now)
             if self.detach_unmanaged and now - first >= self.orphan_grace_s:
                 await self.detach_unmanaged_device(item)
 
@@ -132,8 +133,11 @@ class ClaimSweep:
             vendor_id=item["vendor_id"],
             attach_unit=item["attach_unit"],
             device_type=DeviceType(item["device_type"]),
+            location=Location(manager=item.get("backend")),
         )
-        if not await still_unmanaged(self.db, item["vendor_id"], item["host_id"]):
+        if not await still_unmanaged(
+            self.db, item["vendor_id"], item["host_id"], item.get("backend")
+        ):
             return  # reserved, or moved, since the sweep listed it
         try:
             await self.backend.detach(device, item["host_id"])
@@ -150,7 +154,7 @@ class ClaimSweep:
             item["name"],
             item["host_id"],
         )
-        self._unmanaged_since.pop(item["vendor_id"], None)
+        self._unmanaged_since.pop((item.get("backend"), item["vendor_id"]), None)
 
 
 __all__ = ["ClaimSweep"]

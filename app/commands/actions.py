@@ -187,17 +187,37 @@ def status_lines(document: Mapping[str, Any]) -> list[str]:
         )
         + ("" if leader.get("enabled", True) else " (leader election off)"),
     ]
-    for backend in service.get("inventory") or database.get("inventory") or []:
+    managers = service.get("managers")
+    if not isinstance(managers, list):
+        # A controller without per-manager status: its inventory statuses alone.
+        managers = [
+            {"name": b.get("backend"), "inventory": b}
+            for b in service.get("inventory") or database.get("inventory") or []
+            if isinstance(b, Mapping)
+        ]
+    for manager in managers:
+        if not isinstance(manager, Mapping):
+            continue
+        backend = manager.get("inventory") or {}
         state = (
-            "STALE"
+            "never synced"
+            if not backend
+            else "STALE"
             if backend.get("stale")
             else ("failing" if backend.get("consecutive_failures") else "fresh")
         )
+        url = f" ({manager['url']})" if manager.get("url") else ""
+        events = (manager.get("events") or {}).get("state")
         lines.append(
-            f"fabric manager {backend.get('backend')}: {state}, last complete sync "
-            f"{backend.get('last_success_at') or 'never'}, {backend.get('device_count', 0)} "
-            f"devices, {backend.get('host_count', 0)} hosts, "
-            f"{backend.get('rejected_count', 0)} rejected"
+            f"fabric manager {manager.get('name')}{url}: {state}"
+            + (f", events {events}" if events else "")
+            + (
+                f", last complete sync {backend.get('last_success_at') or 'never'}, "
+                f"{backend.get('device_count', 0)} devices, {backend.get('host_count', 0)} "
+                f"hosts, {backend.get('rejected_count', 0)} rejected"
+                if backend
+                else ""
+            )
             + (f", last error: {backend['last_error']}" if backend.get("last_error") else "")
         )
     devices = database.get("devices") or {}

@@ -48,19 +48,27 @@ _WIDE: tuple[Column, ...] = (
 def render_table(
     devices: Sequence[DeviceView], status: Sequence[StatusView], wide: bool = False
 ) -> str:
-    """The inventory as text: one block per region and rack, then the sync status; ``wide``
-    adds each device's state, serial number, firmware version and vendor id."""
+    """The inventory as text: one block per region and rack (per fabric manager, region and
+    rack when there are several), then each fabric manager's sync status; ``wide`` adds each
+    device's state, serial number, firmware version and vendor id."""
     lines: list[str] = []
-    racks = {(d.region, d.rack) for d in devices}
-    lines.append(f"{len(devices)} devices in {len(racks)} racks")
+    several = len({d.backend for d in devices} | {s.backend for s in status}) > 1
+    racks = {(d.backend if several else None, d.region, d.rack) for d in devices}
+    managers = f" from {len({s.backend for s in status})} fabric managers" if several else ""
+    lines.append(f"{len(devices)} devices in {len(racks)} racks{managers}")
     columns = _COLUMNS if any(d.removed_at for d in devices) else _COLUMNS[:-1]
     if wide:
         columns = columns + _WIDE
     widths = [max([len(title)] + [len(str(get(d))) for d in devices]) for title, get in columns]
-    for (region, rack), group in groupby(devices, key=lambda d: (d.region, d.rack)):
+    for (manager, region, rack), group in groupby(
+        devices, key=lambda d: (d.backend if several else None, d.region, d.rack)
+    ):
         members = list(group)
         lines.append("")
-        lines.append(f"{region or '(no region)'} / {rack or '(no rack)'}: {len(members)} devices")
+        where = f"{region or '(no region)'} / {rack or '(no rack)'}"
+        if manager is not None:
+            where = f"{manager}: {where}"
+        lines.append(f"{where}: {len(members)} devices")
         pairs = list(zip(columns, widths, strict=True))
         lines.append("  " + "  ".join(title.ljust(w) for (title, _), w in pairs))
         for device in members:
@@ -75,7 +83,7 @@ def render_table(
         state = "STALE" if item.stale else ("failing" if item.consecutive_failures else "ok")
         lines.append("")
         lines.append(
-            f"backend {item.backend}: {state}, last complete sync {when}, "
+            f"fabric manager {item.backend}: {state}, last complete sync {when}, "
             f"{item.rejected_count} rejected"
             + (f", last error: {item.last_error}" if item.last_error else "")
         )
@@ -102,17 +110,25 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> I
         if sync:
             if settings.database.migrate_on_start:
                 await migrate.upgrade(database.engine)
-            backend = backend_from_settings(settings.fabric)
-            try:
-                result = await InventorySync(
-                    backend,
-                    database,
-                    stale_after_failures=settings.inventory.stale_after_failures,
-                ).sync_once()
-            finally:
-                await backend.close()
-            if not result.ok:
-                sync_error = (result.error or "unknown error").splitlines()[0]
+            errors = []
+            # Every fabric manager in turn; one failing leaves the others' inventory synced.
+            for manager in settings.managers:
+                backend = backend_from_settings(manager, settings.setting_of(manager))
+                try:
+                    result = await InventorySync(
+                        backend,
+                        database,
+                        stale_after_failures=settings.inventory.stale_after_failures,
+                        name_scope=manager.manager if len(settings.managers) > 1 else None,
+                    ).sync_once()
+                finally:
+                    await backend.close()
+                if not result.ok:
+                    error = (result.error or "unknown error").splitlines()[0]
+                    errors.append(
+                        f"{manager.manager}: {error}" if len(settings.managers) > 1 else error
+                    )
+            sync_error = "; ".join(errors) or None
         if await migrate.current(database.engine) is None:
             raise no_schema(settings)
         return InventoryRead(

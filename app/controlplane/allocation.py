@@ -110,7 +110,14 @@ class ClaimPass:
             try:
                 attach.append(
                     await c.journal.reserve(
-                        ref, item.request, item.device, item.pool, MODE, node, host
+                        ref,
+                        item.request,
+                        item.device,
+                        item.pool,
+                        MODE,
+                        node,
+                        host,
+                        manager=c.snapshots.manager_of(node) if node else None,
                     )
                 )
             except (DeviceHeld, UnknownDevice) as err:

@@ -279,7 +279,14 @@ class SchedulingPass:
                 for wanted in chosen:
                     taken.append(
                         await c.journal.reserve(
-                            ref, wanted.request, wanted.device, wanted.pool, MODE, node_name, host
+                            ref,
+                            wanted.request,
+                            wanted.device,
+                            wanted.pool,
+                            MODE,
+                            node_name,
+                            host,
+                            manager=c.snapshots.manager_of(node_name),
                         )
                     )
                 leftovers = [r for r in await c.journal.for_claim(ref.uid) if r.mode == MODE]

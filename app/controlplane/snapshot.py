@@ -28,7 +28,7 @@ from app.allocator import (
 from app.allocator.model import DeviceId
 from app.controlplane import plan as cp
 from app.heldfeed import HeldFeed
-from app.hostmap import HostIndex, HostRef, host_for_node
+from app.hostmap import HostIndex, HostRef, host_ref_for_node
 from app.kube.informer import Informer
 from app.reservations import HeldDevice
 
@@ -78,6 +78,8 @@ class _HostMap:
     version: int
     built_at: float
     hosts: Mapping[str, str]
+    # node -> the fabric manager of its host (only for hosts whose manager is known)
+    managers: Mapping[str, str]
 
 
 class SnapshotCache:
@@ -211,12 +213,22 @@ class SnapshotCache:
             # Built from the nodes as they are after the await, so a change during it is in.
             version = self._changes["hosts"]
             hosts: dict[str, str] = {}
+            managers: dict[str, str] = {}
             for node in self._nodes.objects():
-                host = host_for_node(node, index, self.host_match, self.host_key)
+                host = host_ref_for_node(node, index, self.host_match, self.host_key)
                 if host is not None:
-                    hosts[str((node.get("metadata") or {}).get("name"))] = host
-            current = self._host_map = _HostMap(version, now, hosts)
+                    name = str((node.get("metadata") or {}).get("name"))
+                    hosts[name] = host.host_id
+                    if host.backend:
+                        managers[name] = host.backend
+            current = self._host_map = _HostMap(version, now, hosts, managers)
         return current.hosts
+
+    def manager_of(self, node: str) -> str | None:
+        """The fabric manager of ``node``'s host as of the last :meth:`host_map`, or None
+        when unknown."""
+        current = self._host_map
+        return None if current is None else current.managers.get(node)
 
     async def refresh_held(self) -> None:
         """Bring the journal's part of :attr:`in_use` up to date: from the feed of this

@@ -24,7 +24,11 @@ class FabricBackend(Protocol):
     """
 
     kind: str
-    """Short backend name (``redfish``), stored with every device."""
+    """Short backend kind (``redfish``)."""
+
+    name: str
+    """The fabric manager's name (setting ``fabric.name``, the kind by default), stored with
+    every device as ``devices.backend``: the same vendor id on two managers is two devices."""
 
     async def list_hosts(self) -> Listing[FabricHost]:
         """Every host the fabric can attach devices to.

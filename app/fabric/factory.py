@@ -1,40 +1,55 @@
-"""Build the configured fabric backend from settings (reads credential files)."""
+"""Build the configured fabric backends from settings (reads credential files)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from app.config import ConfigError, FabricSettings, read_secret
 from app.fabric.backend import FabricBackend
+from app.fabric.fleet import FabricFleet
+
+if TYPE_CHECKING:
+    from app.config import Settings
 
 
-def backend_from_settings(fabric: FabricSettings) -> FabricBackend:
+def backend_from_settings(fabric: FabricSettings, setting: str = "fabric") -> FabricBackend:
     """The backend that ``fabric`` describes, with its credentials read from their files.
+
+    Args:
+        fabric: one fabric manager's settings.
+        setting: how errors name these settings (``fabric`` or ``fabrics[hall-a]``).
 
     Raises:
         ConfigError: ``fabric.url`` is not set, a credential file is missing or unreadable,
             credentials are missing for the auth mode, or the CA bundle cannot be used.
     """
     if fabric.url is None:
+        env = (
+            " (FABRIC_DRA_FABRIC__URL or --fabric-url)"
+            if setting == "fabric"
+            else " (each entry of fabrics needs a url)"
+        )
         raise ConfigError(
-            "setting fabric.url is not set; expected the fabric manager's origin, "
-            "e.g. https://fm.example:443 (FABRIC_DRA_FABRIC__URL or --fabric-url)"
+            f"setting {setting}.url is not set; expected the fabric manager's origin, "
+            f"e.g. https://fm.example:443{env}"
         )
     username = password = None
     if fabric.auth != "none":
         if fabric.username_file is None or fabric.password_file is None:
             raise ConfigError(
-                f"settings fabric.username_file and fabric.password_file are needed for "
-                f"fabric.auth={fabric.auth}; expected paths of files holding them"
+                f"settings {setting}.username_file and {setting}.password_file are needed "
+                f"for {setting}.auth={fabric.auth}; expected paths of files holding them"
             )
-        username = read_secret(fabric.username_file, "fabric.username_file").get_secret_value()
-        password = read_secret(fabric.password_file, "fabric.password_file").get_secret_value()
+        username = read_secret(fabric.username_file, f"{setting}.username_file")
+        password = read_secret(fabric.password_file, f"{setting}.password_file")
     from app.fabric.redfish.backend import RedfishBackend
     from app.fabric.redfish.transport import RetrySettings
 
     try:
         return RedfishBackend(
             fabric.url,
-            username=username,
-            password=password,
+            username=None if username is None else username.get_secret_value(),
+            password=None if password is None else password.get_secret_value(),
             auth=fabric.auth,
             verify_tls=fabric.tls_verify,
             ca_file=fabric.ca_bundle,
@@ -46,6 +61,21 @@ def backend_from_settings(fabric: FabricSettings) -> FabricBackend:
             verify_poll_s=fabric.verify_poll_seconds,
             verify_timeout_s=fabric.verify_timeout_seconds,
             device_identity=fabric.device_identity,
+            name=fabric.manager,
         )
     except ValueError as err:
-        raise ConfigError(f"settings fabric: {err}") from err
+        raise ConfigError(f"settings {setting}: {err}") from err
+
+
+def fleet_from_settings(settings: Settings) -> FabricFleet:
+    """Every configured fabric manager (``fabrics``, or the one ``fabric``) as a fleet.
+
+    Raises:
+        ConfigError: as :func:`backend_from_settings`, for the first manager at fault.
+    """
+    return FabricFleet(
+        {
+            manager.manager: backend_from_settings(manager, settings.setting_of(manager))
+            for manager in settings.managers
+        }
+    )

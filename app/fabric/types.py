@@ -63,6 +63,9 @@ class Location:
         slot: a slot or bay inside the chassis.
         fabric: the fabric (reachability domain) id, e.g. a Redfish ResourceZone.
         fabric_zone: a finer zone inside the fabric.
+        manager: the name of the fabric manager that reports it (set from the database, not
+            by backends: ``devices.backend``); a grouping key when several managers are
+            configured.
     """
 
     region: str | None = None
@@ -74,6 +77,7 @@ class Location:
     slot: str | None = None
     fabric: str | None = None
     fabric_zone: str | None = None
+    manager: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -339,7 +339,7 @@ class EventApplier:
             return None
         from app.inventory.queries import unit_of, units_held_by
 
-        unit = await unit_of(self.inventory.db, self.backend.kind, origin)
+        unit = await unit_of(self.inventory.db, self.backend.name, origin)
         if unit is not None:
             return [unit]
         if event.message == "ResourceCreated":
@@ -355,7 +355,7 @@ class EventApplier:
                 return []
             if host is not None:
                 host_id, now_held = host
-                before = await units_held_by(self.inventory.db, self.backend.kind, host_id)
+                before = await units_held_by(self.inventory.db, self.backend.name, host_id)
                 return sorted(set(now_held) ^ set(before))
         return None
 

@@ -107,6 +107,7 @@ def plan_devices(
     devices: Sequence[FabricDevice],
     rejected_keys: Set[str],
     taken_names: Set[str],
+    name_scope: str | None = None,
 ) -> Plan:
     """Plan the device writes for one complete, validated listing.
 
@@ -116,6 +117,8 @@ def plan_devices(
         rejected_keys: vendor ids (or attach units) rejected in this listing; the stored rows
             they name, or whose attach unit they name, are kept as they are.
         taken_names: Kubernetes names already used in the database (all backends).
+        name_scope: hashed into new names (:func:`app.naming.device_name`): the fabric
+            manager's name when several are configured, else None.
 
     Returns:
         The :class:`Plan`; new devices get names from :func:`app.naming.device_name`,
@@ -132,7 +135,7 @@ def plan_devices(
         digest = content_hash(device)
         old = by_key.get(device.vendor_id)
         if old is None:
-            name = device_name(device.vendor_id, names)
+            name = device_name(device.vendor_id, names, name_scope)
             names.add(name)
             inserts.append(NewItem(device, digest, name))
             events.append(Event(device.vendor_id, "added", None, str(device.health)))

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Text, and_, cast, false, or_, select, true
+from sqlalchemy import ColumnElement, Text, and_, cast, false, func, or_, select, true
 
 from app.db.engine import Database
 from app.db.models import (
@@ -49,6 +49,8 @@ class DeviceView:
     removed_at: dt.datetime | None
     serial: str | None = None
     firmware_version: str | None = None
+    backend: str | None = None
+    """The fabric manager that reports it."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (times as ISO 8601 strings in UTC)."""
@@ -82,7 +84,8 @@ class StatusView:
 
 
 async def list_devices(db: Database, *, include_removed: bool = False) -> list[DeviceView]:
-    """Every stored device, ordered by region, rack, name (unknown locations last)."""
+    """Every stored device, ordered by fabric manager, region, rack, name (unknown locations
+    last)."""
     query = select(Device)
     if not include_removed:
         query = query.where(Device.removed_at.is_(None))
@@ -109,11 +112,19 @@ async def list_devices(db: Database, *, include_removed: bool = False) -> list[D
             removed_at=r.removed_at,
             serial=r.serial,
             firmware_version=r.firmware_version,
+            backend=r.backend,
         )
         for r in rows
     ]
     views.sort(
-        key=lambda v: (v.region is None, v.region or "", v.rack is None, v.rack or "", v.name)
+        key=lambda v: (
+            v.backend or "",
+            v.region is None,
+            v.region or "",
+            v.rack is None,
+            v.rack or "",
+            v.name,
+        )
     )
     return views
 
@@ -165,6 +176,7 @@ _POOL_COLUMNS = (
     cast(Device.attributes, Text).label("attributes"),
     Device.cordoned_at,
     Device.host_id,
+    Device.backend.label("manager"),
 )
 
 
@@ -178,8 +190,16 @@ LOCATION_KEYS = (
     "slot",
     "fabric",
     "fabric_zone",
+    "manager",
 )
-_LOCATION_COLUMNS = tuple(getattr(Device, key) for key in LOCATION_KEYS)
+
+
+def location_column(key: str) -> Any:
+    """The devices column that holds location ``key`` (``manager`` is ``backend``)."""
+    return Device.backend if key == "manager" else getattr(Device, key)
+
+
+_LOCATION_COLUMNS = tuple(location_column(key).label(key) for key in LOCATION_KEYS)
 
 
 class PoolDeviceCache:
@@ -237,9 +257,9 @@ def located_in(locations: Iterable[Mapping[str, str | None]]) -> ColumnElement[b
     for location in locations:
         parts = [
             # A missing value may be stored as NULL or as an empty string.
-            or_(getattr(Device, key).is_(None), getattr(Device, key) == "")
+            or_(location_column(key).is_(None), location_column(key) == "")
             if not value
-            else getattr(Device, key) == value
+            else location_column(key) == value
             for key, value in location.items()
         ]
         terms.append(and_(*parts) if parts else true())
@@ -251,6 +271,7 @@ async def pool_devices(
     backend: str | None = None,
     cache: PoolDeviceCache | None = None,
     where: ColumnElement[bool] | None = None,
+    managers: Iterable[str] | None = None,
 ) -> list[PoolDevice]:
     """Every present device as a :class:`app.pools.PoolDevice`, for publishing.
 
@@ -258,6 +279,8 @@ async def pool_devices(
     ``detach_failed`` for ``detach-failed``; ``held_by`` names the host of a device the fabric
     shows attached while no active reservation of ours holds it (someone else's server).
     ``cache`` (kept by the caller between calls) reuses the values of unchanged rows.
+    ``managers``: only devices of these fabric managers (the configured ones: rows left by a
+    manager no longer configured are not offered); None: every manager.
     """
     # Columns, not ORM objects: a publish pass reads every device, and building ORM
     # instances cost about as much as the rest of the pass.
@@ -266,6 +289,8 @@ async def pool_devices(
         query = query.where(Device.backend == backend)
     if where is not None:
         query = query.where(where)
+    if managers is not None:
+        query = query.where(Device.backend.in_(sorted(managers)))
     async with db.read() as session:
         rows = (await session.execute(query)).all()
         states: dict[int, set[str]] = {}
@@ -299,6 +324,7 @@ async def pool_devices(
                     slot=r.slot,
                     fabric=r.fabric,
                     fabric_zone=r.fabric_zone,
+                    manager=r.manager,
                 ),
                 health=r.health,
                 vendor=r.vendor,
@@ -321,14 +347,29 @@ async def pool_devices(
     return out
 
 
+async def unconfigured_managers(db: Database, configured: Iterable[str]) -> dict[str, int]:
+    """Fabric managers that have present devices in the database but are not ``configured``
+    (renamed or removed from the settings) -> how many devices each has."""
+    query = (
+        select(Device.backend, func.count())
+        .where(Device.removed_at.is_(None), Device.backend.not_in(sorted(configured)))
+        .group_by(Device.backend)
+    )
+    async with db.read() as session:
+        return {str(b): int(n) for b, n in (await session.execute(query)).all()}
+
+
 async def host_refs(db: Database) -> list[HostRef]:
     """Every present host as a :class:`app.hostmap.HostRef`."""
-    query = select(Host.host_id, Host.hostname).where(Host.removed_at.is_(None))
+    query = select(Host.host_id, Host.hostname, Host.backend).where(Host.removed_at.is_(None))
     # One statement, read whole on the database's side (Database.run_read): with thousands
     # of hosts, fetching the rows through the async driver one hand-over at a time held up
     # every claim waiting on the event loop.
     return await db.run_read(
-        lambda conn: [HostRef(host_id, hostname) for host_id, hostname in conn.execute(query)]
+        lambda conn: [
+            HostRef(host_id, hostname, backend)
+            for host_id, hostname, backend in conn.execute(query)
+        ]
     )
 
 
@@ -342,7 +383,8 @@ async def unmanaged_attachments(db: Database) -> list[dict[str, str]]:
     """Present devices the fabric reports attached to a host with no active reservation.
 
     Returns:
-        ``[{"name", "vendor_id", "attach_unit", "device_type", "host_id"}]`` by name.
+        ``[{"name", "vendor_id", "attach_unit", "device_type", "host_id", "backend"}]`` by
+        name (``backend``: the fabric manager that reports it).
     """
     held = select(Reservation.device_id).where(Reservation.state.in_(ACTIVE_RESERVATION_STATES))
     async with db.read() as session:
@@ -354,6 +396,7 @@ async def unmanaged_attachments(db: Database) -> list[dict[str, str]]:
                     Device.attach_unit,
                     Device.device_type,
                     Device.host_id,
+                    Device.backend,
                 )
                 .where(
                     Device.removed_at.is_(None), Device.host_id.is_not(None), Device.id.not_in(held)
@@ -362,15 +405,25 @@ async def unmanaged_attachments(db: Database) -> list[dict[str, str]]:
             )
         ).all()
     return [
-        {"name": n, "vendor_id": v, "attach_unit": u, "device_type": t, "host_id": str(h)}
-        for n, v, u, t, h in rows
+        {
+            "name": n,
+            "vendor_id": v,
+            "attach_unit": u,
+            "device_type": t,
+            "host_id": str(h),
+            "backend": b,
+        }
+        for n, v, u, t, h, b in rows
     ]
 
 
-async def still_unmanaged(db: Database, vendor_id: str, host_id: str) -> bool:
+async def still_unmanaged(
+    db: Database, vendor_id: str, host_id: str, backend: str | None = None
+) -> bool:
     """True when the present device ``vendor_id`` is still shown on ``host_id`` with no active
     reservation: read again right before an unmanaged device is detached, so that a device
-    reserved (or a holder changed) since the sweep listed it is left alone."""
+    reserved (or a holder changed) since the sweep listed it is left alone. ``backend``: the
+    fabric manager that reports it (None: any)."""
     held = select(Reservation.device_id).where(Reservation.state.in_(ACTIVE_RESERVATION_STATES))
     async with db.read() as session:
         found = (
@@ -380,6 +433,7 @@ async def still_unmanaged(db: Database, vendor_id: str, host_id: str) -> bool:
                     Device.host_id == host_id,
                     Device.removed_at.is_(None),
                     Device.id.not_in(held),
+                    true() if backend is None else Device.backend == backend,
                 )
             )
         ).first()

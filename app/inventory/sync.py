@@ -147,6 +147,8 @@ class InventorySync:
         stale_after_failures: failed syncs in a row before the inventory is marked stale.
         metrics: where to count; optional.
         clock: returns the current aware UTC time (injected in tests).
+        name_scope: hashed into the names of new devices (:func:`app.naming.device_name`):
+            the manager's name when several fabric managers are configured, else None.
     """
 
     backend: FabricBackend
@@ -154,6 +156,7 @@ class InventorySync:
     stale_after_failures: int = 3
     metrics: InventoryMetrics | None = None
     clock: Callable[[], dt.datetime] = utcnow
+    name_scope: str | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _known_rejects: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
     last_result: SyncResult | None = field(default=None, init=False)
@@ -180,9 +183,9 @@ class InventorySync:
                 raise
             except Exception:
                 # A bug must not stop the loop; it is logged with its traceback and counted.
-                log.exception("inventory sync of backend %s failed unexpectedly", self.backend.kind)
+                log.exception("inventory sync of backend %s failed unexpectedly", self.backend.name)
                 if self.metrics:
-                    self.metrics.syncs.labels(self.backend.kind, "failed").inc()
+                    self.metrics.syncs.labels(self.backend.name, "failed").inc()
             self._wake.clear()
             await self.wait_trigger(interval_seconds)
 
@@ -237,7 +240,7 @@ class InventorySync:
         """
         started = time.monotonic()
         now = self.clock()
-        kind = self.backend.kind
+        kind = self.backend.name
         devices, device_rejects = split_valid_devices(read.devices.items)
         rejected = (*read.devices.rejected, *device_rejects)
         rejected_keys = {r.vendor_id for r in rejected}
@@ -280,7 +283,7 @@ class InventorySync:
             taken: set[str] = set()
             if any(d.vendor_id not in stored_keys for d in devices):
                 taken = set((await session.scalars(select(Device.name))).all())
-            plan = plan_devices(stored, devices, rejected_keys, taken)
+            plan = plan_devices(stored, devices, rejected_keys, taken, self.name_scope)
             await self._write_devices(session, plan, now, previous_success)
         if self.metrics:
             self.metrics.row_writes.labels(kind, "devices").inc(plan.row_writes)
@@ -309,7 +312,7 @@ class InventorySync:
         devices: list[FabricDevice],
         rejected: tuple[Rejected, ...],
     ) -> SyncResult:
-        kind = self.backend.kind
+        kind = self.backend.name
         rejected_keys = {r.vendor_id for r in rejected}
         async with self.db.write() as session:
             status = await session.get(InventoryStatus, kind)
@@ -356,7 +359,9 @@ class InventorySync:
             taken: set[str] = set()
             if any(d.vendor_id not in stored_keys for d in devices):
                 taken = set((await session.scalars(select(Device.name))).all())
-            device_plan = plan_devices(stored_devices, devices, rejected_keys, taken)
+            device_plan = plan_devices(
+                stored_devices, devices, rejected_keys, taken, self.name_scope
+            )
 
             await self._write_hosts(session, host_plan, now, previous_success)
             await self._write_devices(session, device_plan, now, previous_success)
@@ -445,7 +450,7 @@ class InventorySync:
     async def _write_hosts(
         self, session: Any, plan: Plan, now: dt.datetime, previous_success: dt.datetime | None
     ) -> None:
-        kind = self.backend.kind
+        kind = self.backend.name
         rows = []
         for new in plan.inserts:
             assert isinstance(new.item, FabricHost)
@@ -488,7 +493,7 @@ class InventorySync:
     async def _write_devices(
         self, session: Any, plan: Plan, now: dt.datetime, previous_success: dt.datetime | None
     ) -> None:
-        kind = self.backend.kind
+        kind = self.backend.name
         ids: dict[str, int] = {c.stored.key: c.stored.id for c in plan.updates}
         ids.update({s.key: s.id for s in plan.removals})
         rows = []
@@ -553,7 +558,7 @@ class InventorySync:
             await session.execute(insert(DeviceEvent), list(chunk))
 
     async def _record_failure(self, now: dt.datetime, error: str) -> SyncResult:
-        kind = self.backend.kind
+        kind = self.backend.name
         async with self.db.write() as session:
             status = await session.get(InventoryStatus, kind)
             if status is None:
@@ -591,14 +596,14 @@ class InventorySync:
         for item in rejected:
             if (item.vendor_id, item.reason) not in self._known_rejects:
                 log.warning(
-                    "backend %s: rejected %s: %s", self.backend.kind, item.vendor_id, item.reason
+                    "backend %s: rejected %s: %s", self.backend.name, item.vendor_id, item.reason
                 )
         self._known_rejects = current
 
     def _finish(self, result: SyncResult, started: float) -> SyncResult:
         seconds = time.monotonic() - started
         result = dataclasses.replace(result, seconds=seconds)
-        kind = self.backend.kind
+        kind = self.backend.name
         if self.metrics:
             self.metrics.syncs.labels(kind, "ok" if result.ok else "failed").inc()
             self.metrics.sync_seconds.labels(kind).observe(seconds)

@@ -68,6 +68,9 @@ class InventorySpec:
         device_mix: ``"gpu"`` (all GPUs) or ``"mixed"`` (GPUs, FPGAs, NVMe drives, CXL
             memory, cycling per slot).
         seed: the same seed gives an identical tree, UUIDs and serial numbers included.
+        host_prefix: the first part of each ComputerSystem's HostName (its Id and URI keep
+            ``node-...``): two simulators with other prefixes stand for two halls whose
+            fabric managers use the same resource ids for different servers.
     """
 
     regions: int = 2
@@ -76,6 +79,7 @@ class InventorySpec:
     hosts_per_rack: int = 4
     device_mix: str = "gpu"
     seed: int = 0
+    host_prefix: str = "node"
 
     def validate(self) -> None:
         """Check the numbers and the mix.
@@ -368,7 +372,7 @@ class TreeBuilder:
             "Id": host,
             "Name": f"Server {host}",
             "SystemType": "Physical",
-            "HostName": host,
+            "HostName": f"{self.spec.host_prefix}{host.removeprefix('node')}",
             "Manufacturer": "Contoso",
             "Model": "C-Server 2U",
             "UUID": self._uuid(),

@@ -216,6 +216,7 @@ class _StaleListing:
 
     def __init__(self, backend: Any, listing: Any) -> None:
         self.backend, self.listing, self.kind = backend, listing, backend.kind
+        self.name = backend.name
 
     async def list_hosts(self) -> Any:
         return await self.backend.list_hosts()

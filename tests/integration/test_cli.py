@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -115,6 +116,42 @@ async def test_demo_once_tells_the_story_from_a_clean_directory(tmp_path: Path) 
     assert (tmp_path / "fabric-dra-demo-classic.db").exists()
 
 
+async def test_inventory_sync_reads_every_fabric_manager_and_names_the_one_that_failed(
+    tmp_path: Path, simulator: str
+) -> None:
+    credentials(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    entry = {
+        "username_file": str(tmp_path / "user"),
+        "password_file": str(tmp_path / "password"),
+        "retry_attempts": 1,
+        "timeout_seconds": 2,
+    }
+    fabrics = [
+        {"name": "hall-a", "url": simulator, **entry},
+        {"name": "hall-b", "url": closed, **entry},
+    ]
+    env = {"FABRIC_DRA_FABRICS": json.dumps(fabrics)}
+    code, out, err = await cli("inventory", "--sync", cwd=tmp_path, env=env)
+    assert code == 1, out + err
+    warnings = [line for line in err.splitlines() if line.startswith("Warning: sync failed")]
+    assert len(warnings) == 1, err
+    assert "showing the last known inventory" in warnings[0]
+    assert "hall-b: " in warnings[0] and "hall-a: " not in warnings[0]
+    assert "6 devices in 2 racks from 2 fabric managers" in out
+    assert "hall-a: us-east / rack-01: 3 devices" in out
+    assert "fabric manager hall-a: ok" in out
+    assert "fabric manager hall-b: failing, last complete sync never" in out
+
+    code, out, err = await cli("inventory", "-o", "json", cwd=tmp_path, env=env)
+    assert code == 0, err
+    data = json.loads(out)
+    assert {d["backend"] for d in data["devices"]} == {"hall-a"}
+    assert sorted(b["backend"] for b in data["backends"]) == ["hall-a", "hall-b"]
+
+
 async def test_inventory_sync_prints_a_table_and_json(tmp_path: Path, simulator: str) -> None:
     env = {"FABRIC_DRA_FABRIC__URL": simulator, **credentials(tmp_path)}
     code, out, err = await cli("inventory", "--sync", cwd=tmp_path, env=env)
@@ -122,7 +159,7 @@ async def test_inventory_sync_prints_a_table_and_json(tmp_path: Path, simulator:
     assert "sync failed" not in err
     assert "6 devices in 2 racks" in out
     assert "us-east / rack-01: 3 devices" in out and "us-east / rack-02: 3 devices" in out
-    assert "backend redfish: ok" in out
+    assert "fabric manager redfish: ok" in out
     assert "pa55-word-XYZ" not in out + err
 
     code, out, err = await cli("inventory", "--json", cwd=tmp_path, env=env)
@@ -182,7 +219,7 @@ async def test_inventory_sync_with_nothing_listening_exits_1_with_one_warning(
     assert "last known inventory" in warning
     assert "FabricUnavailable" in warning and "127.0.0.1:9" in warning
     assert out.startswith("0 devices in 0 racks")
-    assert "backend redfish: failing, last complete sync never" in out
+    assert "fabric manager redfish: failing, last complete sync never" in out
 
     env["FABRIC_DRA_LOG__LEVEL"] = "ERROR"
     code, out, err = await cli("inventory", "--sync", "--json", cwd=tmp_path, env=env)

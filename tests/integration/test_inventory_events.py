@@ -326,8 +326,8 @@ async def test_a_device_turning_critical_is_tainted_long_before_the_next_poll(
             lambda: (
                 slices()
                 and service.leading
-                and service.leading.events
-                and service.leading.events.healthy
+                and service.leading.managers["redfish"].events
+                and service.leading.managers["redfish"].events.healthy
             ),
             timeout_s=WAIT_S,
             what="published, streaming",
@@ -361,7 +361,7 @@ async def test_a_device_turning_critical_is_tainted_long_before_the_next_poll(
         simulator.remove_block(blocks[1])
         added = simulator.add_block("us-east", "rack-01", "nvme")
         leading = service.leading
-        assert leading is not None and leading.applier is not None
+        assert leading is not None and leading.managers["redfish"].applier is not None
         publisher = next(iter(leading.publishers.values()))
 
         async def applied() -> bool:
@@ -380,8 +380,8 @@ async def test_a_device_turning_critical_is_tainted_long_before_the_next_poll(
 
         async def settled() -> bool:
             return (
-                leading.applier is not None
-                and leading.applier.idle
+                leading.managers["redfish"].applier is not None
+                and leading.managers["redfish"].applier.idle
                 and not leading.publish_partial.is_set()
                 and dict(publisher.desired()) == await service.published_pools()
             )
@@ -551,8 +551,8 @@ async def test_a_failing_fabric_manager_is_polled_at_the_short_interval_despite_
         await eventually(
             lambda: (
                 service.leading is not None
-                and service.leading.events is not None
-                and service.leading.events.healthy
+                and service.leading.managers["redfish"].events is not None
+                and service.leading.managers["redfish"].events.healthy
                 and service.last_inventory is not None
             ),
             timeout_s=WAIT_S,
@@ -570,8 +570,10 @@ async def test_a_failing_fabric_manager_is_polled_at_the_short_interval_despite_
             return bool(status["inventory"]) and status["inventory"][0]["stale"]
 
         await eventually(stale, timeout_s=WAIT_S, what="stale after three quick failed syncs")
-        assert service.leading is not None and service.leading.events is not None
-        assert service.leading.events.healthy  # the stream itself never broke
+        assert (
+            service.leading is not None and service.leading.managers["redfish"].events is not None
+        )
+        assert service.leading.managers["redfish"].events.healthy  # the stream itself never broke
     finally:
         await service.stop(deadline_s=5)
         await emu.stop()

@@ -99,3 +99,22 @@ def test_status_lines_survive_a_document_with_parts_missing() -> None:
     assert status_lines(_status(leader={"enabled": False, "is_leader": True}))[1] == (
         "leader: this replica (leader election off)"
     )
+
+
+def test_status_lines_show_each_configured_manager_with_its_url_and_events() -> None:
+    managers = [
+        {
+            "name": "hall-a",
+            "url": "https://a.example",
+            "state": "stale",
+            "inventory": {"backend": "hall-a", "stale": True, "device_count": 4},
+            "events": {"state": "polling"},
+        },
+        {"name": "hall-b", "url": "https://b.example", "inventory": None, "events": {}},
+        "not a manager",
+    ]
+    lines = status_lines(_status(managers=managers))
+    assert lines[2].startswith("fabric manager hall-a (https://a.example): STALE, events polling,")
+    assert "4 devices" in lines[2]
+    assert lines[3] == "fabric manager hall-b (https://b.example): never synced"
+    assert lines[4].startswith("devices: ")

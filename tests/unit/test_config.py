@@ -110,7 +110,7 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
         # driver_name is a setting, not a section: the message lists it apart.
         (
             {"FABRIC_DRA_DRIVER_NAME__X": "1"},
-            "FABRIC_DRA_<NAME> (names: driver_name) or FABRIC_DRA_<SECTION>__<NAME> "
+            "FABRIC_DRA_<NAME> (names: driver_name, fabrics) or FABRIC_DRA_<SECTION>__<NAME> "
             "(sections: admin, controller, database, fabric, hosts, inventory, kube, leader, "
             "log, node, node_labels, pools, publisher)",
         ),

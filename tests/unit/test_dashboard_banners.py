@@ -136,3 +136,29 @@ def test_the_cards_say_they_are_old_while_any_inventory_is_stale() -> None:
     assert _model(_service(inventory=stale))["stale_since"] == "2 h ago"
     never = [{"backend": "a", "stale": True, "last_success_at": None}]
     assert _model(_service(inventory=never))["stale_since"] == "never"
+
+
+def test_every_configured_manager_has_a_freshness_line_with_its_url_and_events() -> None:
+    from app.admin.dashboard import freshness
+
+    managers = [
+        {
+            "name": "hall-a",
+            "url": "https://a.example",
+            "inventory": {"backend": "hall-a", "stale": True, "last_success_at": _at(120)},
+            "events": {"state": "streaming"},
+        },
+        {"name": "hall-b", "url": "https://b.example", "inventory": None, "events": {}},
+    ]
+    lines = freshness(_service(managers=managers), {}, NOW)
+    first, second = lines[0], lines[1]
+    assert first["what"] == "inventory (hall-a)" and first["level"] == "bad"
+    assert first["detail"].endswith("events streaming, https://a.example")
+    assert second == {
+        "what": "inventory (hall-b)",
+        "age": "never",
+        "detail": "no sync yet, https://b.example",
+        "level": "warn",
+    }
+    # Without a managers list (an older controller), each synced manager still has its line.
+    assert freshness(_service(), {}, NOW)[0]["what"] == "inventory (hall-a)"

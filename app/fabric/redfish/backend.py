@@ -54,6 +54,7 @@ class RedfishBackend:
             :class:`~app.fabric.errors.FabricNotEffective`.
         device_identity: ``uri``, ``serial`` or ``uuid``: what makes two listed devices one
             (setting ``fabric.device_identity``).
+        name: the fabric manager's name (setting ``fabric.name``), stored with its devices.
 
     Attributes:
         retries: retries by reason (``transient``, ``precondition``, ``unknown-outcome``).
@@ -86,7 +87,9 @@ class RedfishBackend:
         verify_poll_s: float = 0.2,
         verify_timeout_s: float = 10.0,
         device_identity: IdentityMode = "uri",
+        name: str = "redfish",
     ) -> None:
+        self.name = name
         self._transport = RedfishTransport(
             base_url,
             username=username,
