@@ -15,11 +15,12 @@ from app.cli import LazyGroup
     cls=LazyGroup,
     lazy={
         "redfish": "fabric_dra_sim.redfish:cli",
+        "cdim": "fabric_dra_sim.cdim:cli",
         "kube": "fabric_dra_sim.kubeapi:cli",
         "scheduler": "fabric_dra_sim.scheduler:cli",
         "claim-controller": "fabric_dra_sim.scheduler:claim_controller_cli",
     },
 )
 def sim() -> None:
-    """Simulators for demos and tests: a Redfish fabric manager, a Kubernetes API, and stand-ins
-    for kube-scheduler and the claim controller."""
+    """Simulators for demos and tests: a Redfish fabric manager, a NEC CDIM installation, a
+    Kubernetes API, and stand-ins for kube-scheduler and the claim controller."""

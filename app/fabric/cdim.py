@@ -1,0 +1,756 @@
+"""A fabric backend for NEC CDIM (project-cdim): configuration-manager for the inventory,
+layout-apply for attach (``connect``) and detach (``disconnect``).
+
+The contract, from the services' sources (configuration-manager ``controller/*.go``,
+layout-apply ``src/layoutapply/server.py``, ``db.py``, ``main.py``, ``schema.py``) and from a
+layout-apply run on loopback:
+
+* Hosts are CPUs: ``GET /nodes`` lists nodes whose id is their CPU's ``deviceID``.
+* Devices come from ``GET /resources?detail=true``. Left out: devices with ``detected: false``
+  (gone from the hardware, kept by the cache), CPUs, anything named in a
+  ``constraints.nonRemovableDevices`` list (a CPU's own parts, never to be touched), and
+  devices whose ``annotation.available`` is false. A device's host is the CPU in its
+  ``links``. CDIM exposes no GPU UUID or PCI address: the node plugin finds the device by
+  its serial number where it can.
+* The inventory is a cache, refreshed about every ten minutes: a read of one device
+  (``GET /resources/{id}``) is the freshest view there is, and may still be old.
+* ``POST /layout-apply`` runs procedures asynchronously (202 ``{"applyID"}``), one apply at a
+  time in the whole installation. Its hazards, and what this backend does about each:
+
+  - **Busy** (409 ``E40010``: another apply runs): transient; the POST is tried again with
+    backoff for ``busy_timeout_s``, then the attach fails as retryable.
+  - **Suspended** (a hardware 409, a device held by another CPU, turns the apply SUSPENDED,
+    and every later POST gets 409 ``E40027``): the attach is pre-checked against a fresh read
+    so that a device held elsewhere is a conflict with no POST at all. A SUSPENDED apply of
+    ours is cancelled at once (without rollback: its completed steps stand) and its failed
+    step reported as a conflict. Someone else's suspended apply blocks us: reported, left
+    for its owner.
+  - **Dropped connection to the hardware** (the apply ends FAILED, step code ``E40007``):
+    the outcome is unknown; reported as retryable, and the retry reads the device again.
+  - **No idempotency key**: the apply id is handed to ``on_operation`` (journalled) before it
+    is polled, and after a crash :meth:`resume` follows it. Without a journalled id, an
+    IN_PROGRESS apply with the same (operation, CPU, device) is found by listing
+    (``GET /layout-apply?status=IN_PROGRESS&fields=procedures``) and followed instead of
+    sending a second one. A retry only ever names the same device.
+  - **Throughput** (an apply takes about a second even without hardware delay): attaches and
+    detaches that wait at the same time are coalesced into one apply of independent
+    procedures, and each caller gets its own step's result by ``operationID``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+
+from app.fabric.errors import (
+    FabricAuthError,
+    FabricConflict,
+    FabricError,
+    FabricInvalidData,
+    FabricNotFound,
+    FabricTimeout,
+    FabricUnavailable,
+)
+from app.fabric.types import (
+    DeviceType,
+    FabricDevice,
+    FabricHost,
+    Health,
+    Listing,
+    Operation,
+    OperationState,
+    Rejected,
+)
+
+log = logging.getLogger(__name__)
+
+BASE = "/cdim/api/v1"
+ProcedureFields = Literal["oss", "product"]
+FIELDS: Mapping[str, tuple[str, str]] = {
+    # layout-apply schema.py (OSS) and the product's names for the CPU and the device.
+    "oss": ("targetCPUID", "targetDeviceID"),
+    "product": ("sourceDeviceID", "destinationDeviceID"),
+}
+_TYPES: Mapping[str, DeviceType] = {
+    "gpu": DeviceType.GPU,
+    "fpga": DeviceType.FPGA,
+    "accelerator": DeviceType.ACCELERATOR,
+    "dsp": DeviceType.ACCELERATOR,
+    "memory": DeviceType.CXL_MEMORY,
+    "storage": DeviceType.NVME,
+    "networkinterface": DeviceType.NIC,
+}
+_HEALTH = {"OK": Health.OK, "Warning": Health.WARNING, "Critical": Health.CRITICAL}
+_RUNNING = ("IN_PROGRESS", "CANCELING")
+_DROPPED = ("E40003", "E40007", "E40008")  # timeout, connection error, request error
+
+
+@dataclass
+class _Request:
+    """An attach or detach waiting to go out in the next apply."""
+
+    operation: str  # connect or disconnect
+    cpu: str
+    device: str
+    on_operation: Callable[[str], Awaitable[None]] | None
+    done: asyncio.Future[Operation] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class CdimBackend:
+    """NEC CDIM as a :class:`app.fabric.backend.FabricBackend`.
+
+    Args:
+        base_url: the installation's origin (``https://cdim.example:443``), no path.
+        name: the fabric manager's name (setting ``fabric.name``).
+        prefix: a gateway path before ``/cdim/api/v1`` (e.g. ``/gw``), or "".
+        token: a bearer token for the gateway (Kong with Keycloak), or None.
+        procedure_fields: ``oss`` (``targetCPUID``/``targetDeviceID``) or ``product``
+            (``sourceDeviceID``/``destinationDeviceID``).
+        verify_tls, ca_file: TLS verification, as for Redfish.
+        timeout_s: seconds per HTTP call.
+        poll_s: seconds between reads of a running apply.
+        apply_timeout_s: seconds an apply may run before the attach fails (retryable).
+        busy_timeout_s: seconds to keep trying a POST the installation refuses as busy.
+        batch_window_s: seconds an attach waits for others to join its apply (0: one apply
+            per attach, still never two at once).
+        session: an aiohttp session to use (tests); closed by the caller.
+
+    Raises:
+        ValueError: a malformed base URL, an unknown procedure field set, a non-positive
+            timeout, or an unusable CA bundle.
+    """
+
+    kind = "cdim"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        name: str = "cdim",
+        prefix: str = "",
+        token: str | None = None,
+        procedure_fields: ProcedureFields = "oss",
+        verify_tls: bool = True,
+        ca_file: str | Path | None = None,
+        timeout_s: float = 30.0,
+        poll_s: float = 0.5,
+        apply_timeout_s: float = 300.0,
+        busy_timeout_s: float = 120.0,
+        batch_window_s: float = 0.05,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base URL {base_url!r} is not an http:// or https:// origin")
+        if procedure_fields not in FIELDS:
+            raise ValueError(f"procedure fields {procedure_fields!r} are not oss or product")
+        if min(timeout_s, poll_s, apply_timeout_s, busy_timeout_s) <= 0 or batch_window_s < 0:
+            raise ValueError("timeouts and the poll interval must be positive")
+        self.name = name
+        gateway = prefix.strip("/")
+        self._root = base_url.rstrip("/") + (f"/{gateway}" if gateway else "") + BASE
+        self._headers = {"Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._cpu_field, self._device_field = FIELDS[procedure_fields]
+        self._ssl: ssl.SSLContext | bool = False
+        if base_url.startswith("https://") and verify_tls:
+            try:
+                self._ssl = ssl.create_default_context(
+                    cafile=None if ca_file is None else str(ca_file)
+                )
+            except (OSError, ssl.SSLError) as err:
+                raise ValueError(f"CA bundle {ca_file} cannot be used: {err}") from err
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._poll_s = poll_s
+        self._apply_timeout_s = apply_timeout_s
+        self._busy_timeout_s = busy_timeout_s
+        self._batch_window_s = batch_window_s
+        self._session = session
+        self._owns_session = session is None
+        self._closed = False
+        self._queue: list[_Request] = []
+        self._sender: asyncio.Task[None] | None = None
+        self._ours: set[str] = set()  # apply ids this process posted
+        self.applies = 0  # applies posted (for the benchmark)
+        self.busy_retries = 0
+
+    def __repr__(self) -> str:
+        return f"CdimBackend({self._root!r})"
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise FabricError(f"cdim backend for {self._root} is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | list[tuple[str, str]] | None = None,
+        body: Any = None,
+    ) -> tuple[int, Any]:
+        """One HTTP call; (status, decoded JSON body or None).
+
+        Raises:
+            FabricUnavailable: no answer (connection, timeout), or a 5xx.
+            FabricAuthError: 401 or 403.
+        """
+        url = self._root + path
+        try:
+            async with self._http().request(
+                method,
+                url,
+                params=params,
+                json=body,
+                headers=self._headers,
+                ssl=self._ssl,
+                timeout=self._timeout,
+            ) as response:
+                text = await response.text()
+                status = response.status
+        except TimeoutError as err:
+            raise FabricTimeout(f"{method} {path}: no answer in time") from err
+        except aiohttp.ClientError as err:
+            raise FabricUnavailable(f"{method} {path}: {err}") from err
+        try:
+            decoded = _json(text)
+        except ValueError:
+            decoded = None
+        if status in (401, 403):
+            raise FabricAuthError(f"{method} {path}: HTTP {status} (check fabric.token_file)")
+        if status >= 500:
+            raise FabricUnavailable(
+                f"{method} {path}: HTTP {status}: {_message(decoded)}",
+                status=status,
+                vendor_code=_code(decoded),
+            )
+        return status, decoded
+
+    # ------------------------------------------------------------------ inventory
+
+    async def _resources(self) -> list[Any]:
+        status, body = await self._call("GET", "/resources", params={"detail": "true"})
+        if (
+            status != 200
+            or not isinstance(body, dict)
+            or not isinstance(body.get("resources"), list)
+        ):
+            raise FabricInvalidData(f"GET /resources: HTTP {status}, not a resource list")
+        return list(body["resources"])
+
+    async def list_hosts(self) -> Listing[FabricHost]:
+        """Every CPU node as a :class:`FabricHost` (host id: the CPU's deviceID).
+
+        Raises:
+            FabricUnavailable: the nodes could not be read.
+            FabricAuthError: the token was refused.
+        """
+        status, body = await self._call("GET", "/nodes")
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("nodes"), list):
+            raise FabricInvalidData(f"GET /nodes: HTTP {status}, not a node list")
+        hosts: list[FabricHost] = []
+        rejected: list[Rejected] = []
+        for node in body["nodes"]:
+            node_id = node.get("id") if isinstance(node, dict) else None
+            if not isinstance(node_id, str) or not node_id:
+                rejected.append(Rejected(str(node)[:200], "node without an id", "missing-field"))
+                continue
+            members = [
+                r.get("device") or {}
+                for r in node.get("resources") or []
+                if isinstance(r, dict) and isinstance(r.get("device"), dict)
+            ]
+            cpu = next((d for d in members if d.get("deviceID") == node_id), {})
+            units = tuple(
+                sorted(
+                    str(d["deviceID"])
+                    for d in members
+                    if d.get("deviceID") != node_id and isinstance(d.get("deviceID"), str)
+                )
+            )
+            hosts.append(
+                FabricHost(
+                    host_id=node_id,
+                    name=_text(cpu.get("model")),
+                    serial=_text(cpu.get("serialNumber")),
+                    health=_health(cpu),
+                    attached_units=units,
+                )
+            )
+        return Listing(tuple(hosts), tuple(rejected))
+
+    async def list_devices(self) -> Listing[FabricDevice]:
+        """Every composable device (see the module docstring for what is left out).
+
+        Raises:
+            FabricUnavailable: the resources could not be read.
+            FabricAuthError: the token was refused.
+        """
+        resources = await self._resources()
+        built_in: set[str] = set()
+        for entry in resources:
+            device = entry.get("device") if isinstance(entry, dict) else None
+            if isinstance(device, dict):
+                constraints = device.get("constraints") or {}
+                parts = (
+                    constraints.get("nonRemovableDevices")
+                    if isinstance(constraints, dict)
+                    else None
+                )
+                if isinstance(parts, list) and parts:
+                    built_in.add(str(device.get("deviceID")))
+                    built_in.update(str(p.get("deviceID")) for p in parts if isinstance(p, dict))
+        devices: list[FabricDevice] = []
+        rejected: list[Rejected] = []
+        local: list[str] = []
+        for entry in resources:
+            made = self._device(entry, built_in)
+            if isinstance(made, Rejected):
+                rejected.append(made)
+            elif isinstance(made, str):
+                local.append(made)
+            elif made is not None:
+                devices.append(made)
+        return Listing(tuple(devices), tuple(rejected), tuple(local))
+
+    def _device(self, entry: Any, built_in: set[str]) -> FabricDevice | Rejected | str | None:
+        """One resource as a device; a Rejected for bad data; the id of a built-in part (a
+        local unit); None for what is not offered (gone, unavailable, a CPU)."""
+        if not isinstance(entry, dict) or not isinstance(entry.get("device"), dict):
+            return Rejected(str(entry)[:200], "resource without a device object", "missing-field")
+        device = entry["device"]
+        device_id = device.get("deviceID")
+        kind = device.get("type")
+        if not isinstance(device_id, str) or not device_id:
+            return Rejected(str(device)[:200], "device without a deviceID", "missing-field")
+        if not isinstance(kind, str) or not kind:
+            return Rejected(device_id, "device without a type", "missing-field")
+        if entry.get("detected") is False or kind.upper() == "CPU":
+            return None
+        if device_id in built_in:
+            return device_id
+        annotation = entry.get("annotation")
+        if isinstance(annotation, dict) and annotation.get("available") is False:
+            return None
+        return FabricDevice(
+            vendor_id=device_id,
+            attach_unit=device_id,
+            device_type=_TYPES.get(kind.lower(), DeviceType.OTHER),
+            vendor=_text(device.get("manufacturer")),
+            model=_text(device.get("model")),
+            serial=_text(device.get("serialNumber")),
+            health=_health(device),
+            state=_text((device.get("status") or {}).get("state"))
+            if isinstance(device.get("status"), dict)
+            else None,
+            host_id=_holder(device, entry),
+            name=_text(device.get("deviceName")) or device_id,
+        )
+
+    async def _holder_now(self, device_id: str) -> str | None:
+        """The CPU holding ``device_id`` as the freshest read says.
+
+        Raises:
+            FabricNotFound: the device is unknown or gone from the hardware.
+        """
+        status, body = await self._call("GET", f"/resources/{device_id}")
+        if status == 404:
+            raise FabricNotFound(f"device {device_id} is not in the CDIM inventory", status=404)
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("device"), dict):
+            raise FabricInvalidData(f"GET /resources/{device_id}: HTTP {status}")
+        if body.get("detected") is False:
+            raise FabricNotFound(f"device {device_id} is no longer detected by the hardware")
+        return _holder(body["device"], body)
+
+    # ------------------------------------------------------------------ attach / detach
+
+    async def attach(
+        self,
+        device: FabricDevice,
+        host_id: str,
+        *,
+        on_operation: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Operation:
+        """Connect ``device`` to CPU ``host_id`` (see :class:`FabricBackend.attach`).
+
+        Raises:
+            FabricConflict: another CPU holds it (no POST is sent), or the hardware refused
+                (the apply was suspended; it is cancelled).
+            FabricNotFound: the device is unknown or gone.
+            FabricUnavailable: the installation stayed busy, an apply of someone else is
+                suspended, the connection to the hardware dropped (outcome unknown), or the
+                apply did not end in time (FabricTimeout).
+        """
+        holder = await self._holder_now(device.vendor_id)
+        if holder == host_id:
+            return Operation(None, OperationState.COMPLETED, "already connected")
+        if holder is not None:
+            raise FabricConflict(
+                f"device {device.vendor_id} is connected to CPU {holder}; not sent (a hardware "
+                f"conflict would suspend every apply of the installation)",
+                status=409,
+            )
+        return await self._change("connect", device.vendor_id, host_id, on_operation)
+
+    async def detach(
+        self,
+        device: FabricDevice,
+        host_id: str,
+        *,
+        on_operation: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Operation:
+        """Disconnect ``device`` from CPU ``host_id`` (see :class:`FabricBackend.detach`).
+
+        A device another CPU holds is left alone (a success: not ours to detach). A device
+        the cache shows free is disconnected anyway: the cache may be older than our
+        connect, and the hardware answers a disconnect of a free device with success.
+
+        Raises: as :meth:`attach`.
+        """
+        try:
+            holder = await self._holder_now(device.vendor_id)
+        except FabricNotFound:
+            return Operation(None, OperationState.COMPLETED, "device gone")
+        if holder is not None and holder != host_id:
+            return Operation(None, OperationState.COMPLETED, f"held by CPU {holder}, not {host_id}")
+        return await self._change("disconnect", device.vendor_id, host_id, on_operation)
+
+    async def _change(
+        self,
+        operation: str,
+        device_id: str,
+        cpu: str,
+        on_operation: Callable[[str], Awaitable[None]] | None,
+    ) -> Operation:
+        running = await self._find_running(operation, cpu, device_id)
+        if running is not None:
+            # A crash left our apply running (no id journalled): follow it, send nothing.
+            apply_id, operation_id = running
+            if on_operation is not None:
+                await on_operation(apply_id)
+            return await self._outcome(apply_id, operation_id, operation, cpu, device_id)
+        request = _Request(operation, cpu, device_id, on_operation)
+        self._queue.append(request)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_loop(), name="cdim-apply")
+        return await asyncio.shield(request.done)
+
+    async def _find_running(
+        self, operation: str, cpu: str, device_id: str
+    ) -> tuple[str, int] | None:
+        """An IN_PROGRESS apply with a procedure (operation, CPU, device), if any."""
+        status, body = await self._call(
+            "GET", "/layout-apply", params=[("status", "IN_PROGRESS"), ("fields", "procedures")]
+        )
+        if status != 200 or not isinstance(body, dict):
+            return None
+        for apply in body.get("applyResults") or []:
+            if not isinstance(apply, dict):
+                continue
+            for procedure in apply.get("procedures") or []:
+                if self._is(procedure, operation, cpu, device_id):
+                    return str(apply.get("applyID")), int(procedure.get("operationID", 0))
+        return None
+
+    def _is(self, procedure: Any, operation: str, cpu: str, device_id: str) -> bool:
+        return (
+            isinstance(procedure, dict)
+            and procedure.get("operation") == operation
+            and procedure.get(self._cpu_field) == cpu
+            and procedure.get(self._device_field) == device_id
+        )
+
+    async def _send_loop(self) -> None:
+        """Send what waits as one apply at a time, until nothing waits."""
+        while self._queue:
+            if self._batch_window_s:
+                await asyncio.sleep(self._batch_window_s)
+            batch, self._queue = self._queue, []
+            try:
+                await self._send(batch)
+            except Exception as err:  # every waiter gets the failure, the loop goes on
+                failure = err if isinstance(err, FabricError) else FabricUnavailable(str(err))
+                for request in batch:
+                    if not request.done.done():
+                        request.done.set_exception(failure)
+
+    async def _send(self, batch: list[_Request]) -> None:
+        # One procedure per request; the same device twice in one apply is not sent twice.
+        unique: dict[tuple[str, str, str], list[_Request]] = {}
+        for request in batch:
+            unique.setdefault((request.operation, request.cpu, request.device), []).append(request)
+        procedures = [
+            {
+                "operationID": number,
+                "operation": operation,
+                self._cpu_field: cpu,
+                self._device_field: device,
+                "dependencies": [],
+            }
+            for number, (operation, cpu, device) in enumerate(unique, start=1)
+        ]
+        apply_id = await self._post(procedures)
+        for request in batch:
+            if request.on_operation is not None:
+                await request.on_operation(apply_id)
+        final = await self._follow(apply_id)
+        for number, (key, requests) in enumerate(unique.items(), start=1):
+            try:
+                result: Operation | FabricError = self._step_outcome(final, number, *key)
+            except FabricError as err:
+                result = err
+            for request in requests:
+                if request.done.done():
+                    continue
+                if isinstance(result, FabricError):
+                    request.done.set_exception(result)
+                else:
+                    request.done.set_result(result)
+
+    async def _post(self, procedures: list[dict[str, Any]]) -> str:
+        """POST the apply, waiting out a busy installation.
+
+        Raises:
+            FabricUnavailable: still busy after ``busy_timeout_s``, or a suspended apply of
+                someone else blocks the installation.
+            FabricInvalidData: the service refused the procedures (400).
+        """
+        deadline = time.monotonic() + self._busy_timeout_s
+        wait = 0.2
+        while True:
+            status, body = await self._call(
+                "POST", "/layout-apply", body={"procedures": procedures}
+            )
+            if status == 202 and isinstance(body, dict) and isinstance(body.get("applyID"), str):
+                apply_id = str(body["applyID"])
+                self._ours.add(apply_id)
+                self.applies += 1
+                return apply_id
+            code = _code(body)
+            if status == 409 and code == "E40010":
+                if time.monotonic() + wait > deadline:
+                    raise FabricUnavailable(
+                        f"CDIM stayed busy (E40010: another apply runs) for "
+                        f"{self._busy_timeout_s:g}s",
+                        status=409,
+                        vendor_code=code,
+                    )
+                self.busy_retries += 1
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 5.0)
+                continue
+            if status == 409 and code == "E40027":
+                raise FabricUnavailable(
+                    f"CDIM refuses every apply while one is suspended ({_message(body)}); its "
+                    f"owner must cancel or resume it (PUT /layout-apply/<id>?action=cancel)",
+                    status=409,
+                    vendor_code=code,
+                )
+            raise FabricInvalidData(
+                f"POST /layout-apply: HTTP {status}: {_message(body)}",
+                status=status,
+                vendor_code=code,
+            )
+
+    async def _read_apply(self, apply_id: str) -> dict[str, Any] | None:
+        status, body = await self._call("GET", f"/layout-apply/{apply_id}")
+        if status == 404:
+            return None
+        if status != 200 or not isinstance(body, dict):
+            raise FabricInvalidData(f"GET /layout-apply/{apply_id}: HTTP {status}")
+        return body
+
+    async def _follow(self, apply_id: str) -> dict[str, Any]:
+        """Poll the apply until it ends; a SUSPENDED apply of ours is cancelled (no rollback).
+
+        Raises:
+            FabricNotFound: the apply is gone.
+            FabricTimeout: it did not end within ``apply_timeout_s``.
+        """
+        deadline = time.monotonic() + self._apply_timeout_s
+        while True:
+            body = await self._read_apply(apply_id)
+            if body is None:
+                raise FabricNotFound(f"apply {apply_id} is gone")
+            status = body.get("status")
+            if status == "SUSPENDED":
+                log.warning(
+                    "CDIM apply %s was suspended (the hardware refused a step); cancelling it "
+                    "so that the installation takes applies again",
+                    apply_id,
+                )
+                with contextlib.suppress(FabricError):
+                    await self._call(
+                        "PUT", f"/layout-apply/{apply_id}", params={"action": "cancel"}
+                    )
+                return body
+            if status not in _RUNNING:
+                return body
+            if time.monotonic() > deadline:
+                raise FabricTimeout(
+                    f"apply {apply_id} still {status} after {self._apply_timeout_s:g}s"
+                )
+            await asyncio.sleep(self._poll_s)
+
+    def _step_outcome(
+        self, final: Mapping[str, Any], number: int, operation: str, cpu: str, device: str
+    ) -> Operation:
+        """Our step's result in the ended apply ``final``.
+
+        Raises:
+            FabricConflict: the hardware refused it (409; the apply was suspended).
+            FabricNotFound: the hardware does not know the device or CPU (404).
+            FabricUnavailable: the connection to the hardware dropped (outcome unknown), or the
+                step never ran (the apply failed or was cancelled before it).
+        """
+        apply_id = str(final.get("applyID"))
+        results = [
+            r
+            for r in (final.get("applyResult") or [])
+            if isinstance(r, dict) and r.get("operationID") == number
+        ]
+        result = results[-1] if results else None
+        if result is not None and result.get("status") == "COMPLETED":
+            return Operation(apply_id, OperationState.COMPLETED)
+        what = f"{operation} of {device} to CPU {cpu} (apply {apply_id}, {final.get('status')})"
+        if result is None:
+            raise FabricUnavailable(f"{what}: the step did not run")
+        code = result.get("statusCode")
+        body = result.get("responseBody")
+        vendor = _code(body)
+        if vendor in _DROPPED:
+            raise FabricUnavailable(
+                f"{what}: the connection to the hardware dropped ({vendor}); the outcome is "
+                f"unknown",
+                vendor_code=vendor,
+            )
+        if code == 409:
+            raise FabricConflict(f"{what}: the hardware refused: {_message(body)}", status=409)
+        if code == 404:
+            raise FabricNotFound(f"{what}: {_message(body)}", status=404)
+        raise FabricUnavailable(f"{what}: HTTP {code}: {_message(body)}", status=code)
+
+    async def _outcome(
+        self, apply_id: str, number: int, operation: str, cpu: str, device: str
+    ) -> Operation:
+        final = await self._follow(apply_id)
+        return self._step_outcome(final, number, operation, cpu, device)
+
+    async def resume(
+        self, op_id: str, device: FabricDevice, host_id: str, *, attach: bool
+    ) -> Operation:
+        """Finish an attach or detach whose apply ``op_id`` was journalled.
+
+        The apply is followed while it runs; our step is found by (operation, CPU, device).
+        When the apply is gone or our step did not complete, the device's state decides: a
+        change that holds is done, else it is made again.
+
+        Raises: as :meth:`attach`.
+        """
+        operation = "connect" if attach else "disconnect"
+        body = await self._read_apply(op_id)
+        if body is not None:
+            if body.get("status") in _RUNNING or body.get("status") == "SUSPENDED":
+                body = await self._follow(op_id)
+            number = next(
+                (
+                    int(p.get("operationID", 0))
+                    for p in body.get("procedures") or []
+                    if self._is(p, operation, host_id, device.vendor_id)
+                ),
+                None,
+            )
+            if number is not None:
+                with contextlib.suppress(FabricError):
+                    return self._step_outcome(body, number, operation, host_id, device.vendor_id)
+        if attach:
+            return await self.attach(device, host_id)
+        return await self.detach(device, host_id)
+
+    async def operation_status(self, op_id: str) -> Operation:
+        """The state of apply ``op_id``.
+
+        Raises:
+            FabricNotFound: no such apply.
+        """
+        body = await self._read_apply(op_id)
+        if body is None:
+            raise FabricNotFound(f"apply {op_id} not found")
+        status = body.get("status")
+        if status in _RUNNING:
+            return Operation(op_id, OperationState.RUNNING, str(status))
+        if status == "COMPLETED":
+            return Operation(op_id, OperationState.COMPLETED)
+        return Operation(op_id, OperationState.FAILED, str(status))
+
+    async def close(self) -> None:
+        """Fail what still waits, and close the HTTP session. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sender
+        for request in self._queue:
+            if not request.done.done():
+                request.done.set_exception(FabricUnavailable("the cdim backend was closed"))
+        self._queue = []
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+
+
+def _json(text: str) -> Any:
+    import json
+
+    return json.loads(text) if text else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _health(device: Mapping[str, Any]) -> Health:
+    status = device.get("status")
+    health = status.get("health") if isinstance(status, dict) else None
+    return _HEALTH.get(str(health), Health.UNKNOWN)
+
+
+def _holder(device: Mapping[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """The CPU a device is connected to: its CPU link, else its node."""
+    for link in device.get("links") or []:
+        if isinstance(link, dict) and str(link.get("type", "")).upper() == "CPU":
+            found = link.get("deviceID")
+            if isinstance(found, str) and found:
+                return found
+    nodes = entry.get("nodeIDs")
+    if isinstance(nodes, list) and nodes and isinstance(nodes[0], str):
+        return nodes[0]
+    return None
+
+
+def _code(body: Any) -> str | None:
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("details") or body)[:300]
+    return str(body)[:300]
