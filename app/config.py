@@ -233,7 +233,11 @@ class FabricSettings(_Section):
         description="a lowercase DNS label of at most 32 characters naming this fabric "
         "manager, e.g. hall-a; stored with every device (default: the kind, redfish)",
     )
-    kind: Literal["redfish"] = Field(default="redfish", description="redfish")
+    kind: Literal["redfish", "cdim"] = Field(
+        default="redfish",
+        description="redfish (a Redfish CompositionService) or cdim (NEC CDIM's "
+        "configuration-manager and layout-apply)",
+    )
     url: str | None = Field(
         default=None,
         description="the fabric manager's origin, without a path, e.g. https://fm.example:443",
@@ -277,6 +281,40 @@ class FabricSettings(_Section):
     device_identity: Literal["uri", "serial", "uuid"] = Field(
         default="uri",
         description="uri, serial or uuid: what makes two listed devices one physical device",
+    )
+    token_file: Path | None = Field(
+        default=None,
+        description="path of a file holding a bearer token (cdim: for the gateway in front "
+        "of the installation)",
+    )
+    path_prefix: str = Field(
+        default="",
+        max_length=200,
+        pattern=r"^(/?[A-Za-z0-9._~-]+)*/?$",
+        description="cdim: a gateway path before /cdim/api/v1, e.g. /gw, or empty",
+    )
+    procedure_fields: Literal["oss", "product"] = Field(
+        default="oss",
+        description="cdim: the layout-apply procedure's CPU and device fields: oss "
+        "(targetCPUID, targetDeviceID) or product (sourceDeviceID, destinationDeviceID)",
+    )
+    batch_window_seconds: float = Field(
+        default=0.05,
+        ge=0,
+        le=10,
+        description="cdim: seconds an attach or detach waits for others to share its apply "
+        "(0: one apply each), from 0 to 10",
+    )
+    busy_timeout_seconds: Seconds = Field(
+        default=120.0,
+        description="cdim: seconds to keep trying an apply the installation refuses as busy "
+        "(another apply runs), > 0",
+    )
+    cache_lag_seconds: Seconds = Field(
+        default=900.0,
+        description="cdim: seconds the inventory cache may lag behind an apply; for that long "
+        "a device the controller connected or disconnected is taken to be where the apply "
+        "put it, > 0",
     )
 
     @property

@@ -13,7 +13,10 @@ layout-apply run on loopback:
   ``links``. CDIM exposes no GPU UUID or PCI address: the node plugin finds the device by
   its serial number where it can.
 * The inventory is a cache, refreshed about every ten minutes: a read of one device
-  (``GET /resources/{id}``) is the freshest view there is, and may still be old.
+  (``GET /resources/{id}``) is the freshest view there is, and may still be old. So the
+  backend reads its own writes: for ``cache_lag_s`` after one of its connects or disconnects
+  completed, its listings and reads show that device where the apply put it, not where the
+  cache still has it (else the next inventory sync would see our fresh attach as lost).
 * ``POST /layout-apply`` runs procedures asynchronously (202 ``{"applyID"}``), one apply at a
   time in the whole installation. Its hazards, and what this backend does about each:
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import ssl
 import time
@@ -125,6 +129,8 @@ class CdimBackend:
         batch_window_s: seconds an attach waits for others to join its apply (0: one apply
             per attach, still never two at once).
         session: an aiohttp session to use (tests); closed by the caller.
+        cache_lag_s: seconds the inventory cache may lag behind an apply: for that long a
+            device this backend connected or disconnected is shown where the apply put it.
 
     Raises:
         ValueError: a malformed base URL, an unknown procedure field set, a non-positive
@@ -149,6 +155,7 @@ class CdimBackend:
         busy_timeout_s: float = 120.0,
         batch_window_s: float = 0.05,
         session: aiohttp.ClientSession | None = None,
+        cache_lag_s: float = 900.0,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base URL {base_url!r} is not an http:// or https:// origin")
@@ -182,6 +189,9 @@ class CdimBackend:
         self._queue: list[_Request] = []
         self._sender: asyncio.Task[None] | None = None
         self._ours: set[str] = set()  # apply ids this process posted
+        self._cache_lag_s = cache_lag_s
+        # device -> (the CPU our last completed apply left it on, or None; when)
+        self._written: dict[str, tuple[str | None, float]] = {}
         self.applies = 0  # applies posted (for the benchmark)
         self.busy_retries = 0
 
@@ -277,13 +287,19 @@ class CdimBackend:
                 if isinstance(r, dict) and isinstance(r.get("device"), dict)
             ]
             cpu = next((d for d in members if d.get("deviceID") == node_id), {})
-            units = tuple(
-                sorted(
-                    str(d["deviceID"])
-                    for d in members
-                    if d.get("deviceID") != node_id and isinstance(d.get("deviceID"), str)
-                )
-            )
+            held = {
+                str(d["deviceID"])
+                for d in members
+                if d.get("deviceID") != node_id and isinstance(d.get("deviceID"), str)
+            }
+            for device_id in list(self._written):
+                written = self._fresh_write(device_id)
+                if written is not None:
+                    if written[0] == node_id:
+                        held.add(device_id)
+                    else:
+                        held.discard(device_id)
+            units = tuple(sorted(held))
             hosts.append(
                 FabricHost(
                     host_id=node_id,
@@ -326,8 +342,22 @@ class CdimBackend:
             elif isinstance(made, str):
                 local.append(made)
             elif made is not None:
+                written = self._fresh_write(made.vendor_id)
+                if written is not None and written[0] != made.host_id:
+                    made = dataclasses.replace(made, host_id=written[0])
                 devices.append(made)
         return Listing(tuple(devices), tuple(rejected), tuple(local))
+
+    def _fresh_write(self, device_id: str) -> tuple[str | None] | None:
+        """Where our own recent apply left ``device_id`` (a 1-tuple), or None when we have
+        not changed it within ``cache_lag_s``."""
+        found = self._written.get(device_id)
+        if found is None:
+            return None
+        if time.monotonic() - found[1] > self._cache_lag_s:
+            del self._written[device_id]
+            return None
+        return (found[0],)
 
     def _device(self, entry: Any, built_in: set[str]) -> FabricDevice | Rejected | str | None:
         """One resource as a device; a Rejected for bad data; the id of a built-in part (a
@@ -376,7 +406,8 @@ class CdimBackend:
             raise FabricInvalidData(f"GET /resources/{device_id}: HTTP {status}")
         if body.get("detected") is False:
             raise FabricNotFound(f"device {device_id} is no longer detected by the hardware")
-        return _holder(body["device"], body)
+        written = self._fresh_write(device_id)
+        return written[0] if written is not None else _holder(body["device"], body)
 
     # ------------------------------------------------------------------ attach / detach
 
@@ -627,6 +658,7 @@ class CdimBackend:
         ]
         result = results[-1] if results else None
         if result is not None and result.get("status") == "COMPLETED":
+            self._written[device] = (cpu if operation == "connect" else None, time.monotonic())
             return Operation(apply_id, OperationState.COMPLETED)
         what = f"{operation} of {device} to CPU {cpu} (apply {apply_id}, {final.get('status')})"
         if result is None:

@@ -33,6 +33,8 @@ def backend_from_settings(fabric: FabricSettings, setting: str = "fabric") -> Fa
             f"setting {setting}.url is not set; expected the fabric manager's origin, "
             f"e.g. https://fm.example:443{env}"
         )
+    if fabric.kind == "cdim":
+        return _cdim(fabric, fabric.url, setting)
     username = password = None
     if fabric.auth != "none":
         if fabric.username_file is None or fabric.password_file is None:
@@ -62,6 +64,35 @@ def backend_from_settings(fabric: FabricSettings, setting: str = "fabric") -> Fa
             verify_timeout_s=fabric.verify_timeout_seconds,
             device_identity=fabric.device_identity,
             name=fabric.manager,
+        )
+    except ValueError as err:
+        raise ConfigError(f"settings {setting}: {err}") from err
+
+
+def _cdim(fabric: FabricSettings, url: str, setting: str) -> FabricBackend:
+    """A NEC CDIM backend (app.fabric.cdim); its token, when set, is read from its file."""
+    from app.fabric.cdim import CdimBackend
+
+    token = (
+        read_secret(fabric.token_file, f"{setting}.token_file").get_secret_value()
+        if fabric.token_file is not None
+        else None
+    )
+    try:
+        return CdimBackend(
+            url,
+            name=fabric.manager,
+            prefix=fabric.path_prefix,
+            token=token,
+            procedure_fields=fabric.procedure_fields,
+            verify_tls=fabric.tls_verify,
+            ca_file=fabric.ca_bundle,
+            timeout_s=fabric.timeout_seconds,
+            poll_s=fabric.verify_poll_seconds,
+            apply_timeout_s=fabric.task_timeout_seconds,
+            busy_timeout_s=fabric.busy_timeout_seconds,
+            batch_window_s=fabric.batch_window_seconds,
+            cache_lag_s=fabric.cache_lag_seconds,
         )
     except ValueError as err:
         raise ConfigError(f"settings {setting}: {err}") from err
