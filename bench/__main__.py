@@ -51,6 +51,7 @@ BENCHMARKS = (
     "allocate",
     "kubeapi",
     "node",
+    "cdim",
 )
 _DATABASES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
 MB = 1_000_000 / 2**20  # MiB per MB: targets speak of MB, the kernel reports KiB
@@ -247,6 +248,24 @@ def cases(short: bool) -> list[Case]:
                 300,
             )
         )
+    # NEC CDIM: attaches one at a time and many at once (batched and not), claims end to end;
+    # the short run uses a fifth of a real installation's apply time.
+    in_flight, sequential, apply_s = (8, 2, "0.2") if short else (32, 8, "1.0")
+    out.append(
+        Case(
+            "cdim",
+            f"{in_flight} in flight, applies of {apply_s} s",
+            (
+                "--in-flight",
+                str(in_flight),
+                "--sequential",
+                str(sequential),
+                "--apply-seconds",
+                apply_s,
+            ),
+            600,
+        )
+    )
     return out
 
 
@@ -591,6 +610,26 @@ METRICS: tuple[Metric, ...] = (
         )
         for state in ("on", "off")
     ),
+    Metric(
+        "cdim", "attaches per second, one at a time", _key("sequential_attaches_per_second"), "/s"
+    ),
+    Metric(
+        "cdim",
+        "attaches per second, all in flight, batched",
+        _key("batched_attaches_per_second"),
+        "/s",
+    ),
+    Metric("cdim", "applies for those, batched", _key("batched_applies")),
+    Metric(
+        "cdim",
+        "attaches per second, all in flight, not batched",
+        _key("unbatched_attaches_per_second"),
+        "/s",
+    ),
+    Metric("cdim", "claims per second end to end", _key("claims_per_second"), "/s"),
+    Metric("cdim", "applies for those claims", _key("claim_applies")),
+    Metric("cdim", "releases per second end to end", _key("releases_per_second"), "/s"),
+    Metric("cdim", "controller CPU per claim cycle", _key("cpu_ms_per_claim_cycle"), "ms"),
     Metric("node", "prepare p50", _key("prepare_p50_ms"), "ms"),
     Metric(
         "node",

@@ -512,7 +512,9 @@ class CdimBackend:
         while self._queue:
             if self._batch_window_s:
                 await asyncio.sleep(self._batch_window_s)
-            batch, self._queue = self._queue, []
+                batch, self._queue = self._queue, []
+            else:
+                batch = [self._queue.pop(0)]
             try:
                 await self._send(batch)
             except Exception as err:  # every waiter gets the failure, the loop goes on

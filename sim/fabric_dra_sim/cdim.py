@@ -805,6 +805,13 @@ class CdimSimulator:
     help="Seconds every apply takes besides its steps.",
 )
 @click.option(
+    "--step-seconds",
+    default=0.05,
+    show_default=True,
+    type=click.FloatRange(0, 600),
+    help="Seconds each hardware call takes.",
+)
+@click.option(
     "--sync-seconds",
     default=600.0,
     show_default=True,
@@ -823,6 +830,7 @@ def cli(
     prefix: str,
     field_names: FieldNames,
     apply_seconds: float,
+    step_seconds: float,
     sync_seconds: float,
 ) -> None:
     """Serve a NEC CDIM simulator: configuration-manager's inventory and layout-apply."""
@@ -841,6 +849,7 @@ def cli(
         prefix=prefix,
         field_names=field_names,
         apply_overhead_s=apply_seconds,
+        step_s=step_seconds,
         sync_interval_s=sync_seconds,
     )
 
