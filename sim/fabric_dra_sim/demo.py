@@ -766,11 +766,22 @@ def _flags(admin_port: int | None, **_: Any) -> dict[str, Any]:
     help="Fabric devices in each rack (a mix of GPUs, FPGAs, NVMe drives and CXL memory).",
 )
 @click.option(
+    "--fabric",
+    "fabric_kind",
+    type=click.Choice(["redfish", "cdim"]),
+    default="redfish",
+    show_default=True,
+    help="The simulated fabric manager: Redfish (two clusters, node plugins included) or NEC "
+    "CDIM (one 1.34 cluster; --regions and the rack options do not apply; database "
+    "./fabric-dra-demo-cdim.db by default).",
+)
+@click.option(
     "--fabric-url", hidden=True, expose_value=False, callback=_refuse_fabric_url, is_eager=True
 )
 @settings_options_with(_flags, fabric_url=False, database_default=DEMO_DATABASE)
 def demo(
     once: bool,
+    fabric_kind: str,
     admin_port: int | None,
     regions: int,
     racks_per_region: int,
@@ -803,9 +814,21 @@ def demo(
     admin_port = settings.admin.port
     if settings.log.level == "INFO":
         # The story is the demo's output; the service's routine lines would drown it.
-        for name in ("app", "fabric_dra_sim.kubelet", "fabric_dra_sim.hostsim"):
+        quiet = ("app", "fabric_dra_sim.kubelet", "fabric_dra_sim.hostsim")
+        if fabric_kind == "cdim":
+            quiet += ("fabric_dra_sim.scheduler",)
+        for name in quiet:
             logging.getLogger(name).setLevel(logging.WARNING)
     try:
+        if fabric_kind == "cdim":
+            from fabric_dra_sim.demo_cdim import run_cdim_demo
+
+            given = settings.model_dump(exclude_unset=True)
+            defaults = {section: dict(values) for section, values in DEMO_DEFAULTS.items()}
+            if not set(given.get("leader", {})) & set(DEMO_LEADER_TIMINGS):
+                defaults["leader"].update(DEMO_LEADER_TIMINGS)
+            asyncio.run(run_cdim_demo(settings, defaults, once, admin_port, _wait_for_signal))
+            return
         asyncio.run(_run(settings, once, admin_port, regions, racks_per_region, devices_per_rack))
     except ConfigError as err:
         raise click.ClickException(f"the demo could not start: {err}") from None

@@ -301,3 +301,23 @@ def test_a_node_without_a_node_plugin_is_refused_by_name(tmp_path: Path) -> None
     (tmp_path / "cdi" / "a.json").write_text("{}")
     (tmp_path / "cdi" / "notes.txt").write_text("")
     assert side.nodes["worker-1"].cdi_specs() == ["a.json", "b.json"]
+
+
+async def test_the_cdim_demo_tells_the_story_on_layout_apply(tmp_path: Path) -> None:
+    code, out, err = await cli(
+        "demo", "--fabric", "cdim", "--once", "--admin-port", "0", cwd=tmp_path, limit_s=120
+    )
+    assert code == 0, err
+    assert "Traceback" not in err
+    for line in (
+        "NEC CDIM simulator at http://127.0.0.1:",
+        "pool cdim published",
+        "its GPU connected to node-",
+        "binding condition True, pod bound to node-",
+    ):
+        assert line in out, out
+    # Eight pods at once share applies: fewer applies than pods.
+    shared = re.search(r"8 pods at once: their GPUs connected in (\d+) applies", out)
+    assert shared is not None and int(shared.group(1)) < 8, out
+    assert "every GPU disconnected through layout-apply and released" in out
+    assert (tmp_path / "fabric-dra-demo-cdim.db").exists()
