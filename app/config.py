@@ -511,15 +511,17 @@ class KubeSettings(_Section):
 class HostMappingSettings(_Section):
     """How a Kubernetes node is matched to a fabric host (a Redfish ComputerSystem)."""
 
-    match: Literal["hostname", "label", "annotation", "provider_id"] = Field(
+    match: Literal["hostname", "label", "annotation", "provider_id", "serial"] = Field(
         default="hostname",
         description="hostname (node name or kubernetes.io/hostname label = the host's HostName, "
-        "short names allowed), label or annotation (its value = host id), or provider_id "
-        "(spec.providerID ends with the host id)",
+        "short names allowed), label or annotation (its value = host id), provider_id "
+        "(spec.providerID ends with the host id), or serial (the label or annotation's value = "
+        "the host's serial number, e.g. a CDIM CPU's)",
     )
     key: LabelKey = Field(
         default="fabric-dra.io/host-id",
-        description="the label or annotation key holding the host id (for label or annotation)",
+        description="the label or annotation key holding the host id (for label or annotation) "
+        "or its serial number (for serial)",
     )
 
 

@@ -6,21 +6,23 @@ The fabric manager names servers its own way (Redfish: a ComputerSystem's ``Id``
 * ``hostname`` (default): the node's ``kubernetes.io/hostname`` label, else its name, equals a
   host's ``hostname`` (case-insensitive; a short name matches the first label of a FQDN);
 * ``label`` / ``annotation``: the node's label or annotation ``hosts.key`` holds the host id;
-* ``provider_id``: ``spec.providerID`` ends with ``/<host id>`` or equals it.
+* ``provider_id``: ``spec.providerID`` ends with ``/<host id>`` or equals it;
+* ``serial``: the node's label (else annotation) ``hosts.key`` holds the host's serial number
+  (NEC CDIM: its CPU's ``serialNumber``).
 
 An identity shared by two or more hosts is never used to map a node: real Redfish services
 ship the same placeholder ``HostName`` (``localhost``) on every System, and "the last one wins"
 would attach devices to the wrong server. Such identities are kept aside in
 :attr:`HostIndex.ambiguous` / :attr:`HostIndex.ambiguous_short` /
 :attr:`HostIndex.ambiguous_ids` and reported by :func:`ambiguities`. Host ``UUID`` and
-``SerialNumber`` are stored by the inventory but no rule matches on them.
+``SerialNumber`` are stored by the inventory; only ``serial`` matches on the serial number.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -29,6 +31,7 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 HOSTNAME = "hostname"
 SHORT_HOSTNAME = "short hostname"
 HOST_ID = "host id"
+SERIAL = "serial number"
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ _NAME_HINT = (
 _HINTS = {
     HOSTNAME: _NAME_HINT,
     SHORT_HOSTNAME: _NAME_HINT,
+    SERIAL: "with hosts.match=serial no node maps to them; match by label or provider_id",
     HOST_ID: "two fabric managers report the same host id: with hosts.match label, "
     "annotation or provider_id no node maps to them (hosts.match=hostname still can)",
 }
@@ -52,6 +56,7 @@ class HostRef:
     host_id: str
     hostname: str | None = None
     backend: str = ""
+    serial: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,8 @@ class HostIndex:
     ambiguous: Mapping[str, tuple[str, ...]]
     ambiguous_short: Mapping[str, tuple[str, ...]]
     ambiguous_ids: Mapping[str, tuple[str, ...]]
+    by_serial: Mapping[str, HostRef] = field(default_factory=dict)
+    ambiguous_serials: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -194,7 +201,17 @@ class HostIndex:
         by_id, ambiguous_ids = _split((h.host_id, h) for h in hosts)
         by_hostname, ambiguous = _split((str(h.hostname).lower(), h) for h in named)
         by_short, ambiguous_short = _split((_short(str(h.hostname)), h) for h in named)
-        index = cls(by_id, by_hostname, by_short, ambiguous, ambiguous_short, ambiguous_ids)
+        by_serial, ambiguous_serials = _split((str(h.serial), h) for h in hosts if h.serial)
+        index = cls(
+            by_id,
+            by_hostname,
+            by_short,
+            ambiguous,
+            ambiguous_short,
+            ambiguous_ids,
+            by_serial,
+            ambiguous_serials,
+        )
         if report is not None:
             report.report(ambiguities(index))
         return index
@@ -215,7 +232,10 @@ def ambiguities(index: HostIndex) -> tuple[Ambiguity, ...]:
         if ids not in full_sets
     ]
     ids = [Ambiguity(HOST_ID, value, hosts) for value, hosts in sorted(index.ambiguous_ids.items())]
-    return (*full, *short, *ids)
+    serials = [
+        Ambiguity(SERIAL, value, hosts) for value, hosts in sorted(index.ambiguous_serials.items())
+    ]
+    return (*full, *short, *ids, *serials)
 
 
 def host_for_node(node: Mapping[str, Any], index: HostIndex, match: str, key: str) -> str | None:
@@ -238,8 +258,8 @@ def host_ref_for_node(
     Args:
         node: a core/v1 Node as a JSON dict.
         index: the hosts, see :class:`HostIndex`.
-        match: ``hostname``, ``label``, ``annotation`` or ``provider_id``.
-        key: the label or annotation key for ``label`` / ``annotation``.
+        match: ``hostname``, ``label``, ``annotation``, ``provider_id`` or ``serial``.
+        key: the label or annotation key for ``label`` / ``annotation`` / ``serial``.
 
     Raises:
         ValueError: an unknown ``match``.
@@ -258,6 +278,11 @@ def host_ref_for_node(
             if candidate in index.by_id:
                 return index.by_id[candidate]
         return None
+    if match == "serial":
+        value = _host_id_value(metadata, "label", key) or _host_id_value(
+            metadata, "annotation", key
+        )
+        return index.by_serial.get(value) if value else None
     raise ValueError(f"unknown host match rule {match!r}")
 
 
@@ -281,9 +306,15 @@ def ambiguity_for_node(
             if found is None and short in index.ambiguous_short:
                 return Ambiguity(SHORT_HOSTNAME, short, index.ambiguous_short[short])
             found = found or index.by_short.get(short)
-            if found is not None and found.host_id in index.ambiguous_ids:
+            if found is not None and not found.backend and found.host_id in index.ambiguous_ids:
                 return Ambiguity(HOST_ID, found.host_id, index.ambiguous_ids[found.host_id])
         return None
+    if match == "serial":
+        value = _host_id_value(metadata, "label", key) or _host_id_value(
+            metadata, "annotation", key
+        )
+        shared = index.ambiguous_serials.get(value)
+        return Ambiguity(SERIAL, value, shared) if shared else None
     if match in ("label", "annotation"):
         candidates = [_host_id_value(metadata, match, key)]
     elif match == "provider_id":

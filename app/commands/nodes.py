@@ -22,6 +22,7 @@ from app.db import migrate
 from app.db.engine import Database, check_usable, missing_sqlite_file, unusable
 from app.hostmap import (
     HOST_ID,
+    SERIAL,
     SHORT_HOSTNAME,
     Ambiguity,
     HostIndex,
@@ -225,8 +226,14 @@ def build_report(
         unmatched_hosts=tuple(sorted(h.host_id for h in hosts if h.host_id not in mapped_hosts)),
         unreachable_pools=tuple(sorted(p for p in pools if p not in reached)),
         pool_labels={name: _labels_asked(pool.node_selector) for name, pool in pools.items()},
-        # Host names are no identity under the label, annotation and provider-id rules.
-        ambiguous=tuple(a for a in ambiguities(index) if match == "hostname" or a.key == HOST_ID),
+        # Host names are no identity under the label, annotation and provider-id rules, and
+        # serial numbers only under the serial rule.
+        ambiguous=tuple(
+            a
+            for a in ambiguities(index)
+            if (a.key == SERIAL) == (match == "serial")
+            and (match == "hostname" or a.key in (HOST_ID, SERIAL))
+        ),
     )
 
 

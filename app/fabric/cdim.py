@@ -283,7 +283,7 @@ class CdimBackend:
                 continue
             members = [
                 r.get("device") or {}
-                for r in node.get("resources") or []
+                for r in _list(node.get("resources"))
                 if isinstance(r, dict) and isinstance(r.get("device"), dict)
             ]
             cpu = next((d for d in members if d.get("deviceID") == node_id), {})
@@ -491,12 +491,12 @@ class CdimBackend:
         )
         if status != 200 or not isinstance(body, dict):
             return None
-        for apply in body.get("applyResults") or []:
+        for apply in _list(body.get("applyResults")):
             if not isinstance(apply, dict):
                 continue
-            for procedure in apply.get("procedures") or []:
+            for procedure in _list(apply.get("procedures")):
                 if self._is(procedure, operation, cpu, device_id):
-                    return str(apply.get("applyID")), int(procedure.get("operationID", 0))
+                    return str(apply.get("applyID")), _number(procedure.get("operationID"))
         return None
 
     def _is(self, procedure: Any, operation: str, cpu: str, device_id: str) -> bool:
@@ -655,7 +655,7 @@ class CdimBackend:
         apply_id = str(final.get("applyID"))
         results = [
             r
-            for r in (final.get("applyResult") or [])
+            for r in _list(final.get("applyResult"))
             if isinstance(r, dict) and r.get("operationID") == number
         ]
         result = results[-1] if results else None
@@ -704,8 +704,8 @@ class CdimBackend:
                 body = await self._follow(op_id)
             number = next(
                 (
-                    int(p.get("operationID", 0))
-                    for p in body.get("procedures") or []
+                    _number(p.get("operationID"))
+                    for p in _list(body.get("procedures"))
                     if self._is(p, operation, host_id, device.vendor_id)
                 ),
                 None,
@@ -768,7 +768,7 @@ def _health(device: Mapping[str, Any]) -> Health:
 
 def _holder(device: Mapping[str, Any], entry: Mapping[str, Any]) -> str | None:
     """The CPU a device is connected to: its CPU link, else its node."""
-    for link in device.get("links") or []:
+    for link in _list(device.get("links")):
         if isinstance(link, dict) and str(link.get("type", "")).upper() == "CPU":
             found = link.get("deviceID")
             if isinstance(found, str) and found:
@@ -777,6 +777,16 @@ def _holder(device: Mapping[str, Any], entry: Mapping[str, Any]) -> str | None:
     if isinstance(nodes, list) and nodes and isinstance(nodes[0], str):
         return nodes[0]
     return None
+
+
+def _number(value: Any) -> int:
+    """An operationID as an integer (0 for anything else: matches no step of ours)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _list(value: Any) -> list[Any]:
+    """``value`` when it is a list, else an empty one (vendor data of the wrong shape)."""
+    return value if isinstance(value, list) else []
 
 
 def _code(body: Any) -> str | None:

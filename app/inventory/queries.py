@@ -361,14 +361,16 @@ async def unconfigured_managers(db: Database, configured: Iterable[str]) -> dict
 
 async def host_refs(db: Database) -> list[HostRef]:
     """Every present host as a :class:`app.hostmap.HostRef`."""
-    query = select(Host.host_id, Host.hostname, Host.backend).where(Host.removed_at.is_(None))
+    query = select(Host.host_id, Host.hostname, Host.backend, Host.serial).where(
+        Host.removed_at.is_(None)
+    )
     # One statement, read whole on the database's side (Database.run_read): with thousands
     # of hosts, fetching the rows through the async driver one hand-over at a time held up
     # every claim waiting on the event loop.
     return await db.run_read(
         lambda conn: [
-            HostRef(host_id, hostname, backend)
-            for host_id, hostname, backend in conn.execute(query)
+            HostRef(host_id, hostname, backend, serial)
+            for host_id, hostname, backend, serial in conn.execute(query)
         ]
     )
 

@@ -99,6 +99,8 @@ class CdimFaults:
             stay IN_PROGRESS, blocking every other apply, until cancelled (a killed worker).
         api_error_rate: probability (0..1) that a request is answered 500 before being served.
         drop_rate: probability that a request's connection is closed without an answer.
+        flap_health_rate: probability that each composable device's hardware health flips
+            (OK becomes Critical, anything else OK) at each inventory sync.
     """
 
     latency_s: float = 0.0
@@ -108,6 +110,7 @@ class CdimFaults:
     orphan_next: int = 0
     api_error_rate: float = 0.0
     drop_rate: float = 0.0
+    flap_health_rate: float = 0.0
 
 
 @dataclass
@@ -304,6 +307,11 @@ class CdimSimulator:
 
     def sync(self) -> None:
         """Refresh the inventory cache from the hardware now (the sync tick)."""
+        rate = self.faults.flap_health_rate
+        if rate:
+            for device in self.devices.values():
+                if device.type != "CPU" and not device.built_in and self._rng.random() < rate:
+                    device.health = "Critical" if device.health == "OK" else "OK"
         cache = {}
         for device in self.devices.values():
             cache[device.device_id] = {

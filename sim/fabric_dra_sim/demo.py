@@ -814,7 +814,7 @@ def demo(
     admin_port = settings.admin.port
     if settings.log.level == "INFO":
         # The story is the demo's output; the service's routine lines would drown it.
-        quiet = ("app", "fabric_dra_sim.kubelet", "fabric_dra_sim.hostsim")
+        quiet: tuple[str, ...] = ("app", "fabric_dra_sim.kubelet", "fabric_dra_sim.hostsim")
         if fabric_kind == "cdim":
             quiet += ("fabric_dra_sim.scheduler",)
         for name in quiet:

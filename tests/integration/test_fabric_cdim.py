@@ -158,6 +158,11 @@ async def test_the_inventory_is_a_cache_with_ghosts_and_built_in_parts(
     assert by_id[sim.composable_ids()[1]]["detected"] is False
     cpu_entry = by_id[cpu]["device"]
     assert len(cpu_entry["constraints"]["nonRemovableDevices"]) == 2
+    sim.faults.flap_health_rate = 1.0
+    sim.sync()
+    _, body = await _call(url, "GET", f"/resources/{gpu}")
+    assert body["device"]["status"]["health"] == "Critical"
+    assert (await _call(url, "GET", "/resources/nope"))[0] == 404
     _status, nodes = await _call(url, "GET", "/nodes")
     assert {n["id"] for n in nodes["nodes"]} == set(sim.cpu_ids())
 
