@@ -159,7 +159,7 @@ _DEFAULT_LOG = AmbiguityLog()
 
 
 def _order(item: Ambiguity) -> tuple[int, str]:
-    return ((HOSTNAME, SHORT_HOSTNAME, HOST_ID).index(item.key), item.value)
+    return ((HOSTNAME, SHORT_HOSTNAME, HOST_ID, SERIAL).index(item.key), item.value)
 
 
 @dataclass(frozen=True)
@@ -187,14 +187,20 @@ class HostIndex:
 
     @classmethod
     def build(
-        cls, hosts: Iterable[HostRef], *, report: AmbiguityLog | None = _DEFAULT_LOG
+        cls,
+        hosts: Iterable[HostRef],
+        *,
+        report: AmbiguityLog | None = _DEFAULT_LOG,
+        match: str | None = None,
     ) -> HostIndex:
-        """Index ``hosts`` by id, full hostname and short hostname (lowercase).
+        """Index ``hosts`` by id, full hostname, short hostname (lowercase) and serial number.
 
         A value shared by two or more hosts is left out of its index and recorded as
         ambiguous; ``report`` (default: the process-wide :class:`AmbiguityLog`) logs the
         ambiguous values when they changed since its last report. Pass None to log nothing
-        (commands and the admin API, which show them themselves).
+        (commands and the admin API, which show them themselves). Shared serial numbers are
+        logged only when ``match`` (``hosts.match``) is ``serial``: placeholder serials are
+        common and harmless under the other rules.
         """
         hosts = list(hosts)
         named = [h for h in hosts if h.hostname]
@@ -213,13 +219,13 @@ class HostIndex:
             ambiguous_serials,
         )
         if report is not None:
-            report.report(ambiguities(index))
+            report.report(ambiguities(index, serials=match == "serial"))
         return index
 
 
-def ambiguities(index: HostIndex) -> tuple[Ambiguity, ...]:
+def ambiguities(index: HostIndex, *, serials: bool = False) -> tuple[Ambiguity, ...]:
     """Every identity value shared by several hosts, for display: full hostnames, then short
-    names, then host ids, each by value.
+    names, then host ids, then (with ``serials``) serial numbers, each by value.
 
     A short name shared by exactly the hosts of one shared full name (``localhost.localdomain``
     everywhere) is the same problem and is not listed twice.
@@ -232,10 +238,12 @@ def ambiguities(index: HostIndex) -> tuple[Ambiguity, ...]:
         if ids not in full_sets
     ]
     ids = [Ambiguity(HOST_ID, value, hosts) for value, hosts in sorted(index.ambiguous_ids.items())]
-    serials = [
-        Ambiguity(SERIAL, value, hosts) for value, hosts in sorted(index.ambiguous_serials.items())
+    shared = [
+        Ambiguity(SERIAL, value, hosts)
+        for value, hosts in sorted(index.ambiguous_serials.items())
+        if serials
     ]
-    return (*full, *short, *ids, *serials)
+    return (*full, *short, *ids, *shared)
 
 
 def host_for_node(node: Mapping[str, Any], index: HostIndex, match: str, key: str) -> str | None:

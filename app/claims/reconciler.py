@@ -542,7 +542,9 @@ class ClaimReconciler:
     async def _host_for(self, node_name: str) -> HostRef | None:
         now = time.monotonic()
         if self._host_index is None or now - self._host_index_at > self.settings.hosts_refresh_s:
-            self._host_index = HostIndex.build(await host_refs(self.db))
+            self._host_index = HostIndex.build(
+                await host_refs(self.db), match=self.settings.host_match
+            )
             self._host_index_at = now
         node = self.nodes.get(node_name)
         if node is None:

@@ -230,7 +230,7 @@ def build_report(
         # serial numbers only under the serial rule.
         ambiguous=tuple(
             a
-            for a in ambiguities(index)
+            for a in ambiguities(index, serials=match == "serial")
             if (a.key == SERIAL) == (match == "serial")
             and (match == "hostname" or a.key in (HOST_ID, SERIAL))
         ),

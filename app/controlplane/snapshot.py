@@ -209,7 +209,7 @@ class SnapshotCache:
             or current.version != self._changes["hosts"]
             or now - current.built_at > self.hosts_refresh_s
         ):
-            index = HostIndex.build(await self._host_refs())
+            index = HostIndex.build(await self._host_refs(), match=self.host_match)
             # Built from the nodes as they are after the await, so a change during it is in.
             version = self._changes["hosts"]
             hosts: dict[str, str] = {}

@@ -3,14 +3,25 @@ shape, including garbage), and nodes matched to CDIM CPUs by serial number."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from app.fabric.cdim import CdimBackend
 from app.fabric.types import DeviceType, FabricDevice, Health, Rejected
-from app.hostmap import SERIAL, HostIndex, HostRef, ambiguity_for_node, host_ref_for_node
+from app.hostmap import (
+    HOSTNAME,
+    SERIAL,
+    AmbiguityLog,
+    HostIndex,
+    HostRef,
+    ambiguities,
+    ambiguity_for_node,
+    host_ref_for_node,
+)
 
 BACKEND = CdimBackend("http://cdim.example")
 
@@ -129,3 +140,19 @@ def test_nodes_match_cdim_cpus_by_serial_number() -> None:
     assert ambiguity.hosts == ("cpu-3", "cpu-4")
     assert host_ref_for_node(unknown, index, "serial", key) is None
     assert ambiguity_for_node(unknown, index, "serial", key) is None
+
+
+def test_shared_serials_are_logged_only_when_nodes_are_matched_by_serial(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Placeholder identities (one HostName and one SerialNumber on every System) are common:
+    # a shared serial number is only news when serial numbers are the rule.
+    hosts = [HostRef(f"h{i}", "localhost", "redfish", "0000") for i in range(3)]
+    log = AmbiguityLog(logging.getLogger("test.hostmap"))
+    with caplog.at_level(logging.WARNING, logger="test.hostmap"):
+        HostIndex.build(hosts, report=log, match="hostname")
+    assert "serial number" not in caplog.text and "'localhost'" in caplog.text
+    index = HostIndex.build(hosts, report=log, match="serial")
+    assert "serial number '0000' is shared by hosts h0, h1, h2" in caplog.text
+    assert [a.key for a in ambiguities(index)] == [HOSTNAME]
+    assert [a.key for a in ambiguities(index, serials=True)] == [HOSTNAME, SERIAL]
