@@ -799,8 +799,8 @@ class Settings(BaseSettings):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(
-                f"fabrics: the name {repeated[0]!r} is given to several fabric managers; give "
-                f"each its own name"
+                f"several entries of fabrics are named {repeated[0]!r}; give each fabric "
+                f"manager its own name (unnamed ones are named after their kind)"
             )
         for manager in self.managers:
             if manager.password_file is not None and manager.username_file is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,12 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
     try:
         return dict(source())
     except Exception as err:  # pydantic-settings raises SettingsError for undecodable JSON
+        field = re.search(r'field "(\w+)"', str(err))
+        if field is not None:
+            raise ConfigError(
+                f"environment variable {ENV_PREFIX}{field.group(1).upper()}: not valid JSON; "
+                f"expected {_describe((field.group(1),)) or 'a JSON value'}"
+            ) from None
         raise ConfigError(f"environment: {err}") from err
 
 
@@ -205,7 +212,8 @@ def load_settings(
         return Settings(**merged)
     except ValidationError as err:
         first = err.errors()[0]
-        loc = tuple(first["loc"])
+        whole_model = not first["loc"]
+        loc = tuple(first["loc"]) or _named_in(str(first["msg"]))
         name = ".".join(str(part) for part in loc) or "(settings)"
         if _lookup(flag_layer, loc):
             source = "from the command line"
@@ -230,9 +238,22 @@ def load_settings(
             shown = f"value {value!r}: "
         else:
             shown = f"value {value!r} "
-        expected = _describe(loc)
+        # An error of the whole model says what is expected itself.
+        expected = "" if whole_model else _describe(loc)
         hint = f"; expected {expected}" if expected else ""
         raise ConfigError(f"setting {name} ({source}): {shown}{problem}{hint}{more}") from None
+
+
+def _named_in(message: str) -> tuple[str, ...]:
+    """For an error of the whole model (no location): the top-level setting its message names
+    first (``fabrics`` in "fabrics[a].password_file is set ..."), so that the error can say
+    where that value came from; () when it names none."""
+    found = [
+        (match.start(), name)
+        for name in Settings.model_fields
+        if (match := re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message)) is not None
+    ]
+    return (min(found)[1],) if found else ()
 
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def test_pools_may_mix_managers_when_asked(tmp_path: Path) -> None:
     [
         (
             {"fabrics": [{"url": "https://a.example"}, {"url": "https://b.example"}]},
-            "the name 'redfish' is given to several fabric managers",
+            "several entries of fabrics are named 'redfish'",
         ),
         (
             {
@@ -97,7 +97,7 @@ def test_pools_may_mix_managers_when_asked(tmp_path: Path) -> None:
                     {"name": "a", "url": "https://b.example"},
                 ]
             },
-            "the name 'a' is given to several fabric managers",
+            "several entries of fabrics are named 'a'",
         ),
         (
             {"fabric": {"url": "https://a.example"}, "fabrics": [{"name": "b"}]},
@@ -272,3 +272,30 @@ def test_a_host_found_by_hostname_keeps_its_manager_though_its_id_is_shared() ->
     # Hosts of unknown manager keep the old rule: a shared id maps no node at all.
     unknown = HostIndex.build([HostRef("Systems/1", "n1"), HostRef("Systems/1", "n2")], report=None)
     assert host_ref_for_node({"metadata": {"name": "n1"}}, unknown, "hostname", "") is None
+
+
+def test_errors_of_the_whole_list_name_the_setting_and_where_it_came_from(
+    tmp_path: Path,
+) -> None:
+    two = [{"name": "a", "url": "https://a.example"}, {"name": "a", "url": "https://b.example"}]
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config_file=_config(tmp_path, {"fabrics": two}), environ={})
+    assert str(caught.value) == (
+        f"setting fabrics (from {tmp_path / 'config.yaml'}): several entries of fabrics are "
+        f"named 'a'; give each fabric manager its own name (unnamed ones are named after their "
+        f"kind)"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={"FABRIC_DRA_FABRICS": '[{"name": "a"'})
+    assert str(caught.value).startswith("environment variable FABRIC_DRA_FABRICS: not valid JSON")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(
+            environ={
+                "FABRIC_DRA_FABRIC__URL": "https://a.example",
+                "FABRIC_DRA_FABRIC__PASSWORD_FILE": "/p",
+            }
+        )
+    assert str(caught.value) == (
+        "setting fabric (from environment FABRIC_DRA_FABRIC): fabric.password_file is set but "
+        "fabric.username_file is not"
+    )
