@@ -66,6 +66,15 @@ SUSPENDED = "SUSPENDED"
 CANCELED = "CANCELED"
 STATUSES = (IN_PROGRESS, COMPLETED, FAILED, CANCELING, CANCELED, SUSPENDED)
 OPERATIONS = ("boot", "shutdown", "connect", "disconnect", "start", "stop")
+# schema.py ``fields``: what ``?fields=`` may name (unique, at least one).
+FIELD_NAMES = (
+    "procedures",
+    "applyResult",
+    "rollbackProcedures",
+    "rollbackResult",
+    "resumeProcedures",
+    "resumeResult",
+)
 RETRY_CODES = ("ER005BAS001", "ER005BAS002")
 _APPLY_ID = re.compile(r"^[0-9a-f]{10}$")
 FieldNames = Literal["oss", "product"]
@@ -78,6 +87,19 @@ FIELDS: Mapping[str, tuple[str, str]] = {
 
 def _now() -> str:
     return datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _fields(request: web.Request) -> list[str] | web.Response | None:
+    """The ``fields`` query values (None when absent), or the 400 the service answers."""
+    fields = request.query.getall("fields", None)
+    if fields is None:
+        return None
+    for value in fields:
+        if value not in FIELD_NAMES:
+            return _error(400, "E40001", f"'{value}' is not one of {list(FIELD_NAMES)}")
+    if len(set(fields)) != len(fields):
+        return _error(400, "E40001", f"{fields} has non-unique elements")
+    return list(fields)
 
 
 def _error(http_status: int, code: str, message: str, **extra: Any) -> web.Response:
@@ -477,7 +499,8 @@ class CdimSimulator:
 
     def _schema_problem(self, body: Any) -> str | None:
         """The layout-apply procedure schema (schema.py ``procedure``)."""
-        if not isinstance(body, dict) or set(body) != {"procedures"}:
+        # server.ProcedureList, a pydantic model: other keys are ignored, as pydantic does.
+        if not isinstance(body, dict) or "procedures" not in body:
             return "'procedures' is a required property"
         procedures = body["procedures"]
         if not isinstance(procedures, list):
@@ -677,7 +700,9 @@ class CdimSimulator:
         apply_id = request.match_info["id"]
         if not _APPLY_ID.match(apply_id):
             return _error(400, "E40001", f"'{apply_id}' does not match '^[0-9a-f]+$'")
-        fields = request.query.getall("fields", None)
+        fields = _fields(request)
+        if isinstance(fields, web.Response):
+            return fields
         apply = self.applies.get(apply_id)
         if apply is None:
             return _error(404, "E40020", f"Specified {apply_id} is not found.")
@@ -687,7 +712,9 @@ class CdimSimulator:
         status = request.query.get("status")
         if status is not None and status not in STATUSES:
             return _error(400, "E40001", f"'{status}' is not one of {list(STATUSES)}")
-        fields = request.query.getall("fields", None)
+        fields = _fields(request)
+        if isinstance(fields, web.Response):
+            return fields
         found = [a for a in self.applies.values() if status is None or a.status == status]
         found.sort(key=lambda a: a.started_at, reverse=True)
         items = [a.body(fields or []) for a in found[:20]]

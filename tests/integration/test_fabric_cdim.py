@@ -118,7 +118,13 @@ async def test_bad_requests_get_the_services_codes(cdim: tuple[CdimSimulator, st
     assert (status, bad["code"]) == (400, "E40001")
     status, bad = await _call(url, "GET", "/resources?detail=maybe")
     assert status == 400
+    for query in ("?fields=zzz", "?fields=procedures&fields=procedures"):
+        status, bad = await _call(url, "GET", "/layout-apply" + query)
+        assert (status, bad["code"]) == (400, "E40001"), query
     assert sim.posts == 0
+    # Other keys beside the procedures are ignored, as the service's pydantic model does.
+    status, _ = await _call(url, "POST", "/layout-apply", {"procedures": [], "note": 1})
+    assert status == 202
 
 
 async def test_an_orphaned_apply_blocks_until_cancelled_and_ends_failed(
