@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import sys
 import uuid
@@ -303,6 +304,89 @@ async def test_sigkill_while_the_apply_runs_does_not_send_it_twice(
         )
         assert cdim.sim.posts == 1 and cdim.connects(device) == 1
         assert cdim.sim.holder(device) == cpu_a
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        await process.wait()
+
+
+CRASH_KILLS = int(os.environ.get("FABRIC_DRA_CDIM_CRASH_KILLS", "6"))
+CRASH_SEED = int(
+    os.environ.get("FABRIC_DRA_CRASH_SEED", str(random.SystemRandom().randrange(10**9)))
+)
+
+
+async def test_sigkill_at_random_moments_on_cdim_converges(
+    cdim: Installation, tmp_path: Path
+) -> None:
+    """Claims come and go (seeded) while ``fabric-dra run`` is killed at random moments and
+    restarted. At the end: every allocated claim is ready with its device on its node's CPU,
+    every freed claim's device is free, no apply is left running or suspended, and no device
+    was ever connected to a CPU other than its claim's."""
+    rng = random.Random(CRASH_SEED)
+    context = f"seed {CRASH_SEED}"
+    print(f"CDIM crash test: {context}, {CRASH_KILLS} kills")
+    cdim.sim.apply_overhead_s = 0.5
+    cpus = cdim.sim.cpu_ids()
+    environ = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")},
+        **cdim.environ(f"sqlite+aiosqlite:///{tmp_path}/crash.db"),
+    }
+
+    async def start() -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "app",
+            "run",
+            env=environ,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+
+    process = await start()
+    try:
+        await eventually(lambda: len(cdim.devices()) == 6, what=f"devices published ({context})")
+        names = sorted(cdim.devices())
+        # Each claim always names the same device and CPU: any other pairing is a fault.
+        plan = {f"c{i}": (names[i], cpus[i % len(cpus)]) for i in range(len(names))}
+        allocated: set[str] = set()
+        created: set[str] = set()
+        for _ in range(CRASH_KILLS):
+            for _ in range(rng.randint(1, 3)):
+                claim = rng.choice(sorted(plan))
+                if claim in allocated:
+                    cdim.free(claim)
+                    allocated.discard(claim)
+                elif claim not in created:
+                    cdim.allocate(claim, *plan[claim])
+                    created.add(claim)
+                    allocated.add(claim)
+            await asyncio.sleep(rng.uniform(0.2, 2.0))
+            process.send_signal(signal.SIGKILL)
+            await process.wait()
+            process = await start()
+
+        def settled() -> bool:
+            for claim, (name, cpu) in plan.items():
+                device = cdim.devices()[name]
+                if claim in allocated:
+                    if (cdim.condition(claim) or ("",))[0] != "FabricDeviceReady":
+                        return False
+                    if cdim.sim.holder(device) != cpu:
+                        return False
+                elif cdim.sim.holder(device) is not None:
+                    return False
+            return all(
+                a.status not in ("IN_PROGRESS", "CANCELING", "SUSPENDED")
+                for a in cdim.sim.applies.values()
+            )
+
+        await eventually(settled, timeout_s=60, what=f"the end state ({context})")
+        for claim, (name, cpu) in plan.items():
+            device = cdim.devices()[name]
+            wrong = [c for op, c, d in cdim.sim.hardware_calls if d == device and c != cpu]
+            assert wrong == [], f"{claim}: {device} sent to other CPUs {wrong} ({context})"
     finally:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
