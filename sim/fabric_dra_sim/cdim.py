@@ -119,7 +119,10 @@ class CdimFaults:
         hw_drop_takes_effect: see ``hw_drop``.
         orphan_next: the next this many applies are registered but no worker runs them: they
             stay IN_PROGRESS, blocking every other apply, until cancelled (a killed worker).
-        api_error_rate: probability (0..1) that a request is answered 500 before being served.
+        api_error_rate: probability (0..1) that a request is answered ``api_error_status``
+            (an error body of the service) before being served.
+        api_error_status: the HTTP status of those errors (500 by default: a database error,
+            E40019).
         drop_rate: probability that a request's connection is closed without an answer.
         flap_health_rate: probability that each composable device's hardware health flips
             (OK becomes Critical, anything else OK) at each inventory sync.
@@ -131,6 +134,7 @@ class CdimFaults:
     hw_drop_takes_effect: bool = True
     orphan_next: int = 0
     api_error_rate: float = 0.0
+    api_error_status: int = 500
     drop_rate: float = 0.0
     flap_health_rate: float = 0.0
 
@@ -420,7 +424,7 @@ class CdimSimulator:
                 request.transport.close()
             raise web.HTTPInternalServerError()
         if faults.api_error_rate and self._rng.random() < faults.api_error_rate:
-            return _error(500, "E40019", "Query execution failed (simulated)")
+            return _error(faults.api_error_status, "E40019", "Query execution failed (simulated)")
         if self.token is not None and request.headers.get("Authorization") != (
             f"Bearer {self.token}"
         ):

@@ -169,6 +169,10 @@ async def test_the_inventory_is_a_cache_with_ghosts_and_built_in_parts(
     _, body = await _call(url, "GET", f"/resources/{gpu}")
     assert body["device"]["status"]["health"] == "Critical"
     assert (await _call(url, "GET", "/resources/nope"))[0] == 404
+    sim.faults.api_error_rate, sim.faults.api_error_status = 1.0, 503
+    status, failed = await _call(url, "GET", "/nodes")
+    assert (status, failed["code"]) == (503, "E40019")
+    sim.faults.api_error_rate = 0.0
     _status, nodes = await _call(url, "GET", "/nodes")
     assert {n["id"] for n in nodes["nodes"]} == set(sim.cpu_ids())
 
