@@ -175,8 +175,32 @@ def _suggest(loc: tuple[int | str, ...]) -> str:
     return "" if close is None else f"; did you mean {close}?"
 
 
-def _env_name(loc: Sequence[int | str]) -> str:
-    return ENV_PREFIX + NESTED_DELIMITER.join(p for p in loc if isinstance(p, str)).upper()
+def _env_name(
+    loc: Sequence[int | str], layer: Mapping[str, Any] | None = None, message: str = ""
+) -> str:
+    """The environment variable that gave the value at ``loc``: a list setting is one
+    variable (``FABRIC_DRA_FABRICS``, JSON), and a whole section is named by the variable of
+    the setting ``message`` names, else by the first of its variables that ``layer`` (the
+    environment's settings) holds."""
+    parts: list[str] = []
+    for part in loc:
+        if not isinstance(part, str):
+            break  # an index into a list given as one JSON variable
+        parts.append(part)
+    if len(parts) == 1 and layer is not None and isinstance(layer.get(parts[0]), Mapping):
+        keys = [k for k in layer[parts[0]] if isinstance(k, str)]
+        named = [k for k in keys if f"{parts[0]}.{k}" in message]
+        if named or keys:
+            parts.append((named or keys)[0])
+    return ENV_PREFIX + NESTED_DELIMITER.join(parts).upper()
+
+
+def _setting_name(loc: Sequence[int | str]) -> str:
+    """``fabrics[0].name`` for the location ``("fabrics", 0, "name")``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
 
 
 def load_settings(
@@ -214,11 +238,11 @@ def load_settings(
         first = err.errors()[0]
         whole_model = not first["loc"]
         loc = tuple(first["loc"]) or _named_in(str(first["msg"]))
-        name = ".".join(str(part) for part in loc) or "(settings)"
+        name = _setting_name(loc) or "(settings)"
         if _lookup(flag_layer, loc):
             source = "from the command line"
         elif _lookup(env_layer, loc):
-            source = f"from environment {_env_name(loc)}"
+            source = f"from environment {_env_name(loc, env_layer, str(first['msg']))}"
         elif _lookup(file_layer, loc):
             source = f"from {config_file}"
         else:

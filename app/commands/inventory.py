@@ -55,7 +55,10 @@ def render_table(
     several = len({d.backend for d in devices} | {s.backend for s in status}) > 1
     racks = {(d.backend if several else None, d.region, d.rack) for d in devices}
     managers = f" from {len({s.backend for s in status})} fabric managers" if several else ""
-    lines.append(f"{len(devices)} devices in {len(racks)} racks{managers}")
+    lines.append(
+        f"{len(devices)} device{'' if len(devices) == 1 else 's'} in {len(racks)} "
+        f"rack{'' if len(racks) == 1 else 's'}{managers}"
+    )
     columns = _COLUMNS if any(d.removed_at for d in devices) else _COLUMNS[:-1]
     if wide:
         columns = columns + _WIDE
@@ -111,9 +114,13 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> I
             if settings.database.migrate_on_start:
                 await migrate.upgrade(database.engine)
             errors = []
+            # Every manager's settings are checked (credential files read) before any sync.
+            backends = [
+                (manager, backend_from_settings(manager, settings.setting_of(manager)))
+                for manager in settings.managers
+            ]
             # Every fabric manager in turn; one failing leaves the others' inventory synced.
-            for manager in settings.managers:
-                backend = backend_from_settings(manager, settings.setting_of(manager))
+            for manager, backend in backends:
                 try:
                     result = await InventorySync(
                         backend,

@@ -276,3 +276,16 @@ async def test_db_upgrade_current_downgrade(tmp_path: Path) -> None:
     assert "(up to date)" in out
     code, out, _ = await cli("db", "downgrade", "base", "--database-url", url, cwd=tmp_path)
     assert code == 0 and "base (empty)" in out
+
+
+async def test_every_fabric_managers_settings_are_checked_before_any_sync(
+    tmp_path: Path, simulator: str
+) -> None:
+    credentials(tmp_path)
+    entry = {"username_file": str(tmp_path / "user"), "password_file": str(tmp_path / "password")}
+    fabrics = [{"name": "hall-a", "url": simulator, **entry}, {"name": "hall-b", **entry}]
+    env = {"FABRIC_DRA_FABRICS": json.dumps(fabrics)}
+    code, _out, err = await cli("inventory", "--sync", cwd=tmp_path, env=env)
+    assert code == 1 and "Traceback" not in err
+    assert "Error: setting fabrics[hall-b].url is not set" in err
+    assert "inventory sync of backend hall-a" not in err  # nothing was synced first

@@ -86,7 +86,7 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
         ({"FABRIC_DRA_DATABASE__URL": "mysql://h/db"}, "unsupported scheme 'mysql'"),
         (
             {"FABRIC_DRA_POOLS__GROUPING_KEYS": "region,shelf"},
-            "setting pools.grouping_keys.1 (from environment FABRIC_DRA_POOLS__GROUPING_KEYS): "
+            "setting pools.grouping_keys[1] (from environment FABRIC_DRA_POOLS__GROUPING_KEYS): "
             "value 'shelf': input should be 'region'",
         ),
         ({"FABRIC_DRA_POOLS__GROUPING_KEYS": "rack,rack"}, "repeats an entry"),

@@ -103,10 +103,10 @@ def test_pools_may_mix_managers_when_asked(tmp_path: Path) -> None:
             {"fabric": {"url": "https://a.example"}, "fabrics": [{"name": "b"}]},
             "both fabric and fabrics are set",
         ),
-        ({"fabrics": [{"name": "Hall A"}]}, "setting fabrics.0.name (from"),
+        ({"fabrics": [{"name": "Hall A"}]}, "setting fabrics[0].name (from"),
         ({"fabrics": [{"name": "x" * 33}]}, "at most 32 characters"),
-        ({"fabrics": [{"name": "a", "url": "ftp://x"}]}, "setting fabrics.0.url"),
-        ({"fabrics": [{"name": "a", "colour": "red"}]}, "unknown setting fabrics.0.colour"),
+        ({"fabrics": [{"name": "a", "url": "ftp://x"}]}, "setting fabrics[0].url"),
+        ({"fabrics": [{"name": "a", "colour": "red"}]}, "unknown setting fabrics[0].colour"),
         (
             {"fabrics": [{"name": "a", "password_file": "/p"}]},
             "fabrics[a].password_file is set but fabrics[a].username_file is not",
@@ -296,6 +296,23 @@ def test_errors_of_the_whole_list_name_the_setting_and_where_it_came_from(
             }
         )
     assert str(caught.value) == (
-        "setting fabric (from environment FABRIC_DRA_FABRIC): fabric.password_file is set but "
+        "setting fabric (from environment FABRIC_DRA_FABRIC__PASSWORD_FILE): "
+        "fabric.password_file is set but "
         "fabric.username_file is not"
     )
+
+
+def test_an_entry_of_fabrics_from_the_environment_names_the_variable_given() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={"FABRIC_DRA_FABRICS": '[{"name": "A"}]'})
+    assert str(caught.value).startswith(
+        "setting fabrics[0].name (from environment FABRIC_DRA_FABRICS): value 'A' "
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_settings(
+            environ={
+                "FABRIC_DRA_FABRIC__URL": "https://a.example",
+                "FABRIC_DRA_FABRICS": '[{"name": "b", "url": "https://b.example"}]',
+            }
+        )
+    assert "(from environment FABRIC_DRA_FABRIC__URL): both fabric and fabrics" in str(caught.value)
