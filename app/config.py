@@ -795,6 +795,12 @@ class Settings(BaseSettings):
                 "both fabric and fabrics are set; give one fabric manager as fabric, or "
                 "several as fabrics"
             )
+        for index, entry in enumerate(self.fabrics):
+            if entry.name is None:
+                raise ValueError(
+                    f"fabrics[{index}] has no name; give each fabric manager in fabrics its own "
+                    f"name (a lowercase DNS label, e.g. hall-a)"
+                )
         names = [m.manager for m in self.managers]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -263,7 +264,10 @@ class CdimSimulator:
         if field_names not in FIELDS:
             raise ValueError(f"field_names must be oss or product, got {field_names!r}")
         self.token = token
-        self.prefix = prefix.rstrip("/")
+        gateway = prefix.strip().strip("/")
+        if gateway and not re.fullmatch(r"[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*", gateway):
+            raise ValueError(f"prefix {prefix!r} is not a path of letters, digits and . _ ~ -")
+        self.prefix = f"/{gateway}" if gateway else ""
         self.field_names: FieldNames = field_names
         self.apply_overhead_s = apply_overhead_s
         self.step_s = step_s
@@ -537,7 +541,7 @@ class CdimSimulator:
     async def _post_apply(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # bad JSON, bad UTF-8, too deep, too long a number
             return _error(400, "E40001", "Expecting value: request body is not JSON")
         problem = self._schema_problem(body)
         if problem is not None:
@@ -878,19 +882,26 @@ def cli(
     from fabric_dra_sim.listen import listen
 
     token = Path(token_file).read_text().strip() if token_file else None
-    sim = CdimSimulator(
-        cpus=cpus,
-        gpus=gpus,
-        fpgas=fpgas,
-        nvme=nvme,
-        cxl=cxl,
-        token=token,
-        prefix=prefix,
-        field_names=field_names,
-        apply_overhead_s=apply_seconds,
-        step_s=step_seconds,
-        sync_interval_s=sync_seconds,
-    )
+    if token_file and not token:
+        raise click.BadParameter(f"{token_file!r} is empty", param_hint="--token-file")
+    if not math.isfinite(apply_seconds) or not math.isfinite(step_seconds):
+        raise click.BadParameter("must be a finite number of seconds", param_hint="--apply-seconds")
+    try:
+        sim = CdimSimulator(
+            cpus=cpus,
+            gpus=gpus,
+            fpgas=fpgas,
+            nvme=nvme,
+            cxl=cxl,
+            token=token,
+            prefix=prefix,
+            field_names=field_names,
+            apply_overhead_s=apply_seconds,
+            step_s=step_seconds,
+            sync_interval_s=sync_seconds,
+        )
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--prefix") from None
 
     async def serve() -> None:
         url = await listen(sim.start(host, port), host, port)

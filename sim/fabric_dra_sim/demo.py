@@ -600,6 +600,8 @@ def owned_setting(settings: Settings) -> str | None:
     """The first setting given (in a config file, the environment or a flag) that the demo
     sets itself (:data:`DEMO_OWNED`), as ``section.name``; None when there is none."""
     given = settings.model_dump(exclude_unset=True)
+    if given.get("fabrics"):
+        return "fabrics"
     for section, names in DEMO_OWNED.items():
         for name in sorted(given.get(section) or {}):
             if names is None or name in names:

@@ -125,6 +125,14 @@ async def test_bad_requests_get_the_services_codes(cdim: tuple[CdimSimulator, st
     # Other keys beside the procedures are ignored, as the service's pydantic model does.
     status, _ = await _call(url, "POST", "/layout-apply", {"procedures": [], "note": 1})
     assert status == 202
+    # Bodies the JSON decoder itself refuses are 400 too, never 500.
+    async with aiohttp.ClientSession() as http:
+        for raw in ("[" * 100_000 + "]" * 100_000, '{"procedures": [{"operationID": ' + "9" * 5000):
+            async with http.post(url + BASE + "/layout-apply", data=raw) as response:
+                assert response.status == 400, raw[:20]
+    with pytest.raises(ValueError, match="prefix"):
+        CdimSimulator(prefix="/gw/?x")
+    assert CdimSimulator(prefix="gw/").prefix == "/gw"
 
 
 async def test_an_orphaned_apply_blocks_until_cancelled_and_ends_failed(

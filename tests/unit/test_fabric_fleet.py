@@ -88,7 +88,7 @@ def test_pools_may_mix_managers_when_asked(tmp_path: Path) -> None:
     [
         (
             {"fabrics": [{"url": "https://a.example"}, {"url": "https://b.example"}]},
-            "several entries of fabrics are named 'redfish'",
+            "fabrics[0] has no name; give each fabric manager in fabrics its own name",
         ),
         (
             {
