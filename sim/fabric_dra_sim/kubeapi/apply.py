@@ -13,13 +13,13 @@ follow the OpenAPI list types of :func:`.patch.list_type`.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import StatusError
+from .objects import json_copy
 from .patch import list_type
 
 FieldPath = tuple[str, ...]
@@ -148,8 +148,8 @@ def _remove(obj: Any, path: FieldPath) -> None:
 
 def _merge(live: Any, config: Any, path: tuple[str, ...]) -> Any:
     if not isinstance(config, dict) or not isinstance(live, dict):
-        return copy.deepcopy(config)
-    out = copy.deepcopy(live)
+        return json_copy(config)
+    out = json_copy(live)
     for key, value in config.items():
         child = (*path, key)
         if isinstance(value, dict):
@@ -173,14 +173,14 @@ def _merge(live: Any, config: Any, path: tuple[str, ...]) -> Any:
                     )
                     # (a missing optional key field matches only a missing one)
                     if index is None:
-                        merged.append(copy.deepcopy(item))
+                        merged.append(json_copy(item))
                     else:
                         merged[index] = _merge(merged[index], item, child)
                 out[key] = merged
             else:
-                out[key] = copy.deepcopy(value)
+                out[key] = json_copy(value)
         else:
-            out[key] = copy.deepcopy(value)
+            out[key] = json_copy(value)
     return out
 
 

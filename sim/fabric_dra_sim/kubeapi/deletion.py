@@ -12,12 +12,12 @@ served kind with a graceful delete strategy.
 
 from __future__ import annotations
 
-import copy
 import datetime
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import conflict
+from .objects import json_copy
 
 # k8s.io/kubernetes pkg/apis/core/v1 defaults.go: SetDefaults_PodSpec.
 DEFAULT_TERMINATION_GRACE_PERIOD_S = 30
@@ -117,7 +117,7 @@ def plan_delete(
     ``deletionTimestamp`` (now, or now + the grace period) and
     ``deletionGracePeriodSeconds``; the first mark bumps a set ``metadata.generation``.
     """
-    new = copy.deepcopy(old)
+    new = json_copy(old)
     meta = new["metadata"]
     requested = options.get("gracePeriodSeconds")
     if requested is not None and requested < 0:
@@ -134,7 +134,7 @@ def plan_delete(
             if current:
                 if requested is None or requested >= current:
                     # Already terminating: only a shorter grace period changes anything.
-                    return DeletePlan(copy.deepcopy(old), write=False, remove=False)
+                    return DeletePlan(json_copy(old), write=False, remove=False)
                 shortened = _parse(stamp) - datetime.timedelta(seconds=current - requested)
                 meta["deletionTimestamp"] = _format(shortened)
                 meta["deletionGracePeriodSeconds"] = period = requested
@@ -148,7 +148,7 @@ def plan_delete(
     finalizers = bool(meta.get("finalizers"))
     if not is_graceful:
         if not finalizers:
-            return DeletePlan(copy.deepcopy(old), write=False, remove=True)
+            return DeletePlan(json_copy(old), write=False, remove=True)
         # markAsDeleting: the finalizers' owners see the timestamp and finish the deletion.
         stamp = meta.get("deletionTimestamp")
         if not stamp:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import copy
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from .cluster import git_version as full_git_version
 from .errors import StatusError, bad_request
 from .faults import Faults, RequestRecord, ResponseHold
 from .http import ServerState, build_app, json_response
+from .objects import json_copy
 from .operations import Api
 from .rbac import RbacPolicy
 from .resources import served_types
@@ -368,7 +368,7 @@ class KubeEmulator:
             rt,
             meta.get("namespace") or "",
             meta.get("name", ""),
-            copy.deepcopy(obj),
+            json_copy(obj),
             subresource="status" if rt.has_status else "",
             manager="emulator",
         )
@@ -381,7 +381,7 @@ class KubeEmulator:
             rt,
             meta.get("namespace") or "",
             meta.get("name", ""),
-            copy.deepcopy(obj),
+            json_copy(obj),
             manager="emulator",
         )
 

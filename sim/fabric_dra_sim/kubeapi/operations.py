@@ -7,7 +7,6 @@ on create) and the validation of :mod:`.validation` and :mod:`.dra`.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 import uuid
@@ -60,6 +59,7 @@ from .listing import (
 )
 from .objects import (
     drop_path,
+    json_copy,
     now_rfc3339,
     random_suffix,
     spec_part,
@@ -169,7 +169,7 @@ class Api:
 
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         """A copy of one object shown in rt's version; StatusError 404 when absent."""
-        return copy.deepcopy(self._get_visible(rt, namespace, name))
+        return json_copy(self._get_visible(rt, namespace, name))
 
     # -- list -----------------------------------------------------------------------------
     def list_objects(
@@ -243,13 +243,13 @@ class Api:
             token = encode_continue(list_rv, last_key[0], last_key[1])
             if not labels and not fields:
                 remaining = len(matched) - limit
-        return ListResult([copy.deepcopy(o) for _, o in page], str(list_rv), token, remaining)
+        return ListResult([json_copy(o) for _, o in page], str(list_rv), token, remaining)
 
     # -- helpers --------------------------------------------------------------------------
     def _normalise_body(self, rt: ResourceType, namespace: str, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise bad_request("the body of the request must be a JSON object")
-        obj = copy.deepcopy(body)
+        obj = json_copy(body)
         api_version = obj.setdefault("apiVersion", rt.api_version)
         kind = obj.setdefault("kind", rt.kind)
         if api_version != rt.api_version or kind != rt.kind:
@@ -450,7 +450,7 @@ class Api:
             return obj
         meta["resourceVersion"] = str(self.store.next_rv())
         self.store.put(rt.group_resource, key, self.stored(rt, obj), "ADDED", None)
-        return copy.deepcopy(obj)
+        return json_copy(obj)
 
     # -- update ---------------------------------------------------------------------------
     def update(
@@ -490,7 +490,7 @@ class Api:
             )
         if subresource == "status":
             # ResetObjectMetaForStatus: a status write changes status and nothing else.
-            new = copy.deepcopy(old)
+            new = json_copy(old)
             if obj.get("status") is None:
                 new.pop("status", None)
             else:
@@ -503,14 +503,14 @@ class Api:
                 if old.get("status") is None:
                     new.pop("status", None)
                 else:
-                    new["status"] = copy.deepcopy(old["status"])
+                    new["status"] = json_copy(old["status"])
             for field_name in (*_SYSTEM_META, "name", "namespace"):
                 if field_name in old_meta:
                     meta[field_name] = old_meta[field_name]
                 else:
                     meta.pop(field_name, None)
             if rt.plural == "namespaces":
-                new["spec"] = copy.deepcopy(old.get("spec"))
+                new["spec"] = json_copy(old.get("spec"))
         new_meta = new["metadata"]
         if old_meta.get("deletionTimestamp"):
             added = [
@@ -546,7 +546,7 @@ class Api:
         )
         self._validate(rt, new, old, status_write=subresource == "status")
         if new == old:
-            return copy.deepcopy(old)
+            return json_copy(old)
         if dry_run:
             return new
         key = (namespace if rt.namespaced else "", name)
@@ -556,7 +556,7 @@ class Api:
             self.store.remove(rt.group_resource, key, self.stored(rt, new))
         else:
             self.store.put(rt.group_resource, key, self.stored(rt, new), "MODIFIED", stored_old)
-        return copy.deepcopy(new)
+        return json_copy(new)
 
     # -- patch ----------------------------------------------------------------------------
     def patch(
@@ -757,11 +757,11 @@ class Api:
             # The namespace store answers the first DELETE with the namespace terminating
             # (pkg/registry/core/namespace/storage Delete); its controller's work is done at
             # once below.
-            shown = copy.deepcopy(shown)
+            shown = json_copy(shown)
             shown["metadata"]["deletionTimestamp"] = now_rfc3339()
             shown.setdefault("status", {})["phase"] = "Terminating"
         if dry_run:
-            return copy.deepcopy(shown), plan.remove
+            return json_copy(shown), plan.remove
         if plan.write:
             plan.obj["metadata"]["resourceVersion"] = str(self.store.next_rv())
             self.store.put(
@@ -772,7 +772,7 @@ class Api:
                 self.store.get(rt.group_resource, key),
             )
         if plan.remove:
-            last = copy.deepcopy(plan.obj)
+            last = json_copy(plan.obj)
             last["metadata"]["resourceVersion"] = str(self.store.next_rv())
             self.store.remove(rt.group_resource, key, self.stored(rt, last))
             if rt.plural == "namespaces":
@@ -787,7 +787,7 @@ class Api:
                 name,
                 {"gracePeriodSeconds": 0, "preconditions": {"uid": old["metadata"]["uid"]}},
             )
-        return copy.deepcopy(shown), False
+        return json_copy(shown), False
 
     def _delete_namespace_contents(self, namespace: str) -> None:
         # The namespace controller's job, done at once: objects with finalizers are only

@@ -10,10 +10,10 @@ that Go reads from struct tags; :func:`list_strategy` holds the ones this projec
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from .errors import bad_request, unprocessable_patch
+from .objects import json_copy
 
 JSON = Any
 
@@ -98,8 +98,8 @@ def list_type(path: tuple[str, ...]) -> str | tuple[str, ...]:
 def merge_patch(target: JSON, patch: JSON) -> JSON:
     """RFC 7386 JSON merge patch: objects merge, ``null`` deletes, everything else replaces."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+        return json_copy(patch)
+    out = json_copy(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
@@ -137,15 +137,15 @@ def _container(doc: JSON, tokens: list[str], path: str) -> tuple[JSON, str]:
 def _add(doc: JSON, path: str, value: JSON) -> JSON:
     tokens = _pointer(path)
     if not tokens:
-        return copy.deepcopy(value)
+        return json_copy(value)
     parent, last = _container(doc, tokens, path)
     if isinstance(parent, dict):
-        parent[last] = copy.deepcopy(value)
+        parent[last] = json_copy(value)
     elif isinstance(parent, list):
         if last == "-":
-            parent.append(copy.deepcopy(value))
+            parent.append(json_copy(value))
         elif last.isdigit() and int(last) <= len(parent):
-            parent.insert(int(last), copy.deepcopy(value))
+            parent.insert(int(last), json_copy(value))
         else:
             raise unprocessable_patch(f"add operation does not apply: index out of range: {path}")
     else:
@@ -173,7 +173,7 @@ def json_patch(target: JSON, operations: JSON) -> JSON:
     """
     if not isinstance(operations, list):
         raise bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
-    doc = copy.deepcopy(target)
+    doc = json_copy(target)
     for op in operations:
         if not isinstance(op, dict) or not isinstance(op.get("op"), str):
             raise bad_request(f"invalid JSON patch operation: {op!r}")
@@ -196,7 +196,7 @@ def json_patch(target: JSON, operations: JSON) -> JSON:
             if kind == "move":
                 doc, value = _remove(doc, source)
             else:
-                value = copy.deepcopy(_resolve(doc, _pointer(source), source))
+                value = json_copy(_resolve(doc, _pointer(source), source))
             doc = _add(doc, path, value)
         elif kind == "test":
             actual = _resolve(doc, _pointer(path), path)
@@ -216,11 +216,11 @@ def _key_of(item: JSON, keys: tuple[str, ...]) -> tuple[JSON, ...] | None:
 def _merge_keyed_list(
     original: list[JSON], patch: list[JSON], keys: tuple[str, ...], path: tuple[str, ...]
 ) -> list[JSON]:
-    out = copy.deepcopy(original)
+    out = json_copy(original)
     for item in patch:
         if isinstance(item, dict) and item.get("$patch") == "replace":
             return [
-                copy.deepcopy({k: v for k, v in i.items() if k != "$patch"})
+                json_copy({k: v for k, v in i.items() if k != "$patch"})
                 for i in patch
                 if not (isinstance(i, dict) and i.get("$patch"))
             ]
@@ -250,12 +250,12 @@ def strategic_merge(original: JSON, patch: JSON, path: tuple[str, ...] = ()) -> 
     :func:`list_strategy`. Raises StatusError 400 on a malformed directive.
     """
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return json_copy(patch)
     if patch.get("$patch") == "delete":
         return None
     if patch.get("$patch") == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
-    out = copy.deepcopy(original) if isinstance(original, dict) else {}
+        return {k: json_copy(v) for k, v in patch.items() if k != "$patch"}
+    out = json_copy(original) if isinstance(original, dict) else {}
     for key, value in patch.items():
         if key in ("$patch", "$retainKeys") or key.startswith("$setElementOrder/"):
             continue
@@ -283,7 +283,7 @@ def strategic_merge(original: JSON, patch: JSON, path: tuple[str, ...] = ()) -> 
             elif isinstance(strategy, tuple):
                 out[key] = _merge_keyed_list(current, value, strategy, child)
             else:
-                out[key] = copy.deepcopy(value)
+                out[key] = json_copy(value)
         elif isinstance(value, dict):
             merged_child = strategic_merge(out.get(key), value, child)
             if merged_child is None:

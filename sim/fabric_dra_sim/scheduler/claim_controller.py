@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import logging
 from collections import OrderedDict
@@ -67,6 +66,7 @@ from app.kube.versions import (
     claim_to_wire,
 )
 from app.kube.workqueue import ShutDown, WorkQueue, WorkQueueSettings
+from fabric_dra_sim.kubeapi.objects import json_copy
 from fabric_dra_sim.scheduler.common import (
     DELETE_PROTECTION,
     POD_CLAIM_NAME_ANNOTATION,
@@ -135,7 +135,7 @@ def template_claim(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": metadata,
-        "spec": copy.deepcopy(dict(inner.get("spec") or {})),
+        "spec": json_copy(dict(inner.get("spec") or {})),
     }
 
 
@@ -202,7 +202,7 @@ def released_status(
     ``syncClaim``): with no consumer left, a claim with the delete-protection finalizer loses
     its allocation; on v1alpha3 an allocated claim without it gets ``deallocationRequested``
     (its control-plane driver deallocates)."""
-    status = copy.deepcopy(dict(claim.get("status") or {}))
+    status = json_copy(dict(claim.get("status") or {}))
     if remaining:
         status["reservedFor"] = remaining
         return status
@@ -583,7 +583,7 @@ class ClaimController:
                 and not reserved_for_pod(claim, pod_uid(pod))
                 and can_be_reserved(claim)
             ):
-                body = copy.deepcopy(claim)
+                body = json_copy(claim)
                 body["status"] = {
                     **status,
                     "reservedFor": [
@@ -684,7 +684,7 @@ class ClaimController:
         finalizers = list((claim.get("metadata") or {}).get("finalizers") or ())
         deleting = bool((claim.get("metadata") or {}).get("deletionTimestamp"))
         if len(remaining) < len(reserved):
-            body = copy.deepcopy(claim)
+            body = json_copy(claim)
             body["status"] = released_status(claim, remaining, self.version)
             was_allocated = bool((claim.get("status") or {}).get("allocation"))
             claim = await self._write_status(body, "release ResourceClaim")
@@ -700,7 +700,7 @@ class ClaimController:
                 claim = await self._drop_finalizer(claim)
         elif DELETE_PROTECTION in finalizers and deleting and not remaining:
             if (claim.get("status") or {}).get("allocation"):
-                body = copy.deepcopy(claim)
+                body = json_copy(claim)
                 body["status"].pop("allocation", None)
                 claim = await self._write_status(body, "deallocate ResourceClaim")
                 self.counters.deallocations += 1
@@ -765,7 +765,7 @@ class ClaimController:
 
     async def _drop_finalizer(self, claim: JsonDict) -> JsonDict:
         namespace, name = pod_key(claim)
-        body = copy.deepcopy(claim)
+        body = json_copy(claim)
         finalizers = list(body["metadata"].get("finalizers") or ())
         finalizers.remove(DELETE_PROTECTION)
         body["metadata"]["finalizers"] = finalizers

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import datetime as dt
 import logging
@@ -80,6 +79,7 @@ from app.kube.versions import (
     slice_from_wire,
 )
 from app.kube.workqueue import ShutDown, WorkQueue, WorkQueueSettings
+from fabric_dra_sim.kubeapi.objects import json_copy
 from fabric_dra_sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
 from fabric_dra_sim.scheduler.common import (
     DEFAULT_SCHEDULER,
@@ -278,9 +278,9 @@ def allocated_status(
 ) -> JsonDict:
     """The claim status after the scheduler's one write: ``allocation`` (when given) with
     ``allocationTimestamp`` ``now``, and the pod added to ``reservedFor``."""
-    new = copy.deepcopy(dict(status))
+    new = json_copy(dict(status))
     if allocation is not None:
-        new["allocation"] = {**copy.deepcopy(dict(allocation)), "allocationTimestamp": rfc3339(now)}
+        new["allocation"] = {**json_copy(dict(allocation)), "allocationTimestamp": rfc3339(now)}
     reserved = [r for r in new.get("reservedFor") or () if isinstance(r, Mapping)]
     if not any(r.get("uid") == pod_uid(pod) for r in reserved):
         reserved.append(consumer_entry(pod))
@@ -301,7 +301,7 @@ def server_minor(git_version: str) -> int | None:
 def for_release(allocation: Mapping[str, Any], minor: int | None) -> JsonDict:
     """``allocation`` as the scheduler of Kubernetes 1.``minor`` writes it: without the
     results' ``tolerations`` before 1.35 (an unknown minor is taken as current)."""
-    out = copy.deepcopy(dict(allocation))
+    out = json_copy(dict(allocation))
     if minor is None or minor >= TOLERATIONS_IN_RESULTS_SINCE:
         return out
     for result in (out.get("devices") or {}).get("results") or ():
@@ -319,7 +319,7 @@ def without_consumers(status: Mapping[str, Any], uids: Iterable[str]) -> JsonDic
     kept = [r for r in reserved if r.get("uid") not in gone]
     if len(kept) == len(reserved) and (kept or not status.get("allocation")):
         return None
-    new = copy.deepcopy(dict(status))
+    new = json_copy(dict(status))
     if kept:
         new["reservedFor"] = kept
     else:
@@ -766,7 +766,7 @@ class StructuredScheduler:
         namespace, name = pod_key(claim)
         finalizers = list((claim.get("metadata") or {}).get("finalizers") or ())
         if allocation is not None and DELETE_PROTECTION not in finalizers:
-            body = copy.deepcopy(claim)
+            body = json_copy(claim)
             body["metadata"]["finalizers"] = [*finalizers, DELETE_PROTECTION]
             claim = claim_from_wire(
                 await call_json(
@@ -778,7 +778,7 @@ class StructuredScheduler:
                 self.version,
             )
             self._remember(claim)
-        body = copy.deepcopy(claim)
+        body = json_copy(claim)
         body["status"] = allocated_status(claim.get("status") or {}, allocation, pod, self.clock())
         claim = claim_from_wire(
             await call_json(
@@ -859,7 +859,7 @@ class StructuredScheduler:
             status = change(claim)
             if status is None:
                 return claim
-            body = copy.deepcopy(claim)
+            body = json_copy(claim)
             body["status"] = status
             try:
                 written = claim_from_wire(
