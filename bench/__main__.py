@@ -485,6 +485,27 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "claims", "fabric reads to verify, per attach or detach", _key("verify_reads_per_operation")
     ),
+    *(
+        Metric("claims", f"{label} CPU per claim cycle", _key(key), "ms")
+        for key, label in (
+            ("fabric_simulator_cpu_ms_per_claim_cycle", "Redfish simulator"),
+            ("emulator_cpu_ms_per_claim_cycle", "API emulator"),
+            ("status_writer_cpu_ms_per_claim_cycle", "status writer (scheduler's part)"),
+            ("all_processes_cpu_ms_per_claim_cycle", "all processes'"),
+        )
+    ),
+    Metric(
+        "claims",
+        "claim cycles per second (attach and release)",
+        _key("claim_cycles_per_second"),
+        "/s",
+    ),
+    Metric(
+        "claims",
+        "claim cycles per second the CPUs allow (CPUs / all processes' CPU per cycle)",
+        _key("cpu_bound_claim_cycles_per_second"),
+        "/s",
+    ),
     Metric("claims", "peak resident memory", _mb("peak_rss_mib"), "MB"),
     Metric("drift", "full inventory sync", _key("full_sync_seconds_mean"), "s"),
     Metric("drift", "device lost -> claim not ready, p50", _key("lost_to_not_ready_p50_s"), "s"),
@@ -574,6 +595,18 @@ METRICS: tuple[Metric, ...] = (
         "scheduler stand-in CPU per allocation",
         _key("standin_cpu_ms_per_allocation", "allocations"),
         "ms",
+    ),
+    Metric(
+        "controlplane",
+        "all processes' CPU per allocation",
+        _key("all_processes_cpu_ms_per_allocation", "allocations"),
+        "ms",
+    ),
+    Metric(
+        "controlplane",
+        "allocations per second the CPUs allow (CPUs / all processes' CPU per allocation)",
+        _key("cpu_bound_allocations_per_second", "allocations"),
+        "/s",
     ),
     Metric(
         "controlplane",

@@ -101,6 +101,21 @@ def redfish_simulator_process(args: Sequence[str]) -> contextlib.AbstractAsyncCo
     return _server_process("Redfish simulator", ["sim", "redfish", *args])
 
 
+def redfish_simulator_server(
+    args: Sequence[str],
+) -> contextlib.AbstractAsyncContextManager[ServerProcess]:
+    """As :func:`redfish_simulator_process`, yielding the :class:`ServerProcess` (URL and pid,
+    for the simulator's own CPU)."""
+    return server_process("Redfish simulator", ["sim", "redfish", *args])
+
+
+def cpu_bound_rate(cpu_seconds_per_item: float) -> float:
+    """Items per second that this machine's CPUs allow when every process taking part
+    (controller, emulator, simulators, stand-ins) uses ``cpu_seconds_per_item`` between them:
+    they share the machine's cores, so no run goes faster than cores / CPU per item."""
+    return (os.cpu_count() or 1) / cpu_seconds_per_item if cpu_seconds_per_item > 0 else 0.0
+
+
 DRIVER_GATES = "DRADeviceBindingConditions=true,DRADeviceTaints=true"
 
 

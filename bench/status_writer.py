@@ -6,8 +6,8 @@ does not compete with the controller for its event loop. For each entry of the J
 its standard input (``{"name": ..., "status": {...}}``, claims of namespace ``default``) it
 reads the claim and replaces its status, one after the other (at most RATE per second when
 given). It prints one JSON line: the
-``time.monotonic()`` (shared by all processes on Linux) of its first and last write, and the
-count.
+``time.monotonic()`` (shared by all processes on Linux) of its first and last write, the
+count, and the CPU seconds this process used while writing (``cpu_seconds``).
 
     python -m bench.status_writer URL [RATE] < entries.json
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import sys
 import time
 from typing import Any
@@ -31,6 +32,7 @@ async def write(
     """Replace the status of each claim in ``entries`` (as fast as possible, or ``rate``
     writes per second, evenly spaced); return the timing line."""
     started = time.monotonic()
+    cpu0 = _cpu_seconds()
     async with aiohttp.ClientSession(base_url=url) as http:
         for index, entry in enumerate(entries):
             if rate:
@@ -42,7 +44,17 @@ async def write(
             claim["status"] = entry["status"]
             async with http.put(f"{path}/status", json=claim) as response:
                 response.raise_for_status()
-    return {"started": started, "finished": time.monotonic(), "written": len(entries)}
+    return {
+        "started": started,
+        "finished": time.monotonic(),
+        "written": len(entries),
+        "cpu_seconds": _cpu_seconds() - cpu0,
+    }
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,24 @@ def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: P
     for step in ("to_context", "driver_answers", "node_selection", "driver_allocation", "to_bind"):
         assert allocations[f"{step}_p50_ms"] >= 0, step
     assert allocations["context_passes_per_allocation"] > 0
+    # Every process sharing the cores is counted: the controller's CPU is a part of the whole,
+    # and the rate the CPUs allow follows from the whole.
+    whole = allocations["all_processes_cpu_ms_per_allocation"]
+    assert whole >= allocations["cpu_seconds_per_allocation"] * 1000 > 0
+    assert allocations["cpu_bound_allocations_per_second"] == pytest.approx(
+        (os.cpu_count() or 1) * 1000 / whole, rel=0.01
+    )
+    for case in (c for c in results["cases"] if c["benchmark"] == "claims"):
+        (claims,) = case["figures"]
+        parts = [
+            claims[f"{part}_cpu_ms_per_claim_cycle"]
+            for part in ("fabric_simulator", "emulator", "status_writer")
+        ]
+        assert all(p > 0 for p in parts), claims
+        assert claims["all_processes_cpu_ms_per_claim_cycle"] == pytest.approx(
+            claims["cpu_ms_per_claim_cycle"] + sum(parts), abs=0.05
+        )
+        assert 0 < claims["claim_cycles_per_second"] < claims["claims_per_second"]
     assert {
         f["database"] for c in results["cases"] if c["benchmark"] == "claims" for f in c["figures"]
     } == {"sqlite", "postgresql"}
