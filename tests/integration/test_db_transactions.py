@@ -1,7 +1,8 @@
 """Database.run_write and run_read: whole transactions on a real SQLite file and PostgreSQL.
 
 On SQLite they run on threads of the database's own, one for writes and one for reads (one
-hand-over per transaction); on PostgreSQL in ``run_sync``, reads in autocommit. Either way a
+hand-over per transaction), and point reads on the event loop's thread unless SQLite is busy;
+on PostgreSQL in ``run_sync``, reads in autocommit. Either way a
 transaction commits when its function returns and rolls back when it raises, and what it
 committed is what the next reader and the async sessions see.
 """
@@ -9,6 +10,8 @@ committed is what the next reader and the async sessions see.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import threading
 
 import pytest
@@ -129,3 +132,88 @@ async def test_a_disposed_database_can_be_used_again(db: Database) -> None:
     assert await db.run_read(_count) == 1
     async with db.read() as session:
         assert (await session.execute(text("SELECT 1"))).scalar_one() == 1
+
+
+async def test_a_point_read_sees_what_was_committed_on_both_databases(db: Database) -> None:
+    assert await db.run_point_read(_count) == 0
+    await db.run_write(lambda conn: _add_host(conn, "h1"))
+    assert await db.run_point_read(_count) == 1
+    await db.run_write(lambda conn: _add_host(conn, "h2"))
+    assert await db.run_point_read(_count) == 2
+
+
+async def test_sqlite_point_reads_run_on_the_event_loop_thread(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("PostgreSQL reads run on the event loop anyway (asyncpg)")
+    here = threading.current_thread().name
+    assert await db.run_point_read(lambda _conn: threading.current_thread().name) == here
+    # The other reads still go to the read thread.
+    assert await db.run_read(lambda _conn: threading.current_thread().name) != here
+
+
+async def test_a_busy_sqlite_sends_the_point_read_to_the_read_thread_without_blocking_the_loop(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("SQLite's locks")
+    await db.run_write(lambda conn: _add_host(conn, "h1"))
+    # Another process's connection in exclusive locking mode keeps every reader out of a WAL
+    # database while it holds its lock (it can take it only while no other connection is
+    # open): the inline read must not wait for it on the loop.
+    await db.dispose()
+    path = db.engine.url.database
+    assert path is not None
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("UPDATE hosts SET hostname = 'held' WHERE host_id = 'h1'")
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        read = asyncio.ensure_future(
+            db.run_point_read(
+                lambda conn: (
+                    threading.current_thread().name,
+                    conn.execute(text("SELECT hostname FROM hosts")).scalar_one(),
+                )
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert not read.done()  # waiting on the read thread for the lock
+        assert ticks >= 10  # ...while the loop went on
+        holder.execute("COMMIT")
+        holder.close()
+        thread, hostname = await asyncio.wait_for(read, 10)
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+    assert thread.startswith("fabric-dra-sqlite")
+    assert hostname == "held"
+    # Once the lock is gone, point reads are inline again.
+    here = threading.current_thread().name
+    assert await db.run_point_read(lambda _conn: threading.current_thread().name) == here
+
+
+async def test_a_point_read_from_another_thread_goes_to_the_read_thread(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("SQLite's inline connection")
+    await db.run_write(lambda conn: _add_host(conn, "h1"))
+    assert await db.run_point_read(_count) == 1  # made on this loop's thread
+
+    def elsewhere() -> str:
+        return asyncio.run(db.run_point_read(lambda _conn: threading.current_thread().name))
+
+    name = await asyncio.get_running_loop().run_in_executor(None, elsewhere)
+    assert name.startswith("fabric-dra-sqlite")
