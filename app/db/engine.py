@@ -13,11 +13,15 @@ begin and commit, and those hand-overs were the largest part of a claim's databa
 PostgreSQL the function runs in ``AsyncConnection.run_sync``: asyncpg is asynchronous itself,
 so there is no thread to save.
 
-:meth:`Database.run_point_read` is for the smallest reads (a claim's reservations, one row by
-its key): on SQLite it runs on the event loop's own thread, on a connection that never waits
-for a lock (``busy_timeout`` 0). Such a read takes tens of microseconds, less than the two
-thread hand-overs it saves; when SQLite answers busy (a rare lock in WAL mode: recovery, an
-exclusive checkpoint) it goes to the read thread instead, which waits as usual.
+On SQLite, :meth:`Database.run_write` and :meth:`Database.run_point_read` (the smallest
+reads: a claim's reservations, one row by its key) first try the event loop's own thread, on a
+connection that never waits for a lock (``busy_timeout`` 0) and never checkpoints. Such a
+transaction takes tens of microseconds, less than the two thread hand-overs it saves. When
+SQLite answers busy (another process writes, or a rare lock in WAL mode) it runs on the
+database's thread instead, which waits as usual; nothing was written by then (a write takes its
+lock at ``BEGIN IMMEDIATE``, before any statement). The WAL is checkpointed (``PASSIVE``) on the
+write thread every :data:`CHECKPOINT_EVERY` writes made on the loop, so that the loop never
+waits for the disk to sync.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ from sqlalchemy.pool import StaticPool
 from app.config import redact_url
 
 SQLITE_BUSY_TIMEOUT_MS = 15_000
+# Writes on the event loop's thread between two checkpoints of the WAL on the write thread
+# (SQLite's own automatic checkpoint comes after 1,000 pages, about 4 MiB).
+CHECKPOINT_EVERY = 200
 _BEGIN_MODE = "fabric_dra_sqlite_begin"
 T = TypeVar("T")
 
@@ -119,7 +126,9 @@ async def check_usable(engine: AsyncEngine) -> None:
         raise unusable(engine, err) from err
 
 
-def _setup_sqlite(engine: Engine, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
+def _setup_sqlite(
+    engine: Engine, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, *, checkpoints: bool = True
+) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event below emit BEGIN instead of pysqlite's lazy one.
@@ -129,6 +138,8 @@ def _setup_sqlite(engine: Engine, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS)
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        if not checkpoints:
+            cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -198,11 +209,25 @@ class _SqliteThread:
         with self._connection() as conn, conn.begin():
             return work(conn)
 
+    def _checkpoint(self) -> None:
+        with self._connection() as conn:
+            # On the driver's connection: outside any transaction, which would refuse it.
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    async def checkpoint(self) -> None:
+        """Checkpoint the WAL (``PASSIVE``: as far as readers allow, without waiting)."""
+        await self._submit(self._checkpoint)
+
     async def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
+        return await self._submit(self._write if write else self._read, work)
+
+    async def _submit(self, func: Callable[..., T], *args: Any) -> T:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="fabric-dra-sqlite")
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._write if write else self._read, work)
+        future = loop.run_in_executor(self._executor, func, *args)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -229,31 +254,38 @@ class _SqliteBusy(Exception):
     """SQLite answered busy to an inline read (see :class:`_InlineReader`)."""
 
 
-class _InlineReader:
-    """Point reads on the event loop's thread, on a pysqlite connection of their own that
-    never waits for a lock (``busy_timeout`` 0): a busy database raises :class:`_SqliteBusy`
-    at once, and the caller reads on the read thread instead. The connection is made at first
-    use and used only by the thread that made it (another thread's read raises
-    :class:`_SqliteBusy` too)."""
+class _Inline:
+    """Transactions on the event loop's thread, on a pysqlite connection of their own that
+    never waits for a lock (``busy_timeout`` 0) and never checkpoints: a busy database raises
+    :class:`_SqliteBusy` at once, and the caller runs the transaction on a thread of the
+    database's instead. The connection is made at first use and used only by the thread that
+    made it (another thread's transaction raises :class:`_SqliteBusy` too)."""
 
     def __init__(self, url: URL) -> None:
         self._url = url.set(drivername="sqlite+pysqlite")
         self._engine: Engine | None = None
         self._owner: int | None = None
 
-    def read(self, work: Callable[[Connection], T]) -> T:
+    def _engine_here(self) -> Engine:
         if self._engine is None:
             engine = create_engine(
                 self._url,
                 poolclass=StaticPool,
                 connect_args={"timeout": 0, "check_same_thread": False},
             )
-            _setup_sqlite(engine, busy_timeout_ms=0)
+            _setup_sqlite(engine, busy_timeout_ms=0, checkpoints=False)
             self._engine, self._owner = engine, threading.get_ident()
         elif self._owner != threading.get_ident():
             raise _SqliteBusy("another thread's connection")
+        return self._engine
+
+    def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
+        engine = self._engine_here()
         try:
-            with self._engine.connect() as conn, conn.begin():
+            conn = engine.connect()
+            if write:
+                conn = conn.execution_options(**{_BEGIN_MODE: "IMMEDIATE"})
+            with conn, conn.begin():
                 return work(conn)
         except OperationalError as err:
             if getattr(err.orig, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
@@ -281,7 +313,8 @@ class Database:
     # run_read, so that a read never waits behind a write that waits for SQLite's lock.
     _thread: _SqliteThread | None = field(default=None, repr=False)
     _reader: _SqliteThread | None = field(default=None, repr=False)
-    _inline: _InlineReader | None = field(default=None, repr=False)
+    _inline: _Inline | None = field(default=None, repr=False)
+    _inline_writes: int = field(default=0, repr=False)
     # PostgreSQL only: the same engine (and pool) without transactions, for run_read.
     _autocommit: AsyncEngine | None = field(default=None, repr=False)
 
@@ -289,7 +322,7 @@ class Database:
         if self.engine.dialect.name == "sqlite":
             self._thread = _SqliteThread(self.engine.url)
             self._reader = _SqliteThread(self.engine.url)
-            self._inline = _InlineReader(self.engine.url)
+            self._inline = _Inline(self.engine.url)
         else:
             self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
 
@@ -327,10 +360,12 @@ class Database:
 
     async def run_write(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` (a function of a synchronous Core connection, doing no I/O but the
-        database's) in one transaction, committed when it returns and rolled back when it
-        raises; return what it returned. On SQLite it runs on the database's own thread after
-        ``BEGIN IMMEDIATE``, in turn with this process's other writers (the lock of
-        :meth:`write`); on PostgreSQL in ``run_sync`` on a pooled connection.
+        database's, and small: a few rows by key) in one transaction, committed when it
+        returns and rolled back when it raises; return what it returned. On SQLite it runs
+        after ``BEGIN IMMEDIATE``, in turn with this process's other writers (the lock of
+        :meth:`write`), on the event loop's thread, or on the database's own thread when SQLite
+        is busy (see the module docstring); on PostgreSQL in ``run_sync`` on a pooled
+        connection.
 
         Raises:
             whatever ``work`` raises, and the driver's errors (SQLAlchemyError).
@@ -339,6 +374,16 @@ class Database:
             async with self.engine.begin() as conn:
                 return await conn.run_sync(work)
         async with self._write_lock:
+            if self._inline is not None:
+                try:
+                    result = self._inline.run(work, write=True)
+                except _SqliteBusy:
+                    pass
+                else:
+                    self._inline_writes += 1
+                    if self._inline_writes % CHECKPOINT_EVERY == 0:
+                        await self._thread.checkpoint()
+                    return result
             return await self._thread.run(work, write=True)
 
     async def run_read(self, work: Callable[[Connection], T]) -> T:
@@ -361,7 +406,7 @@ class Database:
         inventory or the claims."""
         if self._inline is not None:
             try:
-                return self._inline.read(work)
+                return self._inline.run(work, write=False)
             except _SqliteBusy:
                 pass
         return await self.run_read(work)

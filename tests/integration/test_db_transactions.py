@@ -19,6 +19,7 @@ from sqlalchemy import Connection, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from app.clock import utcnow
+from app.db import engine as engine_module
 from app.db.engine import Database
 from app.db.models import Host
 
@@ -40,6 +41,15 @@ def _add_host(conn: Connection, host_id: str) -> str:
         )
     )
     return host_id
+
+
+def _write_lock_holder(db: Database) -> sqlite3.Connection:
+    """Another connection to the SQLite file, holding its write lock until it commits."""
+    path = db.engine.url.database
+    assert path is not None
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
 
 
 def _count(conn: Connection) -> int:
@@ -87,17 +97,18 @@ async def test_concurrent_writes_all_land(db: Database) -> None:
     assert await db.run_read(_count) == 20
 
 
-async def test_sqlite_transactions_run_on_threads_of_their_own(
+async def test_sqlite_writes_and_point_reads_run_on_the_loop_and_other_reads_on_a_thread(
     db: Database, database_kind: str
 ) -> None:
     if database_kind != "sqlite":
         pytest.skip("PostgreSQL transactions run on the event loop (asyncpg)")
-    names = {await db.run_read(lambda _conn: threading.current_thread().name) for _ in range(3)} | {
-        await db.run_write(lambda _conn: threading.current_thread().name)
-    }
+    here = threading.current_thread().name
+    assert await db.run_write(lambda _conn: threading.current_thread().name) == here
+    assert await db.run_point_read(lambda _conn: threading.current_thread().name) == here
+    names = {await db.run_read(lambda _conn: threading.current_thread().name) for _ in range(3)}
     assert len(names) == 1
     (name,) = names
-    assert name.startswith("fabric-dra-sqlite") and name != threading.current_thread().name
+    assert name.startswith("fabric-dra-sqlite") and name != here
 
 
 async def test_a_cancelled_caller_waits_for_the_transaction_it_started(
@@ -112,7 +123,12 @@ async def test_a_cancelled_caller_waits_for_the_transaction_it_started(
         release.wait(10)
         return _add_host(conn, "h1")
 
+    # Another connection holds the write lock: the write goes to the database's thread.
+    holder = _write_lock_holder(db)
     task = asyncio.ensure_future(db.run_write(slow))
+    await asyncio.sleep(0.05)
+    holder.execute("COMMIT")
+    holder.close()
     await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
     task.cancel()
     await asyncio.sleep(0.05)
@@ -217,3 +233,60 @@ async def test_a_point_read_from_another_thread_goes_to_the_read_thread(
 
     name = await asyncio.get_running_loop().run_in_executor(None, elsewhere)
     assert name.startswith("fabric-dra-sqlite")
+
+
+async def test_a_write_while_another_process_writes_goes_to_the_write_thread_and_lands(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("SQLite's locks")
+    await db.run_write(lambda conn: _add_host(conn, "h0"))  # the loop's connection is open
+    holder = _write_lock_holder(db)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        write = asyncio.ensure_future(
+            db.run_write(lambda conn: (threading.current_thread().name, _add_host(conn, "h1")))
+        )
+        await asyncio.sleep(0.3)
+        assert not write.done()  # waiting on the write thread for the lock
+        assert ticks >= 10  # ...while the loop went on
+        holder.execute("COMMIT")
+        holder.close()
+        thread, _ = await asyncio.wait_for(write, 10)
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+    assert thread.startswith("fabric-dra-sqlite")
+    assert await db.run_point_read(_count) == 2
+    here = threading.current_thread().name
+    assert await db.run_write(lambda _conn: threading.current_thread().name) == here
+
+
+async def test_writes_on_the_loop_checkpoint_the_wal_on_the_write_thread(
+    db: Database, database_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("SQLite's WAL")
+    monkeypatch.setattr(engine_module, "CHECKPOINT_EVERY", 5)
+    checkpoints: list[str] = []
+    checkpoint = engine_module._SqliteThread._checkpoint
+
+    def spy(self: engine_module._SqliteThread) -> None:
+        checkpoints.append(threading.current_thread().name)
+        checkpoint(self)
+
+    monkeypatch.setattr(engine_module._SqliteThread, "_checkpoint", spy)
+    for i in range(12):
+        await db.run_write(lambda conn, i=i: _add_host(conn, f"h{i}"))
+    assert len(checkpoints) == 2
+    assert all(name.startswith("fabric-dra-sqlite") for name in checkpoints)
+    assert await db.run_point_read(_count) == 12
