@@ -45,7 +45,7 @@ from .resources import (
     api_versions,
 )
 from .selectors import parse_field_selector_for, parse_label_selector
-from .store import Watcher, WatchExpired
+from .store import StoreEvent, Watcher, WatchExpired, WatchItem
 from .values import json_kind
 
 DEFAULT_WATCH_TIMEOUT_S = 1800.0
@@ -656,13 +656,20 @@ class Handlers:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + duration_s
         next_bookmark = loop.time() + self.state.bookmark_interval_s
+        # An item that ends the stream, taken from the queue behind events being sent.
+        carried: list[WatchItem] = []
         while True:
             now = loop.time()
             # Wake at least every second to notice a client that went away, so that its
             # handler does not linger until the watch timeout.
             wake = min(deadline, next_bookmark if bookmarks else deadline, now + 1.0)
             try:
-                item = await asyncio.wait_for(watcher.queue.get(), max(0.0, wake - now))
+                if carried:
+                    item = carried.pop()
+                else:
+                    # asyncio.timeout, not wait_for: no task per event.
+                    async with asyncio.timeout(max(0.0, wake - now)):
+                        item = await watcher.queue.get()
             except TimeoutError:
                 if request.transport is None or request.transport.is_closing():
                     return
@@ -689,9 +696,21 @@ class Handlers:
                 )
                 await _end(response)
                 return
-            line = flt.render(item)
-            if line is not None:
-                await self._send(response, line)
+            # The events queued meanwhile go out in one write (one chunk, one system call),
+            # up to the first that ends the stream.
+            lines = []
+            event: WatchItem = item
+            while isinstance(event, StoreEvent):
+                line = flt.render(event)
+                if line is not None:
+                    lines.append(line)
+                if watcher.queue.empty():
+                    break
+                event = watcher.queue.get_nowait()
+                if not isinstance(event, StoreEvent):
+                    carried.append(event)
+            if lines:
+                await self._send_all(response, lines)
 
     def _bookmark(self, rt: ResourceType, initial_end: bool = False) -> dict[str, Any]:
         meta: dict[str, Any] = {"resourceVersion": str(self.state.api.store.rv)}
@@ -705,6 +724,10 @@ class Handlers:
     @staticmethod
     async def _send(response: web.StreamResponse, line: dict[str, Any]) -> None:
         await response.write(json.dumps(line).encode() + b"\n")
+
+    @staticmethod
+    async def _send_all(response: web.StreamResponse, lines: list[dict[str, Any]]) -> None:
+        await response.write(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
 
 
 PUBLIC_INFO_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/version", "/version/"})
