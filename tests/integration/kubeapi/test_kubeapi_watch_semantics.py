@@ -509,3 +509,28 @@ async def test_remaining_item_count_is_only_given_without_selectors(
     assert plain["metadata"]["remainingItemCount"] == 2
     assert "remainingItemCount" not in selected["metadata"]
     assert selected["metadata"]["continue"]
+
+
+async def test_events_queued_together_arrive_in_order_before_the_410_that_follows_them(
+    emulator: KubeEmulator, session: aiohttp.ClientSession
+) -> None:
+    # Several events and the watch's expiry queued before the stream runs again: the events
+    # go out (in one write) and the ERROR 410 after them, as the watch cache sends them.
+    url = emulator.url + "/api/v1/nodes"
+    _, _, listed = await _get(session, url)
+    async with session.get(
+        url,
+        params={"watch": "true", "resourceVersion": listed["metadata"]["resourceVersion"]},
+    ) as resp:
+        await _watching(emulator, 1)
+        _nodes(emulator, "n1", "n2", "n3")
+        assert emulator.expire_watches("nodes") == 1
+        lines = await _lines(resp, 5)
+        assert await resp.content.read() == b""  # the stream ended
+    assert [(e["type"], e["object"]["metadata"].get("name")) for e in lines[:3]] == [
+        ("ADDED", "n1"),
+        ("ADDED", "n2"),
+        ("ADDED", "n3"),
+    ]
+    assert len(lines) == 4
+    assert lines[3]["type"] == "ERROR" and lines[3]["object"]["code"] == 410
