@@ -13,6 +13,7 @@ follow the OpenAPI list types of :func:`.patch.list_type`.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,7 +40,9 @@ _UNOWNED: set[FieldPath] = {
 }
 
 
+@functools.lru_cache(maxsize=8192)
 def _plain(path: FieldPath) -> tuple[str, ...]:
+    # Remembered: objects of one kind repeat the same paths on every write.
     return tuple(p[2:] for p in path if p.startswith("f:"))
 
 
