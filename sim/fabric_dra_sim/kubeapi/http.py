@@ -66,12 +66,22 @@ class ServerState:
     rbac: RbacPolicy | None = None
 
 
+# Compact JSON in UTF-8, as kube-apiserver writes it (Go's encoding/json); no check for
+# cycles, which JSON from the store cannot have.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+
+
+def encode_json(value: Any) -> bytes:
+    """``value`` as kube-apiserver's compact UTF-8 JSON."""
+    return _ENCODER.encode(value).encode()
+
+
 def json_response(
     body: Any, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
     """A JSON response with kube-apiserver's content type."""
     return web.Response(
-        text=json.dumps(body), status=status, content_type="application/json", headers=headers
+        body=encode_json(body), status=status, content_type="application/json", headers=headers
     )
 
 
@@ -723,11 +733,11 @@ class Handlers:
 
     @staticmethod
     async def _send(response: web.StreamResponse, line: dict[str, Any]) -> None:
-        await response.write(json.dumps(line).encode() + b"\n")
+        await response.write(encode_json(line) + b"\n")
 
     @staticmethod
     async def _send_all(response: web.StreamResponse, lines: list[dict[str, Any]]) -> None:
-        await response.write(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+        await response.write(b"".join(encode_json(line) + b"\n" for line in lines))
 
 
 PUBLIC_INFO_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/version", "/version/"})
