@@ -16,7 +16,9 @@ import threading
 
 import pytest
 from sqlalchemy import Connection, func, insert, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
 
 from app.clock import utcnow
 from app.db import engine as engine_module
@@ -290,3 +292,48 @@ async def test_writes_on_the_loop_checkpoint_the_wal_on_the_write_thread(
     assert len(checkpoints) == 2
     assert all(name.startswith("fabric-dra-sqlite") for name in checkpoints)
     assert await db.run_point_read(_count) == 12
+
+
+async def _drop_other_connections(db: Database) -> int:
+    """Have PostgreSQL end every other connection to the test database (as a restart or an
+    idle timeout would); returns how many it ended."""
+    other = create_async_engine(db.engine.url, poolclass=NullPool)
+    try:
+        async with other.connect() as conn:
+            ended = await conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+            return int(ended.scalar_one())
+    finally:
+        await other.dispose()
+
+
+async def test_postgresql_pings_an_idle_connection_and_replaces_it_when_the_server_dropped_it(
+    db: Database, database_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if database_kind != "postgresql":
+        pytest.skip("PostgreSQL's pool")
+    assert await db.run_read(_count) == 0  # a pooled connection, now idle
+    assert await _drop_other_connections(db) >= 1
+    monkeypatch.setattr(engine_module, "PING_AFTER_IDLE_S", 0.0)
+    assert await db.run_read(_count) == 0
+    await db.run_write(lambda conn: _add_host(conn, "h1"))
+    assert await db.run_read(_count) == 1
+
+
+async def test_postgresql_does_not_ping_a_connection_in_steady_use(
+    db: Database, database_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if database_kind != "postgresql":
+        pytest.skip("PostgreSQL's pool")
+    assert await db.run_read(_count) == 0
+    assert await _drop_other_connections(db) >= 1
+    monkeypatch.setattr(engine_module, "PING_AFTER_IDLE_S", 3600.0)
+    # Not pinged: the dropped connection fails the transaction, and the pool replaces it.
+    with pytest.raises(DBAPIError) as caught:
+        await db.run_read(_count)
+    assert caught.value.connection_invalidated
+    assert await db.run_read(_count) == 0
