@@ -16,7 +16,6 @@ and ``status.deallocationRequested`` passed through untouched.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,7 +23,7 @@ from typing import Any, Literal
 from app.allocator import Allocator, Claim, DeviceClass, Node, Pool
 from app.allocator.model import DeviceId
 from app.claims.model import WantedDevice, wanted_devices
-from app.jsontypes import JsonDict
+from app.jsontypes import JsonDict, json_copy
 from app.reservations import HeldDevice, ReservationView
 
 MAX_NODES = 128  # resourceapi.PodSchedulingNodeListMaxSize
@@ -128,7 +127,7 @@ def cleared_status(claim: Mapping[str, Any]) -> JsonDict:
     """The claim with ``allocation`` and ``deallocationRequested`` cleared in one status
     (``reservedFor`` is empty by then; ``devices`` entries must name allocated devices, so
     they go too)."""
-    result = copy.deepcopy(dict(claim))
+    result = json_copy(dict(claim))
     status = dict(result.get("status") or {})
     for key in ("allocation", "deallocationRequested", "devices", "reservedFor"):
         status.pop(key, None)
@@ -169,7 +168,7 @@ def allocated_status(
     result = dict(claim)
     status = dict(result.get("status") or {})
     status["allocation"] = {
-        **copy.deepcopy(dict(allocation)),
+        **json_copy(dict(allocation)),
         "nodeSelector": node_selector_for(node_name),
         "controller": driver_name,
     }

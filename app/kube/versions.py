@@ -20,14 +20,13 @@ Fields one version lacks are passed through untouched; the API server decides ab
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, ResourceApi
 
-from app.jsontypes import JsonDict
+from app.jsontypes import JsonDict, json_copy
 from app.kube.errors import KubeError, KubeNotFound, KubeVersionError, translate_error
 
 GROUP = "resource.k8s.io"
@@ -119,7 +118,7 @@ async def discover_version(
 
 # --------------------------------------------------------------------------- helpers
 def _with_api_version(obj: Mapping[str, Any], version: ResourceApiVersion) -> JsonDict:
-    result = copy.deepcopy(dict(obj))
+    result = json_copy(dict(obj))
     if "apiVersion" in result:
         result["apiVersion"] = version.api_version
     return result
@@ -213,7 +212,7 @@ def slice_from_wire(obj: Mapping[str, Any], version: ResourceApiVersion) -> Json
 
     Pure: returns a new dict; ``apiVersion`` becomes ``resource.k8s.io/v1`` when present.
     """
-    result = copy.deepcopy(dict(obj))
+    result = json_copy(dict(obj))
     _v1_api_version(result)
     if version in _WRAPPED_DEVICE_VERSIONS:
         _map_devices(result, _device_from_wrapped, version)
@@ -235,7 +234,7 @@ def claim_to_wire(obj_v1: Mapping[str, Any], version: ResourceApiVersion) -> Jso
     if "apiVersion" in result:
         result["apiVersion"] = version.api_version
     if version in _WRAPPED_DEVICE_VERSIONS:
-        result["spec"] = copy.deepcopy(result.get("spec"))
+        result["spec"] = json_copy(result.get("spec"))
         _map_requests(result.get("spec"), _request_to_flat)
     return result
 
@@ -249,7 +248,7 @@ def claim_from_wire(
         owned: ``obj`` is a dict nobody else holds (just decoded from an answer or a watch
             event): it is converted in place and returned, without a copy.
     """
-    result = obj if owned and isinstance(obj, dict) else copy.deepcopy(dict(obj))
+    result = obj if owned and isinstance(obj, dict) else json_copy(dict(obj))
     _v1_api_version(result)
     if version in _WRAPPED_DEVICE_VERSIONS:
         _map_requests(result.get("spec"), _request_from_flat)
@@ -266,7 +265,7 @@ def claim_template_to_wire(obj_v1: Mapping[str, Any], version: ResourceApiVersio
 
 def claim_template_from_wire(obj: Mapping[str, Any], version: ResourceApiVersion) -> JsonDict:
     """Convert a ResourceClaimTemplate in ``version``'s wire shape to the v1 dict shape."""
-    result = copy.deepcopy(dict(obj))
+    result = json_copy(dict(obj))
     _v1_api_version(result)
     if version in _WRAPPED_DEVICE_VERSIONS and isinstance(result.get("spec"), dict):
         _map_requests(result["spec"].get("spec"), _request_from_flat)
@@ -282,7 +281,7 @@ def device_class_to_wire(obj_v1: Mapping[str, Any], version: ResourceApiVersion)
 def device_class_from_wire(obj: Mapping[str, Any], version: ResourceApiVersion) -> JsonDict:
     """Convert a DeviceClass in ``version``'s wire shape to the v1 dict shape."""
     del version  # same JSON in every version
-    result = copy.deepcopy(dict(obj))
+    result = json_copy(dict(obj))
     _v1_api_version(result)
     return result
 
@@ -307,7 +306,7 @@ def from_wire(kind: str, obj: Mapping[str, Any], version: ResourceApiVersion) ->
     Kinds without a shape difference (e.g. PodSchedulingContext) are deep-copied unchanged.
     """
     convert = _FROM_WIRE.get(kind)
-    return convert(obj, version) if convert else copy.deepcopy(dict(obj))
+    return convert(obj, version) if convert else json_copy(dict(obj))
 
 
 def to_wire(kind: str, obj_v1: Mapping[str, Any], version: ResourceApiVersion) -> JsonDict:

@@ -31,7 +31,6 @@ seen for a desired content (``accepted``): that returned form then counts as in 
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
+from app.jsontypes import json_copy
 from app.pools import DesiredPool, SliceContent, resource_slice_spec
 
 API_VERSION = "resource.k8s.io/v1"
@@ -188,7 +188,7 @@ def canonical_key(canonical: Any) -> str:
 def strip_paths(obj: Mapping[str, Any], paths: frozenset[str] | set[str]) -> dict[str, Any]:
     """A deep copy of ``obj`` without the dotted ``paths`` (``name[]`` walks every list
     element), the notation of :func:`dropped_paths`."""
-    result = copy.deepcopy(dict(obj))
+    result = json_copy(dict(obj))
     for path in sorted(paths):
         _remove(result, path.split("."))
     return result
@@ -366,7 +366,7 @@ def existing_slice(
         resource_slice_count=_whole(pool.get("resourceSliceCount")),
         index=slice_index(name, driver_name),
         content_key=key if key is not None else content_key(content_of(spec)),
-        kept_metadata={k: copy.deepcopy(metadata[k]) for k in _KEPT_METADATA if metadata.get(k)},
+        kept_metadata={k: json_copy(metadata[k]) for k in _KEPT_METADATA if metadata.get(k)},
         taint_times=(
             dict(spec[TAINT_TIMES])
             if isinstance(spec.get(TAINT_TIMES), dict)
@@ -585,7 +585,7 @@ def plan_pool(
                 {
                     "name": current.name,
                     "resourceVersion": current.resource_version,
-                    **copy.deepcopy(dict(current.kept_metadata)),
+                    **json_copy(dict(current.kept_metadata)),
                 },
                 current.taint_times,
             ),

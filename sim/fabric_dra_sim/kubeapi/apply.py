@@ -19,8 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from app.jsontypes import json_copy
+
 from .errors import StatusError
-from .objects import json_copy
 from .patch import list_type
 
 FieldPath = tuple[str, ...]

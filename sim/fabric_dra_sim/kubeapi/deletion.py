@@ -16,8 +16,9 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
+from app.jsontypes import json_copy
+
 from .errors import conflict
-from .objects import json_copy
 
 # k8s.io/kubernetes pkg/apis/core/v1 defaults.go: SetDefaults_PodSpec.
 DEFAULT_TERMINATION_GRACE_PERIOD_S = 30

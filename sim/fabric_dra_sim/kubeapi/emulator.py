@@ -9,6 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
+from app.jsontypes import json_copy
+
 from .cluster import (
     DEFAULT_KUBERNETES_VERSION,
     build_cluster,
@@ -20,7 +22,6 @@ from .cluster import git_version as full_git_version
 from .errors import StatusError, bad_request
 from .faults import Faults, RequestRecord, ResponseHold
 from .http import ServerState, build_app, json_response
-from .objects import json_copy
 from .operations import Api
 from .rbac import RbacPolicy
 from .resources import served_types

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from app.jsontypes import json_copy
+
 from . import defaults, dra, dra_claims, leases
 from .apply import managed_fields_json, record_update, server_side_apply
 from .cluster import profile
@@ -59,7 +61,6 @@ from .listing import (
 )
 from .objects import (
     drop_path,
-    json_copy,
     now_rfc3339,
     random_suffix,
     spec_part,

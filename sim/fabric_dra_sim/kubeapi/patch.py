@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.jsontypes import json_copy
+
 from .errors import bad_request, unprocessable_patch
-from .objects import json_copy
 
 JSON = Any
 

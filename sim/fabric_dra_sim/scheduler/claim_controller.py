@@ -54,7 +54,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
-from app.jsontypes import JsonDict
+from app.jsontypes import JsonDict, json_copy
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -66,7 +66,6 @@ from app.kube.versions import (
     claim_to_wire,
 )
 from app.kube.workqueue import ShutDown, WorkQueue, WorkQueueSettings
-from fabric_dra_sim.kubeapi.objects import json_copy
 from fabric_dra_sim.scheduler.common import (
     DELETE_PROTECTION,
     POD_CLAIM_NAME_ANNOTATION,

@@ -66,7 +66,7 @@ from app.allocator import (
 from app.allocator.model import DeviceId
 from app.allocator.pools import gather_pools, selector_matches
 from app.clock import utcnow
-from app.jsontypes import JsonDict
+from app.jsontypes import JsonDict, json_copy
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -79,7 +79,6 @@ from app.kube.versions import (
     slice_from_wire,
 )
 from app.kube.workqueue import ShutDown, WorkQueue, WorkQueueSettings
-from fabric_dra_sim.kubeapi.objects import json_copy
 from fabric_dra_sim.scheduler.claim_controller import ClaimController, ClaimControllerSettings
 from fabric_dra_sim.scheduler.common import (
     DEFAULT_SCHEDULER,

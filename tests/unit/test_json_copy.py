@@ -1,4 +1,5 @@
-"""The emulator's copy of object JSON: the same as ``copy.deepcopy``, sharing nothing."""
+"""The copy of object JSON (the controller's and the emulator's): the same as
+``copy.deepcopy``, sharing nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabric_dra_sim.kubeapi.objects import json_copy
+from app.jsontypes import json_copy
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
