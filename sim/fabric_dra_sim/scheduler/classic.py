@@ -170,7 +170,8 @@ class ClassicScheduler:
             list_function,
             replace(self.settings.informer, name=plural),
             converter=lambda obj: (
-                claim_from_wire(obj, VERSION) if plural == "resourceclaims" else obj
+                # The informer hands over objects it just decoded: converted in place.
+                claim_from_wire(obj, VERSION, owned=True) if plural == "resourceclaims" else obj
             ),
         )
 
