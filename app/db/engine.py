@@ -19,18 +19,23 @@ connection that never waits for a lock (``busy_timeout`` 0) and never checkpoint
 transaction takes tens of microseconds, less than the two thread hand-overs it saves. When
 SQLite answers busy (another process writes, or a rare lock in WAL mode) it runs on the
 database's thread instead, which waits as usual; nothing was written by then (a write takes its
-lock at ``BEGIN IMMEDIATE``, before any statement). The WAL is checkpointed (``PASSIVE``) on the
-write thread every :data:`CHECKPOINT_EVERY` writes made on the loop, so that the loop never
-waits for the disk to sync.
+lock at ``BEGIN IMMEDIATE``, before any statement). Every :data:`CHECKPOINT_EVERY` writes made
+on the loop, the write thread checkpoints the WAL (``PASSIVE``, in the background) and makes the
+next write, the one that restarts the WAL and syncs its header. The loop's writes do not sync
+otherwise (``synchronous=NORMAL`` in WAL mode syncs at checkpoints); one may still restart the
+WAL after another connection's automatic checkpoint (the async sessions' connections keep
+SQLite's, after 1,000 pages) and wait for that one sync.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +62,7 @@ PING_AFTER_IDLE_S = 2.0
 CHECKPOINT_EVERY = 200
 _BEGIN_MODE = "fabric_dra_sqlite_begin"
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class DatabaseUnavailable(Exception):
@@ -202,6 +208,11 @@ def make_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncEng
     raise ValueError(f"unsupported database {backend!r}: use SQLite or PostgreSQL")
 
 
+def _log_checkpoint_failure(done: Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        logger.warning("SQLite WAL checkpoint failed: %s", done.exception())
+
+
 class _SqliteThread:
     """One thread with one pysqlite connection of its own, for whole transactions
     (:meth:`Database.run_write`, :meth:`Database.run_read`).
@@ -244,18 +255,14 @@ class _SqliteThread:
             assert raw is not None
             raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
-    async def checkpoint(self) -> None:
-        """Checkpoint the WAL (``PASSIVE``: as far as readers allow, without waiting)."""
-        await self._submit(self._checkpoint)
+    def checkpoint_soon(self) -> None:
+        """Queue a checkpoint of the WAL (``PASSIVE``: as far as readers allow, without
+        waiting) on this thread, after what is queued; a failure is logged, not raised."""
+        self._pool().submit(self._checkpoint).add_done_callback(_log_checkpoint_failure)
 
     async def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
-        return await self._submit(self._write if write else self._read, work)
-
-    async def _submit(self, func: Callable[..., T], *args: Any) -> T:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="fabric-dra-sqlite")
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, func, *args)
+        future = loop.run_in_executor(self._pool(), self._write if write else self._read, work)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -263,6 +270,11 @@ class _SqliteThread:
             # half way): wait for it, so that a caller's lock is held until then.
             await asyncio.wait({future})
             raise
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="fabric-dra-sqlite")
+        return self._executor
 
     def _close(self) -> None:
         if self._engine is not None:
@@ -276,6 +288,15 @@ class _SqliteThread:
         if executor is not None:
             await asyncio.get_running_loop().run_in_executor(executor, self._close)
             executor.shutdown(wait=True)
+
+
+def sqlite_busy(err: OperationalError) -> bool:
+    """Whether SQLite refused ``err``'s statement because of another connection's lock:
+    SQLITE_BUSY or SQLITE_LOCKED, with any extended code (``SQLITE_BUSY_RECOVERY`` while
+    another process recovers the WAL, ``SQLITE_BUSY_SNAPSHOT``, ...). The primary result code
+    is the extended code's low byte (https://www.sqlite.org/rescode.html)."""
+    code = getattr(err.orig, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 class _SqliteBusy(Exception):
@@ -316,7 +337,7 @@ class _Inline:
             with conn, conn.begin():
                 return work(conn)
         except OperationalError as err:
-            if getattr(err.orig, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+            if sqlite_busy(err):
                 raise _SqliteBusy(str(err.orig)) from err
             raise
 
@@ -343,6 +364,9 @@ class Database:
     _reader: _SqliteThread | None = field(default=None, repr=False)
     _inline: _Inline | None = field(default=None, repr=False)
     _inline_writes: int = field(default=0, repr=False)
+    # The first write after a checkpoint goes to the write thread: a write that restarts the
+    # WAL syncs its header, and that wait belongs off the event loop.
+    _next_write_on_thread: bool = field(default=False, repr=False)
     # PostgreSQL only: the same engine (and pool) without transactions, for run_read.
     _autocommit: AsyncEngine | None = field(default=None, repr=False)
 
@@ -402,7 +426,7 @@ class Database:
             async with self.engine.begin() as conn:
                 return await conn.run_sync(work)
         async with self._write_lock:
-            if self._inline is not None:
+            if self._inline is not None and not self._next_write_on_thread:
                 try:
                     result = self._inline.run(work, write=True)
                 except _SqliteBusy:
@@ -410,9 +434,12 @@ class Database:
                 else:
                     self._inline_writes += 1
                     if self._inline_writes % CHECKPOINT_EVERY == 0:
-                        await self._thread.checkpoint()
+                        self._thread.checkpoint_soon()
+                        self._next_write_on_thread = True
                     return result
-            return await self._thread.run(work, write=True)
+            result = await self._thread.run(work, write=True)
+            self._next_write_on_thread = False
+            return result
 
     async def run_read(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` as :meth:`run_write` does, for reading: one statement, or several that

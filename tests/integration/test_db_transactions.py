@@ -16,7 +16,7 @@ import threading
 
 import pytest
 from sqlalchemy import Connection, func, insert, select, text
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -287,11 +287,59 @@ async def test_writes_on_the_loop_checkpoint_the_wal_on_the_write_thread(
         checkpoint(self)
 
     monkeypatch.setattr(engine_module._SqliteThread, "_checkpoint", spy)
-    for i in range(12):
-        await db.run_write(lambda conn, i=i: _add_host(conn, f"h{i}"))
+
+    def add(conn: Connection, host_id: str) -> str:
+        _add_host(conn, host_id)
+        return threading.current_thread().name
+
+    threads = [await db.run_write(lambda conn, i=i: add(conn, f"h{i}")) for i in range(12)]
+    here = threading.current_thread().name
+    # Writes 1-5 on the loop, a checkpoint queued on the write thread, and write 6 (which
+    # restarts the WAL and syncs its header) behind it on that thread; then 7-11 on the loop
+    # and 12 on the thread.
+    on_thread = [i for i, name in enumerate(threads, 1) if name != here]
+    assert on_thread == [6, 12]
+    assert all(threads[i - 1].startswith("fabric-dra-sqlite") for i in on_thread)
     assert len(checkpoints) == 2
     assert all(name.startswith("fabric-dra-sqlite") for name in checkpoints)
     assert await db.run_point_read(_count) == 12
+
+
+async def test_a_failed_checkpoint_is_logged_and_fails_no_write(
+    db: Database,
+    database_kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("SQLite's WAL")
+    monkeypatch.setattr(engine_module, "CHECKPOINT_EVERY", 2)
+
+    def broken(self: engine_module._SqliteThread) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(engine_module._SqliteThread, "_checkpoint", broken)
+    for i in range(4):
+        await db.run_write(lambda conn, i=i: _add_host(conn, f"h{i}"))
+    assert await db.run_point_read(_count) == 4
+    assert "SQLite WAL checkpoint failed: disk I/O error" in caplog.text
+
+
+def test_every_busy_and_locked_code_counts_as_busy() -> None:
+    # The extended codes keep the primary code in their low byte
+    # (https://www.sqlite.org/rescode.html): SQLITE_BUSY_RECOVERY while another process
+    # recovers the WAL must send the transaction to the thread that waits, like SQLITE_BUSY.
+    def error(code: int) -> OperationalError:
+        orig = sqlite3.OperationalError("database is locked")
+        orig.sqlite_errorcode = code  # type: ignore[attr-defined]
+        return OperationalError("SELECT 1", {}, orig)
+
+    busy_recovery, busy_snapshot, locked_sharedcache = 5 | 1 << 8, 5 | 2 << 8, 6 | 1 << 8
+    for code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, busy_recovery, busy_snapshot):
+        assert engine_module.sqlite_busy(error(code)), code
+    assert engine_module.sqlite_busy(error(locked_sharedcache))
+    for code in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_READONLY):
+        assert not engine_module.sqlite_busy(error(code)), code
 
 
 async def _drop_other_connections(db: Database) -> int:
