@@ -731,9 +731,9 @@ class Handlers:
             "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta},
         }
 
-    @staticmethod
-    async def _send(response: web.StreamResponse, line: dict[str, Any]) -> None:
-        await response.write(encode_json(line) + b"\n")
+    @classmethod
+    async def _send(cls, response: web.StreamResponse, line: dict[str, Any]) -> None:
+        await cls._send_all(response, [line])
 
     @staticmethod
     async def _send_all(response: web.StreamResponse, lines: list[dict[str, Any]]) -> None:
