@@ -24,7 +24,7 @@ from app.allocator import Allocator, Claim, DeviceClass, Node, Pool
 from app.allocator.model import DeviceId
 from app.claims.model import WantedDevice, wanted_devices
 from app.jsontypes import JsonDict, json_copy
-from app.reservations import HeldDevice, ReservationView
+from app.reservations import HeldDevice
 
 MAX_NODES = 128  # resourceapi.PodSchedulingNodeListMaxSize
 Phase = Literal["gone", "foreign", "deallocate", "allocated", "pending", "deleting"]
@@ -219,7 +219,13 @@ def remove_finalizer_patch(claim: Mapping[str, Any], finalizer: str) -> list[Jso
 def claim_devices(claim: Mapping[str, Any], driver_name: str) -> frozenset[DeviceId]:
     """(driver, pool, device) of our devices allocated to ``claim``, leaving out admin-access
     results (they do not make a device unavailable: KEP-4381 adminAccess)."""
-    results = ((allocation_of(claim) or {}).get("devices") or {}).get("results") or []
+    return allocation_devices(allocation_of(claim) or {}, driver_name)
+
+
+def allocation_devices(allocation: Mapping[str, Any], driver_name: str) -> frozenset[DeviceId]:
+    """(driver, pool, device) of our devices in an allocation result
+    (``status.allocation``), leaving out admin-access results, as :func:`claim_devices`."""
+    results = (allocation.get("devices") or {}).get("results") or []
     return frozenset(
         (driver_name, str(result.get("pool")), str(result.get("device")))
         for result in results
@@ -301,6 +307,27 @@ class InUse:
             current - {(driver_name, device.pool, device.device_name)},
         )
 
+    def hold_pending(self, uid: str, devices: Iterable[DeviceId]) -> frozenset[DeviceId]:
+        """Hold ``devices`` for claim ``uid`` in the journal's part now, before the journal
+        write that reserves them, so that a decision made meanwhile sees them in use. The
+        journal's feed says the same once the write commits (holding twice is holding once).
+
+        Returns:
+            the devices this call added (the claim held the others already): what
+            :meth:`drop_pending` takes back when the write fails.
+        """
+        current = self._journal.get(uid, frozenset())
+        added = frozenset(devices) - current
+        if added:
+            self._replace(self._journal, uid, current | added)
+        return added
+
+    def drop_pending(self, uid: str, devices: frozenset[DeviceId]) -> None:
+        """Take back what :meth:`hold_pending` added for ``uid`` (its write failed)."""
+        current = self._journal.get(uid, frozenset())
+        if current & devices:
+            self._replace(self._journal, uid, current - devices)
+
     def _replace(
         self, part: dict[str, frozenset[DeviceId]], uid: str, devices: frozenset[DeviceId]
     ) -> None:
@@ -341,14 +368,18 @@ class InUse:
         """A value that is the same for two questions only when the in-use devices of
         ``pool`` (with ``exclude_uids`` left out) are the same: the pool's version (its
         holders) and the devices only the left-out claims hold."""
-        freed = frozenset(
-            d
-            for uid in exclude_uids
-            for part in (self._claims, self._journal)
-            for d in part.get(uid, ())
-            if d[1] == pool and all(h in exclude_uids for h in self._holders.get(d, ()))
-        )
-        return (self._versions.get(pool, 0), freed)
+        return (self._versions.get(pool, 0), self.freed(exclude_uids).get(pool, _NONE))
+
+    def freed(self, exclude_uids: frozenset[str]) -> dict[str, frozenset[DeviceId]]:
+        """By pool name, the devices that only claims of ``exclude_uids`` hold (one walk over
+        those claims' devices, for every pool at once)."""
+        by_pool: dict[str, set[DeviceId]] = {}
+        for uid in exclude_uids:
+            for part in (self._claims, self._journal):
+                for d in part.get(uid, ()):
+                    if all(h in exclude_uids for h in self._holders.get(d, ())):
+                        by_pool.setdefault(d[1], set()).add(d)
+        return {pool: frozenset(devices) for pool, devices in by_pool.items()}
 
     def pool_held(self, pool: str) -> bool:
         """Whether any claim holds a device of ``pool``."""
@@ -398,21 +429,22 @@ class _PassView(InUseView):
 
     def __init__(self, view: InUseView) -> None:
         super().__init__(view.index, view.exclude_uids)
-        self._keys: dict[str, tuple[Any, ...]] = {}
+        self._freed = view.index.freed(view.exclude_uids) if view.exclude_uids else {}
         self._lists: dict[int, tuple[Sequence[Pool], tuple[Any, ...]]] = {}
 
     def pool_key(self, pool: str) -> tuple[Any, ...]:
-        key = self._keys.get(pool)
-        if key is None:
-            key = self._keys[pool] = self.index.pool_key(pool, self.exclude_uids)
-        return key
+        return (self.index._versions.get(pool, 0), self._freed.get(pool, _NONE))
 
     def pools_key(self, usable: Sequence[Pool]) -> tuple[Any, ...]:
         """The keys of ``usable``'s pools, in order."""
         known = self._lists.get(id(usable))
         if known is not None and known[0] is usable:
             return known[1]
-        keys = tuple(self.pool_key(p.name) for p in usable)
+        versions = self.index._versions
+        freed = self._freed
+        keys = tuple(
+            (versions.get(name, 0), freed.get(name, _NONE)) for name in (p.name for p in usable)
+        )
         self._lists[id(usable)] = (usable, keys)
         return keys
 
@@ -624,16 +656,6 @@ def consumer_ref(pod: Mapping[str, Any]) -> dict[str, str]:
     return {"resource": "pods", "name": str(metadata.get("name")), "uid": str(metadata.get("uid"))}
 
 
-def stale_reservations(
-    reservations: Sequence[ReservationView],
-    chosen: Collection[tuple[str, str, str]],
-) -> list[ReservationView]:
-    """A pending claim's reservations that the new allocation does not use:
-    (request, pool, device) not in ``chosen``. Left over from an attempt that stopped between
-    the reservation and the status write."""
-    return [r for r in reservations if (r.request, r.pool, r.device_name) not in chosen]
-
-
 def chosen_devices(allocation: Mapping[str, Any], driver_name: str) -> list[WantedDevice]:
     """Our (request, pool, device) results in an allocation, in result order."""
     results = (allocation.get("devices") or {}).get("results") or []
@@ -653,6 +675,7 @@ __all__ = [
     "PodClaim",
     "add_finalizer_patch",
     "allocated_status",
+    "allocation_devices",
     "allocation_of",
     "answer_nodes",
     "being_deleted",
@@ -672,7 +695,6 @@ __all__ = [
     "remove_finalizer_patch",
     "reserved_for",
     "same_claim_entries",
-    "stale_reservations",
     "unsuitable_nodes",
     "wanted_results",
 ]

@@ -11,9 +11,13 @@ status update per claim. Otherwise (no selected node, it cannot serve the claims
 was taken meanwhile) each claim's ``status.resourceClaims`` entry lists the unsuitable
 potential nodes.
 
-Allocation decisions are serialised by one lock around gather, allocate and reserve, so each
-sees the reservations of the one before; the journal's unique index still refuses a device
-another mode holds (DeviceHeld): the context is then answered again from fresh data.
+Allocation decisions are serialised by one lock around gather and allocate, which awaits
+nothing but the snapshot: the devices chosen are held in memory at once
+(:meth:`app.controlplane.plan.InUse.hold_pending`), so each decision sees the choices of the
+one before, and the journal is written after the lock is let go (database round trips under
+the lock capped the decisions per second). The journal's unique index still refuses a device
+another mode or process holds (DeviceHeld): the memory holds are taken back and the context is
+answered again from fresh data.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.allocator import Node, SpecError, claim_from_object
+from app.allocator.model import DeviceId
 from app.allocator.pools import selector_matches
 from app.controlplane import plan as cp
 from app.controlplane.allocation import (
@@ -61,17 +66,26 @@ class Reserved:
 
 
 @dataclass(frozen=True, slots=True)
-class Unsuitable:
-    """The selected node cannot serve the claims: it is answered as unsuitable."""
-
-
-@dataclass(frozen=True, slots=True)
 class Taken:
     """A device was taken meanwhile (another mode holds it): nothing is reserved, and the
     context is answered again from fresh data."""
 
 
-AllocationOutcome = Reserved | Unsuitable | Taken
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The allocation decided for the selected node, before the journal is written.
+
+    Attributes:
+        allocations: the allocation result of each claim, by claim uid.
+        host: the fabric host id of the selected node.
+        held: by claim uid, the devices this decision holds in memory
+            (:meth:`app.controlplane.plan.InUse.hold_pending`), taken back if the
+            reservation fails.
+    """
+
+    allocations: Mapping[str, Mapping[str, Any]]
+    host: str
+    held: Mapping[str, frozenset[DeviceId]]
 
 
 def resource_version(obj: Mapping[str, Any]) -> int:
@@ -174,43 +188,59 @@ class SchedulingPass:
                     return True  # gone, deleted or allocated meanwhile: the cache catches up
                 fresh.append((pod_claim, with_finalizer))
             pending = fresh
-        requeue = False
-        outcome: AllocationOutcome = Unsuitable()
+        warnings: list[tuple[JsonDict, str, str]] = []
+        choice: Choice | None = None
+        answers: dict[str, list[str]] = {}
         async with self._lock:
+            # Only the decision is made under the lock, awaiting nothing but the snapshot:
+            # the devices it chooses are held in memory at once (so the next decision sees
+            # them), and the journal is written after the lock is let go.
             snapshot = await c.snapshots.snapshot(uids)
             parsed: list[cp.Pending] = []
             for pod_claim, claim in pending:
                 try:
                     parsed.append(cp.Pending(pod_claim, claim_from_object(claim)))
                 except SpecError as err:
-                    await c.warn(claim, REASON_INVALID_CLAIM, f"cannot allocate: {err}")
+                    warnings.append((claim, REASON_INVALID_CLAIM, f"cannot allocate: {err}"))
             if len(parsed) < len(pending):
                 answers = {p: list(potential[: cp.MAX_NODES]) for p, _ in pending}
             else:
                 if selected:
-                    outcome = await self._allocate_and_reserve(pending, parsed, selected, snapshot)
-                    if isinstance(outcome, Taken):
-                        requeue = True
-                        snapshot = await c.snapshots.snapshot(uids)
-                if not isinstance(outcome, Reserved):
-                    answers = cp.unsuitable_nodes(
-                        c.allocator,
-                        parsed,
-                        snapshot.classes,
-                        snapshot.pools,
-                        snapshot.in_use,
-                        potential,
-                        self._suitable_nodes(parsed, snapshot),
-                        snapshot.hosts,
-                        snapshot.reachable,
-                        c.answers,
-                    )
-        if isinstance(outcome, Reserved):
-            await c.at("after-reserve")
-            return not await self._write_allocations(pod, pending, outcome, selected)
+                    choice = self._choose(pending, parsed, selected, snapshot, warnings)
+                if choice is None:
+                    answers = self._answers(parsed, potential, snapshot)
+        for claim, reason, message in warnings:
+            await c.warn(claim, reason, message)
+        requeue = False
+        if choice is not None:
+            outcome = await self._reserve(pending, choice, selected)
+            if isinstance(outcome, Reserved):
+                await c.at("after-reserve")
+                return not await self._write_allocations(pod, pending, outcome, selected)
+            requeue = True
+            async with self._lock:
+                snapshot = await c.snapshots.snapshot(uids)
+                answers = self._answers(parsed, potential, snapshot)
         self.last_answers[(namespace, name)] = answers
         await self._write_answers(namespace, name, answers)
         return requeue
+
+    def _answers(
+        self, parsed: list[cp.Pending], potential: list[str], snapshot: Snapshot
+    ) -> dict[str, list[str]]:
+        c = self.controller
+        return cp.unsuitable_nodes(
+            c.allocator,
+            parsed,
+            snapshot.classes,
+            snapshot.pools,
+            snapshot.in_use,
+            potential,
+            self._suitable_nodes(parsed, snapshot),
+            snapshot.hosts,
+            snapshot.reachable,
+            c.answers,
+        )
 
     @staticmethod
     def _suitable_nodes(pending: list[cp.Pending], snapshot: Snapshot) -> dict[str, Node]:
@@ -231,30 +261,28 @@ class SchedulingPass:
             if all(selector_matches(s, node) for s in selectors)
         }
 
-    async def _allocate_and_reserve(
+    def _choose(
         self,
         pending: list[tuple[str, JsonDict]],
         parsed: list[cp.Pending],
         node_name: str,
         snapshot: Snapshot,
-    ) -> AllocationOutcome:
-        """Allocate the pending claims for exactly ``node_name`` and reserve every device of
-        every claim, or none. Called under the lock.
+        warnings: list[tuple[JsonDict, str, str]],
+    ) -> Choice | None:
+        """Allocate the pending claims for exactly ``node_name`` and hold the chosen devices
+        in memory (:meth:`app.controlplane.plan.InUse.hold_pending`). Called under the lock;
+        awaits nothing.
 
         Returns:
-            :class:`Reserved` on success; :class:`Taken` when a device was taken meanwhile
-            (answer again from fresh data); :class:`Unsuitable` when the node cannot serve the
-            claims (it is answered as unsuitable).
-
-        Raises:
-            SQLAlchemyError: the journal could not be written.
+            the choice; None when the node cannot serve the claims (it is answered as
+            unsuitable; the allocator's reason goes to ``warnings``).
         """
         c = self.controller
         driver = c.settings.driver_name
         node = self._suitable_nodes(parsed, snapshot).get(node_name)
         host = snapshot.hosts.get(node_name)
         if node is None or host is None:
-            return Unsuitable()
+            return None
         outcome = c.allocator.allocate(
             [p.claim for p in parsed],
             snapshot.classes,
@@ -264,10 +292,41 @@ class SchedulingPass:
         )
         if outcome.failure is not None:
             for _, claim in pending:
-                await c.warn(
-                    claim, REASON_ALLOCATION_FAILED, f"node {node_name}: {outcome.failure.message}"
+                warnings.append(
+                    (
+                        claim,
+                        REASON_ALLOCATION_FAILED,
+                        f"node {node_name}: {outcome.failure.message}",
+                    )
                 )
-            return Unsuitable()
+            return None
+        held = {
+            uid: c.snapshots.in_use.hold_pending(uid, cp.allocation_devices(allocation, driver))
+            for uid, allocation in outcome.allocations.items()
+        }
+        return Choice(outcome.allocations, host, held)
+
+    async def _reserve(
+        self, pending: list[tuple[str, JsonDict]], choice: Choice, node_name: str
+    ) -> Reserved | Taken:
+        """Reserve every device of every claim of ``choice`` in the journal, or none.
+
+        Leftover reservations of these claims (an allocation that stopped before its status
+        write) are not read here: the claim's own pass, queued once the allocation is
+        written or has failed, releases every reservation the allocation does not name
+        (:func:`app.claims.plan.plan_claim`).
+
+        Returns:
+            :class:`Reserved` on success; :class:`Taken` when a device was taken meanwhile
+            (another mode, another process, or a decision made from a journal read that did
+            not have ours yet): answer again from fresh data.
+
+        Raises:
+            SQLAlchemyError: the journal could not be written (the devices held in memory
+                are let go; what was reserved is released by the claims' passes).
+        """
+        c = self.controller
+        driver = c.settings.driver_name
         taken: list[ReservationView] = []
         try:
             for _, claim in pending:
@@ -275,7 +334,7 @@ class SchedulingPass:
                 ref = ClaimRef(
                     str(metadata["uid"]), str(metadata["namespace"]), str(metadata["name"])
                 )
-                chosen = cp.chosen_devices(outcome.allocations[ref.uid], driver)
+                chosen = cp.chosen_devices(choice.allocations[ref.uid], driver)
                 for wanted in chosen:
                     taken.append(
                         await c.journal.reserve(
@@ -285,16 +344,12 @@ class SchedulingPass:
                             wanted.pool,
                             MODE,
                             node_name,
-                            host,
+                            choice.host,
                             manager=c.snapshots.manager_of(node_name),
                         )
                     )
-                leftovers = [r for r in await c.journal.for_claim(ref.uid) if r.mode == MODE]
-                for stale in cp.stale_reservations(
-                    leftovers, {(w.request, w.pool, w.device) for w in chosen}
-                ):
-                    await c.ops.release(stale, claim)
         except (DeviceHeld, UnknownDevice) as err:
+            self._let_go(choice)
             for reservation in taken:
                 await c.ops.release(reservation, None)
             for _, claim in pending:
@@ -304,7 +359,18 @@ class SchedulingPass:
                     f"node {node_name}: {err}; answering the scheduler again",
                 )
             return Taken()
-        return Reserved(outcome.allocations, tuple(taken))
+        except BaseException:
+            self._let_go(choice)
+            raise
+        return Reserved(choice.allocations, tuple(taken))
+
+    def _let_go(self, choice: Choice) -> None:
+        """Take back the in-memory holds of a choice whose reservation failed. A device the
+        journal did reserve before the failure comes back from the journal's feed, or at the
+        latest from its next full read (``HELD_MAX_AGE_S``); meanwhile the journal's unique
+        index refuses it to any other claim (DeviceHeld), so nothing is given twice."""
+        for uid, devices in choice.held.items():
+            self.controller.snapshots.in_use.drop_pending(uid, devices)
 
     async def _write_allocations(
         self, pod: JsonDict, pending: list[tuple[str, JsonDict]], reserved: Reserved, node_name: str
@@ -427,10 +493,9 @@ class SchedulingPass:
 
 
 __all__ = [
-    "AllocationOutcome",
+    "Choice",
     "Reserved",
     "SchedulingPass",
     "Taken",
-    "Unsuitable",
     "resource_version",
 ]

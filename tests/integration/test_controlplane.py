@@ -22,7 +22,7 @@ from app.fabric.redfish.backend import RedfishBackend
 from app.fabric.redfish.transport import RetrySettings
 from app.inventory import InventorySync
 from app.inventory.queries import pool_devices
-from app.journal import ATTACHED, FAILED, Journal
+from app.journal import ATTACHED, FAILED, ClaimRef, DeviceHeld, Journal
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
 from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion, slice_to_wire
@@ -732,3 +732,107 @@ async def test_slices_that_disagree_on_their_count_leave_the_pool_unused_and_say
         assert f"{DRIVER}/{pool} ({reason})" in message
         assert harness.allocated_device("c1") is None
     assert await Journal(harness.db).active() == []
+
+
+def _select(harness: Harness, pod: str, node: str) -> None:
+    context = harness.context(pod)
+    assert context is not None
+    context["spec"]["selectedNode"] = node
+    harness.emu.update(context)
+
+
+async def test_a_decision_does_not_wait_for_the_journal_write_of_the_one_before(
+    harness: Harness,
+) -> None:
+    # Decisions are serialised, journal writes are not (scheduling.py _choose, _reserve):
+    # while one allocation's reservation waits, another context is answered, and it sees the
+    # device the first one chose as in use.
+    device = sorted(harness.devices)[0]
+    harness.create_claim("a", device=device)
+    harness.create_claim("b", device=device)
+    pod_a = harness.create_pod("pa", "a")
+    pod_b = harness.create_pod("pb", "b")
+    controller = harness.controller()
+    reserve = controller.journal.reserve
+    go_on = asyncio.Event()
+
+    async def waiting_reserve(*args: Any, **kwargs: Any) -> Any:
+        await go_on.wait()
+        return await reserve(*args, **kwargs)
+
+    controller.journal.reserve = waiting_reserve  # type: ignore[method-assign]
+    async with running(controller):
+        harness.create_context(pod_a, NODES)
+        await eventually(lambda: harness.answers("pa") == {"gpu": []}, what="pa answered")
+        _select(harness, "pa", NODES[0])
+        await eventually(
+            lambda: device in {d for _, _, d in controller.snapshots.in_use.view()},
+            what="the chosen device held in memory",
+        )
+        harness.create_context(pod_b, NODES)
+        await eventually(
+            lambda: harness.answers("pb") == {"gpu": sorted(NODES)},
+            what="pb answered while pa's reservation waits, with its device in use",
+        )
+        assert harness.allocated_device("a") is None
+        go_on.set()
+        await eventually(lambda: harness.allocated_device("a") == device, what="pa allocated")
+    assert not harness.events("DeviceTaken")
+
+
+async def test_a_refused_reservation_lets_go_of_the_devices_held_in_memory(
+    harness: Harness,
+) -> None:
+    # The journal refuses the device (another process holds it, which this one has not read
+    # yet): the memory hold of the decision is taken back, and the context answered again.
+    device = sorted(harness.devices)[0]
+    harness.create_claim("a", device=device)
+    pod = harness.create_pod("pa", "a")
+    controller = harness.controller()
+
+    async def refused(*_args: Any, **_kwargs: Any) -> Any:
+        raise DeviceHeld(device, "default/elsewhere")
+
+    controller.journal.reserve = refused  # type: ignore[method-assign]
+    async with running(controller):
+        harness.create_context(pod, NODES)
+        await eventually(lambda: harness.answers("pa") == {"gpu": []}, what="answered")
+        _select(harness, "pa", NODES[0])
+        await eventually(lambda: bool(harness.events("DeviceTaken")), what="DeviceTaken")
+    assert not controller.snapshots.in_use.holders((DRIVER, "us-east/rack-01", device))
+    assert harness.allocated_device("a") is None
+    assert not await Journal(harness.db).for_claim((harness.claim("a") or {})["metadata"]["uid"])
+
+
+async def test_a_leftover_reservation_of_an_earlier_attempt_is_released_by_the_claim_pass(
+    harness: Harness,
+) -> None:
+    # An earlier allocation attempt stopped after reserving another device: once the claim
+    # is allocated, its own pass releases what the allocation does not name.
+    first, second = sorted(harness.devices)[:2]
+    claim = harness.create_claim("a", device=second)
+    uid = claim["metadata"]["uid"]
+    await Journal(harness.db).reserve(
+        ClaimRef(uid, "default", "a"),
+        "dev",
+        first,
+        "us-east/rack-01",
+        "control-plane",
+        NODES[0],
+        NODES[0],
+    )
+    pod = harness.create_pod("pa", "a")
+    async with running(harness.controller()):
+        harness.create_context(pod, NODES)
+        await eventually(lambda: harness.answers("pa") == {"gpu": []}, what="answered")
+        _select(harness, "pa", NODES[0])
+        await eventually(lambda: harness.allocated_device("a") == second, what="allocated")
+        await eventually(
+            lambda: _held_devices(harness, uid, {second}), what="only the allocated device held"
+        )
+    assert not harness.attaches(first)
+
+
+async def _held_devices(harness: Harness, uid: str, devices: set[str]) -> bool:
+    held = await Journal(harness.db).for_claim(uid)
+    return {r.device_name for r in held if r.released_at is None} == devices

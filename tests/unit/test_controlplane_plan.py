@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as dt
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,11 +12,10 @@ from hypothesis import strategies as st
 from app.allocator import Allocator, Node, claim_from_json, device_class_from_json, gather_pools
 from app.claims.model import WantedDevice
 from app.controlplane import plan as cp
-from app.reservations import PENDING, ClaimRef, HeldDevice, ReservationView
+from app.reservations import HeldDevice
 
 DRIVER = "fabric.example.com"
 FINALIZER = "fabric.example.com/deletion-protection"
-NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 REGION = "topology.kubernetes.io/region"
 
 
@@ -48,31 +47,6 @@ ALLOCATION = {
 }
 POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"}}
 CONSUMER = {"resource": "pods", "name": "p", "uid": "pod-uid"}
-
-
-def reservation(
-    i: int, device: str, *, uid: str = "u1", request: str = "dev", exclusive: bool = True
-) -> ReservationView:
-    return ReservationView(
-        id=i,
-        claim=ClaimRef(uid, "ns", "c"),
-        request=request,
-        mode="control-plane",
-        device_id=i,
-        device_name=device,
-        pool="us-east/r1",
-        exclusive=exclusive,
-        node="n1",
-        host_id="h1",
-        state=PENDING,
-        attempts=0,
-        last_error=None,
-        operation_id=None,
-        created_at=NOW,
-        updated_at=NOW,
-        attached_at=None,
-        released_at=None,
-    )
 
 
 # ---------------------------------------------------------------------------- pods and claims
@@ -226,10 +200,7 @@ def test_devices_in_use_come_from_claims_and_the_journal_but_not_the_claims_allo
     assert cp.claim_devices(claim(), DRIVER) == frozenset()
 
 
-def test_stale_reservations_are_those_the_new_allocation_does_not_use() -> None:
-    held = [reservation(1, "gpu-0"), reservation(2, "gpu-5")]
-    chosen = {(w.request, w.pool, w.device) for w in cp.chosen_devices(ALLOCATION, DRIVER)}
-    assert [r.device_name for r in cp.stale_reservations(held, chosen)] == ["gpu-5"]
+def test_chosen_devices_are_our_results_in_order() -> None:
     assert cp.chosen_devices(ALLOCATION, DRIVER) == [WantedDevice("dev", "us-east/r1", "gpu-0")]
 
 
@@ -517,6 +488,11 @@ def test_the_in_use_index_matches_a_count_from_scratch(
         for pool in ("east/r1", "west/r1"):
             now = frozenset(x for x in expected if x[1] == pool)
             key = view.pool_key(pool)
+            # One synchronous pass works the keys out once, to the same values.
+            one_pass = cp._PassView(view)
+            assert one_pass.pool_key(pool) == key
+            pools: Any = [SimpleNamespace(name=n) for n in (pool, "east/r1", "west/r1")]
+            assert one_pass.pools_key(pools) == tuple(view.pool_key(p.name) for p in pools)
             # An unchanged key always means unchanged in-use devices of the pool.
             if keys.get(pool) == key:
                 assert sets[pool] == now
@@ -563,3 +539,37 @@ def test_the_answer_covers_the_selected_node_even_when_it_is_not_a_potential_nod
         assert nodes == potential[: cp.MAX_NODES]
     else:
         assert nodes == [selected, *potential][: cp.MAX_NODES]
+
+
+def test_a_pending_hold_is_taken_back_without_touching_what_the_claim_held_before() -> None:
+    index = cp.InUse()
+    before = (DRIVER, "east/r1", "d0")
+    index.hold(HeldDevice("u1", "east/r1", "d0"), DRIVER)
+    key = index.view().pool_key("east/r1")
+    added = index.hold_pending("u1", [before, (DRIVER, "east/r1", "d1")])
+    assert added == {(DRIVER, "east/r1", "d1")}
+    assert set(index.view()) == {before, (DRIVER, "east/r1", "d1")}
+    assert index.view().pool_key("east/r1") != key, "other decisions see the change"
+    # Holding again what the journal's feed then says is holding once.
+    index.hold(HeldDevice("u1", "east/r1", "d1"), DRIVER)
+    assert index.holders((DRIVER, "east/r1", "d1")) == {"u1"}
+    index.drop_pending("u1", added)
+    assert set(index.view()) == {before}
+    index.drop_pending("u1", added)
+    assert set(index.view()) == {before}
+    assert index.hold_pending("u2", []) == frozenset()
+
+
+def test_allocation_devices_leave_out_admin_access_and_other_drivers() -> None:
+    allocation = {
+        "devices": {
+            "results": [
+                {"driver": DRIVER, "pool": "p", "device": "d0", "request": "r"},
+                {"driver": DRIVER, "pool": "p", "device": "d1", "adminAccess": True},
+                {"driver": "other.example.com", "pool": "p", "device": "d2"},
+                "not a result",
+            ]
+        }
+    }
+    assert cp.allocation_devices(allocation, DRIVER) == {(DRIVER, "p", "d0")}
+    assert cp.allocation_devices({}, DRIVER) == frozenset()
