@@ -17,7 +17,6 @@ field under the default ``fieldValidation=Warn``) must not pass unseen.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -35,7 +34,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_kube_config
 from yarl import URL
 
-from app.jsontypes import JsonDict
+from app.jsontypes import JsonDict, loads_json
 from app.kube.errors import KubeError, KubeInvalidResponse, error_from_status, translate_error
 
 # The kubelet mounts these into every pod with a service account
@@ -446,7 +445,7 @@ async def call_json(
     if not 200 <= response.status <= 299:
         raise error_from_status(response.status, what, body=body, headers=response.headers)
     try:
-        data = json.loads(body)
+        data = loads_json(body)
     except ValueError as err:
         raise KubeInvalidResponse(f"{what}: the answer is not JSON") from err
     if not isinstance(data, dict):

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -42,7 +41,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from app.jsontypes import JsonDict
+from app.jsontypes import JsonDict, loads_json
 from app.kube.errors import (
     KubeError,
     KubeGone,
@@ -547,7 +546,7 @@ class Informer:
 
     async def _handle_line(self, line: bytes, what: str) -> None:
         try:
-            event = json.loads(line)
+            event = loads_json(line)
         except ValueError as err:
             raise KubeInvalidResponse(f"{what}: an event is not JSON") from err
         if not isinstance(event, dict):
@@ -622,7 +621,7 @@ class Informer:
         finally:
             response.release()
         try:
-            data = json.loads(body)
+            data = loads_json(body)
         except ValueError as err:
             raise KubeInvalidResponse(f"{what}: the answer is not JSON") from err
         if not isinstance(data, dict):

@@ -1,16 +1,19 @@
 """The copy of object JSON (the controller's and the emulator's): the same as
-``copy.deepcopy``, sharing nothing."""
+``copy.deepcopy``, sharing nothing; and the JSON text of the API traffic (``dumps_json``,
+``loads_json``): the same values as the ``json`` module's."""
 
 from __future__ import annotations
 
 import copy
+import json
 from collections import OrderedDict
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.jsontypes import json_copy
+from app.jsontypes import dumps_json, json_copy, loads_json
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -45,3 +48,38 @@ def test_other_types_go_to_deepcopy() -> None:
     assert copied["t"][0] is not inner
     assert type(copied["o"]) is OrderedDict
     assert copied["o"]["k"] is not value["o"]["k"]
+
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)))
+_wire = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _text,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_text, children, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(_wire)
+def test_dumps_and_loads_agree_with_the_json_module(value: Any) -> None:
+    text = dumps_json(value)
+    assert isinstance(text, bytes)
+    assert json.loads(text) == value
+    assert loads_json(text) == value
+    assert loads_json(json.dumps(value)) == value
+
+
+def test_dumps_is_compact_utf8_and_falls_back_for_what_orjson_refuses() -> None:
+    assert dumps_json({"a": [1, "é"]}) == '{"a":[1,"é"]}'.encode()
+    assert dumps_json({"n": 2**70}) == b'{"n":1180591620717411303424}'
+    assert dumps_json({1: True}) == b'{"1":true}'
+    # The API server's integers are int64 (Go); a larger one is read as a float.
+    assert loads_json(b"18446744073709551616") == 2.0**64
+
+
+@pytest.mark.parametrize("text", [b"NaN", b'{"a": Infinity}', b"{", b"\xff", b""])
+def test_loads_refuses_what_go_refuses(text: bytes) -> None:
+    with pytest.raises(ValueError, match=r"."):
+        loads_json(text)

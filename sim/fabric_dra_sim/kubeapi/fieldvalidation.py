@@ -72,12 +72,20 @@ def directive(value: str | None, verb: str = "Create") -> str:
 # -- reading JSON with duplicate keys ----------------------------------------------------------
 
 
+def _not_json(literal: str) -> Any:
+    # json.loads takes NaN, Infinity and -Infinity; Go's encoding/json, which decodes every
+    # request body in kube-apiserver, refuses them: "invalid character 'N' looking for
+    # beginning of value" (encoding/json/scanner.go stateBeginValue).
+    raise ValueError(f"invalid character {literal[0]!r} looking for beginning of value")
+
+
 def parse_json(raw: bytes | str) -> tuple[Any, list[str]]:
     """``json.loads`` that also reports duplicate object keys.
 
     Returns (value, paths): the last value of a duplicated key wins, as in Go's decoder;
     ``paths`` are the duplicated keys' field paths (``spec.devices[0].name``) in document
-    order, each once. Raises ValueError for text that is not JSON.
+    order, each once. Raises ValueError for text that is not JSON (also the ``NaN`` and
+    ``Infinity`` literals, as Go's decoder does).
     """
     repeated: list[tuple[dict[str, Any], str]] = []
 
@@ -89,7 +97,7 @@ def parse_json(raw: bytes | str) -> tuple[Any, list[str]]:
             out[key] = value
         return out
 
-    value = json.loads(raw, object_pairs_hook=pairs)
+    value = json.loads(raw, object_pairs_hook=pairs, parse_constant=_not_json)
     if not repeated:
         return value, []
     # Only a document with duplicates pays for the walk that names them.

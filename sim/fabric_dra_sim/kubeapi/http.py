@@ -19,6 +19,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from app.jsontypes import dumps_json
+
 from .bodies import ClientGone, decode_object, decode_value, media_type, read_body
 from .errors import StatusError, bad_request, method_not_allowed, unauthorized
 from .faults import Faults, RequestRecord
@@ -66,14 +68,9 @@ class ServerState:
     rbac: RbacPolicy | None = None
 
 
-# Compact JSON in UTF-8, as kube-apiserver writes it (Go's encoding/json); no check for
-# cycles, which JSON from the store cannot have.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
-
-
 def encode_json(value: Any) -> bytes:
-    """``value`` as kube-apiserver's compact UTF-8 JSON."""
-    return _ENCODER.encode(value).encode()
+    """``value`` as kube-apiserver's compact UTF-8 JSON (Go's encoding/json)."""
+    return dumps_json(value)
 
 
 def json_response(

@@ -91,6 +91,12 @@ def test_a_document_without_duplicates_reports_none() -> None:
     assert parse_json(b'[{"op": "add"}]') == ([{"op": "add"}], [])
 
 
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_the_literals_go_refuses_are_not_json(literal: str) -> None:
+    with pytest.raises(ValueError, match="looking for beginning of value"):
+        parse_json(f'{{"spec": {{"x": {literal}}}}}'.encode())
+
+
 def test_duplicate_yaml_keys_are_reported_with_their_line_in_document_order() -> None:
     value, duplicates = load_yaml(b"a: 1\nspec:\n  x: 1\n  x: 2\na: 3\n")
     assert value == {"a": 3, "spec": {"x": 2}}
