@@ -37,7 +37,7 @@ import contextlib
 import functools
 import logging
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -133,11 +133,18 @@ class ClassicScheduler:
         self.pods.add_handler(self._on_pod)
         # kube-scheduler requeues a pod on the events its plugins registered (1.31
         # pkg/scheduler/framework/plugins/dynamicresources EventsToRegister: PodSchedulingContext
-        # and ResourceClaim changes), not on a timer: a wait below ends at the next change
-        # of a claim, a context or a pod, with poll_interval_s only as its longest wait.
-        self._waiters: set[asyncio.Future[None]] = set()
-        for informer in (self.pods, self.claims, self.contexts):
-            informer.add_handler(self._on_change)
+        # and ResourceClaim changes), not on a timer, and its queueing hints
+        # (isSchedulableAfterClaimChange, isSchedulableAfterPodSchedulingContextChange) only
+        # requeue the pod a changed claim or context belongs to: a wait below ends at the next
+        # change of the pod, its context or one of its claims, with poll_interval_s only as
+        # its longest wait.
+        self._waiters: dict[tuple[str, str, str], set[asyncio.Future[None]]] = {}
+        for kind, informer in (
+            ("pods", self.pods),
+            ("resourceclaims", self.claims),
+            ("podschedulingcontexts", self.contexts),
+        ):
+            informer.add_handler(self._waker(kind))
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.claim_controller = (
             ClaimController(
@@ -205,20 +212,38 @@ class ClassicScheduler:
     def _step(self, key: str, step: str) -> None:
         self.timeline.setdefault(key, {})[step] = asyncio.get_running_loop().time()
 
-    async def _on_change(self, _event: str, _obj: JsonDict, _old: JsonDict | None) -> None:
-        waiters, self._waiters = self._waiters, set()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+    def _waker(self, kind: str) -> Callable[[str, JsonDict, JsonDict | None], Awaitable[None]]:
+        """An informer handler that ends the waits on the changed object of ``kind``."""
 
-    async def _next_change(self) -> None:
-        """Wait for the next change the informers see, at most ``poll_interval_s``."""
+        async def wake(_event: str, obj: JsonDict, _old: JsonDict | None) -> None:
+            metadata = obj.get("metadata") or {}
+            key = (kind, str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+            for waiter in self._waiters.pop(key, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
+
+        return wake
+
+    async def _next_change(self, pod: JsonDict) -> None:
+        """Wait for the next change of ``pod``, its PodSchedulingContext or one of its claims,
+        at most ``poll_interval_s``."""
+        namespace, name = pod_key(pod)
+        keys = [("pods", namespace, name), ("podschedulingcontexts", namespace, name)]
+        keys += [
+            ("resourceclaims", namespace, c.claim_name) for c in pod_claims(pod) if c.claim_name
+        ]
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.add(waiter)
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(waiter)
         try:
             await asyncio.wait({waiter}, timeout=self.settings.poll_interval_s)
         finally:
-            self._waiters.discard(waiter)
+            for key in keys:
+                waiting = self._waiters.get(key)
+                if waiting is not None:
+                    waiting.discard(waiter)
+                    if not waiting:
+                        del self._waiters[key]
             waiter.cancel()
 
     # ------------------------------------------------------------------ pods
@@ -311,7 +336,7 @@ class ClassicScheduler:
         context = await self._ensure_context(pod, potential, context)
         self._step(key, "context")
         names = [n for n, _ in pending]
-        entries = await self._wait_for_answers(namespace, name, names)
+        entries = await self._wait_for_answers(pod, names)
         if entries is None:
             return False
         self._step(key, "answers")
@@ -400,9 +425,10 @@ class ClassicScheduler:
         return context
 
     async def _wait_for_answers(
-        self, namespace: str, name: str, names: list[str]
+        self, pod: JsonDict, names: list[str]
     ) -> dict[str, list[str]] | None:
         """Every named claim's unsuitable nodes, once each has an entry; None on timeout."""
+        namespace, name = pod_key(pod)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.answer_timeout_s
         while loop.time() < deadline:
@@ -414,7 +440,7 @@ class ClassicScheduler:
             }
             if all(n in entries for n in names):
                 return entries
-            await self._next_change()
+            await self._next_change(pod)
         self.unschedulable[f"{namespace}/{name}"] = "no answer from the DRA driver"
         return None
 
@@ -443,7 +469,7 @@ class ClassicScheduler:
                     entry.get("unsuitableNodes") or []
                 ):
                     return False
-            await self._next_change()
+            await self._next_change(pod)
         return False
 
     async def _abandon(self, pod: JsonDict, selected: str) -> None:
