@@ -491,6 +491,7 @@ METRICS: tuple[Metric, ...] = (
             ("fabric_simulator_cpu_ms_per_claim_cycle", "Redfish simulator"),
             ("emulator_cpu_ms_per_claim_cycle", "API emulator"),
             ("status_writer_cpu_ms_per_claim_cycle", "status writer (scheduler's part)"),
+            ("database_server_cpu_ms_per_claim_cycle", "PostgreSQL server"),
             ("all_processes_cpu_ms_per_claim_cycle", "all processes'"),
         )
     ),
@@ -594,6 +595,12 @@ METRICS: tuple[Metric, ...] = (
         "controlplane",
         "scheduler stand-in CPU per allocation",
         _key("standin_cpu_ms_per_allocation", "allocations"),
+        "ms",
+    ),
+    Metric(
+        "controlplane",
+        "PostgreSQL server CPU per allocation",
+        _key("database_server_cpu_ms_per_allocation", "allocations"),
         "ms",
     ),
     Metric(

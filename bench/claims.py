@@ -55,6 +55,7 @@ from bench.common import (
     command_line,
     cpu_bound_rate,
     cpu_seconds,
+    database_server_cpu_seconds,
     kube_emulator_server,
     peak_rss_mib,
     positive_float,
@@ -251,6 +252,7 @@ async def _cycle(
         released = [{"name": n, "status": {}} for n in names]
         cpu0 = cpu_seconds()
         server_cpu0 = [server.cpu_seconds() for server in servers]
+        database_cpu0 = await database_server_cpu_seconds(str(database.engine.url))
         profile.start()
         # Burst: every allocation written at once, as fast as the writer goes: throughput.
         writer = await _write_statuses(client.host, allocations)
@@ -272,6 +274,7 @@ async def _cycle(
             server.cpu_seconds() - before
             for server, before in zip(servers, server_cpu0, strict=True)
         )
+        database_cpu = await database_server_cpu_seconds(str(database.engine.url)) - database_cpu0
         profile.stop()
 
         # Paced: the same allocations again at a steady rate below saturation: the latency
@@ -285,7 +288,7 @@ async def _cycle(
         await _until(lambda: _none_active(reconciler, journal, len(names)))
     finally:
         await reconciler.stop()
-    total_cpu = cpu + fabric_cpu + emulator_cpu + writer_cpu
+    total_cpu = cpu + fabric_cpu + emulator_cpu + writer_cpu + database_cpu
     return {
         "benchmark": "claims",
         "claims": claims,
@@ -309,6 +312,8 @@ async def _cycle(
         "fabric_simulator_cpu_ms_per_claim_cycle": round(fabric_cpu / claims * 1000, 2),
         "emulator_cpu_ms_per_claim_cycle": round(emulator_cpu / claims * 1000, 2),
         "status_writer_cpu_ms_per_claim_cycle": round(writer_cpu / claims * 1000, 2),
+        # PostgreSQL's server shares the cores too (SQLite runs inside the controller).
+        "database_server_cpu_ms_per_claim_cycle": round(database_cpu / claims * 1000, 2),
         "all_processes_cpu_ms_per_claim_cycle": round(total_cpu / claims * 1000, 2),
         "claim_cycles_per_second": round(claims / (attach_seconds + release_seconds), 1),
         "cpu_bound_claim_cycles_per_second": round(cpu_bound_rate(total_cpu / claims), 1),

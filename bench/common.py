@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.engine import make_url
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -153,7 +155,7 @@ def _emulator_command(args: Sequence[str], validate: bool) -> list[str]:
 
 def process_cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds process ``pid`` has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -200,6 +202,53 @@ async def bench_database(kind: str, folder: Path) -> AsyncIterator[str]:
         yield f"{base}/{name}"
     finally:
         await admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def database_server_cpu_seconds(url: str) -> float:
+    """CPU seconds the PostgreSQL server of ``url`` has used so far: its postmaster, every
+    live process it started (backends, WAL writer, checkpointer, ...) and the ones that
+    exited (the postmaster's children times), read from /proc, so the server must run on
+    this machine. A difference of two readings is the server's CPU in between, whichever
+    database it served (the benchmark's own readings add a backend each, a few
+    milliseconds). 0.0 for SQLite, which runs inside the controller's own process (its CPU
+    is the controller's).
+
+    Raises:
+        RuntimeError: PostgreSQL cannot be reached (one line, with the server's reason).
+    """
+    if make_url(url).get_backend_name() != "postgresql":
+        return 0.0
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(PG_ADMIN_URL)
+    except (OSError, asyncpg.PostgresError) as err:
+        raise RuntimeError(f"PostgreSQL at {PG_ADMIN_URL}: {err}") from None
+    try:
+        backend = int(await conn.fetchval("SELECT pg_backend_pid()"))
+        postmaster = int(_proc_stat(backend)[1])
+    finally:
+        await conn.close()
+    return _process_tree_cpu_seconds(postmaster)
+
+
+def _process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process ``pid``, of its live children and of its children that
+    exited (its cutime and cstime)."""
+    fields = _proc_stat(pid)
+    total = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    children = " ".join(
+        Path(task, "children").read_text() for task in Path(f"/proc/{pid}/task").iterdir()
+    ).split()
+    for child in children:
+        with contextlib.suppress(OSError):  # exited since
+            total += process_cpu_seconds(int(child))
+    return total
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/``pid``/stat after the command name (state, ppid, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 # --- the reference workload -------------------------------------------------------------------
