@@ -260,15 +260,19 @@ class InUse:
     scheduling context does not go over every allocation in the cluster again.
 
     A device is in use while an allocated claim holds it (:func:`claim_devices`; admin
-    access does not count) or an active exclusive reservation of the journal holds it, for any
-    mode. Each pool has a version that changes whenever any holder of one of its devices
-    changes: :meth:`pool_key` (with the holders left out of a question) identifies its in-use
-    devices exactly, for :class:`NodeAnswers`.
+    access does not count), an active exclusive reservation of the journal holds it, for any
+    mode, or a decision of this process chose it and its reservation is being written
+    (:meth:`hold_pending`). Each pool has a version that changes whenever any holder of one of
+    its devices changes: :meth:`pool_key` (with the holders left out of a question) identifies
+    its in-use devices exactly, for :class:`NodeAnswers`.
     """
 
     def __init__(self) -> None:
         self._claims: dict[str, frozenset[DeviceId]] = {}
         self._journal: dict[str, frozenset[DeviceId]] = {}
+        # Devices decided but not yet in the journal's part (hold_pending): a part of their
+        # own, which set_held, hold and release never touch.
+        self._pending: dict[str, frozenset[DeviceId]] = {}
         self._holders: dict[DeviceId, dict[str, int]] = {}
         self._versions: dict[str, int] = {}
         self._held_per_pool: dict[str, int] = {}
@@ -308,25 +312,27 @@ class InUse:
         )
 
     def hold_pending(self, uid: str, devices: Iterable[DeviceId]) -> frozenset[DeviceId]:
-        """Hold ``devices`` for claim ``uid`` in the journal's part now, before the journal
-        write that reserves them, so that a decision made meanwhile sees them in use. The
-        journal's feed says the same once the write commits (holding twice is holding once).
+        """Hold ``devices`` for claim ``uid`` now, before the journal write that reserves them,
+        so that a decision made meanwhile sees them in use. They are a part of their own,
+        which the journal's feed and full reads never change (a full read made before the
+        write commits does not drop them); :meth:`drop_pending` ends them, once the journal
+        or the claim's allocation holds the devices, or the write failed.
 
         Returns:
-            the devices this call added (the claim held the others already): what
-            :meth:`drop_pending` takes back when the write fails.
+            the devices this call added to the claim's pending part.
         """
-        current = self._journal.get(uid, frozenset())
+        current = self._pending.get(uid, frozenset())
         added = frozenset(devices) - current
         if added:
-            self._replace(self._journal, uid, current | added)
+            self._replace(self._pending, uid, current | added)
         return added
 
-    def drop_pending(self, uid: str, devices: frozenset[DeviceId]) -> None:
-        """Take back what :meth:`hold_pending` added for ``uid`` (its write failed)."""
-        current = self._journal.get(uid, frozenset())
-        if current & devices:
-            self._replace(self._journal, uid, current - devices)
+    def drop_pending(self, uid: str, devices: frozenset[DeviceId] | None = None) -> None:
+        """End the pending holds of ``uid`` (:meth:`hold_pending`): ``devices``, or all."""
+        current = self._pending.get(uid, frozenset())
+        kept = frozenset() if devices is None else current - devices
+        if kept != current:
+            self._replace(self._pending, uid, kept)
 
     def _replace(
         self, part: dict[str, frozenset[DeviceId]], uid: str, devices: frozenset[DeviceId]
@@ -375,7 +381,7 @@ class InUse:
         those claims' devices, for every pool at once)."""
         by_pool: dict[str, set[DeviceId]] = {}
         for uid in exclude_uids:
-            for part in (self._claims, self._journal):
+            for part in (self._claims, self._journal, self._pending):
                 for d in part.get(uid, ()):
                     if all(h in exclude_uids for h in self._holders.get(d, ())):
                         by_pool.setdefault(d[1], set()).add(d)

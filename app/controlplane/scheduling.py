@@ -15,9 +15,11 @@ Allocation decisions are serialised by one lock around gather and allocate, whic
 nothing but the snapshot: the devices chosen are held in memory at once
 (:meth:`app.controlplane.plan.InUse.hold_pending`), so each decision sees the choices of the
 one before, and the journal is written after the lock is let go (database round trips under
-the lock capped the decisions per second). The journal's unique index still refuses a device
-another mode or process holds (DeviceHeld): the memory holds are taken back and the context is
-answered again from fresh data.
+the lock capped the decisions per second). Those holds are a part of the in-use index of their
+own, which the journal's full re-reads do not drop, and end once the allocations are written
+(the claims hold the devices then) or the attempt failed. The journal's unique index still
+refuses an exclusive device another mode or process holds (DeviceHeld): the reservations made
+are released, the memory holds end, and the context is answered again from fresh data.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ class Choice:
         allocations: the allocation result of each claim, by claim uid.
         host: the fabric host id of the selected node.
         held: by claim uid, the devices this decision holds in memory
-            (:meth:`app.controlplane.plan.InUse.hold_pending`), taken back if the
-            reservation fails.
+            (:meth:`app.controlplane.plan.InUse.hold_pending`) until its allocations are
+            written or it fails.
     """
 
     allocations: Mapping[str, Mapping[str, Any]]
@@ -215,8 +217,13 @@ class SchedulingPass:
         if choice is not None:
             outcome = await self._reserve(pending, choice, selected)
             if isinstance(outcome, Reserved):
-                await c.at("after-reserve")
-                return not await self._write_allocations(pod, pending, outcome, selected)
+                try:
+                    await c.at("after-reserve")
+                    return not await self._write_allocations(pod, pending, outcome, selected)
+                finally:
+                    # Written: the claims' allocations hold the devices now (and the
+                    # journal, for exclusive ones); not written: they were released.
+                    self._let_go(choice)
             requeue = True
             async with self._lock:
                 snapshot = await c.snapshots.snapshot(uids)
@@ -300,8 +307,11 @@ class SchedulingPass:
                     )
                 )
             return None
+        # Every result the journal will reserve (admin access too: its row is exclusive).
         held = {
-            uid: c.snapshots.in_use.hold_pending(uid, cp.allocation_devices(allocation, driver))
+            uid: c.snapshots.in_use.hold_pending(
+                uid, [(driver, w.pool, w.device) for w in cp.chosen_devices(allocation, driver)]
+            )
             for uid, allocation in outcome.allocations.items()
         }
         return Choice(outcome.allocations, host, held)
@@ -313,8 +323,8 @@ class SchedulingPass:
 
         Leftover reservations of these claims (an allocation that stopped before its status
         write) are not read here: the claim's own pass, queued once the allocation is
-        written or has failed, releases every reservation the allocation does not name
-        (:func:`app.claims.plan.plan_claim`).
+        written, has failed or was refused, releases every reservation the allocation does
+        not name (:func:`app.claims.plan.plan_claim`).
 
         Returns:
             :class:`Reserved` on success; :class:`Taken` when a device was taken meanwhile
@@ -349,10 +359,16 @@ class SchedulingPass:
                         )
                     )
         except (DeviceHeld, UnknownDevice) as err:
-            self._let_go(choice)
-            for reservation in taken:
-                await c.ops.release(reservation, None)
+            try:
+                for reservation in taken:
+                    await c.ops.release(reservation, None)
+            finally:
+                # After the releases: until then the journal still holds those devices.
+                self._let_go(choice)
             for _, claim in pending:
+                # Its own pass releases what an earlier attempt left (it may be the very
+                # device refused here).
+                c.queue.add(("claim", str(claim["metadata"]["uid"]), ""))
                 await c.warn(
                     claim,
                     REASON_DEVICE_TAKEN,
@@ -365,10 +381,9 @@ class SchedulingPass:
         return Reserved(choice.allocations, tuple(taken))
 
     def _let_go(self, choice: Choice) -> None:
-        """Take back the in-memory holds of a choice whose reservation failed. A device the
-        journal did reserve before the failure comes back from the journal's feed, or at the
-        latest from its next full read (``HELD_MAX_AGE_S``); meanwhile the journal's unique
-        index refuses it to any other claim (DeviceHeld), so nothing is given twice."""
+        """End the in-memory holds of a choice: its allocations are written (the claims hold
+        the devices) or it failed. A device the journal reserved before a failure is held by
+        the journal's feed until it is released."""
         for uid, devices in choice.held.items():
             self.controller.snapshots.in_use.drop_pending(uid, devices)
 
@@ -485,8 +500,11 @@ class SchedulingPass:
                 # Ours already (an earlier write whose answer was lost), or someone else's.
                 return cp.allocation_of(current) == cp.allocation_of(body)
             # Strict: an allocation field the server drops would be a silent bug.
-            await c.write_claim_status(body, strict=True)
-            c.warned.pop(str(metadata.get("uid")), None)
+            written = await c.write_claim_status(body, strict=True)
+            uid = str(metadata.get("uid"))
+            # In use from now, not from when the informer delivers the write.
+            c.in_use.set_claim(uid, cp.claim_devices(written, c.settings.driver_name))
+            c.warned.pop(uid, None)
             return True
 
         return await c.update_claim(claim, write, gone=False)

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 from builders import eventually
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.controlplane import ControlPlaneController, ControlPlaneSettings
+from app.controlplane import snapshot as snapshot_module
 from app.db.engine import Database
 from app.db.models import Device
 from app.fabric.redfish.backend import RedfishBackend
@@ -742,11 +743,14 @@ def _select(harness: Harness, pod: str, node: str) -> None:
 
 
 async def test_a_decision_does_not_wait_for_the_journal_write_of_the_one_before(
-    harness: Harness,
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Decisions are serialised, journal writes are not (scheduling.py _choose, _reserve):
     # while one allocation's reservation waits, another context is answered, and it sees the
     # device the first one chose as in use.
+    # Every snapshot reads the whole journal again (as one does every HELD_MAX_AGE_S): that
+    # read, made before the reservation commits, must not drop the decision's hold.
+    monkeypatch.setattr(snapshot_module, "HELD_MAX_AGE_S", 0.0)
     device = sorted(harness.devices)[0]
     harness.create_claim("a", device=device)
     harness.create_claim("b", device=device)
@@ -777,6 +781,9 @@ async def test_a_decision_does_not_wait_for_the_journal_write_of_the_one_before(
         assert harness.allocated_device("a") is None
         go_on.set()
         await eventually(lambda: harness.allocated_device("a") == device, what="pa allocated")
+        # Once written, the allocation holds the device (the decision's hold has ended).
+        await eventually(lambda: not controller.snapshots.in_use._pending, what="holds ended")
+        assert device in {d for _, _, d in controller.snapshots.in_use.view()}
     assert not harness.events("DeviceTaken")
 
 
@@ -836,3 +843,44 @@ async def test_a_leftover_reservation_of_an_earlier_attempt_is_released_by_the_c
 async def _held_devices(harness: Harness, uid: str, devices: set[str]) -> bool:
     held = await Journal(harness.db).for_claim(uid)
     return {r.device_name for r in held if r.released_at is None} == devices
+
+
+async def test_a_shareable_device_is_not_given_twice_while_the_first_allocation_is_written(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A shareable device's reservation is not exclusive: the journal's unique index does not
+    # refuse a second claim, so the decision's memory hold is what keeps the device from
+    # being chosen again until the first claim's allocation is written.
+    monkeypatch.setattr(snapshot_module, "HELD_MAX_AGE_S", 0.0)
+    device = sorted(harness.devices)[0]
+    async with harness.db.write() as session:
+        await session.execute(update(Device).where(Device.name == device).values(shareable=True))
+    harness.create_claim("a", device=device)
+    harness.create_claim("b", device=device)
+    pod_a = harness.create_pod("pa", "a")
+    pod_b = harness.create_pod("pb", "b")
+    go_on = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def checkpoint(step: str) -> None:
+        if step == "after-reserve" and not waiting.is_set():
+            waiting.set()
+            await go_on.wait()  # a's status write has not happened yet
+
+    controller = harness.controller(checkpoint=checkpoint)
+    async with running(controller):
+        harness.create_context(pod_a, NODES)
+        await eventually(lambda: harness.answers("pa") == {"gpu": []}, what="pa answered")
+        _select(harness, "pa", NODES[0])
+        await eventually(waiting.is_set, what="a reserved, its allocation not written")
+        harness.create_context(pod_b, NODES)
+        await eventually(
+            lambda: harness.answers("pb") == {"gpu": sorted(NODES)},
+            what="pb answered with a's device in use",
+        )
+        _select(harness, "pb", NODES[1])
+        await asyncio.sleep(0.3)
+        assert harness.allocated_device("b") is None
+        go_on.set()
+        await eventually(lambda: harness.allocated_device("a") == device, what="a allocated")
+    assert harness.allocated_device("b") is None

@@ -541,23 +541,33 @@ def test_the_answer_covers_the_selected_node_even_when_it_is_not_a_potential_nod
         assert nodes == [selected, *potential][: cp.MAX_NODES]
 
 
-def test_a_pending_hold_is_taken_back_without_touching_what_the_claim_held_before() -> None:
+def test_pending_holds_are_a_part_the_journal_reads_do_not_change() -> None:
     index = cp.InUse()
     before = (DRIVER, "east/r1", "d0")
+    chosen = (DRIVER, "east/r1", "d1")
     index.hold(HeldDevice("u1", "east/r1", "d0"), DRIVER)
     key = index.view().pool_key("east/r1")
-    added = index.hold_pending("u1", [before, (DRIVER, "east/r1", "d1")])
-    assert added == {(DRIVER, "east/r1", "d1")}
-    assert set(index.view()) == {before, (DRIVER, "east/r1", "d1")}
+    assert index.hold_pending("u1", [chosen]) == {chosen}
+    assert index.hold_pending("u1", [chosen]) == frozenset()
+    assert set(index.view()) == {before, chosen}
     assert index.view().pool_key("east/r1") != key, "other decisions see the change"
-    # Holding again what the journal's feed then says is holding once.
+    assert chosen not in index.view({"u1"}), "the claim's own decisions leave it out"
+    # A full read of the journal made before the reservation commits keeps the hold, and so
+    # do the feed's holds and releases.
+    index.set_held([], DRIVER)
+    assert set(index.view()) == {chosen}
     index.hold(HeldDevice("u1", "east/r1", "d1"), DRIVER)
-    assert index.holders((DRIVER, "east/r1", "d1")) == {"u1"}
-    index.drop_pending("u1", added)
-    assert set(index.view()) == {before}
-    index.drop_pending("u1", added)
-    assert set(index.view()) == {before}
-    assert index.hold_pending("u2", []) == frozenset()
+    index.release(HeldDevice("u1", "east/r1", "d1"), DRIVER)
+    assert set(index.view()) == {chosen}
+    # Ending it leaves what the journal holds meanwhile.
+    index.hold(HeldDevice("u1", "east/r1", "d1"), DRIVER)
+    index.drop_pending("u1")
+    assert set(index.view()) == {chosen}
+    index.release(HeldDevice("u1", "east/r1", "d1"), DRIVER)
+    assert set(index.view()) == set()
+    index.hold_pending("u2", [before, chosen])
+    index.drop_pending("u2", frozenset({before}))
+    assert set(index.view()) == {chosen}
 
 
 def test_allocation_devices_leave_out_admin_access_and_other_drivers() -> None:
