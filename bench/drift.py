@@ -41,6 +41,7 @@ from app.fabric.types import DeviceType, FabricDevice
 from app.inventory import InventorySync
 from app.journal import Journal
 from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
+from app.kube.informer import Informer, InformerSettings
 from app.kube.versions import ResourceApiVersion
 from app.service import settle_heap
 from bench.claims import percentile
@@ -141,6 +142,7 @@ async def _run(
     await reconciler.start()
     settle_heap()  # as the service does once it leads
     loop_task: asyncio.Task[None] | None = None
+    watch_claims: Informer | None = None
     sync_seconds: list[float] = []
     try:
         names = []
@@ -213,6 +215,24 @@ async def _run(
                 sync_seconds.append(time.monotonic() - started)
                 await asyncio.sleep(poll_interval_s)
 
+        # Each claim's FabricDeviceReady changes, from a watch: polling the claim can miss the
+        # False between the controller's two status writes (not ready, then ready again once
+        # the device is attached again), which a fast re-attach makes a few milliseconds.
+        readiness: dict[str, list[tuple[float, str]]] = {name: [] for name in names}
+
+        async def on_claim(_event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
+            name = str((obj.get("metadata") or {}).get("name"))
+            status = _ready_status(obj)
+            seen = readiness.get(name)
+            if seen is not None and status is not None and (not seen or seen[-1][1] != status):
+                seen.append((time.monotonic(), status))
+
+        watch_claims = Informer(
+            resources.list_namespaced_resource_claim,
+            InformerSettings(name="resourceclaims", namespace="default"),
+        )
+        watch_claims.add_handler(on_claim)
+        watch_claims.start()
         loop_task = asyncio.create_task(inventory_loop(), name="bench-inventory")
         await _until(lambda: _true(len(sync_seconds) >= 1))
         cpu0 = cpu_seconds()
@@ -230,16 +250,17 @@ async def _run(
                 ),
                 _node(device),
             )
-            await _until(lambda n=name: _ready(resources, n, "False"))
-            lost.append(time.monotonic() - started)
-            await _until(lambda n=name: _ready(resources, n, "True"))
-            back.append(time.monotonic() - started)
+            not_ready = await _first(readiness[name], "False", after=started)
+            lost.append(not_ready - started)
+            back.append(await _first(readiness[name], "True", after=not_ready) - started)
         cpu = cpu_seconds() - cpu0
     finally:
         if loop_task is not None:
             loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop_task
+        if watch_claims is not None:
+            await watch_claims.stop()
         await reconciler.stop()
     return {
         "benchmark": "drift",
@@ -269,11 +290,28 @@ async def _ready(resources: ResourceV1Api, name: str, status: str) -> bool:
         resources.read_namespaced_resource_claim(name, "default", _preload_content=False),
         "read claim",
     )
+    return _ready_status(claim) == status
+
+
+def _ready_status(claim: dict[str, Any]) -> str | None:
+    """The status of the claim's first FabricDeviceReady condition, or None."""
     for entry in (claim.get("status") or {}).get("devices") or []:
         for condition in entry.get("conditions") or []:
             if condition.get("type") == "FabricDeviceReady":
-                return bool(condition.get("status") == status)
-    return False
+                return str(condition.get("status"))
+    return None
+
+
+async def _first(seen: list[tuple[float, str]], status: str, *, after: float) -> float:
+    """When the watch first saw ``status`` at or after ``after`` (monotonic seconds)."""
+    found: list[float] = []
+
+    async def check() -> bool:
+        found[:] = [t for t, s in seen if s == status and t >= after][:1]
+        return bool(found)
+
+    await _until(check)
+    return found[0]
 
 
 async def _until(check: Any, timeout_s: float = 900) -> None:
