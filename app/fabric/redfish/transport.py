@@ -46,7 +46,6 @@ from app.fabric.errors import (
 )
 from app.fabric.redfish.parse.errors import error_from_response
 from app.fabric.redfish.parse.headers import parse_retry_after
-from app.jsontypes import loads_json
 
 logger = logging.getLogger(__name__)
 
@@ -428,7 +427,7 @@ class RedfishTransport:
         if not raw.strip():
             return Response(status, response_headers, None)
         try:
-            decoded = _loads(raw)
+            decoded = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise FabricInvalidData(
                 f"{context}: HTTP {status} body is not valid JSON ({err})", status=status
@@ -644,24 +643,9 @@ def _decode(raw: bytes) -> Any:
     if not raw.strip():
         return None
     try:
-        return _loads(raw)
+        return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
-
-
-def _loads(raw: bytes) -> Any:
-    """Decode a body with orjson (about three times faster), and with ``json.loads`` what
-    orjson refuses but ``json.loads`` reads (a byte order mark, UTF-16 or UTF-32 text, the
-    ``NaN`` literal): a service's body is read as before, and bad JSON fails with
-    ``json.loads``'s error.
-
-    Raises:
-        UnicodeDecodeError, json.JSONDecodeError: not JSON.
-    """
-    try:
-        return loads_json(raw)
-    except ValueError:
-        return json.loads(raw)
 
 
 def _error_body(raw: bytes) -> Any:
