@@ -333,16 +333,21 @@ async def test_sigkill_at_random_moments_on_cdim_converges(
         **cdim.environ(f"sqlite+aiosqlite:///{tmp_path}/crash.db"),
     }
 
+    logs: list[Path] = []
+
     async def start() -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "app",
-            "run",
-            env=environ,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+        log = tmp_path / f"run-{len(logs)}.log"
+        logs.append(log)
+        with log.open("wb") as out:
+            return await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "app",
+                "run",
+                env=environ,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+            )
 
     process = await start()
     try:
@@ -382,7 +387,11 @@ async def test_sigkill_at_random_moments_on_cdim_converges(
                 for a in cdim.sim.applies.values()
             )
 
-        await eventually(settled, timeout_s=60, what=f"the end state ({context})")
+        try:
+            await eventually(settled, timeout_s=60, what=f"the end state ({context})")
+        except AssertionError:
+            _report(cdim, plan, allocated, logs)
+            raise
         for claim, (name, cpu) in plan.items():
             device = cdim.devices()[name]
             wrong = [c for op, c, d in cdim.sim.hardware_calls if d == device and c != cpu]
@@ -391,3 +400,21 @@ async def test_sigkill_at_random_moments_on_cdim_converges(
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
         await process.wait()
+
+
+def _report(
+    cdim: Installation, plan: dict[str, tuple[str, str]], allocated: set[str], logs: list[Path]
+) -> None:
+    """Print what the crash test saw when it did not settle: each claim's state against the
+    hardware's, the applies, and the tail of the last run's log."""
+    for claim, (name, cpu) in sorted(plan.items()):
+        device = cdim.devices()[name]
+        print(
+            f"{claim}: {'allocated' if claim in allocated else 'free'} on {cpu}; "
+            f"condition {cdim.condition(claim)}; {device} held by {cdim.sim.holder(device)}"
+        )
+    for apply_id, a in cdim.sim.applies.items():
+        print(f"apply {apply_id}: {a.status}")
+    for log in logs[-2:]:
+        print(f"--- {log.name} (last 60 lines)")
+        print("\n".join(log.read_text(errors="replace").splitlines()[-60:]))
