@@ -628,7 +628,9 @@ class FabricOps:
         """An ``attached`` device the fabric no longer shows on its host (a fabric manager
         that restarted and forgot it, a detach by hand, a device gone from the fabric).
 
-        It goes back to ``pending``, so that the claim's next pass attaches it again, with a
+        It goes back to ``attaching`` (not ``pending``: a listing may lag behind the hardware,
+        so the device may still be on the host, and a release must detach it), so that the
+        claim's next pass attaches it again (idempotent), with a
         Warning ``DeviceLost`` Event and the ``drift{kind="lost"}`` metric. Attach tries count
         over the reservation's life: once it has used :attr:`max_attach_tries_with_losses`,
         a device lost again is given up instead (``failed``, the claim's failure condition
@@ -650,7 +652,7 @@ class FabricOps:
                 f"device {reservation.device_name} lost its attachment to host "
                 f"{reservation.host_id}: {reason}; attaching it again"
             )
-            target = PENDING
+            target = ATTACHING
         moved = await self.journal.transition(
             reservation.id, [ATTACHED], target, error=message, clear_operation=True
         )
@@ -701,28 +703,38 @@ class FabricOps:
         """Settle unfinished journal entries of ``modes`` (None: every mode) against the
         fabric. Run once, before any worker of those modes starts.
 
-        When the fabric cannot be listed, entries stay as they are: attach and detach are
-        idempotent, so the reconcile simply drives them again. An entry with a stored task
-        monitor that the fabric does not show done yet stays as it is too: the reconcile
-        follows that monitor (:meth:`FabricBackend.resume`) instead of sending again.
+        Only positive evidence settles an entry: an ``attaching`` reservation whose device the
+        fabric lists on its host is ``attached``. Every other unfinished entry stays as it is,
+        and the reconcile drives its attach or detach again (both are idempotent): a device
+        the fabric does not list on the host may still be on its way there (an attach sent
+        before the crash, without a task monitor, that the fabric manager has not finished),
+        and a listing may lag behind the hardware (NEC CDIM's inventory is a cache refreshed
+        about every ten minutes). Releasing a ``detaching`` entry, or taking an ``attaching``
+        one back to ``pending`` (whose release sends no detach), on such a listing left
+        devices attached to hosts with no claim.
+
+        When the fabric cannot be listed, entries stay as they are too. An entry with a stored
+        task monitor stays as it is unless the fabric lists the device on the host: the
+        reconcile follows that monitor (:meth:`FabricBackend.resume`) instead of sending again.
 
         Returns:
-            Counts of what was done: ``{"attached": n, "pending": n, "released": n}``.
+            Counts of what was done: ``{"attached": n, "left": n}`` (left: for the reconcile).
         """
         unfinished = [
             r
             for r in await self.journal.active([ATTACHING, DETACHING])
             if modes is None or r.mode in modes
         ]
-        counts = {"attached": 0, "pending": 0, "released": 0}
-        if not unfinished:
-            return counts
+        counts = {"attached": 0, "left": 0}
         devices: list[tuple[ReservationView, FabricDevice]] = []
         for reservation in unfinished:
+            if reservation.state != ATTACHING:
+                counts["left"] += 1
+                continue
             try:
                 devices.append((reservation, await self.journal.fabric_device(reservation)))
             except UnknownDevice:
-                continue
+                counts["left"] += 1
         # Each fabric manager is listed once, and only for its own devices: the same vendor
         # id on two managers is two devices.
         holders: dict[str | None, dict[str, str | None]] = {}
@@ -740,27 +752,19 @@ class FabricOps:
             holders[manager or None] = {d.vendor_id: d.host_id for d in listing.items}
         for reservation, device in devices:
             holder = holders.get(device.location.manager)
-            if holder is None:
-                continue
-            on_host = holder.get(device.vendor_id) == reservation.host_id
-            if reservation.state == ATTACHING:
-                if not on_host and reservation.operation_id:
-                    continue  # a task may still run: the reconcile follows its monitor
-                target = ATTACHED if on_host else PENDING
-            else:
-                if on_host:
-                    continue
-                target = RELEASED
-            if await self.journal.transition(
+            on_host = holder is not None and holder.get(device.vendor_id) == reservation.host_id
+            if on_host and await self.journal.transition(
                 reservation.id,
-                [reservation.state],
-                target,
+                [ATTACHING],
+                ATTACHED,
                 error="recovered after restart",
                 clear_operation=True,
-                detached=target == RELEASED,
             ):
-                counts[target] += 1
-        log.info("recovery: %s", ", ".join(f"{n} {k}" for k, n in counts.items()))
+                counts["attached"] += 1
+            else:
+                counts["left"] += 1
+        if unfinished:
+            log.info("recovery: %s", ", ".join(f"{n} {k}" for k, n in counts.items()))
         return counts
 
 

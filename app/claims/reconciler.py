@@ -682,7 +682,7 @@ class ClaimReconciler:
         the workers): see :meth:`app.claims.fabric_ops.FabricOps.recover`.
 
         Returns:
-            Counts of what was done: ``{"attached": n, "pending": n, "released": n}``.
+            Counts of what was done: ``{"attached": n, "left": n}``.
         """
         return await self.ops.recover(modes=(MODE,))
 

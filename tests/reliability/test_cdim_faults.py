@@ -367,6 +367,12 @@ async def test_sigkill_at_random_moments_on_cdim_converges(
                     cdim.allocate(claim, *plan[claim])
                     created.add(claim)
                     allocated.add(claim)
+            # The kill comes at a random moment of the service's work, not of its start-up
+            # (which takes longer than the pause on a busy machine).
+            await eventually(
+                lambda: "started:" in logs[-1].read_text(errors="replace"),
+                what=f"the service started ({context})",
+            )
             await asyncio.sleep(rng.uniform(0.2, 2.0))
             process.send_signal(signal.SIGKILL)
             await process.wait()
