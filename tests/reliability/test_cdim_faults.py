@@ -25,6 +25,9 @@ import pytest
 from builders import eventually
 
 from app.configload import load_settings
+from app.db.engine import Database
+from app.journal import Journal
+from app.reservations import ATTACHED, ATTACHING, DETACHING
 from app.service import Service
 from fabric_dra_sim.cdim import CdimSimulator
 from fabric_dra_sim.kubeapi import KubeEmulator
@@ -265,6 +268,37 @@ async def test_cdim_down_marks_its_inventory_stale_until_it_returns(
 
 async def _is(read: Any, value: str) -> bool:
     return await read() == value
+
+
+@pytest.mark.parametrize("state", [DETACHING, ATTACHING])
+async def test_a_restart_on_a_lagging_cache_still_detaches_an_unfinished_entry(
+    cdim: Installation, tmp_path: Path, state: str
+) -> None:
+    """CDIM's inventory is a cache: after a restart (the backend's memory of its own applies
+    gone) it shows an attached device as free. Start-up recovery must not take that for the
+    truth: a reservation left ``detaching`` (or ``attaching``) by a crash, whose claim is gone,
+    is detached, not released with the device still on its CPU."""
+    cpu = cdim.sim.cpu_ids()[0]
+    async with running(cdim, tmp_path):
+        name = sorted(cdim.devices())[0]
+        device = cdim.devices()[name]
+        cdim.allocate("c1", name, cpu)
+        await eventually(
+            lambda: (cdim.condition("c1") or ("",))[0] == "FabricDeviceReady", what="ready"
+        )
+    assert cdim.sim.holder(device) == cpu
+    # A crash in the middle of the release: the journal says so, the claim lets go meanwhile.
+    database = Database.connect(f"sqlite+aiosqlite:///{tmp_path}/c.db")
+    try:
+        journal = Journal(database)
+        (held,) = await journal.active()
+        await journal.transition(held.id, [ATTACHED], state)
+    finally:
+        await database.dispose()
+    cdim.free("c1")
+    assert cdim.sim.syncs == 1  # the cache still shows the device free
+    async with running(cdim, tmp_path):
+        await eventually(lambda: cdim.sim.holder(device) is None, what="the device detached")
 
 
 async def test_sigkill_while_the_apply_runs_does_not_send_it_twice(
