@@ -48,6 +48,7 @@ from app.kube.versions import ResourceApiVersion
 from app.service import settle_heap
 from bench.common import (
     ServerProcess,
+    StatementCount,
     WindowProfile,
     add_database_option,
     at_least,
@@ -253,6 +254,8 @@ async def _cycle(
         cpu0 = cpu_seconds()
         server_cpu0 = [server.cpu_seconds() for server in servers]
         database_cpu0 = await database_server_cpu_seconds(str(database.engine.url))
+        statements = StatementCount()
+        statements.start()
         profile.start()
         # Burst: every allocation written at once, as fast as the writer goes: throughput.
         writer = await _write_statuses(client.host, allocations)
@@ -274,6 +277,7 @@ async def _cycle(
             server.cpu_seconds() - before
             for server, before in zip(servers, server_cpu0, strict=True)
         )
+        statements.stop()
         database_cpu = await database_server_cpu_seconds(str(database.engine.url)) - database_cpu0
         profile.stop()
 
@@ -314,6 +318,9 @@ async def _cycle(
         "status_writer_cpu_ms_per_claim_cycle": round(writer_cpu / claims * 1000, 2),
         # PostgreSQL's server shares the cores too (SQLite runs inside the controller).
         "database_server_cpu_ms_per_claim_cycle": round(database_cpu / claims * 1000, 2),
+        # What the controller asked of its database per claim cycle (attach and release).
+        "database_statements_per_claim_cycle": round(statements.statements / claims, 1),
+        "database_transactions_per_claim_cycle": round(statements.transactions / claims, 1),
         "all_processes_cpu_ms_per_claim_cycle": round(total_cpu / claims * 1000, 2),
         "claim_cycles_per_second": round(claims / (attach_seconds + release_seconds), 1),
         "cpu_bound_claim_cycles_per_second": round(cpu_bound_rate(total_cpu / claims), 1),

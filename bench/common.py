@@ -232,6 +232,45 @@ async def database_server_cpu_seconds(url: str) -> float:
     return _process_tree_cpu_seconds(postmaster)
 
 
+class StatementCount:
+    """Statements and transactions every SQLAlchemy engine of this process sends to its
+    database, counted from :meth:`start` (a listener on the ``Engine`` class, so the SQLite
+    threads' own engines and the event loop's connection count too). Rolled-back transactions
+    count as transactions; SQLite's PRAGMAs on a new connection count as statements."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.transactions = 0
+        self._on = False
+
+    def _statement(self, *_: Any) -> None:
+        self.statements += 1
+
+    def _begin(self, *_: Any) -> None:
+        self.transactions += 1
+
+    def start(self) -> None:
+        """Reset the counts to zero and count from now on."""
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+
+        self.statements = self.transactions = 0
+        if not self._on:
+            event.listen(Engine, "before_cursor_execute", self._statement)
+            event.listen(Engine, "begin", self._begin)
+            self._on = True
+
+    def stop(self) -> None:
+        """Stop counting; the counts stay."""
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+
+        if self._on:
+            event.remove(Engine, "before_cursor_execute", self._statement)
+            event.remove(Engine, "begin", self._begin)
+            self._on = False
+
+
 def _process_tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of process ``pid``, of its live children and of its children that
     exited (its cutime and cstime)."""
