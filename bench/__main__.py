@@ -497,6 +497,16 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric(
         "claims",
+        "database statements per claim cycle",
+        _key("database_statements_per_claim_cycle"),
+    ),
+    Metric(
+        "claims",
+        "database transactions per claim cycle",
+        _key("database_transactions_per_claim_cycle"),
+    ),
+    Metric(
+        "claims",
         "claim cycles per second (attach and release)",
         _key("claim_cycles_per_second"),
         "/s",

@@ -85,6 +85,12 @@ def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: P
             claims["cpu_ms_per_claim_cycle"] + sum(parts), abs=0.05
         )
         assert 0 < claims["claim_cycles_per_second"] < claims["claims_per_second"]
+        # At least the four journal writes of a cycle: reserve, attached, detaching, released.
+        assert claims["database_transactions_per_claim_cycle"] >= 4, claims
+        assert (
+            claims["database_statements_per_claim_cycle"]
+            >= claims["database_transactions_per_claim_cycle"]
+        ), claims
     assert {
         f["database"] for c in results["cases"] if c["benchmark"] == "claims" for f in c["figures"]
     } == {"sqlite", "postgresql"}
