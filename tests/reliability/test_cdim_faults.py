@@ -270,6 +270,29 @@ async def _is(read: Any, value: str) -> bool:
     return await read() == value
 
 
+async def _run_service(environ: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    """``fabric-dra run`` as a process of its own, its output in ``log``."""
+    with log.open("wb") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "app",
+            "run",
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")},
+                **environ,
+            },
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+
+
+async def _end(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(sig)
+    await process.wait()
+
+
 @pytest.mark.parametrize("state", [DETACHING, ATTACHING])
 async def test_a_restart_on_a_lagging_cache_still_detaches_an_unfinished_entry(
     cdim: Installation, tmp_path: Path, state: str
@@ -279,26 +302,34 @@ async def test_a_restart_on_a_lagging_cache_still_detaches_an_unfinished_entry(
     truth: a reservation left ``detaching`` (or ``attaching``) by a crash, whose claim is gone,
     is detached, not released with the device still on its CPU."""
     cpu = cdim.sim.cpu_ids()[0]
-    async with running(cdim, tmp_path):
+    database = f"sqlite+aiosqlite:///{tmp_path}/c.db"
+    process = await _run_service(cdim.environ(database), tmp_path / "first.log")
+    try:
+        await eventually(lambda: len(cdim.devices()) == 6, what="six devices published")
         name = sorted(cdim.devices())[0]
         device = cdim.devices()[name]
         cdim.allocate("c1", name, cpu)
         await eventually(
             lambda: (cdim.condition("c1") or ("",))[0] == "FabricDeviceReady", what="ready"
         )
+    finally:
+        await _end(process, signal.SIGKILL)
     assert cdim.sim.holder(device) == cpu
-    # A crash in the middle of the release: the journal says so, the claim lets go meanwhile.
-    database = Database.connect(f"sqlite+aiosqlite:///{tmp_path}/c.db")
+    # The crash came in the middle of the release: the journal says so; the claim lets go.
+    db = Database.connect(database)
     try:
-        journal = Journal(database)
+        journal = Journal(db)
         (held,) = await journal.active()
         await journal.transition(held.id, [ATTACHED], state)
     finally:
-        await database.dispose()
+        await db.dispose()
     cdim.free("c1")
     assert cdim.sim.syncs == 1  # the cache still shows the device free
-    async with running(cdim, tmp_path):
+    process = await _run_service(cdim.environ(database), tmp_path / "second.log")
+    try:
         await eventually(lambda: cdim.sim.holder(device) is None, what="the device detached")
+    finally:
+        await _end(process)
 
 
 async def test_sigkill_while_the_apply_runs_does_not_send_it_twice(
