@@ -404,7 +404,7 @@ class Journal:
             raise DeviceHeld(device_name, str(holder.claim) if holder else None, holder) from err
 
     async def _holder_of(self, device_name: str) -> ReservationView | None:
-        row = await self.db.run_point_read(
+        row = await self.db.run_read(
             lambda conn: conn.execute(
                 select(*_COLUMNS)
                 .where(_TABLE.c.device_name == device_name, _TABLE.c.state.in_(_ACTIVE))
@@ -621,7 +621,7 @@ class Journal:
 
     async def get(self, reservation_id: int) -> ReservationView | None:
         """One reservation by id."""
-        row = await self.db.run_point_read(
+        row = await self.db.run_read(
             lambda conn: conn.execute(
                 select(*_COLUMNS).where(_TABLE.c.id == reservation_id)
             ).first()
@@ -631,7 +631,7 @@ class Journal:
     async def for_claim(self, claim_uid: str, *, active_only: bool = True) -> list[ReservationView]:
         """The reservations of one claim, oldest first."""
         query = _FOR_CLAIM_ACTIVE if active_only else _FOR_CLAIM
-        return await self.db.run_point_read(
+        return await self.db.run_read(
             lambda conn: [_view(r) for r in conn.execute(query, {"b_uid": claim_uid})]
         )
 
@@ -665,7 +665,7 @@ class Journal:
         Raises:
             UnknownDevice: the device row is gone.
         """
-        row = await self.db.run_point_read(
+        row = await self.db.run_read(
             lambda conn: conn.execute(
                 _FABRIC_DEVICE, {"b_device_id": reservation.device_id}
             ).first()
@@ -681,7 +681,7 @@ class Journal:
             UnknownDevice: no device has that name.
         """
         query = select(*_FABRIC_COLUMNS).where(_DEVICES.c.name == name).limit(1)
-        row = await self.db.run_point_read(lambda conn: conn.execute(query).first())
+        row = await self.db.run_read(lambda conn: conn.execute(query).first())
         if row is None:
             raise UnknownDevice(f"device {name} is not in the inventory")
         return _fabric_device_from(row)

@@ -12,30 +12,14 @@ transaction; through aiosqlite every statement costs four (cursor, execute, fetc
 begin and commit, and those hand-overs were the largest part of a claim's database time. On
 PostgreSQL the function runs in ``AsyncConnection.run_sync``: asyncpg is asynchronous itself,
 so there is no thread to save.
-
-On SQLite, :meth:`Database.run_write` and :meth:`Database.run_point_read` (the smallest
-reads: a claim's reservations, one row by its key) first try the event loop's own thread, on a
-connection that never waits for a lock (``busy_timeout`` 0) and never checkpoints. Such a
-transaction takes tens of microseconds, less than the two thread hand-overs it saves. When
-SQLite answers busy (another process writes, or a rare lock in WAL mode) it runs on the
-database's thread instead, which waits as usual; nothing was written by then (a write takes its
-lock at ``BEGIN IMMEDIATE``, before any statement). Every :data:`CHECKPOINT_EVERY` writes made
-on the loop, the write thread checkpoints the WAL (``PASSIVE``, in the background) and makes the
-next write, the one that restarts the WAL and syncs its header. The loop's writes do not sync
-otherwise (``synchronous=NORMAL`` in WAL mode syncs at checkpoints); one may still restart the
-WAL after another connection's automatic checkpoint (the async sessions' connections keep
-SQLite's, after 1,000 pages) and wait for that one sync.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import sqlite3
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +27,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -57,12 +41,8 @@ from app.config import redact_url
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 # PostgreSQL: a pooled connection idle this long (seconds) is pinged before use.
 PING_AFTER_IDLE_S = 2.0
-# Writes on the event loop's thread between two checkpoints of the WAL on the write thread
-# (SQLite's own automatic checkpoint comes after 1,000 pages, about 4 MiB).
-CHECKPOINT_EVERY = 200
 _BEGIN_MODE = "fabric_dra_sqlite_begin"
 T = TypeVar("T")
-logger = logging.getLogger(__name__)
 
 
 class DatabaseUnavailable(Exception):
@@ -135,20 +115,16 @@ async def check_usable(engine: AsyncEngine) -> None:
         raise unusable(engine, err) from err
 
 
-def _setup_sqlite(
-    engine: Engine, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, *, checkpoints: bool = True
-) -> None:
+def _setup_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event below emit BEGIN instead of pysqlite's lazy one.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        if not checkpoints:
-            cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -208,11 +184,6 @@ def make_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncEng
     raise ValueError(f"unsupported database {backend!r}: use SQLite or PostgreSQL")
 
 
-def _log_checkpoint_failure(done: Future[None]) -> None:
-    if not done.cancelled() and done.exception() is not None:
-        logger.warning("SQLite WAL checkpoint failed: %s", done.exception())
-
-
 class _SqliteThread:
     """One thread with one pysqlite connection of its own, for whole transactions
     (:meth:`Database.run_write`, :meth:`Database.run_read`).
@@ -248,21 +219,11 @@ class _SqliteThread:
         with self._connection() as conn, conn.begin():
             return work(conn)
 
-    def _checkpoint(self) -> None:
-        with self._connection() as conn:
-            # On the driver's connection: outside any transaction, which would refuse it.
-            raw = conn.connection.driver_connection
-            assert raw is not None
-            raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-
-    def checkpoint_soon(self) -> None:
-        """Queue a checkpoint of the WAL (``PASSIVE``: as far as readers allow, without
-        waiting) on this thread, after what is queued; a failure is logged, not raised."""
-        self._pool().submit(self._checkpoint).add_done_callback(_log_checkpoint_failure)
-
     async def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="fabric-dra-sqlite")
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool(), self._write if write else self._read, work)
+        future = loop.run_in_executor(self._executor, self._write if write else self._read, work)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -270,11 +231,6 @@ class _SqliteThread:
             # half way): wait for it, so that a caller's lock is held until then.
             await asyncio.wait({future})
             raise
-
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="fabric-dra-sqlite")
-        return self._executor
 
     def _close(self) -> None:
         if self._engine is not None:
@@ -288,63 +244,6 @@ class _SqliteThread:
         if executor is not None:
             await asyncio.get_running_loop().run_in_executor(executor, self._close)
             executor.shutdown(wait=True)
-
-
-def sqlite_busy(err: OperationalError) -> bool:
-    """Whether SQLite refused ``err``'s statement because of another connection's lock:
-    SQLITE_BUSY or SQLITE_LOCKED, with any extended code (``SQLITE_BUSY_RECOVERY`` while
-    another process recovers the WAL, ``SQLITE_BUSY_SNAPSHOT``, ...). The primary result code
-    is the extended code's low byte (https://www.sqlite.org/rescode.html)."""
-    code = getattr(err.orig, "sqlite_errorcode", None)
-    return isinstance(code, int) and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-
-
-class _SqliteBusy(Exception):
-    """SQLite answered busy to an inline read (see :class:`_InlineReader`)."""
-
-
-class _Inline:
-    """Transactions on the event loop's thread, on a pysqlite connection of their own that
-    never waits for a lock (``busy_timeout`` 0) and never checkpoints: a busy database raises
-    :class:`_SqliteBusy` at once, and the caller runs the transaction on a thread of the
-    database's instead. The connection is made at first use and used only by the thread that
-    made it (another thread's transaction raises :class:`_SqliteBusy` too)."""
-
-    def __init__(self, url: URL) -> None:
-        self._url = url.set(drivername="sqlite+pysqlite")
-        self._engine: Engine | None = None
-        self._owner: int | None = None
-
-    def _engine_here(self) -> Engine:
-        if self._engine is None:
-            engine = create_engine(
-                self._url,
-                poolclass=StaticPool,
-                connect_args={"timeout": 0, "check_same_thread": False},
-            )
-            _setup_sqlite(engine, busy_timeout_ms=0, checkpoints=False)
-            self._engine, self._owner = engine, threading.get_ident()
-        elif self._owner != threading.get_ident():
-            raise _SqliteBusy("another thread's connection")
-        return self._engine
-
-    def run(self, work: Callable[[Connection], T], *, write: bool) -> T:
-        engine = self._engine_here()
-        try:
-            conn = engine.connect()
-            if write:
-                conn = conn.execution_options(**{_BEGIN_MODE: "IMMEDIATE"})
-            with conn, conn.begin():
-                return work(conn)
-        except OperationalError as err:
-            if sqlite_busy(err):
-                raise _SqliteBusy(str(err.orig)) from err
-            raise
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
-            self._engine = None
 
 
 @dataclass
@@ -362,11 +261,6 @@ class Database:
     # run_read, so that a read never waits behind a write that waits for SQLite's lock.
     _thread: _SqliteThread | None = field(default=None, repr=False)
     _reader: _SqliteThread | None = field(default=None, repr=False)
-    _inline: _Inline | None = field(default=None, repr=False)
-    _inline_writes: int = field(default=0, repr=False)
-    # The first write after a checkpoint goes to the write thread: a write that restarts the
-    # WAL syncs its header, and that wait belongs off the event loop.
-    _next_write_on_thread: bool = field(default=False, repr=False)
     # PostgreSQL only: the same engine (and pool) without transactions, for run_read.
     _autocommit: AsyncEngine | None = field(default=None, repr=False)
 
@@ -374,7 +268,6 @@ class Database:
         if self.engine.dialect.name == "sqlite":
             self._thread = _SqliteThread(self.engine.url)
             self._reader = _SqliteThread(self.engine.url)
-            self._inline = _Inline(self.engine.url)
         else:
             self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
 
@@ -412,12 +305,10 @@ class Database:
 
     async def run_write(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` (a function of a synchronous Core connection, doing no I/O but the
-        database's, and small: a few rows by key) in one transaction, committed when it
-        returns and rolled back when it raises; return what it returned. On SQLite it runs
-        after ``BEGIN IMMEDIATE``, in turn with this process's other writers (the lock of
-        :meth:`write`), on the event loop's thread, or on the database's own thread when SQLite
-        is busy (see the module docstring); on PostgreSQL in ``run_sync`` on a pooled
-        connection.
+        database's) in one transaction, committed when it returns and rolled back when it
+        raises; return what it returned. On SQLite it runs on the database's own thread after
+        ``BEGIN IMMEDIATE``, in turn with this process's other writers (the lock of
+        :meth:`write`); on PostgreSQL in ``run_sync`` on a pooled connection.
 
         Raises:
             whatever ``work`` raises, and the driver's errors (SQLAlchemyError).
@@ -426,20 +317,7 @@ class Database:
             async with self.engine.begin() as conn:
                 return await conn.run_sync(work)
         async with self._write_lock:
-            if self._inline is not None and not self._next_write_on_thread:
-                try:
-                    result = self._inline.run(work, write=True)
-                except _SqliteBusy:
-                    pass
-                else:
-                    self._inline_writes += 1
-                    if self._inline_writes % CHECKPOINT_EVERY == 0:
-                        self._thread.checkpoint_soon()
-                        self._next_write_on_thread = True
-                    return result
-            result = await self._thread.run(work, write=True)
-            self._next_write_on_thread = False
-            return result
+            return await self._thread.run(work, write=True)
 
     async def run_read(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` as :meth:`run_write` does, for reading: one statement, or several that
@@ -452,19 +330,6 @@ class Database:
                 return await conn.run_sync(work)
         assert self._reader is not None
         return await self._reader.run(work, write=False)
-
-    async def run_point_read(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` as :meth:`run_read` does, for the smallest reads: a few rows found by
-        an index (a claim's reservations, one row by key). On SQLite it runs on the event
-        loop's thread without waiting for any lock, and on the read thread when SQLite is
-        busy (see the module docstring); never use it for a read whose size grows with the
-        inventory or the claims."""
-        if self._inline is not None:
-            try:
-                return self._inline.run(work, write=False)
-            except _SqliteBusy:
-                pass
-        return await self.run_read(work)
 
     async def ping(self) -> None:
         """Run ``SELECT 1``.
@@ -480,8 +345,6 @@ class Database:
 
     async def dispose(self) -> None:
         """Close every pooled connection (and on SQLite stop the transaction thread)."""
-        if self._inline is not None:
-            self._inline.close()
         for thread in (self._thread, self._reader):
             if thread is not None:
                 await thread.dispose()

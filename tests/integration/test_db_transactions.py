@@ -1,8 +1,7 @@
 """Database.run_write and run_read: whole transactions on a real SQLite file and PostgreSQL.
 
 On SQLite they run on threads of the database's own, one for writes and one for reads (one
-hand-over per transaction), and point reads on the event loop's thread unless SQLite is busy;
-on PostgreSQL in ``run_sync``, reads in autocommit. Either way a
+hand-over per transaction); on PostgreSQL in ``run_sync``, reads in autocommit. Either way a
 transaction commits when its function returns and rolls back when it raises, and what it
 committed is what the next reader and the async sessions see.
 """
@@ -10,13 +9,11 @@ committed is what the next reader and the async sessions see.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
 import threading
 
 import pytest
 from sqlalchemy import Connection, func, insert, select, text
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -43,15 +40,6 @@ def _add_host(conn: Connection, host_id: str) -> str:
         )
     )
     return host_id
-
-
-def _write_lock_holder(db: Database) -> sqlite3.Connection:
-    """Another connection to the SQLite file, holding its write lock until it commits."""
-    path = db.engine.url.database
-    assert path is not None
-    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    holder.execute("BEGIN IMMEDIATE")
-    return holder
 
 
 def _count(conn: Connection) -> int:
@@ -99,18 +87,17 @@ async def test_concurrent_writes_all_land(db: Database) -> None:
     assert await db.run_read(_count) == 20
 
 
-async def test_sqlite_writes_and_point_reads_run_on_the_loop_and_other_reads_on_a_thread(
+async def test_sqlite_transactions_run_on_threads_of_their_own(
     db: Database, database_kind: str
 ) -> None:
     if database_kind != "sqlite":
         pytest.skip("PostgreSQL transactions run on the event loop (asyncpg)")
-    here = threading.current_thread().name
-    assert await db.run_write(lambda _conn: threading.current_thread().name) == here
-    assert await db.run_point_read(lambda _conn: threading.current_thread().name) == here
-    names = {await db.run_read(lambda _conn: threading.current_thread().name) for _ in range(3)}
+    names = {await db.run_read(lambda _conn: threading.current_thread().name) for _ in range(3)} | {
+        await db.run_write(lambda _conn: threading.current_thread().name)
+    }
     assert len(names) == 1
     (name,) = names
-    assert name.startswith("fabric-dra-sqlite") and name != here
+    assert name.startswith("fabric-dra-sqlite") and name != threading.current_thread().name
 
 
 async def test_a_cancelled_caller_waits_for_the_transaction_it_started(
@@ -125,12 +112,7 @@ async def test_a_cancelled_caller_waits_for_the_transaction_it_started(
         release.wait(10)
         return _add_host(conn, "h1")
 
-    # Another connection holds the write lock: the write goes to the database's thread.
-    holder = _write_lock_holder(db)
     task = asyncio.ensure_future(db.run_write(slow))
-    await asyncio.sleep(0.05)
-    holder.execute("COMMIT")
-    holder.close()
     await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
     task.cancel()
     await asyncio.sleep(0.05)
@@ -150,196 +132,6 @@ async def test_a_disposed_database_can_be_used_again(db: Database) -> None:
     assert await db.run_read(_count) == 1
     async with db.read() as session:
         assert (await session.execute(text("SELECT 1"))).scalar_one() == 1
-
-
-async def test_a_point_read_sees_what_was_committed_on_both_databases(db: Database) -> None:
-    assert await db.run_point_read(_count) == 0
-    await db.run_write(lambda conn: _add_host(conn, "h1"))
-    assert await db.run_point_read(_count) == 1
-    await db.run_write(lambda conn: _add_host(conn, "h2"))
-    assert await db.run_point_read(_count) == 2
-
-
-async def test_sqlite_point_reads_run_on_the_event_loop_thread(
-    db: Database, database_kind: str
-) -> None:
-    if database_kind != "sqlite":
-        pytest.skip("PostgreSQL reads run on the event loop anyway (asyncpg)")
-    here = threading.current_thread().name
-    assert await db.run_point_read(lambda _conn: threading.current_thread().name) == here
-    # The other reads still go to the read thread.
-    assert await db.run_read(lambda _conn: threading.current_thread().name) != here
-
-
-async def test_a_busy_sqlite_sends_the_point_read_to_the_read_thread_without_blocking_the_loop(
-    db: Database, database_kind: str
-) -> None:
-    if database_kind != "sqlite":
-        pytest.skip("SQLite's locks")
-    await db.run_write(lambda conn: _add_host(conn, "h1"))
-    # Another process's connection in exclusive locking mode keeps every reader out of a WAL
-    # database while it holds its lock (it can take it only while no other connection is
-    # open): the inline read must not wait for it on the loop.
-    await db.dispose()
-    path = db.engine.url.database
-    assert path is not None
-    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
-    holder.execute("BEGIN EXCLUSIVE")
-    holder.execute("UPDATE hosts SET hostname = 'held' WHERE host_id = 'h1'")
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    ticker = asyncio.ensure_future(tick())
-    try:
-        read = asyncio.ensure_future(
-            db.run_point_read(
-                lambda conn: (
-                    threading.current_thread().name,
-                    conn.execute(text("SELECT hostname FROM hosts")).scalar_one(),
-                )
-            )
-        )
-        await asyncio.sleep(0.3)
-        assert not read.done()  # waiting on the read thread for the lock
-        assert ticks >= 10  # ...while the loop went on
-        holder.execute("COMMIT")
-        holder.close()
-        thread, hostname = await asyncio.wait_for(read, 10)
-    finally:
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
-    assert thread.startswith("fabric-dra-sqlite")
-    assert hostname == "held"
-    # Once the lock is gone, point reads are inline again.
-    here = threading.current_thread().name
-    assert await db.run_point_read(lambda _conn: threading.current_thread().name) == here
-
-
-async def test_a_point_read_from_another_thread_goes_to_the_read_thread(
-    db: Database, database_kind: str
-) -> None:
-    if database_kind != "sqlite":
-        pytest.skip("SQLite's inline connection")
-    await db.run_write(lambda conn: _add_host(conn, "h1"))
-    assert await db.run_point_read(_count) == 1  # made on this loop's thread
-
-    def elsewhere() -> str:
-        return asyncio.run(db.run_point_read(lambda _conn: threading.current_thread().name))
-
-    name = await asyncio.get_running_loop().run_in_executor(None, elsewhere)
-    assert name.startswith("fabric-dra-sqlite")
-
-
-async def test_a_write_while_another_process_writes_goes_to_the_write_thread_and_lands(
-    db: Database, database_kind: str
-) -> None:
-    if database_kind != "sqlite":
-        pytest.skip("SQLite's locks")
-    await db.run_write(lambda conn: _add_host(conn, "h0"))  # the loop's connection is open
-    holder = _write_lock_holder(db)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    ticker = asyncio.ensure_future(tick())
-    try:
-        write = asyncio.ensure_future(
-            db.run_write(lambda conn: (threading.current_thread().name, _add_host(conn, "h1")))
-        )
-        await asyncio.sleep(0.3)
-        assert not write.done()  # waiting on the write thread for the lock
-        assert ticks >= 10  # ...while the loop went on
-        holder.execute("COMMIT")
-        holder.close()
-        thread, _ = await asyncio.wait_for(write, 10)
-    finally:
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
-    assert thread.startswith("fabric-dra-sqlite")
-    assert await db.run_point_read(_count) == 2
-    here = threading.current_thread().name
-    assert await db.run_write(lambda _conn: threading.current_thread().name) == here
-
-
-async def test_writes_on_the_loop_checkpoint_the_wal_on_the_write_thread(
-    db: Database, database_kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if database_kind != "sqlite":
-        pytest.skip("SQLite's WAL")
-    monkeypatch.setattr(engine_module, "CHECKPOINT_EVERY", 5)
-    checkpoints: list[str] = []
-    checkpoint = engine_module._SqliteThread._checkpoint
-
-    def spy(self: engine_module._SqliteThread) -> None:
-        checkpoints.append(threading.current_thread().name)
-        checkpoint(self)
-
-    monkeypatch.setattr(engine_module._SqliteThread, "_checkpoint", spy)
-
-    def add(conn: Connection, host_id: str) -> str:
-        _add_host(conn, host_id)
-        return threading.current_thread().name
-
-    threads = [await db.run_write(lambda conn, i=i: add(conn, f"h{i}")) for i in range(12)]
-    here = threading.current_thread().name
-    # Writes 1-5 on the loop, a checkpoint queued on the write thread, and write 6 (which
-    # restarts the WAL and syncs its header) behind it on that thread; then 7-11 on the loop
-    # and 12 on the thread.
-    on_thread = [i for i, name in enumerate(threads, 1) if name != here]
-    assert on_thread == [6, 12]
-    assert all(threads[i - 1].startswith("fabric-dra-sqlite") for i in on_thread)
-    assert len(checkpoints) == 2
-    assert all(name.startswith("fabric-dra-sqlite") for name in checkpoints)
-    assert await db.run_point_read(_count) == 12
-
-
-async def test_a_failed_checkpoint_is_logged_and_fails_no_write(
-    db: Database,
-    database_kind: str,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    if database_kind != "sqlite":
-        pytest.skip("SQLite's WAL")
-    monkeypatch.setattr(engine_module, "CHECKPOINT_EVERY", 2)
-
-    def broken(self: engine_module._SqliteThread) -> None:
-        raise sqlite3.OperationalError("disk I/O error")
-
-    monkeypatch.setattr(engine_module._SqliteThread, "_checkpoint", broken)
-    for i in range(4):
-        await db.run_write(lambda conn, i=i: _add_host(conn, f"h{i}"))
-    assert await db.run_point_read(_count) == 4
-    assert "SQLite WAL checkpoint failed: disk I/O error" in caplog.text
-
-
-def test_every_busy_and_locked_code_counts_as_busy() -> None:
-    # The extended codes keep the primary code in their low byte
-    # (https://www.sqlite.org/rescode.html): SQLITE_BUSY_RECOVERY while another process
-    # recovers the WAL must send the transaction to the thread that waits, like SQLITE_BUSY.
-    def error(code: int) -> OperationalError:
-        orig = sqlite3.OperationalError("database is locked")
-        orig.sqlite_errorcode = code  # type: ignore[attr-defined]
-        return OperationalError("SELECT 1", {}, orig)
-
-    busy_recovery, busy_snapshot, locked_sharedcache = 5 | 1 << 8, 5 | 2 << 8, 6 | 1 << 8
-    for code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, busy_recovery, busy_snapshot):
-        assert engine_module.sqlite_busy(error(code)), code
-    assert engine_module.sqlite_busy(error(locked_sharedcache))
-    for code in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_READONLY):
-        assert not engine_module.sqlite_busy(error(code)), code
 
 
 async def _drop_other_connections(db: Database) -> int:
