@@ -20,9 +20,36 @@ T = TypeVar("T")
 
 def json_copy(value: T) -> T:
     """A deep copy of JSON-shaped ``value`` (dicts, lists and immutable scalars): what
-    ``copy.deepcopy`` returns for it, about three times faster (no memo, no dispatch by type).
-    Anything else inside (a tuple, a set, a dict subclass) is copied by ``copy.deepcopy``."""
+    ``copy.deepcopy`` returns for it, about four times faster.
+
+    The copy is a round trip through JSON text (orjson, in C), kept only when it equals
+    ``value``: a tuple (which comes back a list), a NaN or an infinity (which come back
+    ``null``), an integer beyond 64 bits, a subclass of a JSON type, a dataclass, a datetime
+    or any other type fails that test or the encoding, and the value is copied by a walk in
+    Python instead, anything other than a dict, a list or a JSON scalar by ``copy.deepcopy``.
+    """
+    try:
+        copied = orjson.loads(orjson.dumps(value, default=_not_json, option=_EXACT))
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return cast(T, _copy(value))
+    # ``==`` tells a list from a tuple and ``None`` from a NaN; it compares types by value
+    # only where JSON keeps the type (1 and 1.0 stay an int and a float, True stays a bool).
+    if copied == value:
+        return cast(T, copied)
     return cast(T, _copy(value))
+
+
+# What orjson would otherwise turn into plain JSON types without a word: subclasses of
+# str, int, dict and list, dataclasses, datetimes. They go to ``default``, which refuses.
+_EXACT = (
+    orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+)
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(type(value).__name__)
 
 
 def _copy(value: Any) -> Any:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+import enum
 import json
 from collections import OrderedDict
 from typing import Any
@@ -38,6 +39,70 @@ def test_equal_to_deepcopy_and_sharing_no_container(value: Any) -> None:
     copied = json_copy(value)
     assert copied == copy.deepcopy(value)
     assert not set(_containers(copied)) & set(_containers(value))
+
+
+class _Text(str):
+    pass
+
+
+class _Count(int):
+    pass
+
+
+_mixed = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # beyond 64 bits too
+    | st.floats()  # NaN, infinities and -0.0 too
+    | st.text()  # lone surrogates too
+    | st.builds(_Text, st.text(max_size=3))
+    | st.builds(_Count, st.integers(0, 3)),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=8), children, max_size=4)
+        | st.dictionaries(st.text(max_size=3), children, max_size=2).map(OrderedDict)
+    ),
+    max_leaves=30,
+)
+
+
+def _shape(value: Any) -> Any:
+    """``value`` with every type spelled out (``==`` alone takes 1 for True, a NaN for no
+    NaN, and a tuple's items for a list's only when the types match)."""
+    if isinstance(value, dict):
+        return (type(value), [(type(k), k, _shape(v)) for k, v in value.items()])
+    if isinstance(value, list | tuple):
+        return (type(value), [_shape(v) for v in value])
+    if isinstance(value, float) and value != value:
+        return (float, "nan")
+    return (type(value), repr(value))
+
+
+@given(_mixed)
+def test_any_value_copies_as_deepcopy_does(value: Any) -> None:
+    copied = json_copy(value)
+    assert _shape(copied) == _shape(copy.deepcopy(value))
+    assert not set(_containers(copied)) & set(_containers(value))
+
+
+def test_an_int_or_str_enum_member_comes_back_as_its_value() -> None:
+    """The one departure from ``copy.deepcopy``: orjson writes an enum member as its value,
+    and an ``IntEnum`` or ``StrEnum`` member equals it."""
+
+    class Phase(enum.StrEnum):
+        READY = "ready"
+
+    class Plain(enum.Enum):
+        A = "a"
+
+    copied = json_copy({"phase": Phase.READY})
+    assert copied == {"phase": "ready"}
+    assert type(copied["phase"]) is str
+    # A plain enum member does not equal its value: the whole value goes the slow way.
+    copied = json_copy({"phase": Phase.READY, "plain": Plain.A})
+    assert copied["phase"] is Phase.READY
+    assert copied["plain"] is Plain.A
 
 
 def test_other_types_go_to_deepcopy() -> None:
