@@ -691,6 +691,32 @@ async def test_a_selected_node_outside_the_potential_nodes_is_answered(harness: 
         assert harness.allocated_device("c1") is None
 
 
+async def test_the_scheduler_stand_in_lists_no_node_cordoned_since_its_last_pod(
+    harness: Harness,
+) -> None:
+    # The stand-in remembers each pod's potential nodes until a node changes: a node cordoned
+    # after the first pod must be missing from the next pod's context.
+    harness.create_claim("c1")
+    harness.create_pod("p1", "c1")
+    scheduler = harness.scheduler()
+    async with running(harness.controller(), scheduler):
+        await eventually(lambda: len(scheduler.bound) == 1, what="p1 bound")
+        for name in NODES:
+            node = harness.emu.get("v1", "Node", name)
+            assert node is not None
+            node["spec"] = {"unschedulable": True}
+            harness.emu.update(node)
+        harness.create_claim("c2")
+        harness.create_pod("p2", "c2")
+        await eventually(
+            lambda: (harness.context("p2") or {}).get("spec", {}).get("potentialNodes")
+            == [NO_HOST],
+            what="only the node left schedulable listed",
+        )
+        await eventually(lambda: "default/p2" in scheduler.unschedulable, what="p2 waits")
+    assert not (harness.pod("p2") or {})["spec"].get("nodeName")
+
+
 async def test_slices_that_disagree_on_their_count_leave_the_pool_unused_and_say_why(
     harness: Harness,
 ) -> None:

@@ -45,7 +45,7 @@ from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
 from app.allocator import node_from_json
 from app.allocator.pools import selector_matches
-from app.jsontypes import JsonDict
+from app.jsontypes import JsonDict, dumps_json
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
@@ -128,6 +128,10 @@ class ClassicScheduler:
             replace(base, name="pods"),
         )
         self.nodes = Informer(self._core.list_node, replace(base, name="nodes"))
+        # Potential nodes by the JSON of the allocated claims' node selectors, until the next
+        # node event (see _potential_nodes).
+        self._potential: dict[bytes, tuple[str, ...]] = {}
+        self.nodes.add_handler(self._nodes_changed)
         self.claims = self._informer("resourceclaims", namespace)
         self.contexts = self._informer("podschedulingcontexts", namespace)
         self.pods.add_handler(self._on_pod)
@@ -365,12 +369,26 @@ class ClassicScheduler:
             for _, c in claims
             if ((c.get("status") or {}).get("allocation") or {}).get("nodeSelector")
         ]
+        # The answer depends only on the nodes and the selectors: remembered until a node
+        # event (_nodes_changed), as kube-scheduler takes its snapshot of the nodes once per
+        # cycle and does not parse every node again for each pod.
+        key = dumps_json(selectors)
+        known = self._potential.get(key)
+        if known is not None:
+            return list(known)
         names = []
         for node in candidate_nodes(self.nodes.objects()):
             parsed = node_from_json(node)
             if all(selector_matches(s, parsed) for s in selectors):
                 names.append(parsed.name)
-        return names[:MAX_NODES]
+        names = names[:MAX_NODES]
+        if len(self._potential) >= 1024:
+            self._potential.clear()
+        self._potential[key] = tuple(names)
+        return names
+
+    async def _nodes_changed(self, _event: str, _obj: JsonDict, _old: JsonDict | None) -> None:
+        self._potential.clear()
 
     async def _ensure_context(
         self, pod: JsonDict, potential: list[str], context: JsonDict | None
