@@ -337,21 +337,13 @@ async def test_sigkill_while_the_apply_runs_does_not_send_it_twice(
 ) -> None:
     cdim.sim.apply_overhead_s = 1.5
     cpu_a = cdim.sim.cpu_ids()[0]
-    environ = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")},
-        **cdim.environ(f"sqlite+aiosqlite:///{tmp_path}/crash.db"),
-    }
+    environ = cdim.environ(f"sqlite+aiosqlite:///{tmp_path}/crash.db")
+    runs = 0
 
     async def start() -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "app",
-            "run",
-            env=environ,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+        nonlocal runs
+        runs += 1
+        return await _run_service(environ, tmp_path / f"run-{runs}.log")
 
     process = await start()
     try:
@@ -360,8 +352,7 @@ async def test_sigkill_while_the_apply_runs_does_not_send_it_twice(
         device = cdim.devices()[name]
         cdim.allocate("c1", name, cpu_a)
         await eventually(lambda: cdim.sim.posts == 1, what="the apply posted")
-        process.send_signal(signal.SIGKILL)
-        await process.wait()
+        await _end(process, signal.SIGKILL)
         assert next(iter(cdim.sim.applies.values())).status == "IN_PROGRESS"
         process = await start()
         await eventually(
@@ -370,9 +361,7 @@ async def test_sigkill_while_the_apply_runs_does_not_send_it_twice(
         assert cdim.sim.posts == 1 and cdim.connects(device) == 1
         assert cdim.sim.holder(device) == cpu_a
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        await process.wait()
+        await _end(process)
 
 
 CRASH_KILLS = int(os.environ.get("FABRIC_DRA_CDIM_CRASH_KILLS", "6"))
@@ -393,26 +382,12 @@ async def test_sigkill_at_random_moments_on_cdim_converges(
     print(f"CDIM crash test: {context}, {CRASH_KILLS} kills")
     cdim.sim.apply_overhead_s = 0.5
     cpus = cdim.sim.cpu_ids()
-    environ = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")},
-        **cdim.environ(f"sqlite+aiosqlite:///{tmp_path}/crash.db"),
-    }
-
+    environ = cdim.environ(f"sqlite+aiosqlite:///{tmp_path}/crash.db")
     logs: list[Path] = []
 
     async def start() -> asyncio.subprocess.Process:
-        log = tmp_path / f"run-{len(logs)}.log"
-        logs.append(log)
-        with log.open("wb") as out:
-            return await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "app",
-                "run",
-                env=environ,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-            )
+        logs.append(tmp_path / f"run-{len(logs)}.log")
+        return await _run_service(environ, logs[-1])
 
     process = await start()
     try:
@@ -439,8 +414,7 @@ async def test_sigkill_at_random_moments_on_cdim_converges(
                 what=f"the service started ({context})",
             )
             await asyncio.sleep(rng.uniform(0.2, 2.0))
-            process.send_signal(signal.SIGKILL)
-            await process.wait()
+            await _end(process, signal.SIGKILL)
             process = await start()
 
         def settled() -> bool:
@@ -468,9 +442,7 @@ async def test_sigkill_at_random_moments_on_cdim_converges(
             wrong = [c for op, c, d in cdim.sim.hardware_calls if d == device and c != cpu]
             assert wrong == [], f"{claim}: {device} sent to other CPUs {wrong} ({context})"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        await process.wait()
+        await _end(process)
 
 
 def _report(
