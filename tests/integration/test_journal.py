@@ -27,6 +27,8 @@ from app.journal import (
     HeldDevice,
     Journal,
     UnknownDevice,
+    _move_statement,
+    _state_in,
 )
 
 
@@ -270,3 +272,13 @@ def _fake_view() -> Any:
     from types import SimpleNamespace
 
     return SimpleNamespace(claim=ClaimRef("u", "ns", "c"), pool="p", device_name="d")
+
+
+def test_the_states_of_the_claim_path_statements_are_written_into_their_sql() -> None:
+    # An IN of bound values is expanded again on every execution; the fixed state sets are
+    # written in instead, and nothing but a state name can be.
+    sql = str(_move_statement((ATTACHING,), (ATTACHING, ATTACHED)).compile())
+    assert "IN ('attaching')" in sql and "IN ('attaching', 'attached')" in sql
+    assert "POSTCOMPILE" not in sql
+    with pytest.raises(ValueError, match="not a reservation state"):
+        _state_in(Reservation.__table__.c.state, ["x'); DROP TABLE reservations; --"])
