@@ -709,8 +709,9 @@ async def test_the_scheduler_stand_in_lists_no_node_cordoned_since_its_last_pod(
         harness.create_claim("c2")
         harness.create_pod("p2", "c2")
         await eventually(
-            lambda: (harness.context("p2") or {}).get("spec", {}).get("potentialNodes")
-            == [NO_HOST],
+            lambda: (
+                (harness.context("p2") or {}).get("spec", {}).get("potentialNodes") == [NO_HOST]
+            ),
             what="only the node left schedulable listed",
         )
         await eventually(lambda: "default/p2" in scheduler.unschedulable, what="p2 waits")
