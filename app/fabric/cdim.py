@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
+from yarl import URL
 
 from app.fabric.errors import (
     FabricAuthError,
@@ -252,6 +253,20 @@ class CdimBackend:
             )
         return status, decoded
 
+    def _not_a_listing(self, path: str, status: int, what: str) -> FabricInvalidData:
+        """The error for an inventory read that did not answer a listing. A 404 there means
+        nothing serves configuration-manager at this URL: most often a gateway's path
+        missing from, or wrong in, ``fabric.path_prefix``; the message names the URL."""
+        if status == 404:
+            url = URL(self._root + path).with_user(None)  # no credentials in a message
+            return FabricInvalidData(
+                f"GET {url}: HTTP 404: no CDIM configuration-manager answers at "
+                f"this URL; check fabric.url and fabric.path_prefix (a gateway's path "
+                f"before {BASE}, e.g. /gw)",
+                status=404,
+            )
+        return FabricInvalidData(f"GET {path}: HTTP {status}, not a {what}", status=status)
+
     # ------------------------------------------------------------------ inventory
 
     async def _resources(self) -> list[Any]:
@@ -261,7 +276,7 @@ class CdimBackend:
             or not isinstance(body, dict)
             or not isinstance(body.get("resources"), list)
         ):
-            raise FabricInvalidData(f"GET /resources: HTTP {status}, not a resource list")
+            raise self._not_a_listing("/resources", status, "resource list")
         return list(body["resources"])
 
     async def list_hosts(self) -> Listing[FabricHost]:
@@ -273,7 +288,7 @@ class CdimBackend:
         """
         status, body = await self._call("GET", "/nodes")
         if status != 200 or not isinstance(body, dict) or not isinstance(body.get("nodes"), list):
-            raise FabricInvalidData(f"GET /nodes: HTTP {status}, not a node list")
+            raise self._not_a_listing("/nodes", status, "node list")
         hosts: list[FabricHost] = []
         rejected: list[Rejected] = []
         for node in body["nodes"]:

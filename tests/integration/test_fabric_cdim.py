@@ -15,6 +15,7 @@ from app.fabric.cdim import CdimBackend
 from app.fabric.errors import (
     FabricAuthError,
     FabricConflict,
+    FabricInvalidData,
     FabricNotFound,
     FabricUnavailable,
 )
@@ -383,6 +384,25 @@ async def test_the_product_field_names_a_gateway_prefix_and_a_token() -> None:
             procedure = next(iter(sim.applies.values())).procedures[0]
             assert procedure["sourceDeviceID"] == sim.cpu_ids()[0]
             assert procedure["destinationDeviceID"] == gpu
+        finally:
+            await backend.close()
+    finally:
+        await sim.stop()
+
+
+@pytest.mark.parametrize("prefix", ["", "/wrong"])
+async def test_a_wrong_gateway_prefix_is_named_with_the_url_it_reached(prefix: str) -> None:
+    sim = CdimSimulator(cpus=1, gpus=1, prefix="/gw", sync_interval_s=None, **FAST)
+    url = await sim.start()
+    try:
+        backend = _backend(url.replace("http://", "http://user:secret@"), prefix=prefix)
+        try:
+            for listing in (backend.list_devices, backend.list_hosts):
+                with pytest.raises(FabricInvalidData) as caught:
+                    await listing()
+                message = str(caught.value)
+                assert f"{prefix}{BASE}/" in message and "HTTP 404" in message
+                assert "fabric.path_prefix" in message and "secret" not in message
         finally:
             await backend.close()
     finally:
