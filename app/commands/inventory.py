@@ -7,7 +7,8 @@ scripts notice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -45,14 +46,28 @@ _WIDE: tuple[Column, ...] = (
 )
 
 
+def unconfigured(devices: Sequence[DeviceView], configured: Collection[str]) -> dict[str, int]:
+    """Fabric managers not in ``configured`` that have present devices in ``devices`` -> how
+    many: the controller does not publish those devices (a manager renamed or removed from
+    the settings)."""
+    counts = Counter(d.backend for d in devices if d.removed_at is None and d.backend)
+    return {name: n for name, n in sorted(counts.items()) if name not in configured}
+
+
 def render_table(
-    devices: Sequence[DeviceView], status: Sequence[StatusView], wide: bool = False
+    devices: Sequence[DeviceView],
+    status: Sequence[StatusView],
+    wide: bool = False,
+    configured: Collection[str] | None = None,
 ) -> str:
     """The inventory as text: one block per region and rack (per fabric manager, region and
     rack when there are several), then each fabric manager's sync status; ``wide`` adds each
-    device's state, serial number, firmware version and vendor id."""
+    device's state, serial number, firmware version and vendor id. With ``configured`` (the
+    fabric managers of the settings), the devices of any other manager are marked as not
+    published, and a line says so for each such manager."""
     lines: list[str] = []
-    several = len({d.backend for d in devices} | {s.backend for s in status}) > 1
+    left_over = unconfigured(devices, configured) if configured is not None else {}
+    several = len({d.backend for d in devices} | {s.backend for s in status}) > 1 or bool(left_over)
     racks = {(d.backend if several else None, d.region, d.rack) for d in devices}
     managers = f" from {len({s.backend for s in status})} fabric managers" if several else ""
     lines.append(
@@ -71,7 +86,8 @@ def render_table(
         where = f"{region or '(no region)'} / {rack or '(no rack)'}"
         if manager is not None:
             where = f"{manager}: {where}"
-        lines.append(f"{where}: {len(members)} devices")
+        mark = " (fabric manager not configured: not published)" if manager in left_over else ""
+        lines.append(f"{where}: {len(members)} devices{mark}")
         pairs = list(zip(columns, widths, strict=True))
         lines.append("  " + "  ".join(title.ljust(w) for (title, _), w in pairs))
         for device in members:
@@ -89,6 +105,12 @@ def render_table(
             f"fabric manager {item.backend}: {state}, last complete sync {when}, "
             f"{item.rejected_count} rejected"
             + (f", last error: {item.last_error}" if item.last_error else "")
+        )
+    for name, count in left_over.items():
+        lines.append("")
+        lines.append(
+            f"fabric manager {name} is not configured: its {count} "
+            f"device{'' if count == 1 else 's'} are not published (was it renamed?)"
         )
     return "\n".join(lines)
 
@@ -171,13 +193,17 @@ def inventory(
         )
     if as_json:
         output = "json"
+    configured = [m.manager for m in settings.managers]
     if output in ("json", "yaml"):
         document = {
             "devices": [d.to_json() for d in read.devices],
             "backends": [s.to_json() for s in read.status],
+            "unconfigured_managers": unconfigured(read.devices, configured),
         }
         click.echo(structured(document, output))
     else:
-        click.echo(render_table(read.devices, read.status, wide=output == "wide"))
+        click.echo(
+            render_table(read.devices, read.status, wide=output == "wide", configured=configured)
+        )
     if read.sync_error is not None:
         raise SystemExit(1)

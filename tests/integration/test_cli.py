@@ -150,6 +150,18 @@ async def test_inventory_sync_reads_every_fabric_manager_and_names_the_one_that_
     data = json.loads(out)
     assert {d["backend"] for d in data["devices"]} == {"hall-a"}
     assert sorted(b["backend"] for b in data["backends"]) == ["hall-a", "hall-b"]
+    assert data["unconfigured_managers"] == {}
+
+    # hall-a renamed in the settings: its devices are still in the database, not published.
+    fabrics[0]["name"] = "hall-c"
+    env = {"FABRIC_DRA_FABRICS": json.dumps(fabrics)}
+    code, out, err = await cli("inventory", cwd=tmp_path, env=env)
+    assert code == 0, err
+    assert "hall-a: us-east / rack-01: 3 devices (fabric manager not configured" in out
+    assert "fabric manager hall-a is not configured: its 6 devices are not published" in out
+    code, out, err = await cli("inventory", "-o", "json", cwd=tmp_path, env=env)
+    assert code == 0, err
+    assert json.loads(out)["unconfigured_managers"] == {"hall-a": 6}
 
 
 async def test_inventory_sync_prints_a_table_and_json(tmp_path: Path, simulator: str) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
-from app.commands.inventory import render_table
+from app.commands.inventory import render_table, unconfigured
 from app.inventory.queries import DeviceView
 
 
@@ -48,3 +49,24 @@ def test_the_memory_column_never_shows_a_rounded_size(memory_mib: int | None, sh
     header = next(re.split(r"\s{2,}", line.strip()) for line in lines if "MEMORY" in line)
     row = next(re.split(r"\s{2,}", line.strip()) for line in lines if "gpu-1" in line)
     assert row[header.index("MEMORY")] == shown
+
+
+def test_the_devices_of_a_manager_no_longer_configured_are_marked_as_not_published() -> None:
+    devices = [
+        replace(device("gpu-1", None), backend="redfish"),
+        replace(device("gpu-2", None), backend="hall-a"),
+        replace(device("gpu-3", None), backend="hall-a"),
+    ]
+    assert unconfigured(devices, ["redfish"]) == {"hall-a": 2}
+    table = render_table(devices, [], configured=["redfish"])
+    assert "hall-a: us-east / rack-01: 2 devices (fabric manager not configured" in table
+    assert "redfish: us-east / rack-01: 1 devices\n" in table + "\n"
+    assert table.endswith(
+        "fabric manager hall-a is not configured: its 2 devices are not published (was it renamed?)"
+    )
+    # One manager, renamed in the settings: its devices are named and marked too.
+    alone = render_table(devices[1:], [], configured=["redfish"])
+    assert "hall-a: us-east / rack-01: 2 devices (fabric manager not configured" in alone
+    # Without the settings (or every manager configured), nothing is marked.
+    assert "not configured" not in render_table(devices, [])
+    assert "not configured" not in render_table(devices, [], configured=["redfish", "hall-a"])
