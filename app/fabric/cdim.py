@@ -17,6 +17,9 @@ layout-apply run on loopback:
   backend reads its own writes: for ``cache_lag_s`` after one of its connects or disconnects
   completed, its listings and reads show that device where the apply put it, not where the
   cache still has it (else the next inventory sync would see our fresh attach as lost).
+  That memory ends with the process: before its first inventory read, a new backend reads
+  the applies that ended within ``cache_lag_s`` from layout-apply's list (anyone's) and
+  fills it with their completed steps (:meth:`CdimBackend._read_history`).
 * ``POST /layout-apply`` runs procedures asynchronously (202 ``{"applyID"}``), one apply at a
   time in the whole installation. Its hazards, and what this backend does about each:
 
@@ -50,6 +53,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -79,6 +83,16 @@ from app.fabric.types import (
 log = logging.getLogger(__name__)
 
 BASE = "/cdim/api/v1"
+# The recent applies read at start: pages of HISTORY_PAGE, at most HISTORY_LIMIT applies.
+HISTORY_PAGE = 100
+HISTORY_LIMIT = 2000
+# Each list of steps with the procedures its operationIDs refer to (schema.py ``fields``).
+_HISTORY_PAIRS = (
+    ("procedures", "applyResult"),
+    ("resumeProcedures", "resumeResult"),
+    ("rollbackProcedures", "rollbackResult"),
+)
+_HISTORY_FIELDS = tuple(name for pair in _HISTORY_PAIRS for name in pair)
 ProcedureFields = Literal["oss", "product"]
 FIELDS: Mapping[str, tuple[str, str]] = {
     # layout-apply schema.py (OSS) and the product's names for the CPU and the device.
@@ -191,8 +205,11 @@ class CdimBackend:
         self._sender: asyncio.Task[None] | None = None
         self._ours: set[str] = set()  # apply ids this process posted
         self._cache_lag_s = cache_lag_s
-        # device -> (the CPU our last completed apply left it on, or None; when)
+        # device -> (the CPU the last completed apply left it on, or None; when: monotonic)
         self._written: dict[str, tuple[str | None, float]] = {}
+        # layout-apply's recent history, read once before the first inventory read.
+        self._history_lock = asyncio.Lock()
+        self._history_read = False
         self.applies = 0  # applies posted (for the benchmark)
         self.busy_retries = 0
 
@@ -286,6 +303,7 @@ class CdimBackend:
             FabricUnavailable: the nodes could not be read.
             FabricAuthError: the token was refused.
         """
+        await self._read_history()
         status, body = await self._call("GET", "/nodes")
         if status != 200 or not isinstance(body, dict) or not isinstance(body.get("nodes"), list):
             raise self._not_a_listing("/nodes", status, "node list")
@@ -333,6 +351,7 @@ class CdimBackend:
             FabricUnavailable: the resources could not be read.
             FabricAuthError: the token was refused.
         """
+        await self._read_history()
         resources = await self._resources()
         built_in: set[str] = set()
         for entry in resources:
@@ -362,6 +381,115 @@ class CdimBackend:
                     made = dataclasses.replace(made, host_id=written[0])
                 devices.append(made)
         return Listing(tuple(devices), tuple(rejected), tuple(local))
+
+    async def _read_history(self) -> None:
+        """Once, before the first inventory read: what the applies that ended within
+        ``cache_lag_s`` did, into the same memory as this process's own applies.
+
+        configuration-manager's inventory is a cache that lags behind the hardware, and the
+        memory of our own applies ends with the process: without this, every device connected
+        or disconnected shortly before a restart shows where it was before, and the drift
+        check takes it for lost. layout-apply keeps every apply with its steps: the completed
+        connect and disconnect steps (of the apply, of a resume and of a rollback) are
+        replayed in the order they ended, whoever posted them. Read with server.py's list
+        options (``endedAtSince``, ``sortBy=endedAt``, ``limit``, ``offset``); times are
+        layout-apply's clock, so a skew between the two clocks moves the window by as much.
+        A failed read is logged and not retried: the cache is then taken as it is.
+        """
+        if self._history_read:
+            return
+        async with self._history_lock:
+            if self._history_read:
+                return
+            try:
+                steps = await self._recent_steps()
+            except FabricError as err:
+                log.warning(
+                    "%s: could not read layout-apply's recent applies (%s); devices connected "
+                    "or disconnected in the %.0f s before this start may show where they "
+                    "were until configuration-manager's cache catches up",
+                    self.name,
+                    err,
+                    self._cache_lag_s,
+                )
+                steps = []
+            now_wall, now_mono = datetime.now(UTC), time.monotonic()
+            for ended, operation, cpu, device in sorted(steps):
+                when = now_mono - max(0.0, (now_wall - ended).total_seconds())
+                known = self._written.get(device)
+                if known is None or known[1] <= when:
+                    self._written[device] = (cpu if operation == "connect" else None, when)
+            if steps:
+                log.info(
+                    "%s: %d connect and disconnect steps of recent applies shown over the "
+                    "inventory cache",
+                    self.name,
+                    len(steps),
+                )
+            self._history_read = True
+
+    async def _recent_steps(self) -> list[tuple[datetime, str, str, str]]:
+        """(ended, operation, CPU, device) of every completed connect or disconnect step of
+        the applies that ended within ``cache_lag_s``, newest applies first, at most
+        :data:`HISTORY_LIMIT` applies.
+
+        Raises:
+            FabricError: layout-apply could not be read, or answered no list.
+        """
+        since = datetime.now(UTC) - timedelta(seconds=self._cache_lag_s)
+        found: list[tuple[datetime, str, str, str]] = []
+        offset = 0
+        while offset < HISTORY_LIMIT:
+            params = [
+                ("endedAtSince", since.strftime("%Y-%m-%dT%H:%M:%SZ")),
+                ("sortBy", "endedAt"),
+                ("orderBy", "desc"),
+                ("limit", str(HISTORY_PAGE)),
+                ("offset", str(offset)),
+                *(("fields", name) for name in _HISTORY_FIELDS),
+            ]
+            status, body = await self._call("GET", "/layout-apply", params=params)
+            if status != 200 or not isinstance(body, dict):
+                raise FabricInvalidData(
+                    f"GET /layout-apply: HTTP {status}: {_message(body)}", status=status
+                )
+            page = [a for a in _list(body.get("applyResults")) if isinstance(a, dict)]
+            for apply in page:
+                found.extend(self._completed_steps(apply))
+            offset += len(page)
+            total = body.get("totalCount")
+            if not page or not isinstance(total, int) or offset >= total:
+                break
+        return found
+
+    def _completed_steps(self, apply: Mapping[str, Any]) -> list[tuple[datetime, str, str, str]]:
+        """The completed connect and disconnect steps of one apply from the list."""
+        out: list[tuple[datetime, str, str, str]] = []
+        apply_ended = _when(apply.get("endedAt"))
+        for procedures_key, results_key in _HISTORY_PAIRS:
+            by_id = {
+                p.get("operationID"): p
+                for p in _list(apply.get(procedures_key))
+                if isinstance(p, dict)
+            }
+            for result in _list(apply.get(results_key)):
+                if not isinstance(result, dict) or result.get("status") != "COMPLETED":
+                    continue
+                procedure = by_id.get(result.get("operationID"))
+                if not isinstance(procedure, dict):
+                    continue
+                operation = procedure.get("operation")
+                cpu = procedure.get(self._cpu_field)
+                device = procedure.get(self._device_field)
+                ended = _when(result.get("endedAt")) or apply_ended
+                if (
+                    operation in ("connect", "disconnect")
+                    and isinstance(cpu, str)
+                    and isinstance(device, str)
+                    and ended is not None
+                ):
+                    out.append((ended, operation, cpu, device))
+        return out
 
     def _fresh_write(self, device_id: str) -> tuple[str | None] | None:
         """Where our own recent apply left ``device_id`` (a 1-tuple), or None when we have
@@ -797,6 +925,17 @@ def _holder(device: Mapping[str, Any], entry: Mapping[str, Any]) -> str | None:
 def _number(value: Any) -> int:
     """An operationID as an integer (0 for anything else: matches no step of ours)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _when(value: Any) -> datetime | None:
+    """A layout-apply time (``2025-01-02T03:04:05Z``) as an aware datetime, None if not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def _list(value: Any) -> list[Any]:

@@ -34,8 +34,16 @@ The rules are ported from the sources, not guessed:
     ``_resume_layoutapply`` and ``delete_layoutapply``. A cancel of an IN_PROGRESS apply whose
     worker is gone ends it FAILED with 409 ``E40028``.
   - ``GET /layout-apply/{id}`` (404 ``E40020`` when unknown, 400 ``E40001`` for an id that is
-    not 10 hex digits) and ``GET /layout-apply?status=...&fields=...`` (``{totalCount, count,
-    applyResults}``). Errors are ``{"code": "E4xxxx", "message": ...}``.
+    not 10 hex digits) and ``GET /layout-apply`` (``{totalCount, count, applyResults}``) with
+    server.py's ``GetAllLayoutApplyOptions``: ``status``, ``startedAtSince``,
+    ``startedAtUntil``, ``endedAtSince``, ``endedAtUntil`` (schema.py ``time_format``,
+    compared in UTC, since inclusive ``>=``, until ``<=``; an apply with no end matches no
+    ``endedAt`` bound, as SQL NULL does not), ``sortBy`` (``startedAt``/``endedAt``, default
+    ``startedAt``), ``orderBy`` (``asc``/``desc``, default ``desc``; PostgreSQL puts applies
+    with no end first in ``desc``, last in ``asc``), ``limit`` (at least 1, default 20),
+    ``offset`` (at least 0), ``fields``; other parameters are ignored (db.py
+    ``get_apply_status_list``, ``_create_where_query_of_get``). Errors are
+    ``{"code": "E4xxxx", "message": ...}``.
   - An apply takes about a second even without hardware delay (``apply_overhead_s``): the
     real service starts a process per apply.
 
@@ -101,6 +109,40 @@ def _fields(request: web.Request) -> list[str] | web.Response | None:
     if len(set(fields)) != len(fields):
         return _error(400, "E40001", f"{fields} has non-unique elements")
     return list(fields)
+
+
+# schema.py ``time_format``: a date and time to the second, with ``Z`` or an offset.
+_TIME_FORMAT = re.compile(
+    r"(\d{4})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):([0-5]\d):([0-5]\d)"
+    r"(Z|[+-]([01]\d|2[0-3]):([0-5]\d))"
+)
+
+
+def _moment(value: str) -> datetime | web.Response:
+    """A list bound as a UTC datetime, or the 400 the service answers (the schema's pattern,
+    then iso8601.parse_date, which refuses a day the month does not have)."""
+    if not _TIME_FORMAT.fullmatch(value):
+        return _error(400, "E40001", f"'{value}' does not match the time format")
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError as err:
+        return _error(400, "E40001", str(err))
+
+
+def _parse_now(value: str) -> datetime:
+    """A timestamp this simulator wrote (``_now``) as a UTC datetime."""
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def _whole(value: str, name: str, *, minimum: int) -> int | web.Response:
+    """A ``limit`` or ``offset`` query value, or the 400 the service answers (pydantic's int
+    parsing, then schema.py's minimum)."""
+    if not re.fullmatch(r"[+-]?\d+", value.strip()):
+        return _error(400, "E40001", f"{name}: Input should be a valid integer")
+    number = int(value)
+    if number < minimum:
+        return _error(400, "E40001", f"{number} is less than the minimum of {minimum}")
+    return number
 
 
 def _error(http_status: int, code: str, message: str, **extra: Any) -> web.Response:
@@ -717,15 +759,58 @@ class CdimSimulator:
         return web.json_response(apply.body(fields))
 
     async def _list_applies(self, request: web.Request) -> web.Response:
-        status = request.query.get("status")
+        query = request.query
+        status = query.get("status")
         if status is not None and status not in STATUSES:
             return _error(400, "E40001", f"'{status}' is not one of {list(STATUSES)}")
         fields = _fields(request)
         if isinstance(fields, web.Response):
             return fields
-        found = [a for a in self.applies.values() if status is None or a.status == status]
-        found.sort(key=lambda a: a.started_at, reverse=True)
-        items = [a.body(fields or []) for a in found[:20]]
+        sort_by = query.get("sortBy", "startedAt")
+        if sort_by not in ("startedAt", "endedAt"):
+            return _error(400, "E40001", f"'{sort_by}' is not one of ['startedAt', 'endedAt']")
+        order_by = query.get("orderBy", "desc")
+        if order_by not in ("asc", "desc"):
+            return _error(400, "E40001", f"'{order_by}' is not one of ['asc', 'desc']")
+        limit = _whole(query.get("limit", "20"), "limit", minimum=1)
+        if isinstance(limit, web.Response):
+            return limit
+        offset = _whole(query.get("offset", "0"), "offset", minimum=0)
+        if isinstance(offset, web.Response):
+            return offset
+        bounds: list[tuple[str, bool, datetime]] = []  # (attribute, since, moment)
+        for name, attribute in (("startedAt", "started_at"), ("endedAt", "ended_at")):
+            for suffix in ("Since", "Until"):
+                value = query.get(name + suffix)
+                if value is None:
+                    continue
+                moment = _moment(value)
+                if isinstance(moment, web.Response):
+                    return moment
+                bounds.append((attribute, suffix == "Since", moment))
+
+        def matches(apply: _Apply) -> bool:
+            if status is not None and apply.status != status:
+                return False
+            for attribute, since, moment in bounds:
+                value = getattr(apply, attribute)
+                if value is None:
+                    return False
+                when = _parse_now(value)
+                if (when < moment) if since else (when > moment):
+                    return False
+            return True
+
+        found = [a for a in self.applies.values() if matches(a)]
+        column = "started_at" if sort_by == "startedAt" else "ended_at"
+        known = sorted(
+            (a for a in found if getattr(a, column) is not None),
+            key=lambda a: _parse_now(getattr(a, column)),
+            reverse=order_by == "desc",
+        )
+        unknown = [a for a in found if getattr(a, column) is None]
+        ordered = unknown + known if order_by == "desc" else known + unknown
+        items = [a.body(fields) for a in ordered[offset : offset + limit]]
         return web.json_response(
             {"totalCount": len(found), "count": len(items), "applyResults": items}
         )

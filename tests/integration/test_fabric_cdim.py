@@ -407,3 +407,122 @@ async def test_a_wrong_gateway_prefix_is_named_with_the_url_it_reached(prefix: s
             await backend.close()
     finally:
         await sim.stop()
+
+
+async def test_the_apply_list_takes_layout_applys_options(
+    cdim: tuple[CdimSimulator, str],
+) -> None:
+    sim, url = cdim
+    cpu, gpus = sim.cpu_ids()[0], sim.composable_ids()
+    ids = []
+    for gpu in gpus[:3]:
+        status, body = await _call(
+            url, "POST", "/layout-apply", {"procedures": [_connect(cpu, gpu)]}
+        )
+        assert status == 202
+        ids.append(body["applyID"])
+        await eventually(lambda: sim.applies[ids[-1]].status == "COMPLETED", what="applied")
+    # Three applies, in order; make their times distinct (the service's are to the second).
+    for number, apply_id in enumerate(ids):
+        sim.applies[apply_id].started_at = f"2030-01-01T00:00:0{number}Z"
+        sim.applies[apply_id].ended_at = f"2030-01-01T00:01:0{number}Z"
+    sim.applies[ids[2]].status, sim.applies[ids[2]].ended_at = "IN_PROGRESS", None
+
+    async def listed(query: str) -> list[str]:
+        status, body = await _call(url, "GET", f"/layout-apply?{query}")
+        assert status == 200, body
+        assert body["count"] == len(body["applyResults"])
+        return [a["applyID"] for a in body["applyResults"]]
+
+    assert await listed("") == [ids[2], ids[1], ids[0]]  # startedAt, newest first
+    assert await listed("orderBy=asc&limit=2") == ids[:2]
+    assert await listed("orderBy=asc&offset=2") == [ids[2]]
+    # No end: first when descending, last when ascending (PostgreSQL's NULL order).
+    assert await listed("sortBy=endedAt") == [ids[2], ids[1], ids[0]]
+    assert await listed("sortBy=endedAt&orderBy=asc") == [ids[0], ids[1], ids[2]]
+    # Bounds are inclusive, in UTC, and no end matches no endedAt bound.
+    assert await listed("endedAtSince=2030-01-01T00:01:01Z") == [ids[1]]
+    assert await listed("endedAtUntil=2030-01-01T09:01:00%2B09:00") == [ids[0]]
+    assert await listed(
+        "startedAtSince=2030-01-01T00:00:01Z&startedAtUntil=2030-01-01T00:00:01Z"
+    ) == [ids[1]]
+    assert await listed("status=COMPLETED&unknownOption=1") == [ids[1], ids[0]]
+    _, body = await _call(url, "GET", "/layout-apply?fields=applyResult&limit=1")
+    assert body["totalCount"] == 3 and set(body["applyResults"][0]) <= {
+        "applyID",
+        "status",
+        "startedAt",
+        "endedAt",
+        "applyResult",
+    }
+    for bad in (
+        "limit=0",
+        "limit=abc",
+        "offset=-1",
+        "sortBy=applyID",
+        "orderBy=up",
+        "endedAtSince=2030-01-01",
+        "endedAtSince=2030-02-30T00:00:00Z",
+    ):
+        status, body = await _call(url, "GET", f"/layout-apply?{bad}")
+        assert (status, body["code"]) == (400, "E40001"), bad
+
+
+async def test_after_a_restart_recent_applies_are_shown_over_the_lagging_cache(
+    cdim: tuple[CdimSimulator, str],
+) -> None:
+    # configuration-manager's cache has not synced since these applies; a new backend (the
+    # controller restarted) must show where they left the devices, whoever posted them.
+    sim, url = cdim
+    cpu, gpus = sim.cpu_ids()[0], sim.composable_ids()
+    first = _backend(url)
+    try:
+        await first.attach(_device(gpus[0]), cpu)
+        await first.attach(_device(gpus[1]), cpu)
+        await first.detach(_device(gpus[1]), cpu)
+    finally:
+        await first.close()
+    status, _ = await _call(url, "POST", "/layout-apply", {"procedures": [_connect(cpu, gpus[2])]})
+    assert status == 202
+    await eventually(lambda: sim.holder(gpus[2]) == cpu, what="someone else's apply")
+    _, cached = await _call(url, "GET", f"/resources/{gpus[0]}")
+    assert cached["device"]["links"] == []  # the cache has not synced since
+    restarted = _backend(url)
+    try:
+        devices = {d.vendor_id: d.host_id for d in (await restarted.list_devices()).items}
+        hosts = {h.host_id: h.attached_units for h in (await restarted.list_hosts()).items}
+    finally:
+        await restarted.close()
+    assert devices[gpus[0]] == cpu and devices[gpus[2]] == cpu and devices[gpus[1]] is None
+    assert set(hosts[cpu]) >= {gpus[0], gpus[2]} and gpus[1] not in hosts[cpu]
+    # Outside the cache's lag, an apply says nothing: the cache is taken as it is.
+    late = _backend(url, cache_lag_s=0.001)
+    try:
+        await asyncio.sleep(1.1)
+        devices = {d.vendor_id: d.host_id for d in (await late.list_devices()).items}
+    finally:
+        await late.close()
+    assert devices[gpus[0]] is None  # the cache's (stale) view
+
+
+async def test_an_unreadable_apply_history_is_logged_and_the_cache_taken_as_it_is(
+    cdim: tuple[CdimSimulator, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    sim, url = cdim
+    cpu, gpu = sim.cpu_ids()[0], sim.composable_ids()[0]
+    first = _backend(url)
+    try:
+        await first.attach(_device(gpu), cpu)
+    finally:
+        await first.close()
+    sim.faults.api_error_rate, sim.faults.api_error_status = 1.0, 503
+    restarted = _backend(url)
+    try:
+        with pytest.raises(FabricUnavailable):
+            await restarted.list_devices()
+        sim.faults.api_error_rate = 0.0
+        devices = {d.vendor_id: d.host_id for d in (await restarted.list_devices()).items}
+    finally:
+        await restarted.close()
+    assert "could not read layout-apply's recent applies" in caplog.text
+    assert devices[gpu] is None  # the cache's view, not retried

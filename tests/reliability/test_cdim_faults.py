@@ -332,6 +332,44 @@ async def test_a_restart_on_a_lagging_cache_still_detaches_an_unfinished_entry(
         await _end(process)
 
 
+async def test_a_clean_restart_on_a_lagging_cache_does_not_take_a_device_for_lost(
+    cdim: Installation, tmp_path: Path
+) -> None:
+    """The cache still shows the device free after the restart (it has not synced since the
+    connect); layout-apply's history shows it connected, so the claim stays ready: no
+    second connect, no DeviceLost."""
+    cpu = cdim.sim.cpu_ids()[0]
+    environ = cdim.environ(f"sqlite+aiosqlite:///{tmp_path}/c.db")
+    process = await _run_service(environ, tmp_path / "first.log")
+    try:
+        await eventually(lambda: len(cdim.devices()) == 6, what="six devices published")
+        name = sorted(cdim.devices())[0]
+        device = cdim.devices()[name]
+        cdim.allocate("c1", name, cpu)
+        await eventually(
+            lambda: (cdim.condition("c1") or ("",))[0] == "FabricDeviceReady", what="ready"
+        )
+    finally:
+        await _end(process)
+    assert cdim.sim.syncs == 1 and cdim.connects(device) == 1
+    log = tmp_path / "second.log"
+    process = await _run_service(environ, log)
+    try:
+        await eventually(
+            lambda: "steps of recent applies shown over the inventory cache" in log.read_text(),
+            what="the history read",
+        )
+        await eventually(lambda: "started:" in log.read_text(), what="started")
+        # Several inventory polls (0.3 s each), each followed by the drift check.
+        await asyncio.sleep(2.0)
+    finally:
+        await _end(process)
+    assert cdim.connects(device) == 1, log.read_text()[-3000:]
+    assert (cdim.condition("c1") or ("",))[0] == "FabricDeviceReady"
+    lost = [e for e in cdim.emu.list("v1", "Event") if e.get("reason") == "DeviceLost"]
+    assert lost == [], lost
+
+
 async def test_sigkill_while_the_apply_runs_does_not_send_it_twice(
     cdim: Installation, tmp_path: Path
 ) -> None:
