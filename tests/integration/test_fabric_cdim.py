@@ -526,3 +526,33 @@ async def test_an_unreadable_apply_history_is_logged_and_the_cache_taken_as_it_i
         await restarted.close()
     assert "could not read layout-apply's recent applies" in caplog.text
     assert devices[gpu] is None  # the cache's view, not retried
+
+
+async def test_malformed_entries_of_the_apply_history_are_passed_over(
+    cdim: tuple[CdimSimulator, str],
+) -> None:
+    sim, url = cdim
+    cpu, gpus = sim.cpu_ids()[0], sim.composable_ids()
+    first = _backend(url)
+    try:
+        await first.attach(_device(gpus[0]), cpu)
+        await first.attach(_device(gpus[1]), cpu)
+    finally:
+        await first.close()
+    good, bad = list(sim.applies.values())
+    # The second apply's steps are unusable: no procedure for the step, a time that is not
+    # one, an entry that is not an object.
+    bad.apply_result = [
+        {"operationID": 99, "status": "COMPLETED", "endedAt": "soon"},
+        "not an object",
+        {"operationID": 1, "status": "COMPLETED", "endedAt": "soon"},
+    ]
+    bad.ended_at = good.ended_at
+    bad.procedures = [{"operationID": 1, "operation": "connect"}]  # no CPU, no device
+    restarted = _backend(url)
+    try:
+        devices = {d.vendor_id: d.host_id for d in (await restarted.list_devices()).items}
+    finally:
+        await restarted.close()
+    assert devices[gpus[0]] == cpu  # the good apply still counts
+    assert devices[gpus[1]] is None  # the cache's view
