@@ -179,15 +179,22 @@ def _env_name(
     loc: Sequence[int | str], layer: Mapping[str, Any] | None = None, message: str = ""
 ) -> str:
     """The environment variable that gave the value at ``loc``: a list setting is one
-    variable (``FABRIC_DRA_FABRICS``, JSON), and a whole section is named by the variable of
-    the setting ``message`` names, else by the first of its variables that ``layer`` (the
-    environment's settings) holds."""
+    variable (``FABRIC_DRA_FABRICS``, JSON, even when the JSON is an object), and a whole
+    section is named by the variable of the setting ``message`` names, else by the first of
+    its variables that ``layer`` (the environment's settings) holds."""
     parts: list[str] = []
     for part in loc:
         if not isinstance(part, str):
             break  # an index into a list given as one JSON variable
         parts.append(part)
-    if len(parts) == 1 and layer is not None and isinstance(layer.get(parts[0]), Mapping):
+    field = Settings.model_fields.get(parts[0]) if parts else None
+    section = field is not None and _is_section(field.annotation)
+    if (
+        len(parts) == 1
+        and section
+        and layer is not None
+        and isinstance(layer.get(parts[0]), Mapping)
+    ):
         keys = [k for k in layer[parts[0]] if isinstance(k, str)]
         named = [k for k in keys if f"{parts[0]}.{k}" in message]
         if named or keys:
@@ -256,6 +263,8 @@ def load_settings(
         if isinstance(value, str):
             value = redact_url(value)
         problem = problem[:1].lower() + problem[1:]
+        # pydantic's word for the list settings' type (a tuple, to stay immutable).
+        problem = problem.replace("a valid tuple", "a list")
         if first["type"] == "missing" or isinstance(value, Mapping) or _looks_secret(loc):
             shown = ""
         elif problem.startswith("input "):

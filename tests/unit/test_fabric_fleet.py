@@ -308,6 +308,12 @@ def test_an_entry_of_fabrics_from_the_environment_names_the_variable_given() -> 
     assert str(caught.value).startswith(
         "setting fabrics[0].name (from environment FABRIC_DRA_FABRICS): value 'A' "
     )
+    # An object where the list belongs: the one variable is named, and the type in words.
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={"FABRIC_DRA_FABRICS": '{"name": "x"}'})
+    assert str(caught.value).startswith(
+        "setting fabrics (from environment FABRIC_DRA_FABRICS): input should be a list; "
+    )
     with pytest.raises(ConfigError) as caught:
         load_settings(
             environ={
