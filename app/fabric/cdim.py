@@ -270,14 +270,16 @@ class CdimBackend:
             )
         return status, decoded
 
-    def _not_a_listing(self, path: str, status: int, what: str) -> FabricInvalidData:
-        """The error for an inventory read that did not answer a listing. A 404 there means
-        nothing serves configuration-manager at this URL: most often a gateway's path
-        missing from, or wrong in, ``fabric.path_prefix``; the message names the URL."""
+    def _not_a_listing(
+        self, path: str, status: int, what: str, service: str = "configuration-manager"
+    ) -> FabricInvalidData:
+        """The error for a read that did not answer a listing. A 404 there means nothing
+        serves ``service`` at this URL: most often a gateway's path missing from, or wrong
+        in, ``fabric.path_prefix``; the message names the URL."""
         if status == 404:
             url = URL(self._root + path).with_user(None)  # no credentials in a message
             return FabricInvalidData(
-                f"GET {url}: HTTP 404: no CDIM configuration-manager answers at "
+                f"GET {url}: HTTP 404: no CDIM {service} answers at "
                 f"this URL; check fabric.url and fabric.path_prefix (a gateway's path "
                 f"before {BASE}, e.g. /gw)",
                 status=404,
@@ -449,6 +451,8 @@ class CdimBackend:
                 *(("fields", name) for name in _HISTORY_FIELDS),
             ]
             status, body = await self._call("GET", "/layout-apply", params=params)
+            if status == 404:
+                raise self._not_a_listing("/layout-apply", status, "apply list", "layout-apply")
             if status != 200 or not isinstance(body, dict):
                 raise FabricInvalidData(
                     f"GET /layout-apply: HTTP {status}: {_message(body)}", status=status

@@ -124,9 +124,15 @@ def _moment(value: str) -> datetime | web.Response:
     if not _TIME_FORMAT.fullmatch(value):
         return _error(400, "E40001", f"'{value}' does not match the time format")
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as err:
-        return _error(400, "E40001", str(err))
+        return _error(400, "E40001", f"'{value}': {err}")
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        # server.py converts to UTC outside its try: a moment beyond year 1-9999 in UTC
+        # escapes as an exception, which Starlette answers with a plain-text 500.
+        return web.Response(status=500, text="Internal Server Error")
 
 
 def _parse_now(value: str) -> datetime:
@@ -137,9 +143,11 @@ def _parse_now(value: str) -> datetime:
 def _whole(value: str, name: str, *, minimum: int) -> int | web.Response:
     """A ``limit`` or ``offset`` query value, or the 400 the service answers (pydantic's int
     parsing, then schema.py's minimum)."""
-    if not re.fullmatch(r"[+-]?\d+", value.strip()):
+    digits = value.strip()
+    # pydantic reads ASCII digits only, and no more than Python's int() takes from text.
+    if not re.fullmatch(r"[+-]?[0-9]+", digits) or len(digits) > 4300:
         return _error(400, "E40001", f"{name}: Input should be a valid integer")
-    number = int(value)
+    number = int(digits)
     if number < minimum:
         return _error(400, "E40001", f"{number} is less than the minimum of {minimum}")
     return number
@@ -759,7 +767,9 @@ class CdimSimulator:
         return web.json_response(apply.body(fields))
 
     async def _list_applies(self, request: web.Request) -> web.Response:
-        query = request.query
+        # A repeated option: FastAPI reads a scalar query parameter as its last value
+        # (starlette's QueryParams, a dict of the last value of each name).
+        query = {name: request.query.getall(name)[-1] for name in request.query}
         status = query.get("status")
         if status is not None and status not in STATUSES:
             return _error(400, "E40001", f"'{status}' is not one of {list(STATUSES)}")

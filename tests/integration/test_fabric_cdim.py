@@ -391,7 +391,9 @@ async def test_the_product_field_names_a_gateway_prefix_and_a_token() -> None:
 
 
 @pytest.mark.parametrize("prefix", ["", "/wrong"])
-async def test_a_wrong_gateway_prefix_is_named_with_the_url_it_reached(prefix: str) -> None:
+async def test_a_wrong_gateway_prefix_is_named_with_the_url_it_reached(
+    prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     sim = CdimSimulator(cpus=1, gpus=1, prefix="/gw", sync_interval_s=None, **FAST)
     url = await sim.start()
     try:
@@ -403,6 +405,9 @@ async def test_a_wrong_gateway_prefix_is_named_with_the_url_it_reached(prefix: s
                 message = str(caught.value)
                 assert f"{prefix}{BASE}/" in message and "HTTP 404" in message
                 assert "fabric.path_prefix" in message and "secret" not in message
+            # The read of recent applies, first, says the same of layout-apply.
+            assert f"{prefix}{BASE}/layout-apply: HTTP 404: no CDIM layout-apply" in caplog.text
+            assert "secret" not in caplog.text
         finally:
             await backend.close()
     finally:
@@ -463,9 +468,21 @@ async def test_the_apply_list_takes_layout_applys_options(
         "orderBy=up",
         "endedAtSince=2030-01-01",
         "endedAtSince=2030-02-30T00:00:00Z",
+        "limit=" + "9" * 5000,
+        "offset=%EF%BC%91",  # a full-width 1: pydantic takes ASCII digits only
+        "limit=1&limit=abc",  # the last of a repeated option counts
+        "status=COMPLETED&status=FOO",
     ):
         status, body = await _call(url, "GET", f"/layout-apply?{bad}")
         assert (status, body["code"]) == (400, "E40001"), bad
+    assert await listed("status=FOO&status=COMPLETED") == [ids[1], ids[0]]
+    # A bound that leaves years 1-9999 once in UTC: server.py's conversion raises outside its
+    # try, and the service answers a plain 500.
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}{BASE}/layout-apply?startedAtUntil=9999-12-31T23:59:59-01:00") as r,
+    ):
+        assert (r.status, await r.text()) == (500, "Internal Server Error")
 
 
 async def test_after_a_restart_recent_applies_are_shown_over_the_lagging_cache(
