@@ -69,7 +69,8 @@ def render_table(
     left_over = unconfigured(devices, configured) if configured is not None else {}
     several = len({d.backend for d in devices} | {s.backend for s in status}) > 1 or bool(left_over)
     racks = {(d.backend if several else None, d.region, d.rack) for d in devices}
-    managers = f" from {len({s.backend for s in status})} fabric managers" if several else ""
+    count = len({s.backend for s in status})
+    managers = f" from {count} fabric manager{'' if count == 1 else 's'}" if several else ""
     lines.append(
         f"{len(devices)} device{'' if len(devices) == 1 else 's'} in {len(racks)} "
         f"rack{'' if len(racks) == 1 else 's'}{managers}"
@@ -102,7 +103,9 @@ def render_table(
         state = "STALE" if item.stale else ("failing" if item.consecutive_failures else "ok")
         lines.append("")
         lines.append(
-            f"fabric manager {item.backend}: {state}, last complete sync {when}, "
+            f"fabric manager {item.backend}"
+            f"{' (not configured)' if item.backend in left_over else ''}: {state}, "
+            f"last complete sync {when}, "
             f"{item.rejected_count} rejected"
             + (f", last error: {item.last_error}" if item.last_error else "")
         )

@@ -159,6 +159,7 @@ async def test_inventory_sync_reads_every_fabric_manager_and_names_the_one_that_
     assert code == 0, err
     assert "hall-a: us-east / rack-01: 3 devices (fabric manager not configured" in out
     assert "fabric manager hall-a is not configured: its 6 devices are not published" in out
+    assert "fabric manager hall-a (not configured): ok, last complete sync" in out
     code, out, err = await cli("inventory", "-o", "json", cwd=tmp_path, env=env)
     assert code == 0, err
     assert json.loads(out)["unconfigured_managers"] == {"hall-a": 6}
