@@ -178,7 +178,7 @@ def _condition_type(value: str) -> str:
 DriverName = Annotated[str, AfterValidator(_driver_name)]
 ConditionType = Annotated[str, AfterValidator(_condition_type)]
 LabelKey = Annotated[str, AfterValidator(_label_key)]
-Seconds = Annotated[float, Field(gt=0, le=86_400)]
+Seconds = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
 
 
 class _Section(BaseModel):

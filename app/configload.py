@@ -33,6 +33,32 @@ _SECRET_WORDS = frozenset({"password", "passwd", "token", "secret", "key", "cred
 """Words that make a setting's name secret-looking: its value is never shown in an error."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping: PyYAML keeps the last
+    one without a word (YAML 1.2 requires keys to be unique), so a second ``fabric:`` block
+    would silently replace the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<: *anchor": merged keys may be overridden
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:
+                continue  # an unhashable key: the base constructor says so
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"found the key {key!r} twice",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -41,11 +67,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise ConfigError(f"config file {str(path)!r}: not UTF-8 text") from err
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {str(path)!r}: not valid YAML{where}") from err
+        problem = getattr(err, "problem", None)
+        # The parser's description of the problem, never the text around it (a secret
+        # may stand there).
+        what = f": {problem}" if isinstance(problem, str) and problem else ""
+        raise ConfigError(f"config file {str(path)!r}: not valid YAML{where}{what}") from err
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -142,7 +142,14 @@ def test_bad_environment_values_fail_with_one_clear_line(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("driver_name: [unclosed\n", "not valid YAML at line"),
+        ("driver_name: [unclosed\n", "not valid YAML at line 2: expected ',' or ']'"),
+        (
+            "fabric:\n  url: http://a\nfabric:\n  url: http://b\n",
+            "not valid YAML at line 3: found the key 'fabric' twice",
+        ),
+        ("fabric:\n  url: http://a\n  url: http://b\n", "found the key 'url' twice"),
+        ("a: !!python/object/apply:os.system [x]\n", "could not determine a constructor"),
+        ("fabric:\n  timeout_seconds: .nan\n", "input should be a finite number"),
         ("- a\n- b\n", "expected a mapping of settings at the top level, found list"),
         ("fabric:\n  urll: http://x\n", "unknown setting fabric.urll (from"),
         ("inventory:\n  poll_interval_seconds: soon\n", "setting inventory.poll_interval_seconds"),
@@ -312,3 +319,16 @@ def test_leader_timing_must_be_ordered() -> None:
 def test_bad_service_settings(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_settings(environ=environ)
+
+
+def test_merge_keys_may_be_overridden_but_a_key_not_given_twice(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "x-common: &common {timeout_seconds: 5, url: http://a.example}\n"
+        "fabric:\n  <<: *common\n  url: http://b.example\n"
+    )
+    with pytest.raises(ConfigError, match="unknown setting x-common"):
+        load_settings(config, environ={})  # the anchor's holder is a setting like any other
+    config.write_text("fabric: &f\n  url: http://b.example\n  <<: {timeout_seconds: 5}\n")
+    settings = load_settings(config, environ={})
+    assert settings.fabric.url == "http://b.example" and settings.fabric.timeout_seconds == 5
