@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -12,7 +11,7 @@ import click
 
 from app.config import ConfigError, Settings, redact_url
 from app.configload import load_settings
-from app.db.engine import DatabaseUnavailable
+from app.db.engine import DatabaseUnavailable, run_to_end
 from app.logs import setup_logging
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -123,7 +122,7 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run ``coroutine`` to completion; a :class:`ConfigError` or a
     :class:`DatabaseUnavailable` becomes a clean CLI error."""
     try:
-        return asyncio.run(coroutine)
+        return run_to_end(coroutine)
     except (ConfigError, DatabaseUnavailable) as err:
         raise click.ClickException(str(err)) from None
 

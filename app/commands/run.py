@@ -12,7 +12,7 @@ import click
 
 from app.commands.common import Settings, settings_options_with
 from app.config import ConfigError
-from app.db.engine import DatabaseUnavailable
+from app.db.engine import DatabaseUnavailable, run_to_end
 from app.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
@@ -104,4 +104,4 @@ def run(
     settings: Settings,
 ) -> None:
     """Run the controller: inventory, publishing, claims, admin endpoint, leader election."""
-    asyncio.run(serve(settings, shutdown_deadline_s=shutdown_deadline))
+    run_to_end(serve(settings, shutdown_deadline_s=shutdown_deadline))

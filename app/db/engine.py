@@ -17,8 +17,9 @@ so there is no thread to save.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -349,3 +350,38 @@ class Database:
             if thread is not None:
                 await thread.dispose()
         await self.engine.dispose()
+
+
+# aiosqlite names no thread; Python names it after its target.
+_DRIVER_THREAD = "(_connection_worker_thread)"
+
+
+async def driver_threads_ended(timeout_s: float = 2.0) -> bool:
+    """Wait until the SQLite driver's connection threads have ended, at most ``timeout_s``
+    seconds; True when none is left.
+
+    aiosqlite hands the result of a connection's last step (its close, also after a failed
+    connect) back to the event loop from its own thread. If the loop is closed first, that
+    thread dies with "Exception in thread ..." on stderr: a second line after a command's
+    one-line error, or noise after a clean stop.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while any(t.is_alive() and t.name.endswith(_DRIVER_THREAD) for t in threading.enumerate()):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+def run_to_end(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, with the event loop kept open until the SQLite driver's threads
+    have ended (:func:`driver_threads_ended`), whether ``main`` returned or raised."""
+
+    async def ended() -> T:
+        try:
+            return await main
+        finally:
+            await driver_threads_ended()
+
+    return asyncio.run(ended())

@@ -60,6 +60,7 @@ from app.config import (
     read_secret,
 )
 from app.configload import load_settings
+from app.db.engine import run_to_end
 from fabric_dra_sim.demo_nodes import NodeSide
 from fabric_dra_sim.demo_nodes import say as _say
 from fabric_dra_sim.demo_nodes import until as _until
@@ -829,9 +830,9 @@ def demo(
             defaults = {section: dict(values) for section, values in DEMO_DEFAULTS.items()}
             if not set(given.get("leader", {})) & set(DEMO_LEADER_TIMINGS):
                 defaults["leader"].update(DEMO_LEADER_TIMINGS)
-            asyncio.run(run_cdim_demo(settings, defaults, once, admin_port, _wait_for_signal))
+            run_to_end(run_cdim_demo(settings, defaults, once, admin_port, _wait_for_signal))
             return
-        asyncio.run(_run(settings, once, admin_port, regions, racks_per_region, devices_per_rack))
+        run_to_end(_run(settings, once, admin_port, regions, racks_per_region, devices_per_rack))
     except ConfigError as err:
         raise click.ClickException(f"the demo could not start: {err}") from None
     except OSError as err:
