@@ -199,6 +199,10 @@ def _close_name(loc: tuple[int | str, ...]) -> str | None:
     return ".".join([*map(str, loc[:-1]), matches[0]]) if matches else None
 
 
+# What a setting's name looks like (pydantic field names), to tell a typo from foreign text.
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
 def _suggest(loc: tuple[int | str, ...]) -> str:
     """``; did you mean fabric.password_file?`` for an unknown setting, or nothing."""
     close = _close_name(loc)
@@ -287,6 +291,13 @@ def load_settings(
         more = f" (and {len(err.errors()) - 1} more problems)" if len(err.errors()) > 1 else ""
         if first["type"] == "extra_forbidden":
             # Never echo the value of an unknown setting: it may well be a secret.
+            if not all(isinstance(p, int) or _KEY.fullmatch(p) for p in loc):
+                # Not a setting's name at all (a line of some other file given as the config,
+                # say): its text may be a secret, so it is not echoed either.
+                raise ConfigError(
+                    f"unknown setting: a key that is no setting's name ({source}); is this "
+                    f"the right config file?{more}"
+                ) from None
             raise ConfigError(f"unknown setting {name} ({source}){_suggest(loc)}{more}") from None
         problem = str(first["msg"]).removeprefix("Value error, ")
         value = first.get("input")

@@ -17,6 +17,7 @@ so there is no thread to save.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -382,6 +383,11 @@ def run_to_end(main: Coroutine[Any, Any, T]) -> T:
         try:
             return await main
         finally:
-            await driver_threads_ended()
+            if not await driver_threads_ended():
+                # A connection never closed: its thread keeps the process from exiting.
+                logging.getLogger(__name__).warning(
+                    "a database connection is still open at exit; the process may not end "
+                    "until it is closed"
+                )
 
     return asyncio.run(ended())

@@ -55,3 +55,19 @@ def test_the_wait_for_driver_threads_is_bounded() -> None:
         release.set()
         thread.join()
     assert asyncio.run(driver_threads_ended(timeout_s=0.05)) is True
+
+
+def test_a_connection_left_open_at_exit_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, name="Thread-y (_connection_worker_thread)")
+    thread.start()
+
+    async def nothing() -> int:
+        return 7
+
+    try:
+        assert run_to_end(nothing()) == 7
+    finally:
+        release.set()
+        thread.join()
+    assert "a database connection is still open at exit" in caplog.text

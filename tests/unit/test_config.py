@@ -150,6 +150,8 @@ def test_bad_environment_values_fail_with_one_clear_line(
         ("fabric:\n  url: http://a\n  url: http://b\n", "found the key 'url' twice"),
         ("a: !!python/object/apply:os.system [x]\n", "could not determine a constructor"),
         ("fabric:\n  timeout_seconds: .nan\n", "input should be a finite number"),
+        # Some other file given as the config: its lines are not echoed.
+        ("root:*:20228:0:99999:7:::\n", "unknown setting: a key that is no setting's name"),
         ("- a\n- b\n", "expected a mapping of settings at the top level, found list"),
         ("fabric:\n  urll: http://x\n", "unknown setting fabric.urll (from"),
         ("inventory:\n  poll_interval_seconds: soon\n", "setting inventory.poll_interval_seconds"),
@@ -332,3 +334,11 @@ def test_merge_keys_may_be_overridden_but_a_key_not_given_twice(tmp_path: Path) 
     config.write_text("fabric: &f\n  url: http://b.example\n  <<: {timeout_seconds: 5}\n")
     settings = load_settings(config, environ={})
     assert settings.fabric.url == "http://b.example" and settings.fabric.timeout_seconds == 5
+
+
+def test_a_foreign_file_given_as_the_config_is_not_echoed(tmp_path: Path) -> None:
+    config = tmp_path / "shadow"
+    config.write_text("root:$6$secret-hash:20228:0:99999:7:::\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, environ={})
+    assert "secret-hash" not in str(caught.value) and "root:" not in str(caught.value)
