@@ -485,6 +485,25 @@ async def test_the_apply_list_takes_layout_applys_options(
         assert (r.status, await r.text()) == (500, "Internal Server Error")
 
 
+async def _before_restart(
+    url: str, cpu: str, attach: list[str], detach: list[str] | None = None
+) -> None:
+    """A backend (the controller before its restart) that attaches, detaches, then ends."""
+    first = _backend(url)
+    try:
+        for device in attach:
+            await first.attach(_device(device), cpu)
+        for device in detach or []:
+            await first.detach(_device(device), cpu)
+    finally:
+        await first.close()
+
+
+async def _listed_hosts(backend: CdimBackend) -> dict[str, str | None]:
+    """Device id -> the host a device listing shows it on."""
+    return {d.vendor_id: d.host_id for d in (await backend.list_devices()).items}
+
+
 async def test_after_a_restart_recent_applies_are_shown_over_the_lagging_cache(
     cdim: tuple[CdimSimulator, str],
 ) -> None:
@@ -492,13 +511,7 @@ async def test_after_a_restart_recent_applies_are_shown_over_the_lagging_cache(
     # controller restarted) must show where they left the devices, whoever posted them.
     sim, url = cdim
     cpu, gpus = sim.cpu_ids()[0], sim.composable_ids()
-    first = _backend(url)
-    try:
-        await first.attach(_device(gpus[0]), cpu)
-        await first.attach(_device(gpus[1]), cpu)
-        await first.detach(_device(gpus[1]), cpu)
-    finally:
-        await first.close()
+    await _before_restart(url, cpu, gpus[:2], detach=[gpus[1]])
     status, _ = await _call(url, "POST", "/layout-apply", {"procedures": [_connect(cpu, gpus[2])]})
     assert status == 202
     await eventually(lambda: sim.holder(gpus[2]) == cpu, what="someone else's apply")
@@ -506,7 +519,7 @@ async def test_after_a_restart_recent_applies_are_shown_over_the_lagging_cache(
     assert cached["device"]["links"] == []  # the cache has not synced since
     restarted = _backend(url)
     try:
-        devices = {d.vendor_id: d.host_id for d in (await restarted.list_devices()).items}
+        devices = await _listed_hosts(restarted)
         hosts = {h.host_id: h.attached_units for h in (await restarted.list_hosts()).items}
     finally:
         await restarted.close()
@@ -516,7 +529,7 @@ async def test_after_a_restart_recent_applies_are_shown_over_the_lagging_cache(
     late = _backend(url, cache_lag_s=0.001)
     try:
         await asyncio.sleep(1.1)
-        devices = {d.vendor_id: d.host_id for d in (await late.list_devices()).items}
+        devices = await _listed_hosts(late)
     finally:
         await late.close()
     assert devices[gpus[0]] is None  # the cache's (stale) view
@@ -527,18 +540,14 @@ async def test_an_unreadable_apply_history_is_logged_and_the_cache_taken_as_it_i
 ) -> None:
     sim, url = cdim
     cpu, gpu = sim.cpu_ids()[0], sim.composable_ids()[0]
-    first = _backend(url)
-    try:
-        await first.attach(_device(gpu), cpu)
-    finally:
-        await first.close()
+    await _before_restart(url, cpu, [gpu])
     sim.faults.api_error_rate, sim.faults.api_error_status = 1.0, 503
     restarted = _backend(url)
     try:
         with pytest.raises(FabricUnavailable):
             await restarted.list_devices()
         sim.faults.api_error_rate = 0.0
-        devices = {d.vendor_id: d.host_id for d in (await restarted.list_devices()).items}
+        devices = await _listed_hosts(restarted)
     finally:
         await restarted.close()
     assert "could not read layout-apply's recent applies" in caplog.text
@@ -550,12 +559,7 @@ async def test_malformed_entries_of_the_apply_history_are_passed_over(
 ) -> None:
     sim, url = cdim
     cpu, gpus = sim.cpu_ids()[0], sim.composable_ids()
-    first = _backend(url)
-    try:
-        await first.attach(_device(gpus[0]), cpu)
-        await first.attach(_device(gpus[1]), cpu)
-    finally:
-        await first.close()
+    await _before_restart(url, cpu, gpus[:2])
     good, bad = list(sim.applies.values())
     # The second apply's steps are unusable: no procedure for the step, a time that is not
     # one, an entry that is not an object.
@@ -568,7 +572,7 @@ async def test_malformed_entries_of_the_apply_history_are_passed_over(
     bad.procedures = [{"operationID": 1, "operation": "connect"}]  # no CPU, no device
     restarted = _backend(url)
     try:
-        devices = {d.vendor_id: d.host_id for d in (await restarted.list_devices()).items}
+        devices = await _listed_hosts(restarted)
     finally:
         await restarted.close()
     assert devices[gpus[0]] == cpu  # the good apply still counts

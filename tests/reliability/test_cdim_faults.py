@@ -293,28 +293,37 @@ async def _end(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -
     await process.wait()
 
 
+async def _one_claim_ready(cdim: Installation, environ: dict[str, str], log: Path, end: int) -> str:
+    """Run the service until claim c1 is ready on the first published device, on the first
+    CPU; end it with ``end`` (a signal). Returns the device's CDIM id."""
+    process = await _run_service(environ, log)
+    try:
+        await eventually(lambda: len(cdim.devices()) == 6, what="six devices published")
+        name = sorted(cdim.devices())[0]
+        cdim.allocate("c1", name, cdim.sim.cpu_ids()[0])
+        await eventually(
+            lambda: (cdim.condition("c1") or ("",))[0] == "FabricDeviceReady", what="ready"
+        )
+        return cdim.devices()[name]
+    finally:
+        await _end(process, end)
+
+
 @pytest.mark.parametrize("state", [DETACHING, ATTACHING])
 async def test_a_restart_on_a_lagging_cache_still_detaches_an_unfinished_entry(
     cdim: Installation, tmp_path: Path, state: str
 ) -> None:
-    """CDIM's inventory is a cache: after a restart (the backend's memory of its own applies
-    gone) it shows an attached device as free. Start-up recovery must not take that for the
-    truth: a reservation left ``detaching`` (or ``attaching``) by a crash, whose claim is gone,
-    is detached, not released with the device still on its CPU."""
+    """CDIM's inventory is a cache: after a restart it shows an attached device as free when
+    nothing tells the backend otherwise (here layout-apply's record of the connect was
+    deleted, as ``DELETE /layout-apply/{id}`` does). Start-up recovery must not take that
+    for the truth: a reservation left ``detaching`` (or ``attaching``) by a crash, whose
+    claim is gone, is detached, not released with the device still on its CPU."""
     cpu = cdim.sim.cpu_ids()[0]
     database = f"sqlite+aiosqlite:///{tmp_path}/c.db"
-    process = await _run_service(cdim.environ(database), tmp_path / "first.log")
-    try:
-        await eventually(lambda: len(cdim.devices()) == 6, what="six devices published")
-        name = sorted(cdim.devices())[0]
-        device = cdim.devices()[name]
-        cdim.allocate("c1", name, cpu)
-        await eventually(
-            lambda: (cdim.condition("c1") or ("",))[0] == "FabricDeviceReady", what="ready"
-        )
-    finally:
-        await _end(process, signal.SIGKILL)
+    environ = cdim.environ(database)
+    device = await _one_claim_ready(cdim, environ, tmp_path / "first.log", signal.SIGKILL)
     assert cdim.sim.holder(device) == cpu
+    cdim.sim.applies.clear()
     # The crash came in the middle of the release: the journal says so; the claim lets go.
     db = Database.connect(database)
     try:
@@ -325,7 +334,7 @@ async def test_a_restart_on_a_lagging_cache_still_detaches_an_unfinished_entry(
         await db.dispose()
     cdim.free("c1")
     assert cdim.sim.syncs == 1  # the cache still shows the device free
-    process = await _run_service(cdim.environ(database), tmp_path / "second.log")
+    process = await _run_service(environ, tmp_path / "second.log")
     try:
         await eventually(lambda: cdim.sim.holder(device) is None, what="the device detached")
     finally:
@@ -338,19 +347,8 @@ async def test_a_clean_restart_on_a_lagging_cache_does_not_take_a_device_for_los
     """The cache still shows the device free after the restart (it has not synced since the
     connect); layout-apply's history shows it connected, so the claim stays ready: no
     second connect, no DeviceLost."""
-    cpu = cdim.sim.cpu_ids()[0]
     environ = cdim.environ(f"sqlite+aiosqlite:///{tmp_path}/c.db")
-    process = await _run_service(environ, tmp_path / "first.log")
-    try:
-        await eventually(lambda: len(cdim.devices()) == 6, what="six devices published")
-        name = sorted(cdim.devices())[0]
-        device = cdim.devices()[name]
-        cdim.allocate("c1", name, cpu)
-        await eventually(
-            lambda: (cdim.condition("c1") or ("",))[0] == "FabricDeviceReady", what="ready"
-        )
-    finally:
-        await _end(process)
+    device = await _one_claim_ready(cdim, environ, tmp_path / "first.log", signal.SIGTERM)
     assert cdim.sim.syncs == 1 and cdim.connects(device) == 1
     log = tmp_path / "second.log"
     process = await _run_service(environ, log)
