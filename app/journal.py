@@ -215,6 +215,102 @@ _SAME_PHASE = {
     state: tuple(s for s in STATES if s not in _NEW_PHASE_FROM.get(state, ())) for state in STATES
 }
 
+# PostgreSQL runs the claim path's writes as one statement each, in autocommit
+# (Database.run_statement): a data-modifying WITH ("Data-Modifying Statements in WITH", in
+# the PostgreSQL manual's "WITH Queries") does the move, the device row's holder and the
+# device's read at once, where a transaction of two or three statements took BEGIN, each
+# statement and COMMIT as round trips to the server. SQLite has no data-modifying WITH and
+# keeps the transactions (which cost it no round trip). All the statements of a WITH see one
+# snapshot, taken before any of them writes: a device row updated by the statement is not
+# read back by it, so no move both updates and reads the device this way.
+_RESERVATION_WIDTH = len(_COLUMNS)
+DEVICE_ON, DEVICE_OFF = "on", "off"
+
+
+@functools.cache
+def _move_one_statement(
+    expected: tuple[str, ...],
+    same_phase: tuple[str, ...],
+    device_change: str | None,
+    with_device: bool,
+    device_required: bool,
+) -> Any:
+    """PostgreSQL: a journal move as one statement.
+
+    Its row: every reservation column, then (``with_device``) the device's id and
+    ``_FABRIC_COLUMNS`` (NULL when the row is gone). No row: the reservation was in none of
+    ``expected`` or, with ``device_required`` (which only a move ``with_device`` asks), its
+    device row is gone (nothing was written).
+    ``device_change`` is DEVICE_ON (the device row now held by the reservation's host),
+    DEVICE_OFF (no longer held, when the reservation's host held it) or None.
+    """
+    move = _move_statement(expected, same_phase)
+    if device_required:
+        move = move.where(select(_D.id).where(_D.id == _R.device_id).exists())
+    moved = move.cte("moved")
+    # The device by the moved row's device id as a value (an InitPlan), not by a join with
+    # the WITH's rows: the lookup is by primary key whatever the planner's statistics say
+    # (a join planned on a never-analyzed devices table scanned every device row).
+    moved_device = select(moved.c.device_id).scalar_subquery()
+    moved_host = select(moved.c.host_id).scalar_subquery()
+    query = select(*(moved.c[column.name] for column in _COLUMNS))
+    if device_change == DEVICE_ON:
+        query = query.add_cte(
+            update(_DEVICES)
+            .where(_D.id == moved_device, moved_host.is_not(None))
+            .values(host_id=moved_host, content_hash="")
+            .cte("device_on")
+        )
+    elif device_change == DEVICE_OFF:
+        query = query.add_cte(
+            update(_DEVICES)
+            .where(_D.id == moved_device, _D.host_id == moved_host)
+            .values(host_id=None, content_hash="")
+            .cte("device_off")
+        )
+    if with_device:
+        query = query.add_columns(_D.id, *_FABRIC_COLUMNS).select_from(
+            moved.outerjoin(_DEVICES, _D.id == moved_device)
+        )
+    return query
+
+
+# The columns a new reservation is written with, each a bound value but the device's id and
+# whether it is exclusive, which come from the device row.
+_RESERVE_VALUES = tuple(
+    column.name for column in _COLUMNS if column.name not in ("id", "device_id", "exclusive")
+)
+
+
+@functools.cache
+def _reserve_free_statement(with_manager: bool) -> Any:
+    """PostgreSQL: reserve a device that nothing holds, as one statement (an INSERT from a
+    SELECT of the device row, in a data-modifying WITH).
+
+    Its row: every column of the new reservation, then the device's ``_FABRIC_COLUMNS``. No
+    row when the device is not present, is held by any active reservation or (with
+    ``with_manager``) is on another fabric manager than ``b_manager``: nothing was written,
+    and the transaction of :meth:`Journal._reserve_once` tells which. Two such statements
+    racing for one device: the partial unique index refuses the second (IntegrityError).
+    """
+    held = select(_R.id).where(_R.device_id == _D.id, _state_in(_R.state, _ACTIVE)).exists()
+    source = select(
+        _D.id,
+        ~_D.shareable,
+        *(bindparam(name, type_=_TABLE.c[name].type) for name in _RESERVE_VALUES),
+    ).where(_D.name == bindparam("device_name"), _D.removed_at.is_(None), ~held)
+    if with_manager:
+        source = source.where(_D.backend == bindparam("b_manager", type_=String()))
+    reserved = (
+        insert(_TABLE)
+        .from_select(["device_id", "exclusive", *_RESERVE_VALUES], source)
+        .returning(*_COLUMNS)
+        .cte("reserved")
+    )
+    return select(*(reserved.c[column.name] for column in _COLUMNS), *_FABRIC_COLUMNS).select_from(
+        reserved.join(_DEVICES, _D.id == select(reserved.c.device_id).scalar_subquery())
+    )
+
 
 def _view(row: Any) -> ReservationView:
     """A ReservationView from a Core row of every reservation column (in table order)."""
@@ -300,6 +396,8 @@ class Journal:
     def __init__(self, db: Database, clock: Callable[[], dt.datetime] = utcnow) -> None:
         self.db = db
         self.clock = clock
+        # PostgreSQL: the claim path's writes as one statement each (see _move_one_statement).
+        self._one_statement = db.dialect == "postgresql"
         if db.held_feed is None:
             db.held_feed = HeldFeed()
         self.feed: HeldFeed = db.held_feed
@@ -385,6 +483,12 @@ class Journal:
         self, wanted: _Wanted, *, attaching: bool
     ) -> tuple[ReservationView, FabricDevice | None, bool]:
         claim, request, device_name = wanted.claim, wanted.request, wanted.device_name
+        if self._one_statement:
+            reserved = await self._reserve_free(wanted, attaching=attaching)
+            if reserved is not None:
+                return reserved
+            # Not present, held (perhaps by this very claim) or on another fabric manager:
+            # the transaction below tells which.
 
         def work(conn: Connection) -> tuple[ReservationView, FabricDevice | None, bool]:
             # One transaction for the check and the insert (BEGIN IMMEDIATE on SQLite); the
@@ -436,6 +540,51 @@ class Journal:
             # the race for the device; the index said no.
             holder = await self._holder_of(device_name)
             raise DeviceHeld(device_name, str(holder.claim) if holder else None, holder) from err
+
+    async def _reserve_free(
+        self, wanted: _Wanted, *, attaching: bool
+    ) -> tuple[ReservationView, FabricDevice | None, bool] | None:
+        """PostgreSQL: :meth:`_reserve_once`'s common case (a present device that nothing
+        holds, on the wanted fabric manager) as one statement; None when the device is not
+        in that case (nothing was written).
+
+        Raises:
+            IntegrityError: a concurrent reserve took the device first.
+        """
+        statement = _reserve_free_statement(wanted.manager is not None)
+
+        def one(conn: Connection) -> tuple[ReservationView, FabricDevice | None, bool] | None:
+            now = self.clock()
+            row = conn.execute(
+                statement,
+                {
+                    "claim_uid": wanted.claim.uid,
+                    "claim_namespace": wanted.claim.namespace,
+                    "claim_name": wanted.claim.name,
+                    "request": wanted.request,
+                    "mode": wanted.mode,
+                    "device_name": wanted.device_name,
+                    "pool": wanted.pool,
+                    "node": wanted.node,
+                    "host_id": wanted.host_id,
+                    "state": ATTACHING if attaching else PENDING,
+                    "attempts": 1 if attaching else 0,
+                    "created_at": now,
+                    "updated_at": now,
+                    # columns a new reservation starts without
+                    "operation_id": None,
+                    "last_error": None,
+                    "attached_at": None,
+                    "released_at": None,
+                    "b_manager": wanted.manager,
+                },
+            ).first()
+            if row is None:
+                return None
+            fabric = _fabric_device_from(row[_RESERVATION_WIDTH:])
+            return _view(row[:_RESERVATION_WIDTH]), fabric if attaching else None, True
+
+        return await self.db.run_statement(one)
 
     async def _holder_of(self, device_name: str) -> ReservationView | None:
         row = await self.db.run_read(
@@ -611,34 +760,66 @@ class Journal:
         device_required: bool,
     ) -> tuple[ReservationView, FabricDevice | None] | None:
         error = change.error
+        expected_key = tuple(sorted(expected))
+
+        def values(now: dt.datetime) -> dict[str, Any]:
+            return {
+                "b_id": reservation_id,
+                "b_state": state,
+                "b_error": error[:MAX_ERROR_LENGTH] if error else None,
+                "b_attempt": 1 if change.count_attempt else 0,
+                "b_node": change.node,
+                "b_host_id": change.host_id,
+                "b_operation_id": change.operation_id,
+                "b_now": now,
+                "b_clear_operation": change.clear_operation,
+                "b_attached_at": now if state == ATTACHED else None,
+                "b_released_at": now if state == RELEASED else None,
+            }
+
+        device_change = (
+            DEVICE_ON
+            if state == ATTACHED
+            else DEVICE_OFF
+            if state == RELEASED and change.detached
+            else None
+        )
+        if self._one_statement and not (with_device and device_change):
+            statement = _move_one_statement(
+                expected_key,
+                _SAME_PHASE[state],
+                device_change,
+                with_device,
+                with_device and device_required,
+            )
+
+            def one(conn: Connection) -> tuple[ReservationView, FabricDevice | None] | None:
+                row = conn.execute(statement, values(self.clock())).first()
+                if row is None:
+                    return None
+                view = _view(row[:_RESERVATION_WIDTH])
+                device = row[_RESERVATION_WIDTH:]
+                if not with_device or device[0] is None:
+                    return view, None
+                return view, _fabric_device_from(device[1:])
+
+            moved = await self.db.run_statement(one)
+            if moved is not None or not (with_device and device_required):
+                return moved
+            # Nothing moved: the reservation was in another state, or its device row is gone;
+            # the transaction below tells which (UnknownDevice for the second).
 
         def work(conn: Connection) -> tuple[ReservationView, FabricDevice | None] | None:
             # Taken inside the transaction, so journal times follow commit order.
-            now = self.clock()
             row = conn.execute(
-                _move_statement(tuple(sorted(expected)), _SAME_PHASE[state]),
-                {
-                    "b_id": reservation_id,
-                    "b_state": state,
-                    "b_error": error[:MAX_ERROR_LENGTH] if error else None,
-                    "b_attempt": 1 if change.count_attempt else 0,
-                    "b_node": change.node,
-                    "b_host_id": change.host_id,
-                    "b_operation_id": change.operation_id,
-                    "b_now": now,
-                    "b_clear_operation": change.clear_operation,
-                    "b_attached_at": now if state == ATTACHED else None,
-                    "b_released_at": now if state == RELEASED else None,
-                },
+                _move_statement(expected_key, _SAME_PHASE[state]), values(self.clock())
             ).first()
             if row is None:
                 return None
             view = _view(row)
-            if view.host_id is not None and (
-                state == ATTACHED or (state == RELEASED and change.detached)
-            ):
+            if view.host_id is not None and device_change is not None:
                 conn.execute(
-                    _DEVICE_NOW_ON if state == ATTACHED else _DEVICE_NOW_OFF,
+                    _DEVICE_NOW_ON if device_change == DEVICE_ON else _DEVICE_NOW_OFF,
                     {"b_device_id": view.device_id, "b_device_host": view.host_id},
                 )
             if not with_device:

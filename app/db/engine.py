@@ -321,6 +321,21 @@ class Database:
         async with self._write_lock:
             return await self._thread.run(work, write=True)
 
+    async def run_statement(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work``, which sends exactly one statement (it may write), as that statement's
+        own transaction. On PostgreSQL in autocommit: one statement is atomic on its own
+        (an implicit transaction, "Transactions" in the PostgreSQL manual's SQL tutorial), and
+        autocommit saves the BEGIN and the COMMIT, two of the three round trips to the server.
+        On SQLite as :meth:`run_write`.
+
+        Raises:
+            whatever ``work`` raises, and the driver's errors (SQLAlchemyError).
+        """
+        if self._autocommit is not None:
+            async with self._autocommit.connect() as conn:
+                return await conn.run_sync(work)
+        return await self.run_write(work)
+
     async def run_read(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` as :meth:`run_write` does, for reading: one statement, or several that
         need no common snapshot. On SQLite in a read transaction on the database's thread

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import sqlite3
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from builders import MemoryBackend, gpu
-from sqlalchemy import insert, select
+from sqlalchemy import delete, event, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from app.db.engine import Database
@@ -27,6 +29,7 @@ from app.journal import (
     HeldDevice,
     Journal,
     UnknownDevice,
+    WrongManager,
     _move_statement,
     _state_in,
 )
@@ -282,3 +285,129 @@ def test_the_states_of_the_claim_path_statements_are_written_into_their_sql() ->
     assert "POSTCOMPILE" not in sql
     with pytest.raises(ValueError, match="not a reservation state"):
         _state_in(Reservation.__table__.c.state, ["x'); DROP TABLE reservations; --"])
+
+
+def _count_statements(db: Database) -> list[str]:
+    """The statements ``db`` sends from now on (the list fills as they go)."""
+    sent: list[str] = []
+
+    def before(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", before)
+    return sent
+
+
+async def _device_holder(db: Database, name: str) -> str | None:
+    async with db.read() as session:
+        return (await session.execute(select(Device.host_id).where(Device.name == name))).scalar()
+
+
+async def test_the_claim_path_moves_the_device_holder_with_the_journal(
+    db: Database, names: list[str]
+) -> None:
+    journal = Journal(db)
+    view, device = await journal.reserve_for_attach(
+        claim(1), "gpu", names[0], "p", "structured", "node-a", "host-a"
+    )
+    assert device is not None and device.host_id is None
+    assert await _device_holder(db, names[0]) is None
+    attached = await journal.transition(view.id, [ATTACHING], ATTACHED, clear_operation=True)
+    assert attached is not None and attached.attached_at is not None
+    assert await _device_holder(db, names[0]) == "host-a"
+    detaching = await journal.begin_detach(view.id)
+    assert detaching is not None and detaching[1] is not None
+    assert (detaching[0].state, detaching[1].host_id) == (DETACHING, "host-a")
+    released = await journal.transition(view.id, [DETACHING], RELEASED, detached=True)
+    assert released is not None and released.state == RELEASED
+    assert await _device_holder(db, names[0]) is None
+    # A move that does not apply writes nothing, the device row included.
+    assert await journal.transition(view.id, [ATTACHING], ATTACHED) is None
+    assert await _device_holder(db, names[0]) is None
+
+    # A detach is not taken for the device's new holder: the row keeps another host.
+    again, _ = await journal.reserve_for_attach(
+        claim(2), "gpu", names[0], "p", "structured", "node-b", "host-b"
+    )
+    await journal.transition(again.id, [ATTACHING], ATTACHED)
+    async with db.write() as session:
+        await session.execute(
+            update(Device).where(Device.name == names[0]).values(host_id="host-c")
+        )
+    await journal.begin_detach(again.id)
+    await journal.transition(again.id, [DETACHING], RELEASED, detached=True)
+    assert await _device_holder(db, names[0]) == "host-c"
+
+
+async def test_a_device_on_another_fabric_manager_is_refused_and_nothing_is_written(
+    db: Database, names: list[str]
+) -> None:
+    journal = Journal(db)
+    with pytest.raises(WrongManager, match="is on fabric manager"):
+        await journal.reserve_for_attach(
+            claim(1), "gpu", names[0], "p", "structured", "n", "h", manager="elsewhere"
+        )
+    assert await journal.for_claim(claim(1).uid) == []
+    manager = (
+        await journal.reserve_for_attach(claim(1), "gpu", names[0], "p", "structured", "n", "h")
+    )[1]
+    assert manager is not None
+    view, device = await journal.reserve_for_attach(
+        claim(2), "gpu", names[2], "p", "structured", "n", "h", manager=manager.location.manager
+    )
+    assert device is not None and view.state == ATTACHING
+
+
+async def test_on_postgresql_each_write_of_the_claim_path_is_one_statement(
+    db: Database, names: list[str]
+) -> None:
+    if db.dialect != "postgresql":
+        pytest.skip("SQLite has no data-modifying WITH; its transactions cost no round trip")
+    journal = Journal(db)
+    sent = _count_statements(db)
+    view, device = await journal.reserve_for_attach(
+        claim(1), "gpu", names[0], "p", "structured", "node-a", "host-a"
+    )
+    assert device is not None and len(sent) == 1
+    await journal.transition(view.id, [ATTACHING], ATTACHED)
+    assert await journal.begin_detach(view.id) is not None
+    await journal.transition(view.id, [DETACHING], RELEASED, detached=True)
+    assert len(sent) == 4, sent
+    # Outside the common case (a device someone holds) the transaction tells why.
+    held, _ = await journal.reserve_for_attach(
+        claim(2), "gpu", names[2], "p", "structured", "node-a", "host-a"
+    )
+    sent.clear()
+    with pytest.raises(DeviceHeld, match="claim default/claim-2"):
+        await journal.reserve_for_attach(
+            claim(3), "gpu", names[2], "p", "structured", "node-a", "host-a"
+        )
+    assert len(sent) == 2  # the one statement wrote nothing; then the transaction's read
+    assert [r.id for r in await journal.for_claim(claim(3).uid)] == []
+    assert [r.id for r in await journal.for_claim(claim(2).uid)] == [held.id]
+
+
+async def test_begin_attach_of_a_device_whose_row_is_gone_keeps_the_reservation(
+    db: Database, names: list[str]
+) -> None:
+    journal = Journal(db)
+    pending = await journal.reserve(claim(1), "gpu", names[0], "p", "structured", "n", "h")
+    # The foreign key keeps a reserved device's row; switched off here to reach the case.
+    if db.dialect == "postgresql":
+        async with db.engine.connect() as conn:
+            await conn.execute(text("SET session_replication_role = replica"))
+            await conn.execute(delete(Device).where(Device.name == names[0]))
+            await conn.commit()
+    else:
+        # A connection of its own: SQLite enforces foreign keys only where they are switched on.
+        with contextlib.closing(sqlite3.connect(str(db.engine.url.database))) as raw:
+            raw.execute("DELETE FROM devices WHERE name = ?", (names[0],))
+            raw.commit()
+    with pytest.raises(UnknownDevice, match="not in the inventory"):
+        await journal.begin_attach(pending.id)
+    kept = await journal.get(pending.id)
+    assert kept is not None and (kept.state, kept.attempts) == (PENDING, 0)
+    # The detach side goes on without the row (no device to read).
+    assert await journal.transition(pending.id, [PENDING], ATTACHING) is not None
+    moved = await journal.begin_detach(pending.id)
+    assert moved is not None and moved[0].state == DETACHING and moved[1] is None
