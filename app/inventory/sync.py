@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.clock import utcnow
 from app.db.engine import Database
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 
 MAX_STORED_REJECTS = 100
 _CHUNK = 500
+# A sync that adds or removes at least this many devices, and a tenth of those present, has
+# the devices table analyzed (autovacuum's own threshold: 50 rows and a tenth of the table).
+ANALYZE_AFTER_ROWS = 50
 
 
 @dataclass(frozen=True)
@@ -393,6 +397,14 @@ class InventorySync:
                 .where(Device.backend == kind, Device.removed_at.is_not(None))
             )
 
+        bulk = len(device_plan.inserts) + len(device_plan.removals)
+        if bulk >= ANALYZE_AFTER_ROWS and bulk * 10 >= present:
+            # The planner's statistics of a table filled (or emptied) in bulk are wrong until
+            # autovacuum analyzes it; refresh them now (Database.analyze). Best effort.
+            try:
+                await self.db.analyze("devices")
+            except SQLAlchemyError as err:
+                log.warning("inventory sync of backend %s: ANALYZE devices failed: %s", kind, err)
         if self.metrics:
             self.metrics.devices.labels(kind, "present").set(present)
             self.metrics.devices.labels(kind, "removed").set(removed_total or 0)

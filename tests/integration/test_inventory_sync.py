@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 from builders import MemoryBackend, gpu, host
 from prometheus_client import CollectorRegistry
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError
 
 from app.db.engine import Database
 from app.db.models import Device, DeviceEvent, Host, InventoryStatus
@@ -258,3 +259,53 @@ async def test_pool_devices_and_host_refs_come_from_present_rows(db: Database) -
     assert all(not d.cordoned and not d.attach_failed for d in devices)
     refs = await host_refs(db)
     assert {r.hostname for r in refs} == {"node-us-east-rack-01-1", "node-us-east-rack-01-2"}
+
+
+async def _planner_rows(db: Database) -> float | None:
+    """PostgreSQL's idea of the devices table's size (``pg_class.reltuples``: -1 before any
+    ANALYZE); None on SQLite."""
+    if db.dialect != "postgresql":
+        return None
+    async with db.read() as session:
+        return float(
+            (
+                await session.execute(
+                    text("SELECT reltuples FROM pg_class WHERE relname = 'devices'")
+                )
+            ).scalar_one()
+        )
+
+
+async def test_a_bulk_change_refreshes_the_planner_statistics(db: Database) -> None:
+    backend = MemoryBackend([gpu(i) for i in range(60)])
+    sync = InventorySync(backend, db)
+    assert (await sync.sync_once()).added == 60
+    if db.dialect == "postgresql":
+        # Analyzed at once: 60 rows, not the "never analyzed" of a table filled from empty.
+        assert await _planner_rows(db) == 60
+    # A change below the threshold leaves the statistics to autovacuum.
+    backend.devices.append(gpu(60))
+    assert (await sync.sync_once()).added == 1
+    if db.dialect == "postgresql":
+        assert await _planner_rows(db) == 60
+    with pytest.raises(ValueError, match="not a table name"):
+        await db.analyze("devices; DROP TABLE devices")
+    await db.analyze("devices")  # on SQLite a no-op
+    if db.dialect == "postgresql":
+        assert await _planner_rows(db) == 61
+
+
+async def test_a_failed_analyze_is_logged_and_the_sync_stands(
+    db: Database, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refuse(table: str) -> None:
+        raise OperationalError("ANALYZE", {}, Exception("permission denied"))
+
+    monkeypatch.setattr(db, "analyze", refuse)
+    backend = MemoryBackend([gpu(i) for i in range(60)])
+    with caplog.at_level(logging.WARNING, logger="app.inventory.sync"):
+        result = await InventorySync(backend, db).sync_once()
+    assert result.ok and result.added == 60
+    assert "ANALYZE devices failed" in caplog.text and "permission denied" in caplog.text
+    async with db.read() as session:
+        assert (await session.execute(select(func.count()).select_from(Device))).scalar() == 60
