@@ -483,12 +483,6 @@ class Journal:
         self, wanted: _Wanted, *, attaching: bool
     ) -> tuple[ReservationView, FabricDevice | None, bool]:
         claim, request, device_name = wanted.claim, wanted.request, wanted.device_name
-        if self._one_statement:
-            reserved = await self._reserve_free(wanted, attaching=attaching)
-            if reserved is not None:
-                return reserved
-            # Not present, held (perhaps by this very claim) or on another fabric manager:
-            # the transaction below tells which.
 
         def work(conn: Connection) -> tuple[ReservationView, FabricDevice | None, bool]:
             # One transaction for the check and the insert (BEGIN IMMEDIATE on SQLite); the
@@ -534,6 +528,12 @@ class Journal:
             return _view(inserted), fabric if attaching else None, True
 
         try:
+            if self._one_statement:
+                reserved = await self._reserve_free(wanted, attaching=attaching)
+                if reserved is not None:
+                    return reserved
+                # Not present, held (perhaps by this very claim) or on another fabric
+                # manager: the transaction tells which.
             return await self.db.run_write(work)
         except IntegrityError as err:
             # A concurrent reserve (another process, or PostgreSQL's weaker isolation) won

@@ -411,3 +411,56 @@ async def test_begin_attach_of_a_device_whose_row_is_gone_keeps_the_reservation(
     assert await journal.transition(pending.id, [PENDING], ATTACHING) is not None
     moved = await journal.begin_detach(pending.id)
     assert moved is not None and moved[0].state == DETACHING and moved[1] is None
+
+
+async def test_a_reserve_that_loses_the_race_in_its_one_statement_says_held(
+    db: Database, names: list[str]
+) -> None:
+    if db.dialect != "postgresql":
+        pytest.skip("SQLite writers take turns (BEGIN IMMEDIATE): no such race")
+    journal = Journal(db)
+    free = await journal.reserve(claim(9), "gpu", names[0], "p", "structured", None, None)
+    await journal.transition(free.id, [PENDING], RELEASED)  # the device id, and free again
+    now = dt.datetime.now(dt.UTC)
+    async with db.engine.connect() as other:
+        # Another writer's reservation, not committed yet: the one statement cannot see it,
+        # and its INSERT waits on the unique index until the other commits.
+        await other.execute(
+            insert(Reservation).values(
+                claim_uid="uid-other",
+                claim_namespace="default",
+                claim_name="other",
+                request="gpu",
+                mode="structured",
+                device_id=free.device_id,
+                device_name=names[0],
+                pool="p",
+                exclusive=True,
+                state=PENDING,
+                attempts=0,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        racing = asyncio.create_task(
+            journal.reserve_for_attach(claim(1), "gpu", names[0], "p", "structured", "n", "h")
+        )
+        async with asyncio.timeout(10):
+            while not await _a_backend_waits_on_a_lock(db):
+                assert not racing.done(), racing
+                await asyncio.sleep(0.02)
+        await other.commit()
+    with pytest.raises(DeviceHeld, match="claim default/other"):
+        await racing
+    assert await journal.for_claim(claim(1).uid) == []
+
+
+async def _a_backend_waits_on_a_lock(db: Database) -> bool:
+    async with db.engine.connect() as conn:
+        waiting = await conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+        return bool(waiting.scalar())
