@@ -174,6 +174,8 @@ class Leadership:
     publish_wanted: asyncio.Event = field(default_factory=asyncio.Event)
     # A sync succeeded in this term: until then an empty database is no inventory at all.
     inventory_synced: bool = False
+    # Every part of the term has started (set at the end of Service._lead).
+    started: bool = False
 
     def sync_all(self) -> None:
         """Ask every fabric manager's inventory to sync now."""
@@ -450,6 +452,7 @@ class Service:
                 self.kube, leading.sync_all, metrics=self.metrics.claims
             )
             await leading.node_reports.start()
+        leading.started = True
         if self.freeze_heap:
             settle_heap()
 
@@ -734,7 +737,8 @@ class Service:
         ]
 
     async def readiness_checks(self) -> list[tuple[str, bool, str]]:
-        """Readiness: database reachable, leader state known, caches synced, loops running.
+        """Readiness: database reachable, leader state known, the leader's parts started and
+        their caches synced, loops running (a standby replica is ready without them).
 
         A stale inventory is listed but does not fail readiness, deliberately: the fault is
         the fabric manager's, which no restart or traffic shift of ours fixes, and an unready
@@ -764,6 +768,12 @@ class Service:
             known = self.elector.is_leader.is_set() or self.elector.leader_identity is not None
             checks.append(("leader", known, f"leader is {self.elector.leader_identity or '?'}"))
         leading = self.leading
+        if (leading is None or not leading.started) and (
+            self.elector is None or self.elector.is_leader.is_set()
+        ):
+            # Leading (always, without leader election) but its publishers and controllers
+            # are not all started: until they are, nothing below would say "not synced".
+            checks.append(("leading", False, "starting the leader's loops"))
         if leading is not None:
             for version, publisher in leading.publishers.items():
                 synced = publisher.status().synced

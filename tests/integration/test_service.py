@@ -627,3 +627,43 @@ async def test_the_log_says_starting_the_admin_address_and_open_reads_before_sto
     assert f"admin endpoint listening on http://{host}:{service.admin_port}" in lines
     open_reads = [line for line in lines if "reads need no token" in line]
     assert bool(open_reads) is warned, lines
+
+
+async def test_not_ready_until_the_leaders_parts_have_started(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without leader election the replica leads from its start; its publisher is held back
+    # here, so that /readyz is asked in the window before the leader's parts exist.
+    from app.publisher.publisher import Publisher
+
+    release = asyncio.Event()
+    original = Publisher.start
+
+    async def held_start(self: Publisher) -> None:
+        await release.wait()
+        await original(self)
+
+    monkeypatch.setattr(Publisher, "start", held_start)
+    emu, sim = cluster
+    service = Service(
+        settings_for(
+            tmp_path,
+            emu,
+            sim,
+            f"sqlite+aiosqlite:///{tmp_path}/x.db",
+            FABRIC_DRA_LEADER__ENABLED="false",
+        )
+    )
+    await service.start()
+    try:
+        status, ready = await get_json(service.admin_port or 0, "/readyz")
+        assert status == 503, ready
+        [check] = [c for c in ready["checks"] if c["name"] == "leading"]
+        assert check["ok"] is False and "starting" in check["message"]
+        release.set()
+        await eventually(lambda: _ready(service.admin_port or 0), what="ready")
+        _, ready = await get_json(service.admin_port or 0, "/readyz")
+        assert not [c for c in ready["checks"] if c["name"] == "leading"]
+    finally:
+        release.set()
+        await service.stop(deadline_s=5)
