@@ -372,6 +372,26 @@ class _Wanted:
     manager: str | None = None
 
 
+def _new_reservation(wanted: _Wanted, attaching: bool, now: dt.datetime) -> dict[str, Any]:
+    """The values of a new reservation for ``wanted`` but its device id and ``exclusive``:
+    ``attaching`` with one attempt counted, or ``pending``."""
+    return {
+        "claim_uid": wanted.claim.uid,
+        "claim_namespace": wanted.claim.namespace,
+        "claim_name": wanted.claim.name,
+        "request": wanted.request,
+        "mode": wanted.mode,
+        "device_name": wanted.device_name,
+        "pool": wanted.pool,
+        "node": wanted.node,
+        "host_id": wanted.host_id,
+        "state": ATTACHING if attaching else PENDING,
+        "attempts": 1 if attaching else 0,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class _Change:
     """What a transition writes besides the state (see :meth:`Journal.transition`)."""
@@ -508,21 +528,9 @@ class Journal:
             inserted = conn.execute(
                 _INSERT,
                 {
-                    "claim_uid": claim.uid,
-                    "claim_namespace": claim.namespace,
-                    "claim_name": claim.name,
-                    "request": request,
-                    "mode": wanted.mode,
+                    **_new_reservation(wanted, attaching, now),
                     "device_id": device[0],
-                    "device_name": device_name,
-                    "pool": wanted.pool,
                     "exclusive": exclusive,
-                    "node": wanted.node,
-                    "host_id": wanted.host_id,
-                    "state": ATTACHING if attaching else PENDING,
-                    "attempts": 1 if attaching else 0,
-                    "created_at": now,
-                    "updated_at": now,
                 },
             ).one()
             return _view(inserted), fabric if attaching else None, True
@@ -554,23 +562,10 @@ class Journal:
         statement = _reserve_free_statement(wanted.manager is not None)
 
         def one(conn: Connection) -> tuple[ReservationView, FabricDevice | None, bool] | None:
-            now = self.clock()
             row = conn.execute(
                 statement,
                 {
-                    "claim_uid": wanted.claim.uid,
-                    "claim_namespace": wanted.claim.namespace,
-                    "claim_name": wanted.claim.name,
-                    "request": wanted.request,
-                    "mode": wanted.mode,
-                    "device_name": wanted.device_name,
-                    "pool": wanted.pool,
-                    "node": wanted.node,
-                    "host_id": wanted.host_id,
-                    "state": ATTACHING if attaching else PENDING,
-                    "attempts": 1 if attaching else 0,
-                    "created_at": now,
-                    "updated_at": now,
+                    **_new_reservation(wanted, attaching, self.clock()),
                     # columns a new reservation starts without
                     "operation_id": None,
                     "last_error": None,

@@ -118,22 +118,7 @@ async def test_the_database_itself_refuses_a_second_active_reservation(
 ) -> None:
     journal = Journal(db)
     held = await journal.reserve(claim(1), "gpu", names[0], "p", "structured", None, None)
-    now = dt.datetime.now(dt.UTC)
-    row = dict(
-        claim_uid="uid-x",
-        claim_namespace="default",
-        claim_name="x",
-        request="gpu",
-        mode="control-plane",
-        device_id=held.device_id,
-        device_name=names[0],
-        pool="p",
-        exclusive=True,
-        state=ATTACHED,
-        attempts=0,
-        created_at=now,
-        updated_at=now,
-    )
+    row = _reservation_row("x", held.device_id, names[0], ATTACHED, mode="control-plane")
     with pytest.raises(IntegrityError):
         async with db.write() as session:
             await session.execute(insert(Reservation).values(**row))
@@ -144,6 +129,29 @@ async def test_the_database_itself_refuses_a_second_active_reservation(
 
 def replace_state(row: dict, state: str) -> dict:
     return {**row, "state": state}
+
+
+def _reservation_row(
+    name: str, device_id: int, device_name: str, state: str, *, mode: str = "structured"
+) -> dict[str, Any]:
+    """A reservations row of claim ``default/<name>`` for one device, written as another
+    writer would."""
+    now = dt.datetime.now(dt.UTC)
+    return dict(
+        claim_uid=f"uid-{name}",
+        claim_namespace="default",
+        claim_name=name,
+        request="gpu",
+        mode=mode,
+        device_id=device_id,
+        device_name=device_name,
+        pool="p",
+        exclusive=True,
+        state=state,
+        attempts=0,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 async def test_queries(db: Database, names: list[str]) -> None:
@@ -421,25 +429,12 @@ async def test_a_reserve_that_loses_the_race_in_its_one_statement_says_held(
     journal = Journal(db)
     free = await journal.reserve(claim(9), "gpu", names[0], "p", "structured", None, None)
     await journal.transition(free.id, [PENDING], RELEASED)  # the device id, and free again
-    now = dt.datetime.now(dt.UTC)
     async with db.engine.connect() as other:
         # Another writer's reservation, not committed yet: the one statement cannot see it,
         # and its INSERT waits on the unique index until the other commits.
         await other.execute(
             insert(Reservation).values(
-                claim_uid="uid-other",
-                claim_namespace="default",
-                claim_name="other",
-                request="gpu",
-                mode="structured",
-                device_id=free.device_id,
-                device_name=names[0],
-                pool="p",
-                exclusive=True,
-                state=PENDING,
-                attempts=0,
-                created_at=now,
-                updated_at=now,
+                **_reservation_row("other", free.device_id, names[0], PENDING)
             )
         )
         racing = asyncio.create_task(
