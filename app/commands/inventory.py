@@ -152,6 +152,7 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> I
                         database,
                         stale_after_failures=settings.inventory.stale_after_failures,
                         name_scope=manager.manager if len(settings.managers) > 1 else None,
+                        log_failures=False,  # the command's own warning says it
                     ).sync_once()
                 finally:
                     await backend.close()

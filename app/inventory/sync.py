@@ -153,6 +153,8 @@ class InventorySync:
         clock: returns the current aware UTC time (injected in tests).
         name_scope: hashed into the names of new devices (:func:`app.naming.device_name`):
             the manager's name when several fabric managers are configured, else None.
+        log_failures: log a failed sync as a warning (a command that reports the failure
+            itself turns it off, so that a person does not read it twice).
     """
 
     backend: FabricBackend
@@ -161,6 +163,7 @@ class InventorySync:
     metrics: InventoryMetrics | None = None
     clock: Callable[[], dt.datetime] = utcnow
     name_scope: str | None = None
+    log_failures: bool = True
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _known_rejects: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
     last_result: SyncResult | None = field(default=None, init=False)
@@ -590,14 +593,15 @@ class InventorySync:
             status.stale = status.consecutive_failures >= self.stale_after_failures
             stale = status.stale
             failures = status.consecutive_failures
-        log.warning(
-            "inventory sync of backend %s failed (%d in a row%s): %s; keeping the last known "
-            "inventory",
-            kind,
-            failures,
-            ", inventory is stale" if stale else "",
-            error,
-        )
+        if self.log_failures:
+            log.warning(
+                "inventory sync of backend %s failed (%d in a row%s): %s; keeping the last known "
+                "inventory",
+                kind,
+                failures,
+                ", inventory is stale" if stale else "",
+                error,
+            )
         if self.metrics:
             self.metrics.stale.labels(kind).set(1 if stale else 0)
         return SyncResult(ok=False, error=error, stale=stale)
