@@ -115,7 +115,23 @@ def render_table(
             f"fabric manager {name} is not configured: its {count} "
             f"device{'' if count == 1 else 's'} are not published (was it renamed?)"
         )
+    for name in never_synced(devices, status, configured or ()):
+        lines.append("")
+        lines.append(
+            f"fabric manager {name}: never synced into this database (start the controller "
+            "on it, or run fabric-dra inventory --sync)"
+        )
     return "\n".join(lines)
+
+
+def never_synced(
+    devices: Sequence[DeviceView], status: Sequence[StatusView], configured: Collection[str]
+) -> list[str]:
+    """The configured fabric managers that neither a sync status nor a device of the
+    database names (no sync has been tried against this database), in configuration
+    order."""
+    known = {s.backend for s in status} | {d.backend for d in devices}
+    return [name for name in configured if name not in known]
 
 
 @dataclass(frozen=True)
@@ -203,6 +219,7 @@ def inventory(
             "devices": [d.to_json() for d in read.devices],
             "backends": [s.to_json() for s in read.status],
             "unconfigured_managers": unconfigured(read.devices, configured),
+            "never_synced_managers": never_synced(read.devices, read.status, configured),
         }
         click.echo(structured(document, output))
     else:

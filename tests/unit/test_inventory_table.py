@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.commands.inventory import render_table, unconfigured
+from app.commands.inventory import never_synced, render_table, unconfigured
 from app.inventory.queries import DeviceView
 
 
@@ -70,3 +70,19 @@ def test_the_devices_of_a_manager_no_longer_configured_are_marked_as_not_publish
     # Without the settings (or every manager configured), nothing is marked.
     assert "not configured" not in render_table(devices, [])
     assert "not configured" not in render_table(devices, [], configured=["redfish", "hall-a"])
+
+
+def test_a_configured_manager_never_synced_into_the_database_is_named() -> None:
+    devices = [replace(device("gpu-1", None), backend="redfish")]
+    assert never_synced(devices, [], ["redfish", "hall-b"]) == ["hall-b"]
+    table = render_table(devices, [], configured=["redfish", "hall-b"])
+    assert table.endswith(
+        "fabric manager hall-b: never synced into this database (start the controller on it, "
+        "or run fabric-dra inventory --sync)"
+    )
+    assert "redfish: never synced" not in table
+    empty = render_table([], [], configured=["redfish"])
+    assert empty.startswith("0 devices in 0 racks")
+    assert "fabric manager redfish: never synced" in empty
+    # Without the settings, nothing is said.
+    assert "never synced" not in render_table([], [])
