@@ -21,6 +21,7 @@ import re
 import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -214,7 +215,18 @@ class DatabaseSettings(_Section):
         }.get(scheme)
         if normalised is None:
             raise ValueError(f"uses the unsupported scheme {scheme!r}")
-        return f"{normalised}://{rest}"
+        url = f"{normalised}://{rest}"
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:  # not a number, or beyond 65535
+            raise ValueError("has a port that is not a number from 1 to 65535") from None
+        if port == 0:
+            raise ValueError("has a port that is not a number from 1 to 65535")
+        if normalised == "sqlite+aiosqlite" and parts.path in ("", "/", "/:memory:"):
+            # app.db.engine.make_engine refuses it too: one shared connection breaks isolation.
+            raise ValueError("names an in-memory SQLite database; give a file path")
+        return url
 
 
 def _manager_name(value: str | None) -> str | None:

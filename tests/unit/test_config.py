@@ -85,6 +85,16 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
         ({"FABRIC_DRA_FABRIC__TLS_VERIFY": "maybe"}, "setting fabric.tls_verify"),
         ({"FABRIC_DRA_DATABASE__URL": "mysql://h/db"}, "unsupported scheme 'mysql'"),
         (
+            {"FABRIC_DRA_DATABASE__URL": "postgresql://root@127.0.0.1:99999/x"},
+            "has a port that is not a number from 1 to 65535",
+        ),
+        (
+            {"FABRIC_DRA_DATABASE__URL": "postgresql://root@127.0.0.1:abc/x"},
+            "has a port that is not a number from 1 to 65535",
+        ),
+        ({"FABRIC_DRA_DATABASE__URL": "sqlite+aiosqlite:///"}, "in-memory SQLite database"),
+        ({"FABRIC_DRA_DATABASE__URL": "sqlite:///:memory:"}, "in-memory SQLite database"),
+        (
             {"FABRIC_DRA_POOLS__GROUPING_KEYS": "region,shelf"},
             "setting pools.grouping_keys[1] (from environment FABRIC_DRA_POOLS__GROUPING_KEYS): "
             "value 'shelf': input should be 'region'",
