@@ -77,6 +77,8 @@ log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 STEP_DOWN_DRAIN_S = 10.0
 """How long in-flight reconciles may take to finish when this replica stops leading, seconds."""
+EVENTS_FLUSH_S = 5.0
+"""The longest a stopping controller waits to send its queued Events, seconds."""
 
 
 def settle_heap() -> None:
@@ -258,6 +260,9 @@ class Service:
         self._drift: dict[str | None, list[Drift]] = {}
         self.mode = settings.controller.mode
         self._stopping = False
+        # How long a step-down lets in-flight claim work finish (stop() lowers it to fit
+        # its deadline).
+        self._drain_s = STEP_DOWN_DRAIN_S
 
     @property
     def last_drift(self) -> list[Drift]:
@@ -330,15 +335,27 @@ class Service:
         log.info("modes: %s", modes.describe())
 
     async def stop(self, deadline_s: float = 20.0) -> None:
-        """Stop everything within ``deadline_s`` seconds (best effort past it)."""
+        """Stop everything within about ``deadline_s`` seconds.
+
+        In-flight claim work may finish for up to half of ``deadline_s`` (at most
+        ``STEP_DOWN_DRAIN_S``); what is still running when the deadline passes is cancelled
+        (the journal makes that safe) and awaited, so no task outlives the stop nor holds a
+        database connection past it.
+        """
         self._stopping = True
-        with contextlib.suppress(TimeoutError):
+        self._drain_s = min(STEP_DOWN_DRAIN_S, max(0.0, deadline_s) / 2)
+        try:
             async with asyncio.timeout(deadline_s):
                 if self.elector is not None:
                     # Stepping down runs _on_stopped_leading, which drains the leader's work.
                     await self.elector.stop()
                 else:
                     await self._on_stopped_leading()
+        except TimeoutError:
+            log.warning(
+                "stopping: the deadline of %.0fs passed; cancelling the work left", deadline_s
+            )
+        # Finishes a step-down the deadline cut short: whatever it had not stopped yet.
         await self._stop_leading(0)
         await self._stop_admin()
         await self.supervisor.stop()
@@ -355,7 +372,7 @@ class Service:
         self._lead_task = asyncio.create_task(self._lead(), name="leading")
 
     async def _on_stopped_leading(self) -> None:
-        await self._stop_leading(STEP_DOWN_DRAIN_S)
+        await self._stop_leading(self._drain_s)
 
     async def _lead(self) -> None:
         assert self.backend is not None
@@ -511,23 +528,38 @@ class Service:
         self.supervisor.spawn(self._loop_name("inventory-apply", manager.name), manager.applier.run)
 
     async def _stop_leading(self, drain_s: float) -> None:
+        """Stop the leader's parts, letting in-flight claim work finish for up to ``drain_s``
+        seconds (then it is cancelled).
+
+        Cancellation-safe: a part is dropped from :class:`Leadership` only once it has stopped,
+        and ``self.leading`` only once all have, so a stop cut short (the service's deadline)
+        is finished by the next call.
+        """
         task, self._lead_task = self._lead_task, None
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        leading, self.leading = self.leading, None
+        leading = self.leading
         if leading is None:
             return
         if leading.node_reports is not None:
             await leading.node_reports.stop()
-        for name in ("inventory", "inventory-events", "inventory-apply", "publish"):
-            await self.supervisor.stop_one(name)
+            leading.node_reports = None
+        for manager in leading.managers.values():
+            for loop in ("inventory", "inventory-events", "inventory-apply"):
+                await self.supervisor.stop_one(self._loop_name(loop, manager.name))
+        await self.supervisor.stop_one("publish")
         if leading.claims is not None:
             await leading.claims.stop(drain_s=drain_s)
+            leading.claims = None
         if leading.control_plane is not None:
-            await leading.control_plane.stop()
-        for publisher in leading.publishers.values():
-            await publisher.stop()
+            await leading.control_plane.stop(events_timeout_s=min(EVENTS_FLUSH_S, drain_s))
+            leading.control_plane = None
+        while leading.publishers:
+            version = next(iter(leading.publishers))
+            await leading.publishers[version].stop()
+            del leading.publishers[version]
+        self.leading = None
 
     async def _inventory_loop(self, leading: Leadership, manager: ManagerInventory) -> None:
         settings = self.settings.inventory

@@ -253,9 +253,11 @@ class ClaimReconciler:
     async def stop(self, drain_s: float = 10.0) -> None:
         """Stop taking work, let in-flight reconciles finish (up to ``drain_s`` seconds, then
         they are cancelled: the journal makes that safe), send the queued Events, stop the
-        informers."""
+        informers. Events not sent within ``min(5, drain_s)`` seconds are dropped."""
         self.journal.feed.remove_release_listener(self._on_release)
-        await self.runtime.stop(drain_s, before_informers=self.events.close)
+        await self.runtime.stop(
+            drain_s, before_informers=lambda: self.events.close(timeout_s=min(5.0, drain_s))
+        )
 
     def informers(self) -> tuple[Informer, ...]:
         """The informers this reconciler runs (for metrics)."""

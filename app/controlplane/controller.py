@@ -226,9 +226,12 @@ class ControlPlaneController:
                 self.queue.add(("claim", reservation.claim.uid, ""))
         self._enqueue_everything()
 
-    async def stop(self) -> None:
-        """Stop taking work, stop the workers, send the queued Events, stop the informers."""
-        await self.runtime.stop(before_informers=self.events.close)
+    async def stop(self, events_timeout_s: float = 5.0) -> None:
+        """Stop taking work, stop the workers, send the queued Events (those not sent within
+        ``events_timeout_s`` seconds are dropped), stop the informers."""
+        await self.runtime.stop(
+            before_informers=lambda: self.events.close(timeout_s=events_timeout_s)
+        )
 
     def is_healthy(self) -> bool:
         """True while every informer is synced and healthy and no worker has died."""

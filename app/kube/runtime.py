@@ -244,12 +244,18 @@ class Controller(Generic[K]):
         """Stop taking work; let in-flight passes finish for up to ``drain_s`` seconds (then
         they are cancelled); cancel the loops; await ``before_informers()`` (flush what the
         passes queued, Events say); stop the informers. A task that had died is logged, and
-        does not stop the shutdown."""
+        does not stop the shutdown. Cancellation-safe: the tasks are cancelled even when this
+        stop is, and calling it again finishes the stop."""
         self.queue.shutdown()
-        if self._workers and drain_s > 0:
-            await asyncio.wait(self._workers, timeout=drain_s)
-        for task in self._tasks:
-            task.cancel()
+        try:
+            if self._workers and drain_s > 0:
+                await asyncio.wait(self._workers, timeout=drain_s)
+        finally:
+            # Even when this stop is itself cancelled mid-drain (a deadline): a pass left
+            # running would hold its database connection past the process's end. A second
+            # stop() awaits them.
+            for task in self._tasks:
+                task.cancel()
         for task in self._tasks:
             try:
                 await task

@@ -481,6 +481,32 @@ async def test_close_logs_out_and_is_idempotent(serve: Serve, make_backend: Make
         await backend.list_hosts()
 
 
+async def test_close_does_not_wait_long_for_a_logout_the_service_does_not_answer(
+    serve: Serve,
+    make_backend: Make,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A shutdown must not hang on a fabric manager that stopped answering: the session is
+    # left to expire on the service.
+    from app.fabric.redfish import transport
+
+    monkeypatch.setattr(transport, "LOGOUT_TIMEOUT_S", 0.2)
+    caplog.set_level("INFO", logger="app.fabric.redfish.transport")
+    sim = simulator(auth="any")
+    url = await serve(sim)
+    backend = make_backend(url)
+    await backend.list_hosts()
+    sim.faults.latency_s = 2.0
+    try:
+        await asyncio.wait_for(backend.close(), 1.5)
+    finally:
+        sim.faults.latency_s = 0
+    assert "no answer within 0 s; the session is left to expire" in caplog.text
+    with pytest.raises(FabricError, match="closed"):
+        await backend.list_hosts()
+
+
 async def test_basic_auth_lists_without_a_session(serve: Serve, make_backend: Make) -> None:
     sim = simulator(auth="basic")
     script = Script()

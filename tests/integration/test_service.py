@@ -4,6 +4,7 @@ real HTTP against the Kubernetes API emulator and the Redfish simulator."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from functools import partial
@@ -86,7 +87,8 @@ def settings_for(
         "FABRIC_DRA_LEADER__RETRY_PERIOD_SECONDS": "0.5",
         **extra,
     }
-    return load_settings(environ=environ)
+    # An empty value in ``extra`` drops that setting.
+    return load_settings(environ={k: v for k, v in environ.items() if v != ""})
 
 
 URLS: dict[int, str] = {}
@@ -666,4 +668,91 @@ async def test_not_ready_until_the_leaders_parts_have_started(
         assert not [c for c in ready["checks"] if c["name"] == "leading"]
     finally:
         release.set()
+        await service.stop(deadline_s=5)
+
+
+async def test_a_stop_past_its_deadline_cancels_the_attach_in_flight_and_leaves_no_task(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
+) -> None:
+    # The attach in flight outlasts the stop's deadline: the step-down's drain is cut short.
+    # Everything the leader ran must still be cancelled and awaited by stop(), and no database
+    # connection left checked out (an aiosqlite connection keeps a process from ending).
+    from app.journal import ATTACHING, Journal
+
+    emu, sim = cluster
+    service = Service(settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/d.db"))
+    await service.start()
+    stopped = False
+    try:
+        await eventually(lambda: len(slices(emu)) == 1, what="slices")
+        device = slices(emu)[0]["spec"]["devices"][0]["name"]
+        sim.faults.latency_s = 30.0
+        allocate(emu, "default", "c1", device, NODES[0])
+        journal = Journal(service.db)
+
+        async def attaching() -> bool:
+            return any(r.state == ATTACHING for r in await journal.active())
+
+        await eventually(attaching, what="an attach in flight")
+        pool = service.db.engine.pool
+        await asyncio.wait_for(service.stop(deadline_s=1.0), 15)
+        stopped = True
+        left = [
+            t.get_name()
+            for t in asyncio.all_tasks()
+            if t is not asyncio.current_task()
+            and not t.done()
+            and t.get_name().startswith(("claims-", "supervised-", "event-recorder", "leading"))
+        ]
+        assert left == []
+        assert pool.checkedout() == 0
+        assert service.leading is None
+    finally:
+        sim.faults.latency_s = 0
+        if not stopped:
+            await service.stop(deadline_s=5)
+
+
+async def test_two_fabric_managers_lose_and_regain_leadership(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
+) -> None:
+    # Each fabric manager has its own inventory loop ("inventory a", "inventory b"); a step-down
+    # must stop them all, or the next term cannot start them again.
+    emu, sim = cluster
+    service = Service(
+        settings_for(
+            tmp_path,
+            emu,
+            sim,
+            f"sqlite+aiosqlite:///{tmp_path}/m.db",
+            FABRIC_DRA_FABRIC__URL="",
+            FABRIC_DRA_FABRIC__USERNAME_FILE="",
+            FABRIC_DRA_FABRIC__PASSWORD_FILE="",
+            FABRIC_DRA_FABRIC__RETRY_ATTEMPTS="",
+            FABRIC_DRA_FABRICS=json.dumps(
+                [
+                    {
+                        "name": name,
+                        "url": sim_url(sim),
+                        "username_file": str(tmp_path / "user"),
+                        "password_file": str(tmp_path / "password"),
+                    }
+                    for name in ("a", "b")
+                ]
+            ),
+        )
+    )
+    await service.start()
+    try:
+        await eventually(lambda: service.leading is not None and service.leading.started)
+        names = {state.name for state in service.supervisor.states()}
+        assert {"inventory a", "inventory b"} <= names, names
+        await service._on_stopped_leading()
+        names = {state.name for state in service.supervisor.states()}
+        assert not {n for n in names if n.startswith(("inventory", "publish"))}, names
+        await service._on_started_leading()
+        await eventually(lambda: service.leading is not None and service.leading.started)
+        names = {state.name for state in service.supervisor.states()}
+        assert {"inventory a", "inventory b", "publish"} <= names, names
+    finally:
         await service.stop(deadline_s=5)

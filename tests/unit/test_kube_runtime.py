@@ -179,6 +179,45 @@ async def test_stop_without_drain_cancels_the_pass_and_runs_the_flush_step() -> 
     assert cancelled == ["k"] and flushed == ["events"]
 
 
+async def test_a_stop_cancelled_mid_drain_still_cancels_the_pass_and_a_second_stop_ends_it() -> (
+    None
+):
+    # A service's deadline cancels its step-down while the drain waits: the pass must not be
+    # left running (it would hold its database connection past the process's end).
+    started = asyncio.Event()
+    cancelled: list[str] = []
+    flushed: list[str] = []
+
+    class Stuck:
+        async def reconcile(self, key: str) -> bool:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(key)
+                raise
+            return False
+
+    async def flush() -> None:
+        flushed.append("events")
+
+    runtime: Controller[str] = Controller(
+        Stuck(), RuntimeSettings("stuck", workers=1), WorkQueue(WorkQueueSettings(name="stuck"))
+    )
+    await runtime.start()
+    runtime.queue.add("k")
+    await started.wait()
+    stopping = asyncio.create_task(runtime.stop(drain_s=60, before_informers=flush))
+    await asyncio.sleep(0.05)
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    await eventually(lambda: cancelled == ["k"], what="the pass cancelled")
+    assert flushed == []
+    await runtime.stop(before_informers=flush)
+    assert flushed == ["events"]
+
+
 async def test_a_loop_that_ends_makes_the_controller_unhealthy() -> None:
     runtime = make(Script({}), HandClock())
     ended = asyncio.Event()

@@ -54,6 +54,8 @@ U = TypeVar("U")
 
 AuthMode = Literal["session", "basic", "none"]
 SESSIONS = "/redfish/v1/SessionService/Sessions"
+LOGOUT_TIMEOUT_S = 3.0
+"""How long closing waits for the login session's DELETE, seconds (best effort)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,21 +599,33 @@ class RedfishTransport:
                         f"{context}: {err.__class__.__name__}: {self._redact(str(err))}"
                     ) from err
 
-    async def close(self) -> None:
-        """Delete the login session (best effort) and close the owned HTTP session.
+    async def close(self, logout_timeout_s: float | None = None) -> None:
+        """Delete the login session (best effort, given up after ``logout_timeout_s``
+        seconds, :data:`LOGOUT_TIMEOUT_S` by default: the service expires an idle session by
+        itself) and close the owned HTTP session.
 
         Safe to call twice.
         """
         if self._closed:
             return
+        if logout_timeout_s is None:
+            logout_timeout_s = LOGOUT_TIMEOUT_S
         try:
             if self._token is not None and self._session_uri is not None:
                 try:
-                    status, _, _ = await self._send(
-                        "DELETE", self._session_uri, headers={"X-Auth-Token": self._token}
-                    )
+                    async with asyncio.timeout(logout_timeout_s):
+                        status, _, _ = await self._send(
+                            "DELETE", self._session_uri, headers={"X-Auth-Token": self._token}
+                        )
                     if status >= 400 and status != 404:
                         logger.info("redfish logout from %s: HTTP %s", self._origin, status)
+                except TimeoutError:
+                    logger.info(
+                        "redfish logout from %s: no answer within %.0f s; the session is left "
+                        "to expire",
+                        self._origin,
+                        logout_timeout_s,
+                    )
                 except (FabricError, RuntimeError) as err:
                     # RuntimeError: an injected session that its owner closed already.
                     logger.info("redfish logout from %s failed: %s", self._origin, err)
