@@ -41,11 +41,11 @@ from app.db.engine import Database
 from app.db.migrate import upgrade
 from app.db.models import Device
 from app.fabric.redfish.backend import RedfishBackend
+from app.heap import settle_heap
 from app.inventory import InventorySync
 from app.journal import Journal
 from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
 from app.kube.versions import ResourceApiVersion
-from app.service import settle_heap
 from bench.common import (
     ServerProcess,
     StatementCount,

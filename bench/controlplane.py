@@ -55,6 +55,7 @@ from app.fabric.types import (
     Operation,
     OperationState,
 )
+from app.heap import HeapSettler, settle_heap
 from app.inventory import InventorySync
 from app.inventory.queries import pool_devices
 from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
@@ -62,7 +63,6 @@ from app.kube.informer import InformerSettings
 from app.kube.versions import ResourceApiVersion, slice_to_wire
 from app.kube.workqueue import WorkQueueSettings
 from app.pools import PoolConfig, desired_pools, resource_slice_spec
-from app.service import settle_heap
 from bench.common import (
     ServerProcess,
     WindowProfile,
@@ -413,6 +413,7 @@ async def _run(
             informer=informer,
             queue=WorkQueueSettings(base_delay_s=0.01, max_delay_s=0.5, qps=1000, burst=1000),
         ),
+        heap=HeapSettler(),  # as the service does
     )
     controller.passes = collections.Counter()
     started = time.perf_counter()

@@ -38,12 +38,12 @@ from app.db.migrate import upgrade
 from app.db.models import Device
 from app.fabric.redfish.backend import RedfishBackend
 from app.fabric.types import DeviceType, FabricDevice
+from app.heap import settle_heap
 from app.inventory import InventorySync
 from app.journal import Journal
 from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
 from app.kube.informer import Informer, InformerSettings
 from app.kube.versions import ResourceApiVersion
-from app.service import settle_heap
 from bench.claims import percentile
 from bench.common import (
     at_least,

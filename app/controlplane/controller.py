@@ -44,6 +44,7 @@ from app.controlplane.snapshot import SnapshotCache
 from app.db.engine import Database
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
+from app.heap import HeapSettler
 from app.inventory.queries import host_refs
 from app.journal import Journal
 from app.jsontypes import JsonDict
@@ -98,6 +99,8 @@ class ControlPlaneController:
         checkpoint: awaited at ``after-reserve`` (devices reserved, allocation not written),
             ``after-intent`` and ``after-attach`` (see :class:`FabricOps`); crash tests stop
             the controller there. None in production.
+        heap: settles the heap after the pools are rebuilt (see :mod:`app.heap`); None
+            leaves the collector alone.
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class ControlPlaneController:
         clock: Callable[[], dt.datetime] = utcnow,
         allocator: Allocator | None = None,
         checkpoint: Callable[[str], Awaitable[None]] | None = None,
+        heap: HeapSettler | None = None,
     ) -> None:
         self.client = client
         self.db = db
@@ -168,6 +172,7 @@ class ControlPlaneController:
             host_key=settings.host_key,
             hosts_refresh_s=settings.hosts_refresh_s,
             answers=self.answers,
+            heap=heap,
         )
         self.scheduling = SchedulingPass(self)
         self.claim_pass = ClaimPass(self)

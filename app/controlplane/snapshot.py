@@ -27,6 +27,7 @@ from app.allocator import (
 )
 from app.allocator.model import DeviceId
 from app.controlplane import plan as cp
+from app.heap import HeapSettler
 from app.heldfeed import HeldFeed
 from app.hostmap import HostIndex, HostRef, host_ref_for_node
 from app.kube.informer import Informer
@@ -95,6 +96,8 @@ class SnapshotCache:
         host_match, host_key: node -> fabric host rule (see :mod:`app.hostmap`).
         hosts_refresh_s: how long a host map is reused.
         answers: the answer memo; cleared whenever pools, classes or nodes are rebuilt.
+        heap: told when the pools were rebuilt, and ticked at every build (see
+            :class:`app.heap.HeapSettler`); None leaves the collector alone.
         now: monotonic seconds.
     """
 
@@ -112,6 +115,7 @@ class SnapshotCache:
         host_key: str,
         hosts_refresh_s: float,
         answers: cp.NodeAnswers,
+        heap: HeapSettler | None = None,
         now: Callable[[], float] = time.monotonic,
     ) -> None:
         self._slices = slices
@@ -125,6 +129,7 @@ class SnapshotCache:
         self.host_key = host_key
         self.hosts_refresh_s = hosts_refresh_s
         self.answers = answers
+        self._heap = heap
         self._now = now
         self._changes: dict[Source, int] = dict.fromkeys(SOURCES, 0)
         self._parts: _Parts | None = None
@@ -166,7 +171,8 @@ class SnapshotCache:
         def fresh(*sources: Source) -> bool:
             return old is not None and all(old.versions[s] == versions[s] for s in sources)
 
-        if old is not None and fresh("slices"):
+        rebuilt = not fresh("slices")
+        if old is not None and not rebuilt:
             pools = old.pools
         else:
             pools = gather_pools(
@@ -193,6 +199,11 @@ class SnapshotCache:
         if not fresh("slices", "classes", "nodes"):
             self.answers.clear()
         self._parts = _Parts(versions, pools, classes, selectors, nodes, reachable)
+        if self._heap is not None:
+            if rebuilt:
+                self._heap.rebuilt()  # the old pools are unreachable now: freed at once
+            else:
+                self._heap.tick()
         return Snapshot(pools, classes, selectors, in_use, nodes, hosts, reachable)
 
     async def host_map(self) -> Mapping[str, str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from app.controlplane import plan as cp
 from app.controlplane.snapshot import SnapshotCache
+from app.heap import HeapSettler
 from app.heldfeed import HeldFeed
 from app.hostmap import HostRef
 from app.reservations import HeldDevice
@@ -38,6 +39,10 @@ class Sources:
         self.host_reads = 0
         self.held_reads = 0
         self.now = 100.0
+        self.settles: list[float] = []
+        self.heap = HeapSettler(
+            60.0, now=lambda: self.now, settle=lambda: self.settles.append(self.now)
+        )
 
     async def host_refs(self) -> Sequence[HostRef]:
         self.host_reads += 1
@@ -60,6 +65,7 @@ class Sources:
             host_key="fabric-dra.io/host-id",
             hosts_refresh_s=10.0,
             answers=cp.NodeAnswers(),
+            heap=self.heap,
             now=lambda: self.now,
         )
 
@@ -121,3 +127,26 @@ async def test_the_host_map_is_read_again_only_when_changed_or_aged() -> None:
     await cache.snapshot(set())
     assert sources.host_reads == 4
     assert cache.answers._specs, "a host change alone keeps the memo"
+
+
+async def test_the_heap_is_settled_after_the_pools_are_rebuilt_at_most_once_a_minute() -> None:
+    sources = Sources()
+    cache = sources.cache()
+    await cache.snapshot(set())
+    assert sources.settles == [100.0], "the first pools are settled at once"
+    cache.changed("classes", "nodes")
+    await cache.snapshot(set())
+    assert sources.settles == [100.0], "pools not rebuilt: nothing to settle"
+    sources.now += 10
+    cache.changed("slices")
+    await cache.snapshot(set())
+    assert sources.settles == [100.0], "too soon after the last settle"
+    sources.now += 49
+    await cache.snapshot(set())
+    assert sources.settles == [100.0]
+    sources.now += 1
+    await cache.snapshot(set())
+    assert sources.settles == [100.0, 160.0], "the waiting rebuild, once due"
+    sources.now += 100
+    await cache.snapshot(set())
+    assert sources.settles == [100.0, 160.0], "nothing rebuilt since"
