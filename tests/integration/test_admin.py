@@ -1314,3 +1314,48 @@ async def test_cordon_uncordon_and_release_act_through_the_admin_api(
     code, out, err = await _cli("release", str(rid), *with_token)
     assert code == 0 and f"reservation {rid}" in out and "released" in out, err
     assert (await reservation(admin.db, rid)).state == RELEASED
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (
+            b"GET /status HTTP/1.1\r\nAuthorization: Bearer sup3rsecret\x01x\r\n\r\n",
+            "Invalid header value char",
+        ),
+        (
+            b"GET /status HTTP/1.1\r\nAuthorization: Bearer sup3rsecret"
+            + b"s" * 9000
+            + b"\r\n\r\n",
+            "Got more than 8190 bytes when reading",
+        ),
+        (
+            b"GET /status HTTP/1.1\r\nContent-Length: sup3rsecret\r\n\r\n",
+            "Invalid character in Content-Length",
+        ),
+    ],
+)
+async def test_a_request_that_cannot_be_parsed_is_one_warning_line_without_its_bytes(
+    admin: Admin, caplog: pytest.LogCaptureFixture, raw: bytes, reason: str
+) -> None:
+    from app.logs import install_bad_request_filter
+
+    installed = install_bad_request_filter()
+    try:
+        caplog.set_level("DEBUG", logger="aiohttp.server")
+        server = admin.client.server
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(raw)
+        await writer.drain()
+        answer = await reader.read(200)
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        logging.getLogger("aiohttp.server").removeFilter(installed)
+    assert answer.startswith(b"HTTP/1.0 400"), answer
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert [(r.levelname, r.exc_info) for r in records] == [("WARNING", None)]
+    assert records[0].getMessage() == f"bad HTTP request from 127.0.0.1: {reason} (answered 400)"
+    assert "sup3rsecret" not in caplog.text
+    # The endpoint goes on answering.
+    assert await get_json(admin, "/healthz") == {"status": "ok"}

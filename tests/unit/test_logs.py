@@ -71,3 +71,78 @@ def test_json_time_is_utc_whatever_the_local_time_zone(monkeypatch: pytest.Monke
         monkeypatch.undo()
         time.tzset()
     assert entry["time"] == "2026-01-02T03:04:05.250Z"
+
+
+def test_setup_logging_filters_aiohttps_bad_request_records_once() -> None:
+    from app.logs import BadRequestFilter, setup_logging
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    server = logging.getLogger("aiohttp.server")
+    try:
+        setup_logging("INFO")
+        setup_logging("INFO")
+        assert sum(isinstance(f, BadRequestFilter) for f in server.filters) == 1
+    finally:
+        for f in [f for f in server.filters if isinstance(f, BadRequestFilter)]:
+            server.removeFilter(f)
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+
+
+def test_a_bad_request_record_keeps_its_client_and_reason_only() -> None:
+    from aiohttp.http_exceptions import LineTooLong
+
+    from app.logs import BadRequestFilter
+
+    try:
+        raise LineTooLong(b"Bearer abcdefghij...", "8190")
+    except LineTooLong as err:
+        record = logging.LogRecord(
+            "aiohttp.server",
+            logging.ERROR,
+            __file__,
+            1,
+            "Error handling request from %s",
+            ("10.0.0.9",),
+            (type(err), err, err.__traceback__),
+        )
+    assert BadRequestFilter().filter(record)
+    assert record.levelname == "WARNING" and record.exc_info is None
+    assert record.getMessage() == (
+        "bad HTTP request from 10.0.0.9: Got more than 8190 bytes when reading (answered 400)"
+    )
+
+
+def test_other_aiohttp_server_records_pass_unchanged() -> None:
+    from app.logs import BadRequestFilter
+
+    try:
+        raise RuntimeError("handler bug")
+    except RuntimeError as err:
+        record = logging.LogRecord(
+            "aiohttp.server",
+            logging.ERROR,
+            __file__,
+            1,
+            "Error handling request from %s",
+            ("10.0.0.9",),
+            (type(err), err, err.__traceback__),
+        )
+    assert BadRequestFilter().filter(record)
+    assert record.levelname == "ERROR" and record.exc_info is not None
+
+
+def test_a_plain_traceback_is_redacted() -> None:
+    from app.logs import RedactingPlainFormatter
+
+    try:
+        raise ValueError("Authorization: Bearer abc123secret")
+    except ValueError as err:
+        record = logging.LogRecord(
+            "x", logging.ERROR, __file__, 1, "failed", (), (type(err), err, err.__traceback__)
+        )
+    assert "abc123secret" not in RedactingPlainFormatter("%(message)s").format(record)
