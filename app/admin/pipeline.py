@@ -265,7 +265,7 @@ async def _body(request: web.Request, context: AdminContext, route: Route) -> An
         return None
     too_deep = f"the body is nested more than {MAX_BODY_DEPTH} levels deep"
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_not_json_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ApiError(400, f"the body is not valid JSON: {err}") from err
     except RecursionError as err:
@@ -273,6 +273,11 @@ async def _body(request: web.Request, context: AdminContext, route: Route) -> An
     if _too_deep(value, MAX_BODY_DEPTH):
         raise ApiError(400, too_deep)
     return value
+
+
+def _not_json_constant(name: str) -> Any:
+    # Python's json reads NaN, Infinity and -Infinity; RFC 8259 JSON has no such numbers.
+    raise json.JSONDecodeError(f"{name} is not a JSON number", name, 0)
 
 
 def endpoint(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

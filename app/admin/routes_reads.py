@@ -20,6 +20,7 @@ from app.admin.context import AdminContext, Check
 from app.admin.dashboard import dashboard_model
 from app.admin.history import charts
 from app.admin.pipeline import OPENAPI, TEMPLATE_ENV, ApiError, Call, json_answer
+from app.allocator import SpecError, claim_from_json
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,10 @@ async def what_if(call: Call) -> web.Response:
         items = spec["devices"].get(key, [])
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise ApiError(400, f"devices.{key} must be a list of objects")
+    try:
+        claim_from_json(spec, namespace="what-if", name="claim")
+    except SpecError as err:
+        raise ApiError(400, f"the claim spec cannot be read: {err}") from err
     return json_answer(await call.context.what_if(spec))
 
 

@@ -314,7 +314,11 @@ def _device_request(name: str, parent: str, body: Mapping[str, Any]) -> DeviceRe
     if mode not in (ALLOCATION_MODE_EXACT_COUNT, ALLOCATION_MODE_ALL):
         raise SpecError(f"request {name!r}: unknown allocationMode {mode!r}")
     count = body.get("count")
-    count = 1 if count is None else int(count)
+    if count is None:
+        count = 1
+    elif isinstance(count, bool) or not isinstance(count, int):
+        # An int64 in the API (k8s.io/api/resource/v1 types.go, DeviceRequest.Count).
+        raise SpecError(f"request {name!r}: count must be an integer, not {count!r}")
     if mode == ALLOCATION_MODE_EXACT_COUNT and count < 1:
         raise SpecError(f"request {name!r}: count must be greater than 0, not {count}")
     class_name = str(body.get("deviceClassName") or "")

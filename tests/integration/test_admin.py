@@ -572,6 +572,7 @@ async def test_what_if_answers_from_the_allocator(admin: Admin) -> None:
     assert admin.live.what_if_seen == [SPEC]
 
 
+JSON = {"Content-Type": "application/json"}
 BAD_WHAT_IFS = [
     (b"{not json", {"Content-Type": "application/json"}, 400, ["not valid JSON"]),
     (b"[1, 2]", {"Content-Type": "application/json"}, 400, ["'devices' object"]),
@@ -579,6 +580,35 @@ BAD_WHAT_IFS = [
     (b"", {"Content-Type": "application/json"}, 400, ["body is required"]),
     (b"devices: {}", {"Content-Type": "text/plain"}, 415, ["application/json"]),
     (b"{}", {"Content-Type": "application/x-www-form-urlencoded"}, 415, ["application/json"]),
+    (
+        b'{"devices": {"requests": [{"name": "a", "exactly": {"deviceClassName": "gpu",'
+        b' "count": NaN}}]}}',
+        {"Content-Type": "application/json"},
+        400,
+        ["not valid JSON", "NaN is not a JSON number"],
+    ),
+    (b'{"devices": {"requests": []}, "x": -Infinity}', JSON, 400, ["-Infinity is not a JSON"]),
+    (
+        b'{"devices": {"requests": [{"name": "a", "exactly": {"deviceClassName": "gpu",'
+        b' "count": -3}}]}}',
+        JSON,
+        400,
+        ["claim spec cannot be read", "count must be greater than 0, not -3"],
+    ),
+    (
+        b'{"devices": {"requests": [{"name": "a", "exactly": {"deviceClassName": "gpu",'
+        b' "count": "two"}}]}}',
+        JSON,
+        400,
+        ["claim spec cannot be read", "count must be an integer, not 'two'"],
+    ),
+    (
+        b'{"devices": {"requests": [{"name": "a", "exactly": {"deviceClassName": "gpu",'
+        b' "count": 1.5}}]}}',
+        JSON,
+        400,
+        ["count must be an integer, not 1.5"],
+    ),
     (
         b'{"devices": {"requests": []}, "pad": "' + b"x" * 5000 + b'"}',
         {"Content-Type": "application/json"},
