@@ -14,13 +14,14 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import click
 
 from app.commands.common import run
 from app.commands.output import Format, output_option, structured, table
+from app.reservations import STATES
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 # app.admin.routes_actions: the admin API's limit for a reason.
@@ -53,11 +54,25 @@ def check_admin_url(admin_url: str) -> str:
     """``admin_url`` without a trailing slash.
 
     Raises:
-        click.BadParameter: it is not an http:// or https:// URL.
+        click.BadParameter: it is not an http:// or https:// URL with a host, or its port is
+            not a number from 1 to 65535.
     """
     if not admin_url.startswith(("http://", "https://")):
         raise click.BadParameter(
             f"{admin_url!r} is not an http:// or https:// URL", param_hint="--admin-url"
+        )
+    try:
+        parts = urlsplit(admin_url)
+        port = parts.port
+    except ValueError as err:
+        raise click.BadParameter(
+            f"{admin_url!r} is not a valid URL ({err})", param_hint="--admin-url"
+        ) from None
+    if not parts.hostname:
+        raise click.BadParameter(f"{admin_url!r} names no host", param_hint="--admin-url")
+    if port == 0:
+        raise click.BadParameter(
+            f"{admin_url!r}: the port must be from 1 to 65535", param_hint="--admin-url"
         )
     return admin_url.rstrip("/")
 
@@ -222,9 +237,9 @@ def status_lines(document: Mapping[str, Any]) -> list[str]:
         )
     devices = database.get("devices") or {}
     by_state = devices.get("by_state") or {}
+    states = ", ".join(f"{n} {state}" for state, n in by_state.items() if n)
     lines.append(
-        f"devices: {devices.get('present', 0)} present; "
-        + ", ".join(f"{n} {state}" for state, n in by_state.items() if n)
+        f"devices: {devices.get('present', 0)} present" + (f"; {states}" if states else "")
     )
     reservations = database.get("reservations") or {}
     lines.append(f"reservations: {reservations.get('active', 0)} active")
@@ -316,7 +331,8 @@ def status(output: Format, admin_url: str, token_file: Path | None, timeout_s: f
 @click.command()
 @click.option(
     "--state",
-    help="Only reservations in this state (e.g. attached, detach-failed, released).",
+    type=click.Choice(STATES),
+    help="Only reservations in this state.",
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=200, show_default=True)
 @output_option

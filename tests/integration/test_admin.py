@@ -1309,7 +1309,9 @@ async def test_reservations_lists_in_every_output_format(admin: Admin) -> None:
     code, out, err = await _cli("reservations", "--admin-url", url, "-o", "json")
     assert code == 0 and any(item["id"] == rid for item in json.loads(out)["items"])
     code, out, err = await _cli("reservations", "--admin-url", url, "--state", "nothing-like-it")
-    assert code == 1 and len(err.strip().splitlines()) == 1 and "HTTP 400" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "is not one of" in err
+    # The API refuses it too, for other clients.
+    await get_json(admin, "/api/v1/reservations?state=nothing-like-it", 400, headers=AUTH)
 
 
 async def test_cordon_uncordon_and_release_act_through_the_admin_api(

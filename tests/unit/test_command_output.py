@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+import click
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.commands.actions import status_lines
+from app.commands.actions import check_admin_url, status_lines
 from app.commands.output import structured, table
 
 
@@ -96,6 +98,7 @@ def test_status_lines_name_the_leader_each_manager_and_what_needs_attention() ->
 def test_status_lines_survive_a_document_with_parts_missing() -> None:
     lines = status_lines({})
     assert lines[0].startswith("controller ?: driver ?") and lines[-1] == "attention: nothing"
+    assert "devices: 0 present" in lines, lines
     assert status_lines(_status(leader={"enabled": False, "is_leader": True}))[1] == (
         "leader: this replica (leader election off)"
     )
@@ -118,3 +121,39 @@ def test_status_lines_show_each_configured_manager_with_its_url_and_events() -> 
     assert "4 devices" in lines[2]
     assert lines[3] == "fabric manager hall-b (https://b.example): never synced"
     assert lines[4].startswith("devices: ")
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("ftp://127.0.0.1:1", "not an http:// or https:// URL"),
+        ("http://127.0.0.1:99999", "not a valid URL (Port out of range"),
+        ("http://127.0.0.1:abc", "not a valid URL"),
+        ("http://[::1", "not a valid URL"),
+        ("http://:8080", "names no host"),
+        ("http://127.0.0.1:0", "the port must be from 1 to 65535"),
+    ],
+)
+def test_a_bad_admin_url_is_a_usage_error(url: str, words: str) -> None:
+    with pytest.raises(click.BadParameter, match=re.escape(words)):
+        check_admin_url(url)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8080/", "https://[::1]:8443", "http://controller.ns.svc"]
+)
+def test_a_good_admin_url_loses_its_trailing_slash_only(url: str) -> None:
+    assert check_admin_url(url) == url.rstrip("/")
+
+
+def test_reservations_refuses_an_unknown_state_before_connecting() -> None:
+    from click.testing import CliRunner
+
+    from app.commands.actions import reservations
+
+    result = CliRunner().invoke(
+        reservations, ["--state", "bogus", "--admin-url", "http://127.0.0.1:1"]
+    )
+    assert result.exit_code == 2
+    assert "'bogus' is not one of 'pending'" in result.output
+    assert "cannot reach" not in result.output
