@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 from alembic.util import CommandError
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.commands.common import Settings, run, settings_options
+from app.config import redact_url
 from app.db import migrate
-from app.db.engine import check_usable, make_engine, unusable
+from app.db.engine import check_usable, make_engine, missing_sqlite_file, unusable
 
 
 async def _do(settings: Settings, action: str, revision: str | None) -> str | None:
@@ -45,9 +48,24 @@ def upgrade(revision: str, settings: Settings) -> None:
 
 @db.command()
 @click.argument("revision")
+@click.option(
+    "--yes",
+    is_flag=True,
+    help="Do not ask: a downgrade drops tables or columns, and the rows in them.",
+)
 @settings_options
-def downgrade(revision: str, settings: Settings) -> None:
-    """Downgrade the schema to REVISION ('base' removes every table)."""
+def downgrade(revision: str, yes: bool, settings: Settings) -> None:
+    """Downgrade the schema to REVISION ('base' removes every table, with its rows)."""
+    if not yes:
+        question = (
+            f"Downgrade {redact_url(settings.database.url)} to {revision}? Tables or columns "
+            "are dropped with their rows"
+        )
+        if not sys.stdin.isatty():
+            raise click.UsageError(
+                "a downgrade drops tables or columns with their rows; give --yes to go on"
+            )
+        click.confirm(question, abort=True)
     now = run(_do(settings, "downgrade", revision))
     click.echo(f"database at revision {now or 'base (empty)'}")
 
@@ -55,8 +73,13 @@ def downgrade(revision: str, settings: Settings) -> None:
 @db.command()
 @settings_options
 def current(settings: Settings) -> None:
-    """Print the schema's current revision ('none' for an empty database)."""
-    now = run(_do(settings, "current", None))
+    """Print the schema's current revision ('none' for an empty database). A SQLite file that
+    does not exist is not created."""
     head = migrate.head_revision()
+    missing = missing_sqlite_file(make_engine(settings.database.url))
+    if missing is not None:
+        click.echo(f"none (no database file at {missing}; head is {head})")
+        return
+    now = run(_do(settings, "current", None))
     state = "up to date" if now == head else f"head is {head}"
     click.echo(f"{now or 'none'} ({state})")

@@ -284,12 +284,20 @@ async def test_bad_input_gives_one_clear_error(
 async def test_db_upgrade_current_downgrade(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
     code, out, err = await cli("db", "current", "--database-url", url, cwd=tmp_path)
-    assert code == 0 and out.startswith("none"), err
+    assert code == 0 and out.startswith("none (no database file at"), err
+    assert not (tmp_path / "x.db").exists(), "a read-only command creates no file"
     code, out, err = await cli("db", "upgrade", "--database-url", url, cwd=tmp_path)
     assert code == 0 and f"database at revision {head_revision()}" in out, err
     code, out, _ = await cli("db", "current", "--database-url", url, cwd=tmp_path)
     assert "(up to date)" in out
-    code, out, _ = await cli("db", "downgrade", "base", "--database-url", url, cwd=tmp_path)
+    # Not on a terminal and without --yes: refused, one line, nothing dropped.
+    code, out, err = await cli("db", "downgrade", "base", "--database-url", url, cwd=tmp_path)
+    assert code == 2 and "give --yes" in err and len(err.strip().splitlines()) == 1, err
+    code, out, _ = await cli("db", "current", "--database-url", url, cwd=tmp_path)
+    assert "(up to date)" in out
+    code, out, _ = await cli(
+        "db", "downgrade", "base", "--yes", "--database-url", url, cwd=tmp_path
+    )
     assert code == 0 and "base (empty)" in out
 
 
