@@ -175,6 +175,13 @@ class Leadership:
             manager.inventory.trigger()
 
 
+def _one_line(err: BaseException) -> str:
+    """An error's first line (a database driver's message carries the statement and a link
+    on further lines), or its type when it has no text."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 async def _first_of(*events: asyncio.Event, timeout_s: float) -> None:
     """Wait until any of ``events`` is set, or ``timeout_s`` seconds."""
     waiters = [asyncio.ensure_future(event.wait()) for event in events]
@@ -771,22 +778,11 @@ class Service:
         checks: list[tuple[str, bool, str]] = []
         try:
             await self.db.ping()
-            checks.append(("database", True, "reachable"))
-            for status in await list_status(self.db):
-                if status.stale:
-                    since = (
-                        status.last_success_at.isoformat() if status.last_success_at else "never"
-                    )
-                    checks.append(
-                        (
-                            f"inventory {status.backend}",
-                            True,
-                            f"stale (last complete sync {since}); not a readiness failure: "
-                            "alert on fabric_dra_inventory_stale",
-                        )
-                    )
         except Exception as err:
-            checks.append(("database", False, str(err)))
+            checks.append(("database", False, _one_line(err)))
+        else:
+            checks.append(("database", True, "reachable"))
+            checks.extend(await self._inventory_checks())
         if self.elector is not None:
             known = self.elector.is_leader.is_set() or self.elector.leader_identity is not None
             checks.append(("leader", known, f"leader is {self.elector.leader_identity or '?'}"))
@@ -859,6 +855,27 @@ class Service:
                 }
             )
         return out
+
+    async def _inventory_checks(self) -> list[tuple[str, bool, str]]:
+        """A passing check per stale inventory (see :meth:`readiness_checks`), or one failing
+        check when the inventory status cannot be read (the schema missing or behind)."""
+        checks: list[tuple[str, bool, str]] = []
+        try:
+            statuses = await list_status(self.db)
+        except Exception as err:
+            return [("inventory status", False, f"{_one_line(err)} (is the schema at head?)")]
+        for status in statuses:
+            if status.stale:
+                since = status.last_success_at.isoformat() if status.last_success_at else "never"
+                checks.append(
+                    (
+                        f"inventory {status.backend}",
+                        True,
+                        f"stale (last complete sync {since}); not a readiness failure: "
+                        "alert on fabric_dra_inventory_stale",
+                    )
+                )
+        return checks
 
     async def status(self) -> dict[str, Any]:
         """A JSON-ready summary of the live parts."""

@@ -756,3 +756,37 @@ async def test_two_fabric_managers_lose_and_regain_leadership(
         assert {"inventory a", "inventory b", "publish"} <= names, names
     finally:
         await service.stop(deadline_s=5)
+
+
+async def test_readiness_says_once_in_one_line_when_the_schema_is_gone(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
+) -> None:
+    # An operator ran `db downgrade base` under a running controller: the database still
+    # answers, the inventory status cannot be read.
+    from sqlalchemy import text
+
+    emu, sim = cluster
+    service = Service(
+        settings_for(
+            tmp_path,
+            emu,
+            sim,
+            f"sqlite+aiosqlite:///{tmp_path}/g.db",
+            FABRIC_DRA_LEADER__ENABLED="false",
+        )
+    )
+    await service.start()
+    try:
+        await eventually(lambda: _ready(service.admin_port), what="ready")
+        async with service.db.engine.begin() as connection:
+            await connection.execute(text("DROP TABLE inventory_status"))
+        status, ready = await get_json(service.admin_port or 0, "/readyz")
+        assert status == 503, ready
+        named = {c["name"]: c for c in ready["checks"]}
+        assert [c["name"] for c in ready["checks"]].count("database") == 1
+        assert named["database"]["ok"] is True
+        check = named["inventory status"]
+        assert check["ok"] is False and "inventory_status" in check["message"]
+        assert "\n" not in check["message"] and check["message"].endswith("at head?)")
+    finally:
+        await service.stop(deadline_s=5)
