@@ -150,6 +150,24 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _shadowed_scalar(
+    base: Mapping[str, Any], top: Mapping[str, Any], loc: tuple[str, ...] = ()
+) -> tuple[tuple[str, ...], Any] | None:
+    """The first place where ``base`` holds a value that is not a mapping (nor null) and
+    ``top`` a section, with that value; None when there is none."""
+    for key, value in top.items():
+        if key not in base or not isinstance(value, Mapping):
+            continue
+        below = base[key]
+        if isinstance(below, Mapping):
+            found = _shadowed_scalar(below, value, (*loc, key))
+            if found is not None:
+                return found
+        elif below is not None:
+            return (*loc, key), below
+    return None
+
+
 def _lookup(layer: Mapping[str, Any], loc: tuple[int | str, ...]) -> bool:
     # A value found at a prefix of ``loc`` (a list given as one string) counts as given here.
     node: Any = layer
@@ -272,6 +290,16 @@ def load_settings(
     file_layer = _read_yaml(config_file) if config_file is not None else {}
     env_layer = _env_layer(environ)
     flag_layer = _drop_none(flags or {})
+    shadowed = _shadowed_scalar(file_layer, _deep_merge(env_layer, flag_layer))
+    if shadowed is not None:
+        # The merge would replace it with the environment's or the flags' section: say so
+        # rather than drop the file's mistake without a word.
+        where, value = shadowed
+        shown = redact_url(value) if isinstance(value, str) else value
+        raise ConfigError(
+            f"setting {_setting_name(where)} (from {config_file}): value "
+            f"{shown!r} is not a section; expected a mapping of settings"
+        )
     merged = _deep_merge(_deep_merge(file_layer, env_layer), flag_layer)
     try:
         return Settings(**merged)

@@ -39,6 +39,48 @@ def test_flags_override_environment_which_overrides_the_file(tmp_path: Path) -> 
     assert settings.inventory.poll_interval_seconds == 30
 
 
+@pytest.mark.parametrize(
+    ("text", "environ", "flags", "words"),
+    [
+        (
+            "database: true\n",
+            {"FABRIC_DRA_DATABASE__URL": "sqlite+aiosqlite:///x.db"},
+            None,
+            "setting database (from {file}): value True is not a section",
+        ),
+        (
+            "kube: [1, 2]\n",
+            {"FABRIC_DRA_KUBE__MODE": "url"},
+            None,
+            "setting kube (from {file}): value [1, 2] is not a section",
+        ),
+        (
+            "inventory: poll\n",
+            {},
+            {"inventory": {"poll_interval_seconds": 3}},
+            "setting inventory (from {file}): value 'poll' is not a section",
+        ),
+    ],
+)
+def test_a_scalar_in_the_file_where_a_section_goes_is_refused_even_when_others_set_it(
+    tmp_path: Path, text: str, environ: dict[str, str], flags: dict | None, words: str
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, flags=flags, environ=environ)
+    assert str(caught.value).startswith(words.format(file=config)), caught.value
+
+
+def test_an_empty_section_in_the_file_is_filled_from_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("database:\n")
+    settings = load_settings(
+        config, environ={"FABRIC_DRA_DATABASE__URL": "sqlite+aiosqlite:///x.db"}
+    )
+    assert settings.database.url == "sqlite+aiosqlite:///x.db"
+
+
 def test_the_publisher_resync_period_defaults_to_upstreams_ten_minutes() -> None:
     assert load_settings(environ={}).publisher.resync_period_seconds == 600.0
     settings = load_settings(environ={"FABRIC_DRA_PUBLISHER__RESYNC_PERIOD_SECONDS": "120"})
