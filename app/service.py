@@ -175,6 +175,20 @@ class Leadership:
             manager.inventory.trigger()
 
 
+def _publisher_waits_for(leading: Leadership) -> str:
+    """What a publisher that has not synced waits for: the first inventory sync of the term
+    (with each fabric manager's last failure), or its own first pass."""
+    if leading.inventory_synced:
+        return "syncing"
+    failures = [
+        f"{manager.name}: {manager.last_result.error}"
+        for manager in leading.managers.values()
+        if manager.last_result is not None and not manager.last_result.ok
+    ]
+    waiting = "waiting for the first inventory sync"
+    return f"{waiting}; it failed: {'; '.join(failures)}" if failures else waiting
+
+
 def _one_line(err: BaseException) -> str:
     """An error's first line (a database driver's message carries the statement and a link
     on further lines), or its type when it has no text."""
@@ -797,7 +811,11 @@ class Service:
             for version, publisher in leading.publishers.items():
                 synced = publisher.status().synced
                 checks.append(
-                    (f"publisher {version.value}", synced, "synced" if synced else "syncing")
+                    (
+                        f"publisher {version.value}",
+                        synced,
+                        "synced" if synced else _publisher_waits_for(leading),
+                    )
                 )
             if leading.claims is not None:
                 healthy = leading.claims.is_healthy()

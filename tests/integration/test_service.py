@@ -377,6 +377,13 @@ async def test_slices_are_left_alone_until_the_first_inventory_sync_succeeds(
         await asyncio.sleep(6)  # past the publish loop's 5 s re-check
         assert [s["metadata"]["name"] for s in slices(emu)] == ["kept"]
         assert not emu.writes("/resourceslices")
+        # /readyz says what the publisher waits for, and why it still waits.
+        status, ready = await get_json(service.admin_port or 0, "/readyz")
+        assert status == 503, ready
+        [check] = [c for c in ready["checks"] if c["name"] == "publisher v1"]
+        assert check["message"].startswith(
+            "waiting for the first inventory sync; it failed: redfish: "
+        ), check
     finally:
         await service.stop(deadline_s=5)
 
