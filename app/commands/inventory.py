@@ -169,6 +169,7 @@ async def _inventory(settings: Settings, sync: bool, include_removed: bool) -> I
                         stale_after_failures=settings.inventory.stale_after_failures,
                         name_scope=manager.manager if len(settings.managers) > 1 else None,
                         log_failures=False,  # the command's own warning says it
+                        marks_stale=False,  # the controller's judgement, not a one-off's
                     ).sync_once()
                 finally:
                     await backend.close()

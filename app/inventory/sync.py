@@ -155,6 +155,11 @@ class InventorySync:
             the manager's name when several fabric managers are configured, else None.
         log_failures: log a failed sync as a warning (a command that reports the failure
             itself turns it off, so that a person does not read it twice).
+        marks_stale: failures may mark the inventory stale. The controller's loop does; a
+            one-off sync from the command line records its failure (last error, failures in
+            a row) but leaves staleness to the controller that polls, so that a mistaken
+            manual run (other credentials, say) does not flag a running controller's
+            inventory stale behind its back.
     """
 
     backend: FabricBackend
@@ -164,6 +169,7 @@ class InventorySync:
     clock: Callable[[], dt.datetime] = utcnow
     name_scope: str | None = None
     log_failures: bool = True
+    marks_stale: bool = True
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _known_rejects: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
     last_result: SyncResult | None = field(default=None, init=False)
@@ -590,8 +596,9 @@ class InventorySync:
             status.last_attempt_at = now
             status.consecutive_failures = (status.consecutive_failures or 0) + 1
             status.last_error = error[:2000]
-            status.stale = status.consecutive_failures >= self.stale_after_failures
-            stale = status.stale
+            if self.marks_stale:
+                status.stale = status.consecutive_failures >= self.stale_after_failures
+            stale = bool(status.stale)
             failures = status.consecutive_failures
         if self.log_failures:
             log.warning(

@@ -205,6 +205,27 @@ async def test_backend_down_keeps_the_inventory_and_turns_stale(db: Database) ->
     assert metrics.stale.labels("memory")._value.get() == 0
 
 
+async def test_a_one_off_sync_records_its_failures_but_leaves_staleness_to_the_controller(
+    db: Database,
+) -> None:
+    backend = inventory(regions=1, racks=1, per_rack=3)
+    controller, _ = make_sync(backend, db, stale_after_failures=2)
+    await controller.sync_once()
+    backend.fail_with = FabricUnavailable("connection refused")
+    one_off, _ = make_sync(backend, db, stale_after_failures=2, marks_stale=False)
+    for _ in range(3):
+        result = await one_off.sync_once()
+        assert not result.ok and not result.stale
+    async with db.read() as s:
+        status = await s.get(InventoryStatus, "memory")
+    assert status is not None and not status.stale and status.consecutive_failures == 3
+    assert "connection refused" in (status.last_error or "")
+    # The controller's own failure judges with the failures in a row so far.
+    assert (await controller.sync_once()).stale
+    # A one-off failure leaves a stale mark the controller set, too.
+    assert (await one_off.sync_once()).stale
+
+
 async def test_hosts_are_added_changed_and_removed(db: Database) -> None:
     backend = inventory(regions=1, racks=1, per_rack=1)
     sync, _ = make_sync(backend, db)
