@@ -151,32 +151,43 @@ async def test_stop_lets_an_in_flight_pass_finish_within_the_drain_time() -> Non
     assert finished == ["k"]
 
 
+class Stuck:
+    """A reconciler whose pass never ends until cancelled; records the cancelled keys and
+    the flush step's calls."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled: list[str] = []
+        self.flushed: list[str] = []
+
+    async def reconcile(self, key: str) -> bool:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(key)
+            raise
+        return False
+
+    async def flush(self) -> None:
+        self.flushed.append("events")
+
+    async def running(self) -> Controller[str]:
+        """A started controller of one worker, with key ``k`` in its pass."""
+        runtime: Controller[str] = Controller(
+            self, RuntimeSettings("stuck", workers=1), WorkQueue(WorkQueueSettings(name="stuck"))
+        )
+        await runtime.start()
+        runtime.queue.add("k")
+        await self.started.wait()
+        return runtime
+
+
 async def test_stop_without_drain_cancels_the_pass_and_runs_the_flush_step() -> None:
-    started = asyncio.Event()
-    cancelled: list[str] = []
-    flushed: list[str] = []
-
-    class Stuck:
-        async def reconcile(self, key: str) -> bool:
-            started.set()
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                cancelled.append(key)
-                raise
-            return False
-
-    async def flush() -> None:
-        flushed.append("events")
-
-    runtime: Controller[str] = Controller(
-        Stuck(), RuntimeSettings("stuck", workers=1), WorkQueue(WorkQueueSettings(name="stuck"))
-    )
-    await runtime.start()
-    runtime.queue.add("k")
-    await started.wait()
-    await runtime.stop(before_informers=flush)
-    assert cancelled == ["k"] and flushed == ["events"]
+    stuck = Stuck()
+    runtime = await stuck.running()
+    await runtime.stop(before_informers=stuck.flush)
+    assert stuck.cancelled == ["k"] and stuck.flushed == ["events"]
 
 
 async def test_a_stop_cancelled_mid_drain_still_cancels_the_pass_and_a_second_stop_ends_it() -> (
@@ -184,38 +195,17 @@ async def test_a_stop_cancelled_mid_drain_still_cancels_the_pass_and_a_second_st
 ):
     # A service's deadline cancels its step-down while the drain waits: the pass must not be
     # left running (it would hold its database connection past the process's end).
-    started = asyncio.Event()
-    cancelled: list[str] = []
-    flushed: list[str] = []
-
-    class Stuck:
-        async def reconcile(self, key: str) -> bool:
-            started.set()
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                cancelled.append(key)
-                raise
-            return False
-
-    async def flush() -> None:
-        flushed.append("events")
-
-    runtime: Controller[str] = Controller(
-        Stuck(), RuntimeSettings("stuck", workers=1), WorkQueue(WorkQueueSettings(name="stuck"))
-    )
-    await runtime.start()
-    runtime.queue.add("k")
-    await started.wait()
-    stopping = asyncio.create_task(runtime.stop(drain_s=60, before_informers=flush))
+    stuck = Stuck()
+    runtime = await stuck.running()
+    stopping = asyncio.create_task(runtime.stop(drain_s=60, before_informers=stuck.flush))
     await asyncio.sleep(0.05)
     stopping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopping
-    await eventually(lambda: cancelled == ["k"], what="the pass cancelled")
-    assert flushed == []
-    await runtime.stop(before_informers=flush)
-    assert flushed == ["events"]
+    await eventually(lambda: stuck.cancelled == ["k"], what="the pass cancelled")
+    assert stuck.flushed == []
+    await runtime.stop(before_informers=stuck.flush)
+    assert stuck.flushed == ["events"]
 
 
 async def test_a_loop_that_ends_makes_the_controller_unhealthy() -> None:

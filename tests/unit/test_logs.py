@@ -98,18 +98,7 @@ def test_a_bad_request_record_keeps_its_client_and_reason_only() -> None:
 
     from app.logs import BadRequestFilter
 
-    try:
-        raise LineTooLong(b"Bearer abcdefghij...", "8190")
-    except LineTooLong as err:
-        record = logging.LogRecord(
-            "aiohttp.server",
-            logging.ERROR,
-            __file__,
-            1,
-            "Error handling request from %s",
-            ("10.0.0.9",),
-            (type(err), err, err.__traceback__),
-        )
+    record = _server_error(LineTooLong(b"Bearer abcdefghij...", "8190"))
     assert BadRequestFilter().filter(record)
     assert record.levelname == "WARNING" and record.exc_info is None
     assert record.getMessage() == (
@@ -120,18 +109,7 @@ def test_a_bad_request_record_keeps_its_client_and_reason_only() -> None:
 def test_other_aiohttp_server_records_pass_unchanged() -> None:
     from app.logs import BadRequestFilter
 
-    try:
-        raise RuntimeError("handler bug")
-    except RuntimeError as err:
-        record = logging.LogRecord(
-            "aiohttp.server",
-            logging.ERROR,
-            __file__,
-            1,
-            "Error handling request from %s",
-            ("10.0.0.9",),
-            (type(err), err, err.__traceback__),
-        )
+    record = _server_error(RuntimeError("handler bug"))
     assert BadRequestFilter().filter(record)
     assert record.levelname == "ERROR" and record.exc_info is not None
 
@@ -146,3 +124,19 @@ def test_a_plain_traceback_is_redacted() -> None:
             "x", logging.ERROR, __file__, 1, "failed", (), (type(err), err, err.__traceback__)
         )
     assert "abc123secret" not in RedactingPlainFormatter("%(message)s").format(record)
+
+
+def _server_error(error: Exception) -> logging.LogRecord:
+    """The record aiohttp's server logs for ``error`` raised while handling a request."""
+    try:
+        raise error
+    except Exception as err:
+        return logging.LogRecord(
+            "aiohttp.server",
+            logging.ERROR,
+            __file__,
+            1,
+            "Error handling request from %s",
+            ("10.0.0.9",),
+            (type(err), err, err.__traceback__),
+        )
