@@ -36,6 +36,18 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "FABRIC_DRA_"
 ENV_CONFIG_FILE = "FABRIC_DRA_CONFIG"
+# FABRIC_DRA_ variables that are not settings: the operator commands' own (the admin endpoint
+# and its token, see app.commands.actions) and the test suite's and benchmarks'. The settings
+# loader passes them by, so that one shell can hold them and run every command.
+ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "FABRIC_DRA_ADMIN_URL", "FABRIC_DRA_TOKEN_FILE"})
+ENV_NOT_SETTINGS_PREFIXES = (
+    "FABRIC_DRA_TEST_",
+    "FABRIC_DRA_BENCH_",
+    "FABRIC_DRA_CRASH_",
+    "FABRIC_DRA_CDIM_CRASH_",
+    "FABRIC_DRA_SOAK_",
+    "FABRIC_DRA_SHARED_DATA",
+)
 NESTED_DELIMITER = "__"
 MAX_SECRET_BYTES = 64 * 1024
 

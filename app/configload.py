@@ -22,6 +22,8 @@ from pydantic_settings import EnvSettingsSource
 
 from app.config import (
     ENV_CONFIG_FILE,
+    ENV_NOT_SETTINGS,
+    ENV_NOT_SETTINGS_PREFIXES,
     ENV_PREFIX,
     NESTED_DELIMITER,
     ConfigError,
@@ -95,7 +97,12 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
     """The settings given by ``FABRIC_DRA_*`` variables, nested; unknown names are errors."""
     known_sections = {name: info.annotation for name, info in Settings.model_fields.items()}
     for key in environ:
-        if not key.upper().startswith(ENV_PREFIX) or key.upper() == ENV_CONFIG_FILE:
+        upper = key.upper()
+        if (
+            not upper.startswith(ENV_PREFIX)
+            or upper in ENV_NOT_SETTINGS
+            or upper.startswith(ENV_NOT_SETTINGS_PREFIXES)
+        ):
             continue
         head, _, tail = key[len(ENV_PREFIX) :].lower().partition(NESTED_DELIMITER)
         section = known_sections.get(head)

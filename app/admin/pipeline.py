@@ -173,7 +173,9 @@ def _authorize(request: web.Request, context: AdminContext, access: str) -> None
             {"WWW-Authenticate": 'Bearer realm="fabric-dra"'},
         )
     expected = context.token.get_secret_value().encode()
-    if not hmac.compare_digest(presented.strip().encode(), expected):
+    # aiohttp decodes header bytes that are not UTF-8 as surrogates: encode them back as they
+    # came, so that such a token is compared (and refused) like any other.
+    if not hmac.compare_digest(presented.strip().encode("utf-8", "surrogateescape"), expected):
         log.warning("admin request %s %r refused: wrong token", request.method, request.path)
         raise ApiError(403, "the bearer token is not valid")
 

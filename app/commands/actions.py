@@ -21,6 +21,7 @@ import click
 
 from app.commands.common import run
 from app.commands.output import Format, output_option, structured, table
+from app.config import redact_url
 from app.reservations import STATES
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
@@ -54,25 +55,32 @@ def check_admin_url(admin_url: str) -> str:
     """``admin_url`` without a trailing slash.
 
     Raises:
-        click.BadParameter: it is not an http:// or https:// URL with a host, or its port is
-            not a number from 1 to 65535.
+        click.BadParameter: it is not an http:// or https:// URL with a host, its port is
+            not a number from 1 to 65535, or it carries credentials (never echoed).
     """
+    shown = redact_url(admin_url)
     if not admin_url.startswith(("http://", "https://")):
         raise click.BadParameter(
-            f"{admin_url!r} is not an http:// or https:// URL", param_hint="--admin-url"
+            f"{shown!r} is not an http:// or https:// URL", param_hint="--admin-url"
         )
     try:
         parts = urlsplit(admin_url)
         port = parts.port
     except ValueError as err:
         raise click.BadParameter(
-            f"{admin_url!r} is not a valid URL ({err})", param_hint="--admin-url"
+            f"{shown!r} is not a valid URL ({err})", param_hint="--admin-url"
         ) from None
+    if "@" in parts.netloc:
+        raise click.BadParameter(
+            f"{shown!r} carries a user name or password: the admin API takes a bearer token "
+            "(--token-file), not credentials in the URL",
+            param_hint="--admin-url",
+        )
     if not parts.hostname:
-        raise click.BadParameter(f"{admin_url!r} names no host", param_hint="--admin-url")
+        raise click.BadParameter(f"{shown!r} names no host", param_hint="--admin-url")
     if port == 0:
         raise click.BadParameter(
-            f"{admin_url!r}: the port must be from 1 to 65535", param_hint="--admin-url"
+            f"{shown!r}: the port must be from 1 to 65535", param_hint="--admin-url"
         )
     return admin_url.rstrip("/")
 

@@ -729,6 +729,28 @@ async def test_actions_need_the_bearer_token(admin: Admin) -> None:
     assert (await get_json(admin, f"/api/v1/devices/{name}"))["state"] == "free"
 
 
+async def test_a_token_that_is_not_utf8_is_refused_like_any_wrong_token(
+    admin: Admin, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    name = admin.seeded.names["us-east/rack-01"][2]
+    server = admin.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(
+        f"POST /api/v1/devices/{name}/cordon HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+        "Connection: close\r\n".encode()
+        + b"Authorization: Bearer \xff\xfe\r\n\r\n"
+    )
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
+    assert b"not valid" in answer
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert admin.live.changes == 0
+
+
 async def test_actions_are_disabled_without_a_configured_token(db: Database) -> None:
     seeded = await seed(db)
     context = make_context(db, seeded, Live(), token=None)

@@ -394,3 +394,20 @@ def test_a_foreign_file_given_as_the_config_is_not_echoed(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as caught:
         load_settings(config, environ={})
     assert "secret-hash" not in str(caught.value) and "root:" not in str(caught.value)
+
+
+def test_the_operator_commands_and_test_variables_are_not_settings() -> None:
+    # The README has operators export these for `status` and the other client commands; the
+    # settings loader must let every other command run in that shell.
+    settings = load_settings(
+        environ={
+            "FABRIC_DRA_ADMIN_URL": "http://127.0.0.1:8080",
+            "FABRIC_DRA_TOKEN_FILE": "/run/secrets/token",
+            "FABRIC_DRA_TEST_DATABASES": "sqlite",
+            "FABRIC_DRA_BENCH_PG_ADMIN_URL": "postgresql://x@y/z",
+            "FABRIC_DRA_SHARED_DATA": "/data",
+        }
+    )
+    assert settings.admin.port == 8080
+    with pytest.raises(ConfigError, match="FABRIC_DRA_ADMIN_URLS: no such setting"):
+        load_settings(environ={"FABRIC_DRA_ADMIN_URLS": "x"})
