@@ -693,36 +693,68 @@ def _bound(emu: Any, namespace: str, name: str) -> str | None:
 async def _run(
     settings: Settings, once: bool, admin_port: int, regions: int, racks: int, per_rack: int
 ) -> None:
+    stopping = _stop_on_signal()
     with tempfile.TemporaryDirectory(prefix="fabric-dra-demo-") as tmp:
         demo = Demo(settings, Path(tmp), regions, racks, per_rack)
         try:
-            await demo.start(admin_port)
-            await demo.story()
-            host = _dashboard_host(demo.structured.service.settings.admin.host)
-            _say(
-                f"dashboards: http://{host}:{demo.structured.service.admin_port}/ "
-                f"(Kubernetes 1.34), http://{host}:{demo.classic.service.admin_port}/ "
-                f"(Kubernetes 1.31)   (API: /api/v1/status, /metrics)"
-            )
-            if not once:
-                workload = Workload(
-                    demo.structured.emu,
-                    STRUCTURED_NS,
-                    lambda node: _node_side(demo.structured).node(node).kubelet,
-                )
-                workload.start()
-                _say(
-                    f"[1.34] a small workload keeps up to {workload.settings.pods} pods with "
-                    f"fabric claims coming and going in namespace {STRUCTURED_NS}"
-                )
-                _say("serving until Ctrl-C")
-                try:
-                    await _wait_for_signal()
-                finally:
-                    await workload.stop()
+            await _tell(demo, once, admin_port, stopping)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not stopping.is_set() or current is None:
+                raise
+            current.uncancel()  # the signal's own cancellation: stop as asked
         finally:
             await demo.stop()
     _say("stopped")
+
+
+async def _tell(demo: Demo, once: bool, admin_port: int, stopping: asyncio.Event) -> None:
+    await demo.start(admin_port)
+    await demo.story()
+    host = _dashboard_host(demo.structured.service.settings.admin.host)
+    _say(
+        f"dashboards: http://{host}:{demo.structured.service.admin_port}/ "
+        f"(Kubernetes 1.34), http://{host}:{demo.classic.service.admin_port}/ "
+        f"(Kubernetes 1.31)   (API: /api/v1/status, /metrics)"
+    )
+    if once:
+        return
+    workload = Workload(
+        demo.structured.emu,
+        STRUCTURED_NS,
+        lambda node: _node_side(demo.structured).node(node).kubelet,
+    )
+    workload.start()
+    _say(
+        f"[1.34] a small workload keeps up to {workload.settings.pods} pods with "
+        f"fabric claims coming and going in namespace {STRUCTURED_NS}"
+    )
+    _say("serving until Ctrl-C")
+    try:
+        await stopping.wait()
+    finally:
+        await workload.stop()
+
+
+def _stop_on_signal() -> asyncio.Event:
+    """An event that SIGINT or SIGTERM sets. The first signal also cancels the calling task,
+    so that one arriving during the start or the story stops the demo there, cleanly (its
+    simulators, node plugins and temporary folders); later ones are ignored while it stops."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        if task is not None:
+            task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, on_signal)
+    return stop
 
 
 async def _wait_for_signal() -> None:

@@ -321,3 +321,33 @@ async def test_the_cdim_demo_tells_the_story_on_layout_apply(tmp_path: Path) -> 
     assert shared is not None and int(shared.group(1)) < 8, out
     assert "every GPU disconnected through layout-apply and released" in out
     assert (tmp_path / "fabric-dra-demo-cdim.db").exists()
+
+
+async def test_sigterm_during_the_start_stops_the_demo_cleanly(tmp_path: Path) -> None:
+    # A signal before "serving until Ctrl-C" used to kill the process (exit 143) and leave the
+    # node plugins' temporary folders behind.
+    process = await asyncio.create_subprocess_exec(
+        *FABRIC_DRA,
+        "demo",
+        *SMALL,
+        "--admin-port",
+        "0",
+        cwd=tmp_path,
+        env=_env(None),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    try:
+        first = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        assert first.startswith("==> "), first
+        process.send_signal(signal.SIGTERM)
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, err.decode()[-2000:]
+    assert out.decode().strip().splitlines()[-1] == "==> stopped"
+    assert "serving until Ctrl-C" not in out.decode()
+    assert "Traceback" not in err.decode()
