@@ -29,6 +29,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -196,6 +197,16 @@ Seconds = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads YAML's true as 1: admin.port: true would listen on port 1.
+        name = info.field_name
+        field = cls.model_fields.get(name) if name is not None else None
+        if isinstance(value, bool) and field is not None and field.annotation in (int, float):
+            raise ValueError("is a boolean (true or false), not a number")
+        return value
 
 
 class DatabaseSettings(_Section):

@@ -411,3 +411,26 @@ def test_the_operator_commands_and_test_variables_are_not_settings() -> None:
     assert settings.admin.port == 8080
     with pytest.raises(ConfigError, match="FABRIC_DRA_ADMIN_URLS: no such setting"):
         load_settings(environ={"FABRIC_DRA_ADMIN_URLS": "x"})
+
+
+@pytest.mark.parametrize(
+    ("text", "setting"),
+    [
+        ("admin:\n  port: true\n", "admin.port"),
+        ("inventory:\n  poll_interval_seconds: false\n", "inventory.poll_interval_seconds"),
+        ("database:\n  pool_size: true\n", "database.pool_size"),
+    ],
+)
+def test_a_yaml_boolean_is_not_taken_for_a_number(tmp_path: Path, text: str, setting: str) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, environ={})
+    assert str(caught.value).startswith(f"setting {setting} (from {config}): value ")
+    assert "is a boolean (true or false), not a number" in str(caught.value)
+
+
+def test_a_boolean_setting_still_takes_a_yaml_boolean(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("database:\n  migrate_on_start: false\n")
+    assert load_settings(config, environ={}).database.migrate_on_start is False
