@@ -288,7 +288,7 @@ class NodePlugin:
             return ()
         configs = claim_config(claim, self.driver, self.settings.allowed_host_paths)
         identities = await self._wait_ready(ref, claim, deadline)
-        found = await asyncio.gather(*(self._find(i, deadline) for i in identities))
+        found = await self._find_all(identities, deadline)
         for host_device in found:
             await self._hook(host_device)
         specs, answer = claim_specs(self.driver, ref.uid, found, configs)
@@ -379,6 +379,21 @@ class NodePlugin:
                     raise
                 log.info("claim %s: %s; trying again", ref, err)
                 await asyncio.sleep(min(self.settings.device_poll_seconds, deadline - self.clock()))
+
+    async def _find_all(
+        self, identities: Sequence[DeviceIdentity], deadline: float
+    ) -> list[HostDevice]:
+        """Every device of ``identities`` on this host, looked for at once. The first that
+        cannot be found is raised as itself, once the other searches are cancelled and ended
+        (a plain gather would leave them running after the claim's answer)."""
+        searches = [asyncio.ensure_future(self._find(i, deadline)) for i in identities]
+        try:
+            return list(await asyncio.gather(*searches))
+        except BaseException:
+            for search in searches:
+                search.cancel()
+            await asyncio.gather(*searches, return_exceptions=True)
+            raise
 
     async def _find(self, identity: DeviceIdentity, deadline: float) -> HostDevice:
         return await locate(

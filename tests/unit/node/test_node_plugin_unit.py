@@ -351,6 +351,30 @@ async def test_a_device_not_on_the_host_is_an_error_naming_it(dirs: Dirs) -> Non
     assert plugin.checkpoint.records == {}
 
 
+async def test_a_device_not_found_ends_the_claims_other_searches(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One device is not on the host while another's search is still going: the answer must
+    # not leave that search running (the autouse leak check fails the test otherwise).
+    plugin = dirs.plugin(Claims(claim(REF_A, [GPU, MISSING])))
+    ended: list[str] = []
+    original = plugin._find
+
+    async def find(identity: Any, deadline: float) -> Any:
+        if identity.device == "gpu-0":
+            try:
+                await asyncio.Event().wait()  # a search that is slow to end
+            finally:
+                ended.append(identity.device)
+        return await original(identity, deadline)
+
+    monkeypatch.setattr(plugin, "_find", find)
+    result = (await plugin.prepare([REF_A], time_remaining_s=0.5))[UID_A]
+    assert "device gpu-9 (gpu) not found on this host" in result.error
+    assert ended == ["gpu-0"]
+    assert dirs.specs() == []
+
+
 # --- unprepare ---------------------------------------------------------------------------------
 
 
