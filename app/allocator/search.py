@@ -215,6 +215,12 @@ class _Run:
         )
         self.candidates: dict[tuple[int, str], _Candidates] = {}
         self.may_hold_pool = _pools_in_use(in_use, sum(len(p.devices) for p in self.pools))
+        # An in_use with an ``in_use_of_pool(driver, pool)`` method (the control plane's
+        # InUseView) gives each pool's devices in use as a plain collection.
+        of_pool = getattr(in_use, "in_use_of_pool", None)
+        self.in_use_of_pool: Callable[[str, str], Collection[DeviceId]] = (
+            of_pool if callable(of_pool) else lambda driver, pool: in_use
+        )
 
     def reports(self) -> list[oc.RequestReport]:
         return [c.report for c in self.candidates.values()]
@@ -391,12 +397,13 @@ class _Run:
             devices.extend(map(pool.devices.__getitem__, selected))
             return len(selected), 0, 0
         matched = in_use = tainted = 0
+        used = self.in_use_of_pool(pool.driver, pool.name)
         for index in selected:
             device = pool.devices[index]
             if not pool.uniform_reach and not self._reaches(device, reach_memo):
                 continue
             matched += 1
-            if not request.admin_access and device.device_id in self.in_use:
+            if not request.admin_access and device.device_id in used:
                 in_use += 1
             elif device.taints and any(
                 t.effect in _BLOCKING_EFFECTS

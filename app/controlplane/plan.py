@@ -262,9 +262,12 @@ class InUse:
     A device is in use while an allocated claim holds it (:func:`claim_devices`; admin
     access does not count), an active exclusive reservation of the journal holds it, for any
     mode, or a decision of this process chose it and its reservation is being written
-    (:meth:`hold_pending`). Each pool has a version that changes whenever any holder of one of
-    its devices changes: :meth:`pool_key` (with the holders left out of a question) identifies
-    its in-use devices exactly, for :class:`NodeAnswers`.
+    (:meth:`hold_pending`). Each pool has a version that changes whenever one of its devices
+    becomes held or stops being held by anyone (not when a held device only gains or loses a
+    holder: the pending hold, the journal's and the allocation's follow one another on the
+    same device). With the devices only the claims left out of a question hold, the version
+    identifies the pool's in-use devices exactly (:meth:`pool_key`), for
+    :class:`NodeAnswers`.
     """
 
     def __init__(self) -> None:
@@ -275,7 +278,8 @@ class InUse:
         self._pending: dict[str, frozenset[DeviceId]] = {}
         self._holders: dict[DeviceId, dict[str, int]] = {}
         self._versions: dict[str, int] = {}
-        self._held_per_pool: dict[str, int] = {}
+        # By pool name, the devices anyone holds (what _holders holds, grouped by pool).
+        self._held_per_pool: dict[str, set[DeviceId]] = {}
 
     def set_claim(self, uid: str, devices: frozenset[DeviceId]) -> None:
         """What claim ``uid`` is allocated now (empty when nothing, or gone)."""
@@ -351,16 +355,17 @@ class InUse:
                 del holders[uid]
             if not holders:
                 del self._holders[device]
-                self._held_per_pool[device[1]] -= 1
-                if not self._held_per_pool[device[1]]:
+                held = self._held_per_pool[device[1]]
+                held.discard(device)
+                if not held:
                     del self._held_per_pool[device[1]]
-            self._bump(device[1])
+                self._bump(device[1])
         for device in devices - old:
             if device not in self._holders:
-                self._held_per_pool[device[1]] = self._held_per_pool.get(device[1], 0) + 1
+                self._held_per_pool.setdefault(device[1], set()).add(device)
+                self._bump(device[1])
             holders = self._holders.setdefault(device, {})
             holders[uid] = holders.get(uid, 0) + 1
-            self._bump(device[1])
 
     def _bump(self, pool: str) -> None:
         self._versions[pool] = self._versions.get(pool, 0) + 1
@@ -427,6 +432,16 @@ class InUseView(Collection[DeviceId]):
         looked at."""
         return self.index.pool_held(pool)
 
+    def in_use_of_pool(self, driver: str, pool: str) -> Collection[DeviceId]:
+        """The devices of ``pool`` in use (for the allocator: one set lookup per device
+        instead of a method call). Without left-out claims it is the index's own set: read
+        it at once, never keep or change it. ``driver`` is not looked at, as in
+        :meth:`may_hold_pool`."""
+        held = self.index._held_per_pool.get(pool, _NONE)
+        if not self.exclude_uids or not held:
+            return held
+        return {d for d in held if d in self}
+
 
 class _PassView(InUseView):
     """An :class:`InUseView` for one synchronous pass (nothing changes what is in use
@@ -448,9 +463,7 @@ class _PassView(InUseView):
             return known[1]
         versions = self.index._versions
         freed = self._freed
-        keys = tuple(
-            (versions.get(name, 0), freed.get(name, _NONE)) for name in (p.name for p in usable)
-        )
+        keys = tuple([(versions.get(p.name, 0), freed.get(p.name, _NONE)) for p in usable])
         self._lists[id(usable)] = (usable, keys)
         return keys
 
@@ -501,6 +514,14 @@ class NodeAnswers:
                 self.clear()
             key = self._specs[spec] = len(self._specs)
         return key
+
+    def known(self, key: tuple[Any, ...]) -> bool | None:
+        """The remembered answer for ``key`` (spec key, node name, pools key, as
+        :meth:`fits` builds it), or None (nothing is counted then: :meth:`fits` follows)."""
+        fits = self._fits.get(key)
+        if fits is not None:
+            self.hits += 1
+        return fits
 
     def fits(
         self,
@@ -590,15 +611,22 @@ def unsuitable_nodes(
         in_use_by_pool(in_use) if answers is not None and not isinstance(in_use, InUseView) else {}
     )
     spec_key = answers.spec_key(claims) if answers is not None else None
+    # One synchronous pass with a memo: look each node's answer up here, and call fits()
+    # (which works the same key out again) only for what is not remembered.
+    one_pass = in_use if answers is not None and isinstance(in_use, _PassView) else None
     failed: list[str] = []
     for node_name in potential[:MAX_NODES]:
         node = nodes.get(node_name)
         if node is None or node_name not in hosts:
             failed.append(node_name)
             continue
-        usable = (
-            reachable[node_name] if reachable is not None and node_name in reachable else (pools)
-        )
+        usable = reachable.get(node_name, pools) if reachable is not None else pools
+        if one_pass is not None and answers is not None:
+            fits = answers.known((spec_key, node_name, one_pass.pools_key(usable)))
+            if fits is not None:
+                if not fits:
+                    failed.append(node_name)
+                continue
         if answers is not None:
             fits = answers.fits(allocator, claims, classes, usable, grouped, in_use, node, spec_key)
         else:

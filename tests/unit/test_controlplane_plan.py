@@ -414,6 +414,66 @@ def test_remembered_answers_equal_fresh_ones(taken: list[tuple[str, int]], count
         assert remembered == fresh
 
 
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["claim", "pending", "journal", "drop"]),
+            st.sampled_from(["u1", "u2", "uid-gpu"]),
+            st.sampled_from(["east", "west"]),
+            st.integers(0, 3),
+        ),
+        max_size=12,
+    ),
+    st.integers(1, 3),
+)
+def test_answers_from_the_in_use_index_equal_fresh_ones(
+    steps: list[tuple[str, str, str, int]], count: int
+) -> None:
+    # The live index, as the scheduling pass uses it: one view per question leaving out the
+    # pod's own claim ("uid-gpu"), remembered answers looked up by pool keys, and the
+    # allocator reading each pool's devices in use from the index. Against a plain set.
+    pools = gather_pools(slices({"east": 3, "west": 2}))
+    reachable = {n: tuple(p for p in pools if p.reaches_node(node)) for n, node in NODES.items()}
+    potential = ["east-1", "west-1", "east-2", "nowhere"]
+    index, memo = cp.InUse(), cp.NodeAnswers()
+    claims: dict[str, frozenset[Any]] = {}
+    held: set[HeldDevice] = set()
+    for kind, uid, region, number in steps:
+        device = (DRIVER, f"{region}/r1", f"gpu-{region}-{number}")
+        if kind == "claim":
+            claims[uid] = claims.get(uid, frozenset()) | {device}
+            index.set_claim(uid, claims[uid])
+        elif kind == "pending":
+            index.hold_pending(uid, [device])
+        elif kind == "journal":
+            held.add(HeldDevice(uid, device[1], device[2]))
+            index.hold(HeldDevice(uid, device[1], device[2]), DRIVER)
+        else:
+            index.drop_pending(uid)
+        expected = cp.devices_in_use(
+            [_allocated(u, frozenset((d[1], d[2]) for d in ds)) for u, ds in claims.items()],
+            held,
+            DRIVER,
+            {"uid-gpu"},
+        ) | {d for u, ds in index._pending.items() if u != "uid-gpu" for d in ds}
+        remembered = cp.unsuitable_nodes(
+            Allocator(),
+            [pending(count)],
+            CLASSES,
+            pools,
+            index.view({"uid-gpu"}),
+            potential,
+            NODES,
+            set(NODES),
+            reachable,
+            memo,
+        )
+        fresh = cp.unsuitable_nodes(
+            Allocator(), [pending(count)], CLASSES, pools, expected, potential, NODES, set(NODES)
+        )
+        assert remembered == fresh
+
+
 def test_remembered_answers_are_bounded() -> None:
     pools = gather_pools(slices({"east": 1}))
     memo = cp.NodeAnswers(max_entries=2)
@@ -487,6 +547,8 @@ def test_the_in_use_index_matches_a_count_from_scratch(
         )
         for pool in ("east/r1", "west/r1"):
             now = frozenset(x for x in expected if x[1] == pool)
+            # What the allocator looks devices up in, pool by pool.
+            assert set(view.in_use_of_pool(DRIVER, pool)) == now
             key = view.pool_key(pool)
             # One synchronous pass works the keys out once, to the same values.
             one_pass = cp._PassView(view)
@@ -505,6 +567,29 @@ def test_the_in_use_index_matches_a_count_from_scratch(
             assert view.may_hold_pool(DRIVER, pool) == held_by_anyone
             if now:
                 assert view.may_hold_pool(DRIVER, pool)
+
+
+def test_a_device_passing_from_hold_to_hold_keeps_its_pools_key() -> None:
+    # An allocation holds its devices pending, then in the journal, then in the claim's
+    # allocation, then drops the pending hold: the pool's devices in use are the same all
+    # along, so remembered answers about the pool stay good (one change, not four).
+    index = cp.InUse()
+    device = (DRIVER, "east/r1", "d0")
+    view = index.view()
+    before = view.pool_key("east/r1")
+    index.hold_pending("u1", [device])
+    held = view.pool_key("east/r1")
+    assert held != before
+    index.hold(HeldDevice("u1", "east/r1", "d0"), DRIVER)
+    index.set_claim("u1", frozenset({device}))
+    index.drop_pending("u1")
+    assert view.pool_key("east/r1") == held
+    # Left out of the question, the claim frees the device: another key.
+    assert index.view({"u1"}).pool_key("east/r1") not in (held, before)
+    index.set_claim("u1", frozenset())
+    index.release(HeldDevice("u1", "east/r1", "d0"), DRIVER)
+    assert view.pool_key("east/r1") not in (held, before)
+    assert not view.may_hold_pool(DRIVER, "east/r1")
 
 
 def _allocated(uid: str, devices: frozenset[tuple[str, str]]) -> dict[str, Any]:
