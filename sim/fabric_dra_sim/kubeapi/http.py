@@ -332,7 +332,7 @@ class Handlers:
         if method == "GET":
             if t.name:
                 await self._wait_get_resource_version(query.get("resourceVersion", ""))
-                return json_response(api.get(t.rt, t.namespace, t.name))
+                return json_response(api.get(t.rt, t.namespace, t.name, share_result=True))
             if _flag(query.get("watch")):
                 return await self._watch(request, t)
             return await self._list(request, t)
@@ -356,6 +356,9 @@ class Handlers:
                     dry_run=dry_run,
                     field_validation=field_validation,
                     duplicates=duplicates,
+                    # Just decoded, and encoded at once: no copy either way.
+                    body_owned=True,
+                    share_result=True,
                 )
             return json_response(new_obj, 201)
         if not t.name:
@@ -382,6 +385,8 @@ class Handlers:
                     dry_run=dry_run,
                     field_validation=field_validation,
                     duplicates=duplicates,
+                    body_owned=True,
+                    share_result=True,
                 )
             return json_response(updated)
         if method == "PATCH":
@@ -408,6 +413,7 @@ class Handlers:
                     force=_flag(query.get("force")),
                     dry_run=dry_run,
                     field_validation=field_validation,
+                    share_result=True,
                 )
             return json_response(obj, 201 if created else 200)
         if method == "DELETE":

@@ -168,9 +168,13 @@ class Api:
             raise not_found(rt.group, rt.plural, name)
         return self.shown(rt, obj)
 
-    def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
-        """A copy of one object shown in rt's version; StatusError 404 when absent."""
-        return json_copy(self._get_visible(rt, namespace, name))
+    def get(
+        self, rt: ResourceType, namespace: str, name: str, *, share_result: bool = False
+    ) -> dict[str, Any]:
+        """A copy of one object shown in rt's version; StatusError 404 when absent.
+        ``share_result``: see :meth:`update`."""
+        shown = self._get_visible(rt, namespace, name)
+        return shown if share_result else json_copy(shown)
 
     # -- list -----------------------------------------------------------------------------
     def list_objects(
@@ -247,10 +251,12 @@ class Api:
         return ListResult([json_copy(o) for _, o in page], str(list_rv), token, remaining)
 
     # -- helpers --------------------------------------------------------------------------
-    def _normalise_body(self, rt: ResourceType, namespace: str, body: Any) -> dict[str, Any]:
+    def _normalise_body(
+        self, rt: ResourceType, namespace: str, body: Any, owned: bool = False
+    ) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise bad_request("the body of the request must be a JSON object")
-        obj = json_copy(body)
+        obj = body if owned else json_copy(body)
         api_version = obj.setdefault("apiVersion", rt.api_version)
         kind = obj.setdefault("kind", rt.kind)
         if api_version != rt.api_version or kind != rt.kind:
@@ -369,6 +375,8 @@ class Api:
         managers: list[Any] | None = None,
         field_validation: str | None = STRICT,
         duplicates: Sequence[str] = (),
+        body_owned: bool = False,
+        share_result: bool = False,
     ) -> dict[str, Any]:
         """POST: name or generateName, server fields, status reset where the strategy does it,
         validation, store, ADDED event. Raises StatusError 400/404/409/422.
@@ -376,8 +384,9 @@ class Api:
         ``field_validation``: Ignore, Warn or Strict for unknown fields and the
         ``duplicates`` (paths of repeated JSON keys) of the body; in-process callers default
         to Strict, the HTTP layer passes the request's (Warn when absent).
+        ``body_owned``, ``share_result``: as for :meth:`update`.
         """
-        obj = self._normalise_body(rt, namespace, body)
+        obj = self._normalise_body(rt, namespace, body, body_owned)
         self._decode(rt, obj, field_validation, duplicates)
         # The decoder's work, done even without validation: canonical values and defaults.
         defaults.prepare(rt, obj)
@@ -451,7 +460,7 @@ class Api:
             return obj
         meta["resourceVersion"] = str(self.store.next_rv())
         self.store.put(rt.group_resource, key, self.stored(rt, obj), "ADDED", None)
-        return json_copy(obj)
+        return obj if share_result else json_copy(obj)
 
     # -- update ---------------------------------------------------------------------------
     def update(
@@ -467,14 +476,22 @@ class Api:
         managers: list[Any] | None = None,
         field_validation: str | None = STRICT,
         duplicates: Sequence[str] = (),
+        body_owned: bool = False,
+        share_result: bool = False,
     ) -> dict[str, Any]:
         """PUT (also the last step of PATCH): preconditions, status split, finalizer rule,
         generation, validation; a no-op writes nothing. Raises StatusError 400/404/409/422.
         ``field_validation``, ``duplicates``: as for :meth:`create`.
+
+        ``body_owned``: the caller hands ``body`` over (just decoded; it is not read again),
+        so it is worked on without a copy. ``share_result``: the result may be the stored
+        object itself, which the caller reads at once and never keeps or changes (the HTTP
+        layer, which encodes it before anything else runs). Without them the body is copied
+        and the result is a copy of its own.
         """
         old = self._get_visible(rt, namespace, name)
         _check_name(rt, namespace, name, body)
-        obj = self._normalise_body(rt, namespace, body)
+        obj = self._normalise_body(rt, namespace, body, body_owned)
         self._decode(rt, obj, field_validation, duplicates)
         defaults.prepare(rt, obj)
         meta = obj["metadata"]
@@ -547,7 +564,7 @@ class Api:
         )
         self._validate(rt, new, old, status_write=subresource == "status")
         if new == old:
-            return json_copy(old)
+            return old if share_result else json_copy(old)
         if dry_run:
             return new
         key = (namespace if rt.namespaced else "", name)
@@ -557,7 +574,7 @@ class Api:
             self.store.remove(rt.group_resource, key, self.stored(rt, new))
         else:
             self.store.put(rt.group_resource, key, self.stored(rt, new), "MODIFIED", stored_old)
-        return json_copy(new)
+        return new if share_result else json_copy(new)
 
     # -- patch ----------------------------------------------------------------------------
     def patch(
@@ -574,8 +591,10 @@ class Api:
         force: bool = False,
         dry_run: bool = False,
         field_validation: str = STRICT,
+        share_result: bool = False,
     ) -> tuple[dict[str, Any], bool]:
         """PATCH of any kind; returns (object, created). Apply creates a missing object.
+        ``share_result``: as for :meth:`update` (server-side apply always answers a copy).
 
         ``field_validation`` (Ignore, Warn, Strict) rules duplicate keys of the patch and
         unknown fields of the patched object (a 422 on field ``patch`` under Strict); an
@@ -640,6 +659,8 @@ class Api:
             manager=field_manager or manager,
             dry_run=dry_run,
             field_validation=None,
+            body_owned=True,  # the patched object is this call's own
+            share_result=share_result,
         ), False
 
     def _apply(

@@ -82,3 +82,48 @@ def test_a_no_op_write_of_a_converted_object_writes_nothing() -> None:
     again = server.update(beta1, "", "s1", server.get(beta1, "", "s1"), manager="t")
     assert store.rv == rv
     assert again["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+
+
+def v1_slice() -> dict[str, Any]:
+    out = beta1_slice()
+    out["apiVersion"] = "resource.k8s.io/v1"
+    out["spec"]["devices"] = [{"name": "gpu-0", "attributes": {"m": {"string": "a"}}}]
+    return out
+
+
+def test_in_process_callers_get_copies_and_the_http_layer_may_share_the_stored_object() -> None:
+    store = Store()
+    server = api(store)
+    rt = slice_type(server, "v1")
+    key = (("resource.k8s.io", "resourceslices"), ("", "s1"))
+    body = v1_slice()
+    created = server.create(rt, "", body, manager="t")
+    # By default neither the body nor the answer is the stored object: changing them
+    # changes nothing stored.
+    created["spec"]["devices"][0]["name"] = "changed"
+    body["spec"]["driver"] = "changed"
+    stored = store.get(*key)
+    assert stored is not None and stored["spec"]["devices"][0]["name"] == "gpu-0"
+    assert stored["spec"]["driver"] == "fabric.example.com"
+    assert server.get(rt, "", "s1") is not stored
+    # The HTTP layer encodes the answer at once: it may be the stored object itself.
+    assert server.get(rt, "", "s1", share_result=True) is stored
+    update = server.get(rt, "", "s1")
+    update["metadata"]["labels"] = {"a": "b"}
+    updated = server.update(rt, "", "s1", update, manager="t", body_owned=True, share_result=True)
+    assert updated is store.get(*key)
+    # A patch works on a copy of the stored object, never on the object itself.
+    before = store.get(*key)
+    assert before is not None
+    patched, _ = server.patch(
+        rt,
+        "",
+        "s1",
+        "application/merge-patch+json",
+        b'{"metadata": {"labels": {"a": "c"}}}',
+        manager="t",
+        share_result=True,
+    )
+    assert before["metadata"]["labels"] == {"a": "b"}
+    assert patched["metadata"]["labels"] == {"a": "c"}
+    assert patched is store.get(*key)
