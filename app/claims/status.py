@@ -16,7 +16,7 @@ from app.claims.model import DeviceReport, device_status_entries, same_device_st
 from app.jsontypes import JsonDict
 from app.kube.client import FIELD_VALIDATION_STRICT, call_json
 from app.kube.errors import KubeError, KubeNotFound
-from app.kube.update import update_with_retry
+from app.kube.update import status_write_body, update_with_retry
 from app.kube.versions import ResourceApiVersion, claim_from_wire, claim_to_wire
 from app.metrics import ClaimMetrics
 
@@ -100,7 +100,7 @@ class ClaimStatusWriter:
                 self._resources.replace_namespaced_resource_claim_status(
                     name,
                     namespace,
-                    claim_to_wire(fresh, self.version),
+                    status_write_body(claim_to_wire(fresh, self.version)),
                     field_validation=FIELD_VALIDATION_STRICT,
                     _preload_content=False,
                 ),

@@ -52,7 +52,7 @@ from app.kube.client import FIELD_VALIDATION_STRICT, KubeClient, call_json
 from app.kube.errors import KubeBadRequest, KubeConflict, KubeError, KubeNotFound
 from app.kube.informer import Informer, InformerSettings
 from app.kube.runtime import Controller, ErrorRing, Pass, RecentError, RuntimeSettings
-from app.kube.update import update_with_retry
+from app.kube.update import status_write_body, update_with_retry
 from app.kube.versions import GROUP, claim_from_wire, claim_to_wire
 from app.kube.versions import slice_from_wire as _slice_from_wire
 from app.kube.workqueue import WorkQueue
@@ -564,7 +564,7 @@ class ControlPlaneController:
                     namespace,
                     "resourceclaims",
                     name,
-                    claim_to_wire(claim, VERSION),
+                    status_write_body(claim_to_wire(claim, VERSION)),
                     _preload_content=False,
                     **options,
                 ),

@@ -44,7 +44,7 @@ from app.controlplane.snapshot import Snapshot
 from app.journal import ClaimRef, DeviceHeld, ReservationView, UnknownDevice
 from app.jsontypes import JsonDict
 from app.kube.client import call_json
-from app.kube.update import update_with_retry
+from app.kube.update import status_write_body, update_with_retry
 from app.kube.versions import GROUP
 
 if TYPE_CHECKING:
@@ -432,7 +432,7 @@ class SchedulingPass:
             entries = cp.merged_claim_entries(status.get("resourceClaims") or [], answers)
             if cp.same_claim_entries(entries, status.get("resourceClaims") or []):
                 return
-            body = {**context, "status": {**status, "resourceClaims": entries}}
+            body = {**status_write_body(context), "status": {**status, "resourceClaims": entries}}
             self.written[(namespace, name)] = await call_json(
                 c.custom.replace_namespaced_custom_object_status(
                     GROUP,

@@ -76,4 +76,24 @@ async def update_with_retry(
     return gone  # not reached: the last attempt returns or raises
 
 
-__all__ = ["DEFAULT_ATTEMPTS", "update_with_retry"]
+def status_write_body(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The body of a status write (PUT ``.../status``): ``obj`` without
+    ``metadata.managedFields``, a shallow copy (``obj`` is not changed).
+
+    For a subresource write the API server ignores the managed fields of the request and
+    keeps the stored ones, which its field manager then updates (k8s.io/apimachinery
+    pkg/util/managedfields/internal/fieldmanager.go, ``decodeManagedFields`` with
+    ``ignoreManagedFieldsFromRequestObject``, which the API installer sets for subresources).
+    Sending them would only cost encoding, bytes and decoding: on a claim, they are a large
+    part of the object.
+    """
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping) or "managedFields" not in metadata:
+        return dict(obj)
+    return {
+        **obj,
+        "metadata": {k: v for k, v in metadata.items() if k != "managedFields"},
+    }
+
+
+__all__ = ["DEFAULT_ATTEMPTS", "status_write_body", "update_with_retry"]

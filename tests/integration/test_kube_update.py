@@ -11,7 +11,7 @@ from kubernetes_asyncio.client import ResourceV1Api
 
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeConflict, KubeError, KubeNotFound
-from app.kube.update import update_with_retry
+from app.kube.update import status_write_body, update_with_retry
 from fabric_dra_sim.kubeapi import KubeEmulator
 
 RESOURCE = "resource.k8s.io/v1"
@@ -168,3 +168,43 @@ async def test_attempts_must_be_at_least_one() -> None:
     empty: JsonDict = {}
     with pytest.raises(ValueError, match="attempts must be >= 1"):
         await update_with_retry(empty, never, no_read, gone=None, attempts=0)
+
+
+async def test_a_status_write_without_managed_fields_keeps_the_servers_own(
+    emu: KubeEmulator,
+    client: KubeClient,
+) -> None:
+    emu.create(
+        {
+            "apiVersion": RESOURCE,
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c1", "namespace": "default"},
+            "spec": {
+                "devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu"}}]}
+            },
+        }
+    )
+    api = ResourceV1Api(client.api)
+    claim = await call_json(
+        api.read_namespaced_resource_claim("c1", "default", _preload_content=False), "read c1"
+    )
+    assert claim["metadata"]["managedFields"], "the creation was recorded"
+    body = status_write_body(
+        {**claim, "status": {"allocation": {"devices": {"results": []}, "nodeSelector": None}}}
+    )
+    assert "managedFields" not in body["metadata"]
+    assert claim["metadata"]["managedFields"], "the object given is not changed"
+    assert body["metadata"]["resourceVersion"] == claim["metadata"]["resourceVersion"]
+    written = await call_json(
+        api.replace_namespaced_resource_claim_status(
+            "c1", "default", body, field_manager="ours", _preload_content=False
+        ),
+        "update c1 status",
+    )
+    entries = written["metadata"]["managedFields"]
+    # The creator's entry is kept, and the status write is recorded under our manager.
+    assert entries[0] == claim["metadata"]["managedFields"][0]
+    assert any(e["manager"] == "ours" and e.get("subresource") == "status" for e in entries)
+    # Nothing to strip: a copy all the same.
+    plain = {"metadata": {"name": "x"}}
+    assert status_write_body(plain) == plain and status_write_body(plain) is not plain
