@@ -17,9 +17,13 @@ Events are de-duplicated against the cache: an object's resourceVersion is deliv
 an ADDED for an object already cached is delivered as MODIFIED, and an event older than the
 cached object (a replay from a misbehaving server or proxy) is dropped, so consumers see a
 consistent stream that never goes back in time whatever the server replays. The watch resumes
-from the newest resourceVersion seen, never an older one. Objects are plain JSON dicts exactly as
-the server sent them (the generated models would drop unknown fields), optionally converted by
-``converter`` (e.g. ``versions.slice_from_wire``) so consumers see the v1 shape.
+from the newest resourceVersion seen, never an older one. Objects are plain JSON dicts as the
+server sent them (the generated models would drop unknown fields), less
+``metadata.managedFields``, optionally converted by ``converter`` (e.g.
+``versions.slice_from_wire``) so consumers see the v1 shape. The managed fields are dropped as
+controller-runtime's ``TransformStripManagedFields`` (pkg/cache) and kube-scheduler's informers
+drop them: nothing here reads them, they are a large part of a written object, and a status
+write built from a cached object has no use for them.
 
 The loop runs as a supervised task: an unexpected crash is logged and the loop restarts with
 backoff. ``is_healthy()`` turns False while the watch keeps failing, so readiness can report it.
@@ -175,8 +179,8 @@ class Informer:
             ``settings.namespace``). It is called with ``_preload_content=False``.
         settings: see :class:`InformerSettings`.
         converter: applied to every object before it is cached and delivered (version shape).
-            It receives a dict just decoded from the answer, which nothing else holds: it may
-            convert it in place.
+            It receives a dict just decoded from the answer, which nothing else holds (and
+            without ``metadata.managedFields``): it may convert it in place.
         rng: randomness for jitter (inject a seeded one in tests).
         sleep: async sleep used for backoff (inject a fake in tests).
         now: monotonic seconds, for timing watches.
@@ -664,6 +668,9 @@ class Informer:
         return old
 
     def _convert(self, obj: JsonDict) -> JsonDict:
+        metadata = obj.get("metadata")
+        if isinstance(metadata, dict):
+            metadata.pop("managedFields", None)  # just decoded: nobody else holds it
         return self._converter(obj) if self._converter is not None else obj
 
     async def _emit(self, event_type: EventType, obj: JsonDict, old: JsonDict | None) -> None:

@@ -162,6 +162,11 @@ async def test_initial_list_is_paginated_and_fills_the_cache(
         assert listed is not None
         assert listed["kind"] == "ResourceSlice"
         assert listed["apiVersion"] == "resource.k8s.io/v1"
+        # Cached without the managed fields the server keeps (controller-runtime's
+        # TransformStripManagedFields).
+        stored = emu.get("resource.k8s.io/v1", "ResourceSlice", "s0")
+        assert stored is not None and stored["metadata"]["managedFields"]
+        assert "managedFields" not in listed["metadata"]
         assert informer.is_healthy()
     finally:
         await informer.stop()
@@ -233,6 +238,7 @@ async def test_watch_delivers_every_change_once_in_order(
         while not queue.empty():
             queued.append(queue.get_nowait())
         assert [(e.type, e.obj["metadata"]["name"]) for e in queued] == kinds
+        assert not any("managedFields" in e.obj["metadata"] for e in queued)
         assert informer.get("b") is None
         assert cache_versions(informer) == store_versions(emu)
         assert not recorder.duplicates
