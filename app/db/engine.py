@@ -384,11 +384,57 @@ class Database:
             raise DatabaseUnavailable(f"database unreachable: {type(err).__name__}") from err
 
     async def dispose(self) -> None:
-        """Close every pooled connection (and on SQLite stop the transaction thread)."""
+        """Close every pooled connection (and on SQLite stop the transaction thread), then
+        end the closes of connections whose work was cancelled (see
+        :func:`_end_cancelled_closes`)."""
         for thread in (self._thread, self._reader):
             if thread is not None:
                 await thread.dispose()
         await self.engine.dispose()
+        await _end_cancelled_closes(CLOSE_WAIT_S)
+
+
+# How long a close of a connection whose work was cancelled may take before it is given up.
+CLOSE_WAIT_S = 1.0
+CANCEL_ROUNDS = 4
+
+
+async def _end_cancelled_closes(timeout_s: float) -> None:
+    """Wait until SQLAlchemy's closes of connections whose work was cancelled have ended, at
+    most ``timeout_s`` seconds, and cancel those that have not.
+
+    When a task is cancelled in the middle of a statement, SQLAlchemy's asyncio connector
+    invalidates the connection: it starts a graceful close in a shielded task of its own,
+    and when the wait for it is cancelled too, it closes the connection by force
+    (sqlalchemy/connectors/asyncio.py, ``terminate``). With aiosqlite the two race: the
+    force close stops the driver's thread right behind the graceful close, and the graceful
+    close then asks the stopped thread to stop again (aiosqlite/core.py, ``close`` calls
+    ``stop``), a request nothing ever answers. That task would run until the process ends,
+    and a close that does end answers a closed event loop from its thread if the loop goes
+    first. The connection is closed either way, so cancelling what is left loses nothing.
+    Waits at most ``timeout_s`` plus 0.1 s per round of :data:`CANCEL_ROUNDS`.
+    Found by their coroutine's name; none found, no wait.
+    """
+    closing = [
+        task
+        for task in asyncio.all_tasks()
+        if not task.done()
+        and getattr(task.get_coro(), "__qualname__", "").endswith("_terminate_graceful_close")
+    ]
+    if not closing:
+        return
+    _, left = await asyncio.wait(closing, timeout=timeout_s)
+    # A cancelled close stops waiting for its first answer and waits, in a ``finally``, for
+    # the second that never comes either: a second cancel ends it. Bounded all the same.
+    for _ in range(CANCEL_ROUNDS):
+        if not left:
+            return
+        for task in left:
+            task.cancel()
+        _, left = await asyncio.wait(left, timeout=0.1)
+    logging.getLogger(__name__).warning(
+        "%d database connection closes did not end when cancelled", len(left)
+    )
 
 
 # aiosqlite names no thread; Python names it after its target.
