@@ -177,3 +177,29 @@ async def test_postgresql_does_not_ping_a_connection_in_steady_use(
         await db.run_read(_count)
     assert caught.value.connection_invalidated
     assert await db.run_read(_count) == 0
+
+
+class _StuckConnection:
+    """Stands for SQLAlchemy's aiosqlite adapter whose graceful close lost the race with the
+    forced one: it waits for an answer, and when cancelled waits again in a ``finally``
+    (aiosqlite's ``close`` awaits ``stop``)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def _terminate_graceful_close(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.Event().wait()
+
+
+async def test_closes_stuck_after_a_cancelled_statement_are_ended_by_dispose(
+    db: Database,
+) -> None:
+    stuck = _StuckConnection()
+    task = asyncio.create_task(stuck._terminate_graceful_close())
+    await stuck.started.wait()
+    await asyncio.wait_for(db.dispose(), timeout=10)
+    assert task.done() and task.cancelled()
