@@ -36,18 +36,21 @@ def read_token(path: Path | None) -> str | None:
     """The bearer token in ``path`` (stripped), or None without a path.
 
     Raises:
-        click.ClickException: the file cannot be read or is empty.
+        click.BadParameter: the file cannot be read, is not UTF-8 text or is empty (a usage
+            error, exit 2, before any request).
     """
     if path is None:
         return None
     try:
         token = path.read_text(encoding="utf-8").strip()
     except OSError as err:
-        raise click.ClickException(f"--token-file {path}: {err.strerror or err}") from None
+        raise click.BadParameter(
+            f"{path}: {err.strerror or err}", param_hint="--token-file"
+        ) from None
     except UnicodeDecodeError:
-        raise click.ClickException(f"--token-file {path}: not UTF-8 text") from None
+        raise click.BadParameter(f"{path}: not UTF-8 text", param_hint="--token-file") from None
     if not token:
-        raise click.ClickException(f"--token-file {path}: the file is empty")
+        raise click.BadParameter(f"{path}: the file is empty", param_hint="--token-file")
     return token
 
 
@@ -339,8 +342,9 @@ def status(output: Format, admin_url: str, token_file: Path | None, timeout_s: f
 @click.command()
 @click.option(
     "--state",
-    type=click.Choice(STATES),
-    help="Only reservations in this state.",
+    type=click.Choice((*STATES, "active")),
+    help="Only reservations in this state; active: every state that holds the device "
+    "(as the admin API's state=active).",
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=200, show_default=True)
 @output_option

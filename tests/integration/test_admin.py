@@ -1180,17 +1180,15 @@ async def test_the_forget_command_releases_through_the_admin_api(
     ):
         code, _, err = await _cli("forget", *args)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
-    code, _, err = await _cli(
-        "forget",
-        str(rid),
-        "--reason",
-        "x",
-        "--admin-url",
-        url,
-        "--token-file",
-        str(tmp_path / "missing"),
-    )
-    assert code == 1 and "--token-file" in err and len(err.strip().splitlines()) == 1
+    # A token file that cannot be used is a usage error, as a missing one is.
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for given, why in ((tmp_path / "missing", "No such file"), (empty, "the file is empty")):
+        code, _, err = await _cli(
+            "forget", str(rid), "--reason", "x", "--admin-url", url, "--token-file", str(given)
+        )
+        assert code == 2 and "--token-file" in err and why in err, err
+        assert len(err.strip().splitlines()) == 1, err
 
 
 # --------------------------------------------------------------------------- errors, headers
@@ -1330,6 +1328,12 @@ async def test_reservations_lists_in_every_output_format(admin: Admin) -> None:
     assert code == 0 and "LAST ERROR" in out.splitlines()[0] and "block in use" in out
     code, out, err = await _cli("reservations", "--admin-url", url, "-o", "json")
     assert code == 0 and any(item["id"] == rid for item in json.loads(out)["items"])
+    # "active", as the API takes it: every state that holds a device, none released.
+    code, out, err = await _cli("reservations", "--admin-url", url, "--state", "active")
+    assert code == 0, err
+    states = {row.split()[0]: row.split()[1] for row in out.strip().splitlines()[1:]}
+    assert states[str(rid)] == "detach-failed" and str(admin.seeded.attached) in states
+    assert "released" not in states.values()
     code, out, err = await _cli("reservations", "--admin-url", url, "--state", "nothing-like-it")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "is not one of" in err
     # The API refuses it too, for other clients.
