@@ -13,6 +13,7 @@ import click
 from app.commands.common import Settings, settings_options_with
 from app.config import ConfigError
 from app.db.engine import DatabaseUnavailable, run_to_end
+from app.fabric.factory import fleet_from_settings
 from app.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
@@ -39,29 +40,39 @@ async def serve(
     """Run the service until SIGTERM/SIGINT (or ``stop`` is set), then shut down cleanly.
 
     Raises:
+        click.UsageError: the fabric managers' settings cannot be used (no ``fabric.url``, a
+            credential file missing): found before anything starts or the database is
+            touched, in one line (exit 2), as other settings errors.
         click.ClickException: the service could not start (the reason in one line).
     """
     from app.service import Service
 
+    try:
+        backend = fleet_from_settings(settings)
+    except ConfigError as err:
+        raise click.UsageError(str(err)) from None
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    service = Service(settings, freeze_heap=True)
+    service = Service(settings, backend=backend, freeze_heap=True)
     try:
-        await service.start()
-    except (ConfigError, DatabaseUnavailable, KubeError, OSError) as err:
-        await service.stop(deadline_s=5)
-        raise click.ClickException(f"cannot start: {err}") from None
-    except BaseException:
-        await service.stop(deadline_s=5)
-        raise
-    try:
-        await stop.wait()
-        log.info("stopping: finishing work in flight (at most %.0fs)", shutdown_deadline_s)
+        try:
+            await service.start()
+        except (ConfigError, DatabaseUnavailable, KubeError, OSError) as err:
+            await service.stop(deadline_s=5)
+            raise click.ClickException(f"cannot start: {err}") from None
+        except BaseException:
+            await service.stop(deadline_s=5)
+            raise
+        try:
+            await stop.wait()
+            log.info("stopping: finishing work in flight (at most %.0fs)", shutdown_deadline_s)
+        finally:
+            await service.stop(deadline_s=shutdown_deadline_s)
     finally:
-        await service.stop(deadline_s=shutdown_deadline_s)
+        await backend.close()  # given to the service, which does not close what it was given
 
 
 @click.command()

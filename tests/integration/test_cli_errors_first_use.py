@@ -54,7 +54,16 @@ COMMANDS = {
     "inventory": ["inventory"],
     "inventory-sync": ["inventory", "--sync"],
     "nodes": ["nodes"],
-    "run": ["run", "--admin-port", "0", "--log-level", "ERROR"],
+    # With a fabric manager that needs no credentials: its settings are checked first.
+    "run": [
+        "run",
+        "--admin-port",
+        "0",
+        "--log-level",
+        "ERROR",
+        "--fabric-url",
+        "http://127.0.0.1:9",
+    ],
 }
 # Every command with the file that is not a database; the other cases with one command of
 # each kind (a read, a migration, the service) to keep the subprocesses few.
@@ -72,7 +81,13 @@ async def test_an_unusable_database_is_one_line_in_every_command(
     tmp_path: Path, case: Callable[[Path], tuple[str, list[str]]], name: str
 ) -> None:
     url, expected = case(tmp_path)
-    code, out, err = await cli(*COMMANDS[name], "--database-url", url, cwd=tmp_path)
+    code, out, err = await cli(
+        *COMMANDS[name],
+        "--database-url",
+        url,
+        cwd=tmp_path,
+        env={"FABRIC_DRA_FABRIC__AUTH": "none"},
+    )
     assert code == 1, err
     line = one_error_line(code, err, *expected)
     assert "pw-not-shown" not in line
@@ -216,6 +231,31 @@ async def test_run_with_an_admin_host_that_does_not_resolve_names_admin_host(
     code, _, err = await cli("run", "--log-level", "ERROR", cwd=tmp_path, env=env)
     assert code == 1, err
     one_error_line(code, err, "cannot start", "admin.host '999.1.1.1'", "admin.port 8080")
+
+
+async def test_run_without_a_fabric_manager_is_a_usage_error_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    # A missing fabric.url was found after the database was created and migrated, and the
+    # start-up log lines, with exit 1; other settings errors are one line with exit 2.
+    code, out, err = await cli("run", cwd=tmp_path)
+    assert code == 2, err
+    one_error_line(code, err, "fabric.url is not set", "FABRIC_DRA_FABRIC__URL", "run --help")
+    assert out == ""
+    assert list(tmp_path.iterdir()) == [], "nothing is created"
+    (tmp_path / "user").write_text("admin")
+    code, _, err = await cli(
+        "run",
+        cwd=tmp_path,
+        env={
+            "FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:9",
+            "FABRIC_DRA_FABRIC__USERNAME_FILE": str(tmp_path / "user"),
+            "FABRIC_DRA_FABRIC__PASSWORD_FILE": str(tmp_path / "no-such-file"),
+        },
+    )
+    assert code == 2, err
+    one_error_line(code, err, "fabric.password_file", "no-such-file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["user"]
 
 
 # -- groups without a subcommand -------------------------------------------------------------
