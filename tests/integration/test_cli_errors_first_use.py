@@ -233,6 +233,10 @@ async def test_run_with_an_admin_host_that_does_not_resolve_names_admin_host(
     one_error_line(code, err, "cannot start", "admin.host '999.1.1.1'", "admin.port 8080")
 
 
+def _names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
 async def test_run_without_a_fabric_manager_is_a_usage_error_before_anything_starts(
     tmp_path: Path,
 ) -> None:
@@ -242,7 +246,7 @@ async def test_run_without_a_fabric_manager_is_a_usage_error_before_anything_sta
     assert code == 2, err
     one_error_line(code, err, "fabric.url is not set", "FABRIC_DRA_FABRIC__URL", "run --help")
     assert out == ""
-    assert list(tmp_path.iterdir()) == [], "nothing is created"
+    assert _names(tmp_path) == [], "nothing is created"
     (tmp_path / "user").write_text("admin")
     code, _, err = await cli(
         "run",
@@ -255,7 +259,7 @@ async def test_run_without_a_fabric_manager_is_a_usage_error_before_anything_sta
     )
     assert code == 2, err
     one_error_line(code, err, "fabric.password_file", "no-such-file")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["user"]
+    assert _names(tmp_path) == ["user"]
 
 
 # -- groups without a subcommand -------------------------------------------------------------
