@@ -77,12 +77,15 @@ class HeldFeed:
         reader must read everything again."""
         if version == self.version:
             return []
-        if not self._entries or self._entries[0][0] > version + 1 or version > self.version:
+        entries = self._entries
+        if not entries or entries[0][0] > version + 1 or version > self.version:
             return None
+        # Versions are consecutive, so the entries after ``version`` are the last
+        # ``self.version - version``: only those are looked at (a full feed holds
+        # ``max_entries``, and a reader asks after every change).
         out: list[tuple[bool, HeldDevice]] = []
-        for entry_version, held, device in self._entries:
-            if entry_version <= version:
-                continue
+        for index in range(len(entries) - (self.version - version), len(entries)):
+            _, held, device = entries[index]
             if device is None:
                 return None
             out.append((held, device))
