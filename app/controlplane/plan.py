@@ -413,7 +413,7 @@ class InUseView(Collection[DeviceId]):
         holders = self.index._holders.get(device)  # type: ignore[call-overload]
         if not holders:
             return False
-        return not self.exclude_uids or any(u not in self.exclude_uids for u in holders)
+        return not self.exclude_uids or not holders.keys() <= self.exclude_uids
 
     def __iter__(self) -> Iterator[DeviceId]:
         return (d for d in list(self.index._holders) if d in self)
@@ -440,7 +440,10 @@ class InUseView(Collection[DeviceId]):
         held = self.index._held_per_pool.get(pool, _NONE)
         if not self.exclude_uids or not held:
             return held
-        return {d for d in held if d in self}
+        # What the left-out claims alone hold is found from their own devices (few), not
+        # by checking every held device of the pool.
+        freed = self.index.freed(self.exclude_uids).get(pool)
+        return held - freed if freed else held
 
 
 class _PassView(InUseView):
