@@ -168,6 +168,26 @@ class _TokenFile:
         configuration.api_key_prefix["BearerToken"] = "Bearer"
 
 
+class JsonApiClient(ApiClient):
+    """A kubernetes-asyncio ``ApiClient`` that sends JSON request bodies as they are.
+
+    Before every request ``ApiClient.sanitize_for_serialization`` walks the body and builds a
+    copy of every dict and list in it, to turn model objects and datetimes into JSON values.
+    This project's bodies are JSON values already (objects read as raw JSON, see
+    :func:`call_json`, and dicts built from strings, numbers, booleans and lists), so a dict
+    is passed on unchanged: the walk was about a tenth of the controller's CPU per request.
+    Anything else (a model object, a list of query parameters) still goes through the
+    library's conversion. A dict that holds a model object or a datetime is a programming
+    error: ``json.dumps`` refuses it, and :func:`call_json` reports it as a
+    :class:`KubeError`.
+    """
+
+    def sanitize_for_serialization(self, obj: Any) -> Any:
+        if type(obj) is dict:
+            return obj
+        return super().sanitize_for_serialization(obj)
+
+
 class KubeClient:
     """Owns a kubernetes-asyncio ``ApiClient``; close it with :meth:`close` or ``async with``.
 
@@ -286,7 +306,7 @@ async def connect(
         KubeError: the configuration cannot be used (missing kubeconfig, token file, ...).
     """
     configuration = await build_configuration(settings, now=now)
-    api = ApiClient(configuration=configuration)
+    api = JsonApiClient(configuration=configuration)
     api.user_agent = settings.user_agent
     _proxy_from_environment_once(api)
     return KubeClient(api, settings)

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio.client import CoreV1Api, ResourceV1beta1Api
+from hypothesis import given
+from hypothesis import strategies as st
+from kubernetes_asyncio.client import (
+    ApiClient,
+    CoreV1Api,
+    ResourceV1beta1Api,
+    V1Namespace,
+    V1ObjectMeta,
+)
 
-from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
+from app.kube.client import JsonApiClient, KubeAuthMode, KubeClientSettings, call_json, connect
 from app.kube.errors import (
     KubeError,
     KubeNotFound,
@@ -202,3 +212,51 @@ async def test_requests_go_through_the_proxy_named_at_connect(
             assert body["kind"] == "NodeList"
     finally:
         await emu.stop()
+
+
+async def test_json_bodies_are_sent_as_they_are_and_models_still_converted() -> None:
+    emu = KubeEmulator()
+    url = await emu.start()
+    try:
+        async with await connect(KubeClientSettings(mode=KubeAuthMode.URL, url=url)) as client:
+            assert isinstance(client.api, JsonApiClient)
+            body = {"metadata": {"name": "a", "labels": {"k": "v"}}}
+            # A JSON body is not copied on its way out.
+            assert client.api.sanitize_for_serialization(body) is body
+            core = CoreV1Api(client.api)
+            created = await call_json(
+                core.create_namespace(body, _preload_content=False), "create Namespace a"
+            )
+            assert created["metadata"]["labels"]["k"] == "v"
+            # A model object still goes through the library's conversion.
+            model = V1Namespace(metadata=V1ObjectMeta(name="b", labels={"k": "w"}))
+            created = await call_json(
+                core.create_namespace(model, _preload_content=False), "create Namespace b"
+            )
+            assert created["metadata"]["labels"]["k"] == "w"
+            # A dict holding what is not JSON is refused before anything is sent.
+            bad: Any = {"metadata": {"name": "c", "labels": {"at": dt.datetime(2026, 1, 1)}}}
+            with pytest.raises(KubeError, match="create Namespace c") as caught:
+                await call_json(
+                    core.create_namespace(bad, _preload_content=False), "create Namespace c"
+                )
+            assert not caught.value.retryable
+            with pytest.raises(KubeNotFound):
+                await call_json(
+                    core.read_namespace("c", _preload_content=False), "read Namespace c"
+                )
+    finally:
+        await emu.stop()
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.text(), _JSON, max_size=5))
+def test_a_json_body_is_what_the_library_would_have_sent(body: dict[str, object]) -> None:
+    ours = JsonApiClient.__new__(JsonApiClient)
+    assert ours.sanitize_for_serialization(body) == ApiClient.sanitize_for_serialization(ours, body)
