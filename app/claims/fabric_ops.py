@@ -418,8 +418,18 @@ class FabricOps:
         await self._at("after-attach")
         done = await self.journal.transition(moving.id, [ATTACHING], ATTACHED, clear_operation=True)
         self._metric("attach", "ok")
+        elapsed = time.monotonic() - started
         if self.metrics:
-            self.metrics.attach_seconds.observe(time.monotonic() - started)
+            self.metrics.attach_seconds.observe(elapsed)
+        log.info(
+            "claim %s: device %s attached%s to node %s (fabric host %s) in %.0f ms",
+            moving.claim,
+            reservation.device_name,
+            " again" if moving.attached_at is not None else "",
+            moving.node,
+            moving.host_id,
+            elapsed * 1e3,
+        )
         if claim is not None:
             once_more = " again" if moving.attached_at is not None else ""
             await self._record(
@@ -562,6 +572,13 @@ class FabricOps:
             error=f"{note}; detached from host {moving.host_id}" if note else None,
         )
         self._metric("detach", "ok")
+        log.info(
+            "claim %s: device %s detached from fabric host %s%s",
+            moving.claim,
+            moving.device_name,
+            moving.host_id,
+            f" ({note})" if note else "",
+        )
         if claim is not None:
             await self._record(
                 claim,

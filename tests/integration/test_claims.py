@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -223,7 +225,10 @@ async def running(reconciler: ClaimReconciler) -> AsyncIterator[ClaimReconciler]
         await reconciler.stop()
 
 
-async def test_full_cycle_attach_ready_then_detach_on_deallocation(harness: Harness) -> None:
+async def test_full_cycle_attach_ready_then_detach_on_deallocation(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="app.claims.fabric_ops")
     device = harness.device_names()[0]
     harness.create_claim("c1")
     async with running(harness.reconciler()) as reconciler:
@@ -263,6 +268,17 @@ async def test_full_cycle_attach_ready_then_detach_on_deallocation(harness: Harn
             ("attach", harness.block_of(device), NODES[0]),
             ("detach", harness.block_of(device), NODES[0]),
         ]
+    # One INFO line each for the operator, naming the claim, device, node and host.
+    lines = [r.getMessage() for r in caplog.records if r.name == "app.claims.fabric_ops"]
+    attached = [m for m in lines if " attached " in m]
+    detached = [m for m in lines if " detached " in m]
+    assert len(attached) == 1 and len(detached) == 1, lines
+    assert re.fullmatch(
+        rf"claim default/c1: device {device} attached to node {NODES[0]} "
+        rf"\(fabric host {NODES[0]}\) in \d+ ms",
+        attached[0],
+    ), attached
+    assert detached[0] == f"claim default/c1: device {device} detached from fabric host {NODES[0]}"
 
 
 async def test_many_concurrent_claims_attach_each_device_once(harness: Harness) -> None:
