@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
+from alembic.script.revision import RevisionError
 from alembic.util import CommandError
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -12,6 +14,32 @@ from app.commands.common import Settings, run, settings_options
 from app.config import redact_url
 from app.db import migrate
 from app.db.engine import check_usable, make_engine, missing_sqlite_file, unusable
+
+# A relative step: "+1" up or "-1" down from the current revision (Alembic's notation).
+_RELATIVE = re.compile(r"[+-][1-9][0-9]*")
+
+
+def _known_forms() -> str:
+    return (
+        f"head, base, {', '.join(migrate.revisions())}, or a step from the current revision "
+        "(+1; -1 after '--')"
+    )
+
+
+def check_revision(revision: str) -> str:
+    """``revision`` when the scripts know it: ``head``, ``base``, a revision id or a relative
+    step (``+N``, ``-N``).
+
+    Raises:
+        click.BadParameter: anything else, naming what is accepted (checked before the
+            database is touched; Alembic's own answer to some forms, ``head+3`` say, is an
+            internal assertion).
+    """
+    if revision in ("head", "base") or _RELATIVE.fullmatch(revision):
+        return revision
+    if revision in migrate.revisions():
+        return revision
+    raise click.BadParameter(f"unknown revision {revision!r}: give {_known_forms()}")
 
 
 async def _do(settings: Settings, action: str, revision: str | None) -> str | None:
@@ -25,6 +53,12 @@ async def _do(settings: Settings, action: str, revision: str | None) -> str | No
             await migrate.downgrade(engine, revision)
         return await migrate.current(engine)
     except CommandError as err:
+        if isinstance(err.__cause__, RevisionError):
+            # A target that is no step from here: "-5" with two revisions, "head" as a
+            # downgrade. Nothing was changed.
+            raise click.UsageError(
+                f"cannot {action} to {revision}: {err}; the database is unchanged"
+            ) from None
         raise click.ClickException(f"migration failed: {err}") from None
     except (SQLAlchemyError, OSError) as err:
         raise unusable(engine, err) from None
@@ -38,7 +72,7 @@ def db() -> None:
 
 
 @db.command()
-@click.argument("revision", default="head")
+@click.argument("revision", default="head", callback=lambda _c, _p, v: check_revision(v))
 @settings_options
 def upgrade(revision: str, settings: Settings) -> None:
     """Upgrade the schema to REVISION (default: head, the newest)."""
@@ -47,7 +81,7 @@ def upgrade(revision: str, settings: Settings) -> None:
 
 
 @db.command()
-@click.argument("revision")
+@click.argument("revision", callback=lambda _c, _p, v: check_revision(v))
 @click.option(
     "--yes",
     is_flag=True,

@@ -50,6 +50,12 @@ def head_revision() -> str:
     return head
 
 
+def revisions() -> list[str]:
+    """Every revision id in the scripts, oldest first."""
+    script = ScriptDirectory.from_config(alembic_config())
+    return [r.revision for r in reversed(list(script.walk_revisions()))]
+
+
 async def _run(engine: AsyncEngine, action: Any) -> Any:
     async with engine.connect() as conn:
         locked = engine.dialect.name == "postgresql"

@@ -269,7 +269,7 @@ async def test_inventory_sync_with_nothing_listening_exits_1_with_one_warning(
         (["inventory", "--config", "missing.yaml"], {}, "config file 'missing.yaml'"),
         (["inventory", "--database-url", "mysql://x@y/z"], {}, "unsupported scheme 'mysql'"),
         (["inventory"], {}, "fabric-dra.db does not exist, so there is no inventory yet"),
-        (["db", "upgrade", "nonexistent-rev"], {}, "migration failed"),
+        (["db", "upgrade", "nonexistent-rev"], {}, "unknown revision 'nonexistent-rev'"),
     ],
 )
 async def test_bad_input_gives_one_clear_error(
@@ -295,6 +295,25 @@ async def test_db_upgrade_current_downgrade(tmp_path: Path) -> None:
     assert code == 2 and "give --yes" in err and len(err.strip().splitlines()) == 1, err
     code, out, _ = await cli("db", "current", "--database-url", url, cwd=tmp_path)
     assert "(up to date)" in out
+    # Targets that are no revision, or no step from here: usage errors in one line, the
+    # schema untouched.
+    for args, message in [
+        (["downgrade", "bogusrev", "--yes"], "unknown revision 'bogusrev': give head, base, 0001"),
+        (["upgrade", "head+3"], "unknown revision 'head+3'"),
+        (["downgrade", "--yes", "--", "-5"], "cannot downgrade to -5: Relative revision -5"),
+        (["upgrade", "--", "+1"], "cannot upgrade to +1"),
+    ]:
+        code, out, err = await cli("db", args[0], "--database-url", url, *args[1:], cwd=tmp_path)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (args, err)
+        assert "Traceback" not in err
+        code, out, _ = await cli("db", "current", "--database-url", url, cwd=tmp_path)
+        assert "(up to date)" in out
+    code, out, err = await cli(
+        "db", "downgrade", "--yes", "--database-url", url, "--", "-1", cwd=tmp_path
+    )
+    assert code == 0 and "database at revision 0001" in out, err
+    code, out, err = await cli("db", "upgrade", "--database-url", url, "--", "+1", cwd=tmp_path)
+    assert code == 0 and f"database at revision {head_revision()}" in out, err
     code, out, _ = await cli(
         "db", "downgrade", "base", "--yes", "--database-url", url, cwd=tmp_path
     )
