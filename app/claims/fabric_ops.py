@@ -31,7 +31,6 @@ never raised).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
@@ -41,6 +40,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api
 
+from app.aio import cancel_and_wait
 from app.claims.model import (
     REASON_ATTACH_FAILED,
     REASON_ATTACHED,
@@ -193,9 +193,7 @@ class EventRecorder:
                 left += 1
             self.dropped += left
             log.info("dropped %d events not sent within %.1f s of shutdown", left, timeout_s)
-        self._sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._sender
+        await cancel_and_wait(self._sender)
         self._sender = None
 
     async def _send_loop(self) -> None:

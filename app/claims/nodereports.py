@@ -28,7 +28,6 @@ by the sync and judged by the drift check as for any other sync.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
@@ -36,6 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from app.aio import cancel_and_wait
 from app.clock import utcnow
 
 if TYPE_CHECKING:  # I/O modules: the pure part (judge, TriggerGate) must load without them
@@ -375,10 +375,7 @@ class NodeReportWatch:
         """Stop the informer and drop a pending trigger (a stopped leader syncs nothing)."""
         await self.events.stop()
         task, self._fire_task = self._fire_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _on_event(
         self, event_type: str, event: dict[str, Any], old: dict[str, Any] | None

@@ -35,7 +35,6 @@ reconnects and deserialises every event into a model; the raw stream is read her
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -45,6 +44,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from app.aio import cancel_and_wait
 from app.jsontypes import JsonDict, loads_json
 from app.kube.errors import (
     KubeError,
@@ -305,10 +305,7 @@ class Informer:
         """Stop the task and close its connection. The cache stays readable."""
         self._running = False
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def wait_synced(self, timeout_s: float | None = None) -> None:
         """Wait until the first list has filled the cache.

@@ -26,7 +26,6 @@ stamps local time as UTC, mis-writes whole-second times and never releases).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -38,6 +37,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
+from app.aio import cancel_and_wait
 from app.jsontypes import JsonDict
 from app.kube.client import call_json
 from app.kube.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
@@ -262,10 +262,7 @@ class LeaderElector:
     async def stop(self) -> None:
         """Stop campaigning; when leading, step down (and release if configured)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def run(self) -> None:
         """Campaign, lead, step down, campaign again, until cancelled.

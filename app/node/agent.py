@@ -7,7 +7,6 @@ RBAC it needs (deploy/base/node-rbac.yaml): get ResourceClaims; create Events.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -20,6 +19,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from app.aio import cancel_and_wait
 from app.config import ConfigError, Settings, read_secret
 from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json, connect
@@ -296,11 +296,7 @@ class NodeAgent:
 
     async def stop(self) -> None:
         """Stop everything; sockets are removed, the checkpoint and CDI specs stay."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         if self.servers is not None:
             await self.servers.stop()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from app.aio import cancel_and_wait
 from app.node.identity import DeviceIdentity, DeviceNode, HostDevice
 from app.node.sysfs import (
     CONFIG_SPACE_SIZE,
@@ -720,9 +721,7 @@ async def _drain(reader: asyncio.Task[None]) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(reader), _STDERR_GRACE_S)
     if not reader.done():
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        await cancel_and_wait(reader)
 
 
 async def run_hook(

@@ -39,6 +39,7 @@ from typing import Any
 
 import grpc
 
+from app.aio import cancel_and_wait
 from app.node.grpcapi import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -352,10 +353,7 @@ class PluginServers:
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop listening and remove both sockets (registration first, so the kubelet stops
         using us before the DRA socket goes)."""
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+        await cancel_and_wait(self._watch)
         for server, path in (
             (self._reg_server, self.registration_path),
             (self._dra_server, self.dra_path),

@@ -31,7 +31,6 @@ object that came back; see :meth:`Publisher.status` and the ``*_dropped`` proper
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter as CountMap
 from collections.abc import Mapping
@@ -41,6 +40,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ResourceV1Api, ResourceV1beta1Api, ResourceV1beta2Api
 
+from app.aio import cancel_and_wait
 from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json
 from app.kube.errors import KubeConflict, KubeError, KubeNotFound
@@ -209,11 +209,7 @@ class Publisher:
         publisher cannot be started again: build a new one (it adopts the slices)."""
         self._queue.shutdown()
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
         await self._informer.stop()
 
     # ----------------------------------------------------------------- input
