@@ -6,6 +6,24 @@ import asyncio
 from typing import Any
 
 
+class OwnCancellation:
+    """Tells a cancellation of the current task, requested from now on, from a
+    ``CancelledError`` that a task it awaits ended with (both arrive as the same exception).
+
+    Made before the awaits; :meth:`requested` after catching the exception. It compares the
+    current task's ``Task.cancelling()`` count with the count at creation, so a cancellation
+    already under way (a stop called in a ``finally``) does not count.
+    """
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self._before = self._task.cancelling() if self._task is not None else 0
+
+    def requested(self) -> bool:
+        """True when the current task was asked to cancel since this was made."""
+        return self._task is not None and self._task.cancelling() > self._before
+
+
 async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
     """Cancel ``tasks`` (None entries are skipped) and wait until each has ended.
 
@@ -24,8 +42,7 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
             in ``tasks`` order; the others are still waited for first).
     """
     pending = [task for task in tasks if task is not None]
-    current = asyncio.current_task()
-    before = current.cancelling() if current is not None else 0
+    own = OwnCancellation()
     for task in pending:
         task.cancel()
     failure: BaseException | None = None
@@ -33,7 +50,7 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
         try:
             await task
         except asyncio.CancelledError:
-            if current is not None and current.cancelling() > before:
+            if own.requested():
                 raise
         except Exception as err:
             failure = failure or err

@@ -60,6 +60,7 @@ from typing import Any, Literal
 import aiohttp
 from yarl import URL
 
+from app.aio import cancel_and_wait
 from app.fabric.errors import (
     FabricAuthError,
     FabricConflict,
@@ -885,10 +886,9 @@ class CdimBackend:
         if self._closed:
             return
         self._closed = True
-        if self._sender is not None:
-            self._sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._sender
+        # The sender's own failure is what the waiters are told below.
+        with contextlib.suppress(Exception):
+            await cancel_and_wait(self._sender)
         for request in self._queue:
             if not request.done.done():
                 request.done.set_exception(FabricUnavailable("the cdim backend was closed"))

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterator, 
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from app.aio import OwnCancellation
 from app.kube.informer import Informer
 from app.kube.workqueue import ShutDown, WorkQueue
 
@@ -256,11 +257,13 @@ class Controller(Generic[K]):
             # stop() awaits them.
             for task in self._tasks:
                 task.cancel()
+        own = OwnCancellation()
         for task in self._tasks:
             try:
                 await task
             except asyncio.CancelledError:
-                pass
+                if own.requested():
+                    raise  # this stop was cancelled: a second stop() awaits the rest
             except BaseException as err:  # a task that died must not stop the shutdown
                 log.error("%s task %s had died: %r", self.settings.name, task.get_name(), err)
         self._tasks = []

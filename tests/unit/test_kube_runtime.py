@@ -208,6 +208,42 @@ async def test_a_stop_cancelled_mid_drain_still_cancels_the_pass_and_a_second_st
     assert stuck.flushed == ["events"]
 
 
+async def test_a_stop_cancelled_while_a_pass_cleans_up_ends_and_a_second_stop_waits() -> None:
+    # A pass that takes long to clean up once cancelled (a write it finishes): a deadline
+    # that cancels the stop meanwhile must end the stop, not be swallowed by it.
+    cleaned = asyncio.Event()
+    release = asyncio.Event()
+
+    async def cleanup() -> None:
+        await release.wait()
+        cleaned.set()
+
+    class SlowCleanup:
+        async def reconcile(self, key: str) -> bool:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await asyncio.shield(cleanup())
+            return False
+
+    runtime: Controller[str] = Controller(
+        SlowCleanup(), RuntimeSettings("slow", workers=1), WorkQueue(WorkQueueSettings(name="s"))
+    )
+    await runtime.start()
+    runtime.queue.add("k")
+    await eventually(lambda: runtime.queue.is_processing("k"), what="in flight")
+    stopping = asyncio.create_task(runtime.stop())
+    await asyncio.sleep(0.05)
+    assert not stopping.done()
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(stopping, 5)
+    assert not cleaned.is_set()
+    release.set()
+    await runtime.stop()
+    await asyncio.wait_for(cleaned.wait(), 5)
+
+
 async def test_a_loop_that_ends_makes_the_controller_unhealthy() -> None:
     runtime = make(Script({}), HandClock())
     ended = asyncio.Event()
