@@ -825,6 +825,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _fabric_complete(self) -> Settings:
+        if "fabrics" in self.model_fields_set and not self.fabrics:
+            # An empty list given on purpose is a mistake (a template left empty, a list
+            # whose entries were all removed), not a wish for the default fabric settings.
+            raise ValueError(
+                "fabrics is an empty list; give at least one fabric manager in it, or leave "
+                "it out and give the one fabric manager as fabric"
+            )
         if self.fabrics and self.fabric != FabricSettings():
             raise ValueError(
                 "both fabric and fabrics are set; give one fabric manager as fabric, or "

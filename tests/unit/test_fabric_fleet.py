@@ -112,6 +112,8 @@ def test_pools_may_mix_managers_when_asked(tmp_path: Path) -> None:
             "fabrics[a].password_file is set but fabrics[a].username_file is not",
         ),
         ({"fabrics": {"name": "a"}}, "setting fabrics"),
+        ({"fabrics": []}, "setting fabrics (from"),
+        ({"fabrics": []}, "fabrics is an empty list; give at least one fabric manager"),
     ],
 )
 def test_bad_manager_lists_get_one_line_naming_the_setting(
@@ -322,3 +324,10 @@ def test_an_entry_of_fabrics_from_the_environment_names_the_variable_given() -> 
             }
         )
     assert "(from environment FABRIC_DRA_FABRIC__URL): both fabric and fabrics" in str(caught.value)
+    # An empty list on purpose is refused, not read as "use fabric".
+    with pytest.raises(ConfigError) as caught:
+        load_settings(
+            environ={"FABRIC_DRA_FABRICS": "[]", "FABRIC_DRA_FABRIC__URL": "https://a.example"}
+        )
+    assert "(from environment FABRIC_DRA_FABRICS): fabrics is an empty list" in str(caught.value)
+    assert load_settings(environ={}).managers == (load_settings(environ={}).fabric,)
