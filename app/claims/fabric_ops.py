@@ -75,6 +75,10 @@ from app.kube.errors import KubeError
 from app.metrics import ClaimMetrics
 
 log = logging.getLogger(__name__)
+
+EVENT_FLUSH_S = 5.0
+"""How long a stopping controller sends the Events still queued (seconds); the rest are
+dropped and counted."""
 REASON_DETACHED = "Detached"
 DEFAULT_ATTACH_TRIES_WITH_LOSSES = 10
 """Attach tries over a reservation's life, re-attaches after losses included, after which a
@@ -177,7 +181,7 @@ class EventRecorder:
         """Wait until every queued Event was sent (or given up)."""
         await self._queue.join()
 
-    async def close(self, timeout_s: float = 5.0) -> None:
+    async def close(self, timeout_s: float = EVENT_FLUSH_S) -> None:
         """Send what is queued (up to ``timeout_s`` seconds; the rest is dropped) and stop.
         Events recorded after this are sent at once, in the caller's task."""
         self._closed = True
@@ -809,6 +813,7 @@ def _claim_stub(reservation: ReservationView) -> dict[str, Any]:
 
 __all__ = [
     "DEFAULT_DETACH_ATTEMPTS",
+    "EVENT_FLUSH_S",
     "MOVED_MARK",
     "REASON_DETACHED",
     "EventRecorder",

@@ -40,6 +40,7 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from app.claims.drift import DriftTarget
 from app.claims.fabric_ops import (
+    EVENT_FLUSH_S,
     EventRecorder,
     FabricOps,
     failed_report,
@@ -253,10 +254,11 @@ class ClaimReconciler:
     async def stop(self, drain_s: float = 10.0) -> None:
         """Stop taking work, let in-flight reconciles finish (up to ``drain_s`` seconds, then
         they are cancelled: the journal makes that safe), send the queued Events, stop the
-        informers. Events not sent within ``min(5, drain_s)`` seconds are dropped."""
+        informers. Events not sent within ``min(EVENT_FLUSH_S, drain_s)`` seconds are dropped."""
         self.journal.feed.remove_release_listener(self._on_release)
         await self.runtime.stop(
-            drain_s, before_informers=lambda: self.events.close(timeout_s=min(5.0, drain_s))
+            drain_s,
+            before_informers=lambda: self.events.close(timeout_s=min(EVENT_FLUSH_S, drain_s)),
         )
 
     def informers(self) -> tuple[Informer, ...]:

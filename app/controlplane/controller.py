@@ -33,7 +33,7 @@ from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
 from app.allocator import Allocator
 from app.claims.drift import DriftTarget
-from app.claims.fabric_ops import EventRecorder, FabricOps
+from app.claims.fabric_ops import EVENT_FLUSH_S, EventRecorder, FabricOps
 from app.claims.model import rfc3339
 from app.claims.settings import ControllerSettings
 from app.clock import utcnow
@@ -231,7 +231,7 @@ class ControlPlaneController:
                 self.queue.add(("claim", reservation.claim.uid, ""))
         self._enqueue_everything()
 
-    async def stop(self, events_timeout_s: float = 5.0) -> None:
+    async def stop(self, events_timeout_s: float = EVENT_FLUSH_S) -> None:
         """Stop taking work, stop the workers, send the queued Events (those not sent within
         ``events_timeout_s`` seconds are dropped), stop the informers."""
         await self.runtime.stop(
