@@ -160,6 +160,9 @@ class ControlPlaneController:
         self._claim_locks: dict[str, asyncio.Lock] = {}
         # The claims our last writes returned, by uid (see cached_claim).
         self._written: dict[str, JsonDict] = {}
+        # By uid, the resourceVersion of a write of ours whose claim pass was queued when the
+        # write returned (see queue_after_write): its echo from the informer needs no other.
+        self._covered_echoes: dict[str, str] = {}
         self.snapshots = SnapshotCache(
             self.slices,
             self.classes,
@@ -297,6 +300,14 @@ class ControlPlaneController:
             uid,
             frozenset() if event == "DELETED" else cp.claim_devices(obj, self.settings.driver_name),
         )
+        # Any event of the claim ends the wait for an echo: the echo itself, or a newer state
+        # (a relist, another client's write) that is acted on as usual.
+        covered = self._covered_echoes.pop(uid, None)
+        own_echo = (
+            event == "MODIFIED"
+            and covered is not None
+            and str((obj.get("metadata") or {}).get("resourceVersion")) == covered
+        )
         if event == "DELETED":
             self._written.pop(uid, None)
             lock = self._claim_locks.get(uid)
@@ -310,6 +321,7 @@ class ControlPlaneController:
         # looks at every claim.
         if event == "DELETED" or (
             mine
+            and not own_echo
             and (
                 cp.claim_phase(obj, self.settings.driver_name) != "pending"
                 if old is None
@@ -462,6 +474,24 @@ class ControlPlaneController:
             return written
         del self._written[uid]
         return cached
+
+    def queue_after_write(self, written: JsonDict) -> None:
+        """Queue the claim pass of a claim we just wrote (``written``: what the write
+        returned), at once rather than when the informer delivers the write; that delivery
+        (the echo, of the same resourceVersion) then queues no second pass. The pass reads the
+        written claim from the mutation cache (:meth:`cached_claim`), so it acts on the state
+        the echo carries or a newer one."""
+        metadata = written.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        if not uid:
+            return
+        cached = self.claims.by_uid(uid)
+        if cached is not None and resource_version(cached) >= resource_version(written) >= 0:
+            # The echo came first (the watch ran ahead of the write's answer) and queued the
+            # pass; it waits for the claim's lock, which the writer holds, so it will see this.
+            return
+        self._covered_echoes[uid] = str(metadata.get("resourceVersion"))
+        self.queue.add(("claim", uid, ""))
 
     def remember(self, raw: JsonDict) -> JsonDict:
         """Keep a claim our write returned (wire shape) in the mutation cache; return it in

@@ -398,13 +398,17 @@ class SchedulingPass:
         complete = True
         for _, claim in pending:
             uid = str(claim["metadata"]["uid"])
-            if await self._write_allocation(claim, reserved.allocations[uid], consumer, node_name):
+            written = await self._write_allocation(
+                claim, reserved.allocations[uid], consumer, node_name
+            )
+            if written is not None:
                 c.allocations += 1
-            else:
-                complete = False
-                for reservation in reserved.taken:
-                    if reservation.claim.uid == uid:
-                        await c.ops.release(reservation, None)
+                c.queue_after_write(written)
+                continue
+            complete = False
+            for reservation in reserved.taken:
+                if reservation.claim.uid == uid:
+                    await c.ops.release(reservation, None)
             c.queue.add(("claim", uid, ""))
         return complete
 
@@ -484,30 +488,32 @@ class SchedulingPass:
         allocation: Mapping[str, Any],
         consumer: Mapping[str, str],
         node_name: str,
-    ) -> bool:
-        """Write allocation and reservedFor in one status update. False when the claim is
-        gone, being deleted, or allocated otherwise meanwhile."""
+    ) -> JsonDict | None:
+        """Write allocation and reservedFor in one status update. Returns the claim that
+        holds the allocation (as written, or as found when an earlier write of ours whose
+        answer was lost made it); None when the claim is gone, being deleted, or allocated
+        otherwise meanwhile."""
         c = self.controller
         metadata = claim.get("metadata") or {}
 
-        async def write(current: JsonDict) -> bool:
+        async def write(current: JsonDict) -> JsonDict | None:
             if cp.being_deleted(current):
-                return False
+                return None
             body = cp.allocated_status(
                 current, allocation, c.settings.driver_name, consumer, node_name
             )
             if cp.allocation_of(current) is not None:
                 # Ours already (an earlier write whose answer was lost), or someone else's.
-                return cp.allocation_of(current) == cp.allocation_of(body)
+                return current if cp.allocation_of(current) == cp.allocation_of(body) else None
             # Strict: an allocation field the server drops would be a silent bug.
             written = await c.write_claim_status(body, strict=True)
             uid = str(metadata.get("uid"))
             # In use from now, not from when the informer delivers the write.
             c.in_use.set_claim(uid, cp.claim_devices(written, c.settings.driver_name))
             c.warned.pop(uid, None)
-            return True
+            return written
 
-        return await c.update_claim(claim, write, gone=False)
+        return await c.update_claim(claim, write, gone=None)
 
 
 __all__ = [

@@ -16,6 +16,7 @@ from builders import eventually
 from sqlalchemy import select, update
 
 from app.controlplane import ControlPlaneController, ControlPlaneSettings
+from app.controlplane import plan as cp
 from app.controlplane import snapshot as snapshot_module
 from app.db.engine import Database
 from app.db.models import Device
@@ -567,6 +568,57 @@ async def test_written_answers_and_finalizers_are_not_worked_on_again(harness: H
         context["spec"]["potentialNodes"] = NODES
         harness.emu.update(context)
         await eventually(lambda: ("context", "p1") in passes[seen:], what="answered again")
+
+
+@pytest.mark.parametrize("echo_first", [False, True])
+async def test_the_echo_of_our_allocation_write_queues_no_second_claim_pass(
+    harness: Harness, echo_first: bool
+) -> None:
+    # The allocation's write queues the claim pass at once; the informer's delivery of that
+    # same write (one resourceVersion) adds nothing, also when it comes before the write's
+    # answer. Someone else's write still gets a look.
+    harness.create_claim("c1")
+    pod = harness.create_pod("p1", "c1")
+    controller = harness.controller()
+    controller.settings = dataclasses.replace(controller.settings, resync_interval_s=60)
+    passes: list[str] = []
+    sync_claim = controller.sync_claim
+
+    async def counted_claim(uid: str) -> bool:
+        passes.append(uid)
+        return await sync_claim(uid)
+
+    controller.sync_claim = counted_claim  # type: ignore[method-assign]
+    async with running(controller):
+        harness.create_context(pod, NODES)
+        await eventually(lambda: harness.answers("p1") is not None, what="answered")
+        uid = str(harness.claim("c1")["metadata"]["uid"])  # type: ignore[index]
+        seen = len(passes)  # the start looks at every claim once
+        hold = harness.emu.hold_response(method="PUT", path_regex="/resourceclaims/c1/status$")
+        if not echo_first:
+            hold.release()
+        _select(harness, "p1", NODES[0])
+        if echo_first:
+            await hold.reached.wait()
+            await eventually(
+                lambda: (
+                    controller.claims.get("c1", "default") is not None
+                    and cp.allocation_of(controller.claims.get("c1", "default") or {}) is not None
+                ),
+                what="the echo delivered before the answer",
+            )
+            hold.release()
+        await eventually(lambda: _state_is(harness, uid, ATTACHED), what="attached")
+        written_rv = harness.claim("c1")["metadata"]["resourceVersion"]  # type: ignore[index]
+        await asyncio.sleep(0.3)
+        assert passes[seen:] == [uid]
+        assert harness.claim("c1")["metadata"]["resourceVersion"] == written_rv  # type: ignore[index]
+        # Another client's status write (a new resourceVersion) is looked at.
+        claim = harness.claim("c1")
+        assert claim is not None
+        claim["status"]["reservedFor"] = []
+        harness.emu.update_status(claim)
+        await eventually(lambda: len(passes) == seen + 2, what="the other write looked at")
 
 
 async def test_an_answer_is_corrected_even_while_the_cache_lags_our_last_write(
