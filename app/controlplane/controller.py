@@ -372,6 +372,8 @@ class ControlPlaneController:
         self._enqueue_contexts()
 
     async def _on_pod(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
+        if (obj.get("spec") or {}).get("nodeName") or cp.being_deleted(obj):
+            return  # bound or going: its context pass would do nothing (SchedulingPass.sync)
         metadata = obj.get("metadata") or {}
         key = (str(metadata.get("namespace") or ""), str(metadata.get("name")))
         if self.contexts.get(key[1], key[0]) is not None:

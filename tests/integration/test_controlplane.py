@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -619,6 +620,31 @@ async def test_the_echo_of_our_allocation_write_queues_no_second_claim_pass(
         claim["status"]["reservedFor"] = []
         harness.emu.update_status(claim)
         await eventually(lambda: len(passes) == seen + 2, what="the other write looked at")
+
+
+async def test_a_bound_or_going_pod_queues_no_context_pass(harness: Harness) -> None:
+    # Its context pass would do nothing (SchedulingPass.sync returns at once for them).
+    harness.create_claim("c1")
+    pod = harness.create_pod("p1", "c1")
+    controller = harness.controller()
+    added: list[Any] = []
+    controller.queue.add = added.append  # type: ignore[method-assign]
+    async with running(controller):
+        harness.create_context(pod, NODES)
+        await eventually(lambda: controller.contexts.get("p1", "default") is not None)
+        added.clear()
+        waiting = harness.pod("p1")
+        assert waiting is not None
+        await controller._on_pod("MODIFIED", waiting, waiting)
+        assert added == [("context", "default", "p1")]
+        bound = copy.deepcopy(waiting)
+        bound["spec"]["nodeName"] = NODES[0]
+        going = copy.deepcopy(waiting)
+        going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        added.clear()
+        await controller._on_pod("MODIFIED", bound, waiting)
+        await controller._on_pod("MODIFIED", going, waiting)
+        assert added == []
 
 
 async def test_an_answer_is_corrected_even_while_the_cache_lags_our_last_write(
