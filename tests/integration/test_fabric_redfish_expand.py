@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from app.fabric.redfish import reader as reader_module
 from app.fabric.redfish.backend import RedfishBackend
 from app.fabric.types import FabricDevice, FabricHost
 from fabric_dra_sim.redfish import InventorySpec, RedfishSimulator
@@ -130,3 +131,90 @@ async def test_a_service_that_advertises_expand_but_refuses_it_is_read_without(
     # Refused on the first collection read (Systems), then never asked for again: the blocks
     # collection is read once per listing.
     assert calls[BLOCKS] == 2
+
+
+async def _serve_with(
+    sim: RedfishSimulator, queries: list[str], change: Callable[[web.Request], web.Request | None]
+) -> tuple[str, web.AppRunner]:
+    """Serve ``sim``, recording each GET of the blocks collection as path?query; ``change``
+    may rewrite a request (a service that drops a parameter) or answer it with 400 (None)."""
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method == "GET" and request.path == BLOCKS:
+            queries.append(request.query_string)
+            changed = change(request)
+            if changed is None:
+                return web.json_response(
+                    {"error": {"code": "Base.1.8.QueryNotSupported"}}, status=400
+                )
+            request = changed
+        return await handler(request)
+
+    app = sim.make_app()
+    app.middlewares.append(record)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return f"http://127.0.0.1:{runner.addresses[0][1]}", runner
+
+
+def _without_skip(request: web.Request) -> web.Request:
+    query = {k: v for k, v in request.query.items() if k != "$skip"}
+    return request.clone(rel_url=request.rel_url.with_query(query))
+
+
+def _refusing_top(request: web.Request) -> web.Request | None:
+    return None if "$top" in request.query else request
+
+
+@pytest.mark.parametrize(
+    ("change", "top_pages"),
+    [
+        (lambda request: request, True),  # honours $top and $skip
+        (_without_skip, False),  # ignores $skip: the first members again
+        (_refusing_top, False),  # 400 for $top
+    ],
+    ids=["honoured", "skip-ignored", "top-refused"],
+)
+async def test_a_service_that_does_not_page_is_read_top_members_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+    change: Callable[[web.Request], web.Request | None],
+    top_pages: bool,
+) -> None:
+    # A service that answers a collection in one body is asked for TOP_PAGE members at a
+    # time ($top, then $skip), so that 100,000 expanded devices are never one body. One that
+    # ignores $skip or refuses $top is read whole, from then on without $top.
+    monkeypatch.setattr(reader_module, "TOP_PAGE", 5)
+    sim = RedfishSimulator(spec=SPEC, auth="none", expand=True, page_size=None)
+    plain = RedfishSimulator(spec=SPEC, auth="none", expand=False)
+    queries: list[str] = []
+    url, runner = await _serve_with(sim, queries, change)
+    plain_url, plain_runner = await _serve_with(plain, [], lambda request: request)
+    backend = RedfishBackend(url, auth="none")
+    reference = RedfishBackend(plain_url, auth="none")
+    try:
+        devices = await backend.list_devices()
+        first = list(queries)
+        again = await backend.list_devices()
+        want = await reference.list_devices()
+    finally:
+        await backend.close()
+        await reference.close()
+        await runner.cleanup()
+        await plain_runner.cleanup()
+    blocks = len(sim.block_uris())
+    assert blocks == 32
+    key = sorted(d.vendor_id for d in want.items)
+    assert sorted(d.vendor_id for d in devices.items) == key and not devices.rejected
+    assert sorted(d.vendor_id for d in again.items) == key
+    if top_pages:
+        # 32 blocks, 5 a page: 0-4, 5-9, ..., 30-31.
+        assert [q for q in first if "$top" in q] == first and len(first) == 7
+        assert ["$skip" in q for q in first] == [False] + [True] * 6
+    else:
+        # The first try with $top, one more look (or a refusal), then the whole collection;
+        # the next listing asks without $top at once.
+        assert "$top" in first[0] and "$top" not in first[-1]
+        assert all("$top" not in q for q in queries[len(first) :])
+        assert len(queries) - len(first) == 1

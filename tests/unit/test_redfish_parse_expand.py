@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from app.fabric.redfish.parse.blocks import systems_by_block
-from app.fabric.redfish.parse.collection import MAX_EXPAND_LEVELS, expand_levels, inline_resources
+from app.fabric.redfish.parse.collection import (
+    MAX_EXPAND_LEVELS,
+    expand_levels,
+    inline_resources,
+    offers_top_skip,
+)
 
 
 def root(expand: Any) -> dict[str, Any]:
@@ -40,6 +45,24 @@ def test_expand_levels_follow_the_service_roots_protocol_features(
     service_root: Any, levels: int
 ) -> None:
     assert expand_levels(service_root) == levels
+
+
+@pytest.mark.parametrize(
+    ("service_root", "offered"),
+    [
+        ({"ProtocolFeaturesSupported": {"TopSkipQuery": True}}, True),
+        ({"ProtocolFeaturesSupported": {"TopSkipQuery": False}}, False),
+        ({"ProtocolFeaturesSupported": {"TopSkipQuery": "true"}}, False),
+        ({"ProtocolFeaturesSupported": {}}, False),
+        ({"ProtocolFeaturesSupported": ["TopSkipQuery"]}, False),
+        ({}, False),
+        ("not an object", False),
+    ],
+)
+def test_top_and_skip_are_used_only_when_the_service_root_says_true(
+    service_root: Any, offered: bool
+) -> None:
+    assert offers_top_skip(service_root) is offered
 
 
 def test_inline_resources_are_expanded_references_outside_links() -> None:

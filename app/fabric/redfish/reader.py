@@ -28,6 +28,7 @@ from app.fabric.redfish.parse.collection import (
     MAX_EXPAND_LEVELS,
     CollectionPage,
     expand_levels,
+    offers_top_skip,
     parse_collection_page,
 )
 from app.fabric.redfish.parse.common import BadItem, link
@@ -38,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 SERVICE_ROOT = "/redfish/v1/"
 MAX_PAGES = 100_000
+TOP_PAGE = 1000
+"""Members asked for per request (``$top``) when a collection is read with ``$expand`` from a
+service that offers ``$top``/``$skip``: a service that does not page by itself would
+otherwise answer 100,000 expanded devices in one body, several hundred MB held at once."""
 
 
 class ResourceReader:
@@ -52,6 +57,7 @@ class ResourceReader:
         self._transport = transport
         self._root: Mapping[str, Any] | None = None
         self._expand_refused = False
+        self._top_refused = False
 
     @property
     def transport(self) -> RedfishTransport:
@@ -110,17 +116,31 @@ class ResourceReader:
         """Each page of a collection, following ``Members@odata.nextLink``, with its raw
         ``Members`` (expanded resources when ``expand`` is given and the service expands).
 
+        With ``expand``, a service that offers ``$top``/``$skip`` is asked for
+        :data:`TOP_PAGE` members at a time, the next ones by ``$skip``, until a page brings
+        fewer (a ``nextLink`` of the service's own paging is followed instead). A service that
+        refuses ``$top`` (400/501), or ignores ``$skip`` (the next page brings no new member),
+        is read without them from then on; pages already given may then come again, and
+        callers keep members by URI.
+
         Raises:
             FabricUnavailable: any page could not be read (never a partial list).
             FabricInvalidData: a page is not a collection, or the pages loop.
             FabricAuthError: credentials refused.
         """
-        seen: set[str] = set()
-        page_ref: str | None = uri
         if self._expand_refused:
             expand = None
-        if expand is not None:
-            page_ref = str(URL(uri).update_query({"$expand": expand}))
+        top = (
+            TOP_PAGE
+            if expand is not None
+            and not self._top_refused
+            and offers_top_skip(await self.service_root())
+            else None
+        )
+        seen: set[str] = set()
+        members_seen: set[str] = set()
+        skip = 0
+        page_ref: str | None = _query(uri, expand, 0, top)
         while page_ref is not None:
             page_path = self._transport.path(page_ref)
             if page_path in seen or len(seen) >= MAX_PAGES:
@@ -129,7 +149,18 @@ class ResourceReader:
             try:
                 response = await self._transport.get(page_path)
             except FabricError as err:
-                if expand is not None and not seen - {page_path} and err.status in (400, 501):
+                first = not seen - {page_path}
+                if first and top is not None and err.status in (400, 501):
+                    logger.info(
+                        "redfish %s refuses $top (%s); reading collections without it",
+                        self._transport.origin,
+                        err,
+                    )
+                    self._top_refused = True
+                    top, page_ref = None, _query(uri, expand, 0, None)
+                    seen.clear()
+                    continue
+                if expand is not None and first and err.status in (400, 501):
                     # Advertised but refused (seen in the wild, and in mockups served as they
                     # are): read this and every later collection without $expand.
                     logger.info(
@@ -149,8 +180,24 @@ class ResourceReader:
                     vendor_code=err.vendor_code,
                 ) from err
             page = parse_collection_page(response.body, page_path)
+            if top is not None and skip and page.members and members_seen.issuperset(page.members):
+                # $skip ignored: the first members again. Read it all at once instead.
+                logger.info(
+                    "redfish %s ignores $skip on %s; reading collections without $top",
+                    self._transport.origin,
+                    uri,
+                )
+                self._top_refused = True
+                top, page_ref, skip = None, _query(uri, expand, 0, None), 0
+                seen.clear()
+                continue
             yield page, response.body["Members"]
             page_ref = page.next_link
+            if top is not None:
+                members_seen.update(page.members)
+                if page_ref is None and len(page.members) == top:
+                    skip += top
+                    page_ref = _query(uri, expand, skip, top)
 
     async def collection(self, uri: str) -> tuple[list[str], list[Rejected]]:
         """Every member URI of a collection, following ``Members@odata.nextLink``.
@@ -203,6 +250,18 @@ class ResourceReader:
         except FabricError as err:
             raise BadItem(str(err), "fetch-failed") from err
         return response.body
+
+
+def _query(uri: str, expand: str | None, skip: int, top: int | None) -> str:
+    """``uri`` with ``$expand``, ``$skip`` and ``$top`` as given (none when None or 0)."""
+    query: dict[str, str] = {}
+    if expand is not None:
+        query["$expand"] = expand
+    if skip:
+        query["$skip"] = str(skip)
+    if top is not None:
+        query["$top"] = str(top)
+    return str(URL(uri).update_query(query)) if query else uri
 
 
 def bad_members(uri: str, page: CollectionPage) -> list[Rejected]:

@@ -1,8 +1,8 @@
 """Redfish collections: one page of members, ``$expand`` support and expanded members.
 
 Collections follow DSP0266 "Resource collections" (``Members``, ``Members@odata.nextLink``);
-``$expand`` follows DSP0266 "Query parameters" (the ServiceRoot's
-``ProtocolFeaturesSupported.ExpandQuery``).
+``$expand``, ``$top`` and ``$skip`` follow DSP0266 "Query parameters" (the ServiceRoot's
+``ProtocolFeaturesSupported.ExpandQuery`` and ``TopSkipQuery``).
 """
 
 from __future__ import annotations
@@ -79,6 +79,16 @@ def expand_levels(root: Any) -> int:
     if isinstance(most, bool) or not isinstance(most, int) or most < 1:
         return 1
     return min(most, MAX_EXPAND_LEVELS)
+
+
+def offers_top_skip(root: Any) -> bool:
+    """Whether the service takes ``$top`` and ``$skip`` on collections, from its
+    ServiceRoot's ``ProtocolFeaturesSupported.TopSkipQuery`` (DSP0266 "Query parameters",
+    ServiceRoot schema). Anything but ``true`` counts as no."""
+    if not isinstance(root, Mapping):
+        return False
+    features = root.get("ProtocolFeaturesSupported")
+    return isinstance(features, Mapping) and features.get("TopSkipQuery") is True
 
 
 def inline_resources(payload: Any) -> dict[str, Mapping[str, Any]]:
