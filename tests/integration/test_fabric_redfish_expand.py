@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from app.fabric.errors import FabricUnavailable
 from app.fabric.redfish import reader as reader_module
 from app.fabric.redfish.backend import RedfishBackend
 from app.fabric.types import FabricDevice, FabricHost
@@ -168,29 +169,37 @@ def _refusing_top(request: web.Request) -> web.Request | None:
     return None if "$top" in request.query else request
 
 
+def _as_is(request: web.Request) -> web.Request:
+    return request
+
+
 @pytest.mark.parametrize(
-    ("change", "top_pages"),
+    ("change", "top_pages", "page_size"),
     [
-        (lambda request: request, True),  # honours $top and $skip
-        (_without_skip, False),  # ignores $skip: the first members again
-        (_refusing_top, False),  # 400 for $top
+        pytest.param(_as_is, True, None, id="honoured-one-body"),
+        pytest.param(_as_is, True, 3, id="honoured-paged-by-3"),
+        # A service that ignores $skip cannot page by $skip itself: one body.
+        pytest.param(_without_skip, False, None, id="skip-ignored"),
+        pytest.param(_refusing_top, False, None, id="top-refused-one-body"),
+        pytest.param(_refusing_top, False, 3, id="top-refused-paged-by-3"),
     ],
-    ids=["honoured", "skip-ignored", "top-refused"],
 )
-async def test_a_service_that_does_not_page_is_read_top_members_at_a_time(
+async def test_a_collection_is_read_top_members_at_a_time_when_offered(
     monkeypatch: pytest.MonkeyPatch,
     change: Callable[[web.Request], web.Request | None],
     top_pages: bool,
+    page_size: int | None,
 ) -> None:
-    # A service that answers a collection in one body is asked for TOP_PAGE members at a
-    # time ($top, then $skip), so that 100,000 expanded devices are never one body. One that
-    # ignores $skip or refuses $top is read whole, from then on without $top.
+    # A service that offers $top/$skip is asked for TOP_PAGE members at a time, each window
+    # after the first starting at the last member read, with the service's own nextLink
+    # pages followed inside a window. One that ignores $skip or refuses $top is read whole,
+    # from then on without $top. Every way lists exactly what a plain listing lists.
     monkeypatch.setattr(reader_module, "TOP_PAGE", 5)
-    sim = RedfishSimulator(spec=SPEC, auth="none", expand=True, page_size=None)
+    sim = RedfishSimulator(spec=SPEC, auth="none", expand=True, page_size=page_size)
     plain = RedfishSimulator(spec=SPEC, auth="none", expand=False)
     queries: list[str] = []
     url, runner = await _serve_with(sim, queries, change)
-    plain_url, plain_runner = await _serve_with(plain, [], lambda request: request)
+    plain_url, plain_runner = await _serve_with(plain, [], _as_is)
     backend = RedfishBackend(url, auth="none")
     reference = RedfishBackend(plain_url, auth="none")
     try:
@@ -203,18 +212,49 @@ async def test_a_service_that_does_not_page_is_read_top_members_at_a_time(
         await reference.close()
         await runner.cleanup()
         await plain_runner.cleanup()
-    blocks = len(sim.block_uris())
-    assert blocks == 32
+    assert len(sim.block_uris()) == 32
     key = sorted(d.vendor_id for d in want.items)
+    assert len(key) == 32
     assert sorted(d.vendor_id for d in devices.items) == key and not devices.rejected
     assert sorted(d.vendor_id for d in again.items) == key
     if top_pages:
-        # 32 blocks, 5 a page: 0-4, 5-9, ..., 30-31.
-        assert [q for q in first if "$top" in q] == first and len(first) == 7
-        assert ["$skip" in q for q in first] == [False] + [True] * 6
+        assert all("$top" in q for q in queries), queries
+        if page_size is None:
+            # 32 blocks, windows of 5 overlapping by one: 0-4, 4-8, ..., 24-28, 28-31.
+            skips = [dict(part.split("=", 1) for part in q.split("&")).get("$skip") for q in first]
+            assert skips == [None, "4", "8", "12", "16", "20", "24", "28"], first
     else:
         # The first try with $top, one more look (or a refusal), then the whole collection;
         # the next listing asks without $top at once.
         assert "$top" in first[0] and "$top" not in first[-1]
         assert all("$top" not in q for q in queries[len(first) :])
-        assert len(queries) - len(first) == 1
+
+
+async def test_a_collection_that_changes_between_windows_fails_the_listing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A block removed while the second window is asked for shifts every later member by
+    # one: without the overlap check one block would be missing from a listing that looks
+    # whole, and the inventory would take it for gone.
+    monkeypatch.setattr(reader_module, "TOP_PAGE", 5)
+    sim = RedfishSimulator(spec=SPEC, auth="none", expand=True)
+    queries: list[str] = []
+
+    removed: list[object] = []
+
+    def remove_first_block(request: web.Request) -> web.Request:
+        if "$skip=4" in request.query_string and not removed:
+            removed.append(sim.tree[BLOCKS]["Members"].pop(0))
+        return request
+
+    url, runner = await _serve_with(sim, queries, remove_first_block)
+    backend = RedfishBackend(url, auth="none")
+    try:
+        with pytest.raises(FabricUnavailable, match="changed while it was read"):
+            await backend.list_devices()
+        # Read again later, the listing is whole (31 blocks now).
+        again = await backend.list_devices()
+    finally:
+        await backend.close()
+        await runner.cleanup()
+    assert len(again.items) == 31 and not again.rejected

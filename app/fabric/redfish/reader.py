@@ -40,9 +40,10 @@ logger = logging.getLogger(__name__)
 SERVICE_ROOT = "/redfish/v1/"
 MAX_PAGES = 100_000
 TOP_PAGE = 1000
-"""Members asked for per request (``$top``) when a collection is read with ``$expand`` from a
-service that offers ``$top``/``$skip``: a service that does not page by itself would
-otherwise answer 100,000 expanded devices in one body, several hundred MB held at once."""
+"""Members asked for per window (``$top``, at least 2) when a collection is read with
+``$expand`` from a service that offers ``$top``/``$skip``: a service that does not page by
+itself would otherwise answer 100,000 expanded devices in one body, several hundred MB held
+at once."""
 
 
 class ResourceReader:
@@ -117,14 +118,18 @@ class ResourceReader:
         ``Members`` (expanded resources when ``expand`` is given and the service expands).
 
         With ``expand``, a service that offers ``$top``/``$skip`` is asked for
-        :data:`TOP_PAGE` members at a time, the next ones by ``$skip``, until a page brings
-        fewer (a ``nextLink`` of the service's own paging is followed instead). A service that
-        refuses ``$top`` (400/501), or ignores ``$skip`` (the next page brings no new member),
-        is read without them from then on; pages already given may then come again, and
-        callers keep members by URI.
+        :data:`TOP_PAGE` members at a time (a window; ``nextLink`` pages of the service's own
+        paging inside it are followed), the next window by ``$skip``, until a window brings
+        fewer. Each window after the first starts at the last member already read: when that
+        member is not where it was, the collection changed meanwhile and the read fails
+        (a member shifted across two windows would otherwise be missed without a sign). A
+        service that refuses ``$top`` (400/501), or ignores ``$skip`` (the next window brings
+        the first members again), is read without them from then on; pages already given may
+        then come again, and callers keep members by URI.
 
         Raises:
-            FabricUnavailable: any page could not be read (never a partial list).
+            FabricUnavailable: any page could not be read, or the collection changed while it
+                was read window by window (never a partial list).
             FabricInvalidData: a page is not a collection, or the pages loop.
             FabricAuthError: credentials refused.
         """
@@ -139,7 +144,9 @@ class ResourceReader:
         )
         seen: set[str] = set()
         members_seen: set[str] = set()
-        skip = 0
+        start = 0  # the $skip of the current window
+        window = 0  # members the current window brought so far
+        last: str | None = None  # the last member read
         page_ref: str | None = _query(uri, expand, 0, top)
         while page_ref is not None:
             page_path = self._transport.path(page_ref)
@@ -180,24 +187,36 @@ class ResourceReader:
                     vendor_code=err.vendor_code,
                 ) from err
             page = parse_collection_page(response.body, page_path)
-            if top is not None and skip and page.members and members_seen.issuperset(page.members):
-                # $skip ignored: the first members again. Read it all at once instead.
-                logger.info(
-                    "redfish %s ignores $skip on %s; reading collections without $top",
-                    self._transport.origin,
-                    uri,
-                )
-                self._top_refused = True
-                top, page_ref, skip = None, _query(uri, expand, 0, None), 0
-                seen.clear()
-                continue
+            if top is not None and start and not window:
+                # A window asked by $skip starts at the last member already read.
+                first_member = page.members[0] if page.members else None
+                if first_member != last and members_seen.issuperset(page.members):
+                    # $skip ignored: the first members again. Read it all at once instead.
+                    logger.info(
+                        "redfish %s ignores $skip on %s; reading collections without $top",
+                        self._transport.origin,
+                        uri,
+                    )
+                    self._top_refused = True
+                    top, page_ref, start, window = None, _query(uri, expand, 0, None), 0, 0
+                    seen.clear()
+                    continue
+                if first_member != last:
+                    raise FabricUnavailable(
+                        f"collection {uri} changed while it was read {TOP_PAGE} members at a "
+                        f"time (member {start} is no longer {last}); read again later"
+                    )
             yield page, response.body["Members"]
             page_ref = page.next_link
             if top is not None:
                 members_seen.update(page.members)
-                if page_ref is None and len(page.members) == top:
-                    skip += top
-                    page_ref = _query(uri, expand, skip, top)
+                window += len(page.members)
+                if page.members:
+                    last = page.members[-1]
+                if page_ref is None and window >= top:
+                    # A full window: the next one starts at its last member (read again).
+                    start, window = start + window - 1, 0
+                    page_ref = _query(uri, expand, start, top)
 
     async def collection(self, uri: str) -> tuple[list[str], list[Rejected]]:
         """Every member URI of a collection, following ``Members@odata.nextLink``.
