@@ -53,9 +53,7 @@ async def test_a_stop_in_a_finally_after_an_earlier_cancellation_still_waits() -
     workers: list[asyncio.Task[None]] = []
 
     async def service() -> None:
-        workers.extend(
-            asyncio.create_task(_slow_to_stop(ended, name)) for name in ("a", "b", "c")
-        )
+        workers.extend(asyncio.create_task(_slow_to_stop(ended, name)) for name in ("a", "b", "c"))
         try:
             await asyncio.sleep(3600)
         finally:
