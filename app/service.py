@@ -79,6 +79,9 @@ STEP_DOWN_DRAIN_S = 10.0
 """How long in-flight reconciles may take to finish when this replica stops leading, seconds."""
 EVENTS_FLUSH_S = 5.0
 """The longest a stopping controller waits to send its queued Events, seconds."""
+FIRST_OPEN_WAIT_S = 3.0
+"""The longest the first inventory sync of a term waits for the event stream's first open,
+seconds."""
 
 
 def publisher_versions(
@@ -576,6 +579,12 @@ class Service:
     async def _inventory_loop(self, leading: Leadership, manager: ManagerInventory) -> None:
         settings = self.settings.inventory
         first = True
+        if manager.events is not None:
+            # The stream asks for a sync once it opens (events before it are lost): the first
+            # sync, if it begins listing after that, is that sync; without the wait, a second
+            # full listing would follow the first at once.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(manager.events.tried.wait(), FIRST_OPEN_WAIT_S)
         while True:
             listed_from = utcnow()
             result = await manager.inventory.sync_once()

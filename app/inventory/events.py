@@ -90,6 +90,9 @@ class EventWatcher:
     last_event_at: float | None = None
     last_error: str | None = None
     _said_polling: bool = field(default=False, repr=False)
+    #: Set once the first open has succeeded or failed: a sync that begins listing after
+    #: it covers what the stream may have missed until then.
+    tried: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
     def healthy(self) -> bool:
@@ -125,6 +128,7 @@ class EventWatcher:
                 self._set_state(CONNECTING)
             try:
                 delivered = await self._follow()
+                self.tried.set()
                 self.last_error = "the service ended the stream"
                 if delivered:
                     # Open it again at once (and resync, as after every connect).
@@ -139,6 +143,7 @@ class EventWatcher:
                 await self.sleep(UNSUPPORTED_RETRY_S)
                 continue
             except FabricError as err:
+                self.tried.set()
                 self.failures_in_a_row += 1
                 self.last_error = str(err)
                 attempt += 1
@@ -183,6 +188,7 @@ class EventWatcher:
         self._set_state(STREAMING)
         # Events may have been missed while the stream was down: sync once now.
         self.trigger()
+        self.tried.set()
 
     def _take(self, item: FabricEvent | ValueError) -> None:
         self.events += 1
@@ -223,6 +229,7 @@ class EventWatcher:
             self.metrics.events_streaming.labels(self.kind).set(1 if state == STREAMING else 0)
 
     def _polling(self, why: str) -> None:
+        self.tried.set()
         self.last_error = why
         self._set_state(POLLING)
         if not self._said_polling:

@@ -172,6 +172,9 @@ class InventorySync:
     marks_stale: bool = True
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _known_rejects: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
+    # A full sync's write and a unit's (apply_unit) take turns: what each reads of the rows
+    # cannot change before it writes (PostgreSQL's READ COMMITTED would let it).
+    _turn: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     last_result: SyncResult | None = field(default=None, init=False)
 
     def trigger(self) -> None:
@@ -199,11 +202,15 @@ class InventorySync:
                 log.exception("inventory sync of backend %s failed unexpectedly", self.backend.name)
                 if self.metrics:
                     self.metrics.syncs.labels(self.backend.name, "failed").inc()
-            self._wake.clear()
             await self.wait_trigger(interval_seconds)
 
     async def sync_once(self) -> SyncResult:
         """List the backend and make the database match it.
+
+        A :meth:`trigger` that came before the listing began is answered by it (cleared); one
+        that comes while it lists stays set, for a sync after this one. A device row written
+        after the listing began (by :meth:`apply_unit`, after an event) is newer than what
+        the listing says of it and is left as it is.
 
         Returns:
             The :class:`SyncResult`; ``ok`` is False when the listing failed (the database
@@ -212,6 +219,7 @@ class InventorySync:
         Raises:
             sqlalchemy.exc.SQLAlchemyError: the database failed; nothing was half-written.
         """
+        self._wake.clear()
         started = time.monotonic()
         now = self.clock()
         try:
@@ -258,7 +266,7 @@ class InventorySync:
         rejected = (*read.devices.rejected, *device_rejects)
         rejected_keys = {r.vendor_id for r in rejected}
         listed_keys = {d.vendor_id for d in devices}
-        async with self.db.write() as session:
+        async with self._turn, self.db.write() as session:
             status = await session.get(InventoryStatus, kind)
             previous_success = status.last_success_at if status else None
             stored = [
@@ -327,7 +335,7 @@ class InventorySync:
     ) -> SyncResult:
         kind = self.backend.name
         rejected_keys = {r.vendor_id for r in rejected}
-        async with self.db.write() as session:
+        async with self._turn, self.db.write() as session:
             status = await session.get(InventoryStatus, kind)
             previous_success = status.last_success_at if status else None
 
@@ -343,30 +351,40 @@ class InventorySync:
             ]
             host_plan = plan_hosts(stored_hosts, hosts, rejected_keys)
 
-            stored_devices = [
-                StoredItem(
-                    row.id,
-                    row.vendor_id,
-                    row.content_hash,
-                    row.removed_at is not None,
-                    row.health,
-                    row.host_id,
-                    row.name,
-                    row.attach_unit,
+            stored_devices = []
+            # Rows an event's unit read wrote after this listing began: newer than what the
+            # listing says of them, so the plan leaves them out (kept as they are).
+            newer: dict[str, bool] = {}  # vendor id -> present
+            for row in await session.execute(
+                select(
+                    Device.id,
+                    Device.vendor_id,
+                    Device.content_hash,
+                    Device.removed_at,
+                    Device.health,
+                    Device.host_id,
+                    Device.name,
+                    Device.attach_unit,
+                    Device.last_seen,
+                ).where(Device.backend == kind)
+            ):
+                if row.last_seen > now or (row.removed_at is not None and row.removed_at > now):
+                    newer[row.vendor_id] = row.removed_at is None
+                    continue
+                stored_devices.append(
+                    StoredItem(
+                        row.id,
+                        row.vendor_id,
+                        row.content_hash,
+                        row.removed_at is not None,
+                        row.health,
+                        row.host_id,
+                        row.name,
+                        row.attach_unit,
+                    )
                 )
-                for row in await session.execute(
-                    select(
-                        Device.id,
-                        Device.vendor_id,
-                        Device.content_hash,
-                        Device.removed_at,
-                        Device.health,
-                        Device.host_id,
-                        Device.name,
-                        Device.attach_unit,
-                    ).where(Device.backend == kind)
-                )
-            ]
+            if newer:
+                devices = [d for d in devices if d.vendor_id not in newer]
             devices = await self._keep_journal_holders(session, now, stored_devices, devices)
             stored_keys = {s.key for s in stored_devices}
             taken: set[str] = set()
@@ -381,10 +399,14 @@ class InventorySync:
 
             removed_keys = {s.key for s in device_plan.removals}
             listed_keys = {d.vendor_id for d in devices}
-            present = len(devices) + sum(
-                1
-                for s in stored_devices
-                if not s.removed and s.key not in listed_keys and s.key not in removed_keys
+            present = (
+                len(devices)
+                + sum(
+                    1
+                    for s in stored_devices
+                    if not s.removed and s.key not in listed_keys and s.key not in removed_keys
+                )
+                + sum(newer.values())
             )
             status = status or InventoryStatus(backend=kind)
             session.add(status)

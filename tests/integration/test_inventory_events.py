@@ -352,6 +352,9 @@ async def test_a_device_turning_critical_is_tainted_long_before_the_next_poll(
         ):
             text = await response.text()
         assert 'fabric_dra_inventory_events_streaming{backend="redfish"} 1.0' in text
+        # One full listing in all: the first sync waited for the stream to open, so that it
+        # covers what the stream missed before (no second listing right after it).
+        assert 'fabric_dra_inventory_syncs_total{backend="redfish",result="ok"} 1.0' in text
         assert 'fabric_dra_inventory_events_total{backend="redfish",result="relevant"}' in text
 
         # More changes, each published by laying out only its pools: the desired state the

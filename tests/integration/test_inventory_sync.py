@@ -6,12 +6,14 @@ test_inventory_redfish.py; here the backend is a plain double so every case is e
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
-from builders import MemoryBackend, gpu, host
+from builders import MemoryBackend, eventually, gpu, host
 from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import OperationalError
@@ -19,7 +21,7 @@ from sqlalchemy.exc import OperationalError
 from app.db.engine import Database
 from app.db.models import Device, DeviceEvent, Host, InventoryStatus
 from app.fabric.errors import FabricUnavailable
-from app.fabric.types import Health, Rejected
+from app.fabric.types import Health, Listing, Rejected, UnitRead
 from app.inventory import InventorySync
 from app.metrics import InventoryMetrics
 from app.naming import is_dns_label
@@ -125,6 +127,84 @@ async def test_additions_removals_and_health_changes_are_reflected(db: Database)
     rows = await devices_by_vendor_id(db)
     assert rows[gone.vendor_id].removed_at is None
     assert rows[gone.vendor_id].name == names_before[gone.vendor_id]
+
+
+class ChangesWhileListing(MemoryBackend):
+    """Lists as :class:`MemoryBackend` does, then awaits ``during`` (once) before answering:
+    the listing is taken, and the world moves on before the sync writes it."""
+
+    during: Callable[[], Awaitable[None]] | None = None
+
+    async def list_devices(self) -> Listing:
+        listing = await super().list_devices()
+        during, self.during = self.during, None
+        if during is not None:
+            await during()
+        return listing
+
+
+async def test_a_unit_an_event_wrote_while_a_full_sync_listed_is_kept(db: Database) -> None:
+    first = inventory(regions=1, racks=1, per_rack=4)
+    backend = ChangesWhileListing(first.devices, first.hosts)
+    sync, _ = make_sync(backend, db)
+    await sync.sync_once()
+    critical = replace(backend.devices[0], health=Health.CRITICAL)
+    gone = backend.devices[1]
+    added = gpu(50)
+
+    async def events_applied() -> None:
+        # The fabric changes after the listing was taken; each change's event has its unit
+        # read again and written (EventApplier) before the full sync writes its listing.
+        backend.devices[0] = critical
+        backend.devices.remove(gone)
+        backend.devices.append(added)
+        for unit, devices in (
+            (critical.attach_unit, (critical,)),
+            (gone.attach_unit, ()),
+            (added.attach_unit, (added,)),
+        ):
+            read = UnitRead(unit, Listing(devices), gone=not devices)
+            assert (await sync.apply_unit(read, sync.clock())).row_writes == 1
+
+    backend.during = events_applied
+    result = await sync.sync_once()
+    assert result.ok and result.row_writes == 0  # its listing is older than those rows
+    rows = await devices_by_vendor_id(db)
+    assert rows[critical.vendor_id].health == "Critical"
+    assert rows[gone.vendor_id].removed_at is not None
+    assert rows[added.vendor_id].removed_at is None
+    async with db.read() as s:
+        status = await s.get(InventoryStatus, "memory")
+    assert status is not None and status.device_count == 4
+    # The next listing agrees with them: nothing to write.
+    assert (await sync.sync_once()).row_writes == 0
+
+
+async def test_a_trigger_before_a_listing_is_answered_by_it_one_during_it_asks_again(
+    db: Database,
+) -> None:
+    first = inventory(regions=1, racks=1, per_rack=1)
+    backend = ChangesWhileListing(first.devices, first.hosts)
+    sync, _ = make_sync(backend, db)
+    sync.trigger()  # before the first listing: it answers this
+    task = asyncio.create_task(sync.run(interval_seconds=3600))
+    try:
+        await eventually(lambda: sync.last_result is not None, what="the first sync")
+        await asyncio.sleep(0.3)
+        assert backend.list_calls == 1
+
+        async def trigger() -> None:
+            sync.trigger()  # while listing: events may be missed by this listing
+
+        backend.during = trigger
+        sync.trigger()
+        await eventually(lambda: backend.list_calls == 3, what="a sync after the one asked")
+        await asyncio.sleep(0.3)
+        assert backend.list_calls == 3
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
 
 async def test_bad_vendor_data_rejects_only_the_offending_devices(
