@@ -122,8 +122,13 @@ async def _run(
         ready_s = time.monotonic() - started
         watch = asyncio.create_task(_watch(http, kube_url, version, first_taint, seen))
         try:
+            # Two columns, not whole rows: 100,000 ORM objects would weigh in the peak memory.
             async with service.db.read() as session:
-                rows = (await session.scalars(select(Device).order_by(Device.name))).all()
+                rows = (
+                    await session.execute(
+                        select(Device.name, Device.attach_unit).order_by(Device.name)
+                    )
+                ).all()
             chosen = rng.sample(list(rows), min(samples, len(rows)))
             leading = service.leading
             assert leading is not None
