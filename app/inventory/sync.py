@@ -175,6 +175,8 @@ class InventorySync:
     # A full sync's write and a unit's (apply_unit) take turns: what each reads of the rows
     # cannot change before it writes (PostgreSQL's READ COMMITTED would let it).
     _turn: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    # One set per listing in progress: the vendor ids apply_unit wrote since it began.
+    _listings: list[set[str]] = field(default_factory=list, init=False, repr=False)
     last_result: SyncResult | None = field(default=None, init=False)
 
     def trigger(self) -> None:
@@ -208,8 +210,8 @@ class InventorySync:
         """List the backend and make the database match it.
 
         A :meth:`trigger` that came before the listing began is answered by it (cleared); one
-        that comes while it lists stays set, for a sync after this one. A device row written
-        after the listing began (by :meth:`apply_unit`, after an event) is newer than what
+        that comes while it lists stays set, for a sync after this one. A device that
+        :meth:`apply_unit` wrote after the listing began (after an event) is newer than what
         the listing says of it and is left as it is.
 
         Returns:
@@ -222,6 +224,16 @@ class InventorySync:
         self._wake.clear()
         started = time.monotonic()
         now = self.clock()
+        written_since: set[str] = set()
+        self._listings.append(written_since)
+        try:
+            return await self._list_and_apply(now, started, written_since)
+        finally:
+            self._listings.remove(written_since)
+
+    async def _list_and_apply(
+        self, now: dt.datetime, started: float, written_since: set[str]
+    ) -> SyncResult:
         try:
             hosts_listing = await self.backend.list_hosts()
             devices_listing = await self.backend.list_devices()
@@ -237,7 +249,7 @@ class InventorySync:
             *devices_listing.rejected,
             *device_rejects,
         )
-        result = await self._apply(now, hosts, devices, rejected)
+        result = await self._apply(now, hosts, devices, rejected, written_since)
         self._log_rejects(rejected)
         return self._finish(result, started)
 
@@ -265,8 +277,45 @@ class InventorySync:
         devices, device_rejects = split_valid_devices(read.devices.items)
         rejected = (*read.devices.rejected, *device_rejects)
         rejected_keys = {r.vendor_id for r in rejected}
+        async with self._turn:
+            plan, devices = await self._apply_unit(read, listed_from, devices, rejected_keys, now)
+            # Committed: a listing in progress is older than these rows.
+            written = plan.written_keys()
+            for since in self._listings:
+                since.update(written)
+        if self.metrics:
+            self.metrics.row_writes.labels(kind, "devices").inc(plan.row_writes)
+            for item in rejected:
+                self.metrics.rejected.labels(kind, item.kind).inc()
+        self._log_rejects(rejected)
+        kinds = [e.kind for e in plan.events]
+        return SyncResult(
+            ok=True,
+            added=len(plan.inserts),
+            changed=sum(1 for u in plan.updates if not u.returned),
+            removed=len(plan.removals),
+            returned=sum(1 for u in plan.updates if u.returned),
+            health_changed=kinds.count("health"),
+            holders_changed=kinds.count("host"),
+            rejected=rejected,
+            row_writes=plan.row_writes,
+            devices=len(devices),
+            seconds=time.monotonic() - started,
+        )
+
+    async def _apply_unit(
+        self,
+        read: UnitRead,
+        listed_from: dt.datetime,
+        devices: list[FabricDevice],
+        rejected_keys: set[str],
+        now: dt.datetime,
+    ) -> tuple[Plan, list[FabricDevice]]:
+        """:meth:`apply_unit`'s transaction: the plan it wrote, and the devices it planned
+        with (holders the journal moved since ``listed_from`` kept)."""
+        kind = self.backend.name
         listed_keys = {d.vendor_id for d in devices}
-        async with self._turn, self.db.write() as session:
+        async with self.db.write() as session:
             status = await session.get(InventoryStatus, kind)
             previous_success = status.last_success_at if status else None
             stored = [
@@ -306,25 +355,7 @@ class InventorySync:
                 taken = set((await session.scalars(select(Device.name))).all())
             plan = plan_devices(stored, devices, rejected_keys, taken, self.name_scope)
             await self._write_devices(session, plan, now, previous_success)
-        if self.metrics:
-            self.metrics.row_writes.labels(kind, "devices").inc(plan.row_writes)
-            for item in rejected:
-                self.metrics.rejected.labels(kind, item.kind).inc()
-        self._log_rejects(rejected)
-        kinds = [e.kind for e in plan.events]
-        return SyncResult(
-            ok=True,
-            added=len(plan.inserts),
-            changed=sum(1 for u in plan.updates if not u.returned),
-            removed=len(plan.removals),
-            returned=sum(1 for u in plan.updates if u.returned),
-            health_changed=kinds.count("health"),
-            holders_changed=kinds.count("host"),
-            rejected=rejected,
-            row_writes=plan.row_writes,
-            devices=len(devices),
-            seconds=time.monotonic() - started,
-        )
+        return plan, devices
 
     async def _apply(
         self,
@@ -332,6 +363,7 @@ class InventorySync:
         hosts: list[FabricHost],
         devices: list[FabricDevice],
         rejected: tuple[Rejected, ...],
+        written_since: set[str],
     ) -> SyncResult:
         kind = self.backend.name
         rejected_keys = {r.vendor_id for r in rejected}
@@ -352,8 +384,10 @@ class InventorySync:
             host_plan = plan_hosts(stored_hosts, hosts, rejected_keys)
 
             stored_devices = []
-            # Rows an event's unit read wrote after this listing began: newer than what the
-            # listing says of them, so the plan leaves them out (kept as they are).
+            # Devices apply_unit wrote (after an event) since this listing began: newer than
+            # what the listing says of them, so the plan leaves them out (kept as they are).
+            # Known from this process's own writes, not from timestamps: a clock that moved
+            # (or another replica's) cannot make a row look newer than it is.
             newer: dict[str, bool] = {}  # vendor id -> present
             for row in await session.execute(
                 select(
@@ -365,10 +399,9 @@ class InventorySync:
                     Device.host_id,
                     Device.name,
                     Device.attach_unit,
-                    Device.last_seen,
                 ).where(Device.backend == kind)
             ):
-                if row.last_seen > now or (row.removed_at is not None and row.removed_at > now):
+                if row.vendor_id in written_since:
                     newer[row.vendor_id] = row.removed_at is None
                     continue
                 stored_devices.append(

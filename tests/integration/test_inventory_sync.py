@@ -180,6 +180,21 @@ async def test_a_unit_an_event_wrote_while_a_full_sync_listed_is_kept(db: Databa
     assert (await sync.sync_once()).row_writes == 0
 
 
+async def test_a_row_from_a_clock_ahead_is_still_corrected_by_a_full_sync(db: Database) -> None:
+    # Another replica with a clock a day ahead wrote the rows: only this process's own unit
+    # writes during a listing are kept from it, never rows that merely look newer.
+    backend = inventory(regions=1, racks=1, per_rack=2)
+    sync, _ = make_sync(backend, db)
+    await sync.sync_once()
+    async with db.write() as s:
+        await s.execute(
+            Device.__table__.update().values(last_seen=dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+        )
+    backend.devices[0] = replace(backend.devices[0], health=Health.CRITICAL)
+    assert (await sync.sync_once()).row_writes == 1
+    assert (await devices_by_vendor_id(db))[backend.devices[0].vendor_id].health == "Critical"
+
+
 async def test_a_trigger_before_a_listing_is_answered_by_it_one_during_it_asks_again(
     db: Database,
 ) -> None:
