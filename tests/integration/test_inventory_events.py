@@ -182,10 +182,12 @@ async def test_the_watcher_triggers_a_sync_per_relevant_event_and_after_each_con
     watcher = EventWatcher(
         backend, lambda: triggers.append(time.monotonic()), kind="redfish", backoff_s=(0.05, 0.2)
     )
+    assert not watcher.tried.is_set()
     task = asyncio.create_task(watcher.run())
     try:
         await eventually(lambda: watcher.state == STREAMING, what="streaming")
         assert len(triggers) == 1  # the resync after connecting
+        assert watcher.tried.is_set()  # a first sync may list now: it covers the gap
         block = simulator.block_uris()[0]
         simulator.set_health(block, "Critical")
         await eventually(lambda: len(triggers) == 2, what="a sync for the event")
@@ -238,6 +240,7 @@ async def test_without_an_event_service_the_watcher_says_it_polls_once(
             await asyncio.gather(task, return_exceptions=True)
             await backend.close()
     assert watcher.state == POLLING and watcher.healthy is False
+    assert watcher.tried.is_set()  # no stream: the first sync waits no longer
     assert "no EventService" in (watcher.last_error or "")
     assert caplog.text.count("no event stream") == 1
     assert sleeps[0] == 600.0
@@ -250,15 +253,20 @@ async def test_a_stream_that_keeps_failing_falls_back_to_polling_with_backoff(
     backend = _backend(url)
     simulator.fail_next(50, path_prefix=SSE_URI, status=500)
     sleeps: list[float] = []
+    tried: list[bool] = []  # watcher.tried at each backoff
 
     async def sleep(seconds: float) -> None:
         sleeps.append(seconds)
+        tried.append(watcher.tried.is_set())
         await asyncio.sleep(0.01)
 
     watcher = EventWatcher(backend, lambda: None, kind="redfish", backoff_s=(1.0, 8.0), sleep=sleep)
     task = asyncio.create_task(watcher.run())
     try:
         await eventually(lambda: len(sleeps) >= 6, what="six failed opens")
+        # The first open failed (still connecting, not yet polling): the first sync of the
+        # term waits for it no longer.
+        assert tried[0] is True
         assert watcher.state == POLLING and "500" in (watcher.last_error or "")
         assert [s >= b for s, b in zip(sleeps, (1, 2, 4, 8, 8, 8), strict=False)] == [True] * 6
         assert all(s <= 12 for s in sleeps)
