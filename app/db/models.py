@@ -153,6 +153,10 @@ class Device(LocationColumns, Base):
     removed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
     cordoned_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
     cordon_reason: Mapped[str | None] = mapped_column(String(TEXT_LENGTH))
+    # The backend's InventoryStatus.unit_writes when an event's unit read last wrote this row
+    # (None: only full syncs wrote it). A full sync whose listing began at a lower count
+    # leaves the row alone: it is newer than that listing.
+    unit_write: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class DeviceEvent(Base):
@@ -191,6 +195,9 @@ class InventoryStatus(Base):
     host_count: Mapped[int] = mapped_column(Integer, default=0)
     rejected_count: Mapped[int] = mapped_column(Integer, default=0)
     last_rejects: Mapped[list[dict[str, str]]] = mapped_column(JSON, default=list)
+    # Counts the unit writes (an event's unit read again and written) of this backend, by
+    # any process; see Device.unit_write.
+    unit_writes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
 
 
 ACTIVE_RESERVATION_STATES = (

@@ -87,15 +87,6 @@ class Plan:
         """Rows inserted, updated or marked removed (events not counted)."""
         return len(self.inserts) + len(self.updates) + len(self.removals)
 
-    def written_keys(self) -> set[str]:
-        """The keys (vendor ids of devices, host ids of hosts) of every row it writes."""
-        keys = {c.stored.key for c in self.updates}
-        keys.update(s.key for s in self.removals)
-        for new in self.inserts:
-            item = new.item
-            keys.add(item.vendor_id if isinstance(item, FabricDevice) else item.host_id)
-        return keys
-
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):

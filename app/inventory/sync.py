@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.clock import utcnow
 from app.db.engine import Database
@@ -172,11 +176,9 @@ class InventorySync:
     marks_stale: bool = True
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _known_rejects: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
-    # A full sync's write and a unit's (apply_unit) take turns: what each reads of the rows
-    # cannot change before it writes (PostgreSQL's READ COMMITTED would let it).
+    # This process's full-sync writes and unit writes (apply_unit) take turns here before
+    # they queue for the status row's lock in the database (see _lock_status).
     _turn: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
-    # One set per listing in progress: the vendor ids apply_unit wrote since it began.
-    _listings: list[set[str]] = field(default_factory=list, init=False, repr=False)
     last_result: SyncResult | None = field(default=None, init=False)
 
     def trigger(self) -> None:
@@ -211,8 +213,12 @@ class InventorySync:
 
         A :meth:`trigger` that came before the listing began is answered by it (cleared); one
         that comes while it lists stays set, for a sync after this one. A device that
-        :meth:`apply_unit` wrote after the listing began (after an event) is newer than what
-        the listing says of it and is left as it is.
+        :meth:`apply_unit` wrote after the listing began (after an event), in this process or
+        in any other (a controller while ``fabric-dra sync`` runs), is newer than what the
+        listing says of it and is left as it is: the backend's count of unit writes
+        (``InventoryStatus.unit_writes``) is read before the listing, and a row whose
+        ``unit_write`` is higher was written after it began. A count, not a time: a clock
+        that moved (or another replica's) cannot make a row look newer than it is.
 
         Returns:
             The :class:`SyncResult`; ``ok`` is False when the listing failed (the database
@@ -224,16 +230,7 @@ class InventorySync:
         self._wake.clear()
         started = time.monotonic()
         now = self.clock()
-        written_since: set[str] = set()
-        self._listings.append(written_since)
-        try:
-            return await self._list_and_apply(now, started, written_since)
-        finally:
-            self._listings.remove(written_since)
-
-    async def _list_and_apply(
-        self, now: dt.datetime, started: float, written_since: set[str]
-    ) -> SyncResult:
+        units_before = await self._unit_writes()
         try:
             hosts_listing = await self.backend.list_hosts()
             devices_listing = await self.backend.list_devices()
@@ -249,9 +246,37 @@ class InventorySync:
             *devices_listing.rejected,
             *device_rejects,
         )
-        result = await self._apply(now, hosts, devices, rejected, written_since)
+        result = await self._apply(now, hosts, devices, rejected, units_before)
         self._log_rejects(rejected)
         return self._finish(result, started)
+
+    async def _unit_writes(self) -> int:
+        """The backend's count of unit writes so far (0 before any)."""
+        kind = self.backend.name
+
+        def read(conn: Connection) -> int:
+            count = conn.execute(
+                select(InventoryStatus.unit_writes).where(InventoryStatus.backend == kind)
+            ).scalar()
+            return int(count or 0)
+
+        return await self.db.run_read(read)
+
+    async def _lock_status(self, session: AsyncSession) -> InventoryStatus:
+        """The backend's status row, created when missing, locked until the transaction ends
+        (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already makes
+        writers take turns). Full syncs and unit writes of every process take it first, so
+        that what each reads of the device rows cannot change before it writes: READ
+        COMMITTED would let another process's write land in between."""
+        kind = self.backend.name
+        status = await session.get(InventoryStatus, kind, with_for_update=True)
+        if status is None:
+            await session.execute(_insert_missing(self.db.dialect, kind))
+            status = await session.get(
+                InventoryStatus, kind, with_for_update=True, populate_existing=True
+            )
+            assert status is not None
+        return status
 
     async def apply_unit(self, read: UnitRead, listed_from: dt.datetime) -> SyncResult:
         """Make the database match one attach unit read again on its own (after an event):
@@ -279,10 +304,6 @@ class InventorySync:
         rejected_keys = {r.vendor_id for r in rejected}
         async with self._turn:
             plan, devices = await self._apply_unit(read, listed_from, devices, rejected_keys, now)
-            # Committed: a listing in progress is older than these rows.
-            written = plan.written_keys()
-            for since in self._listings:
-                since.update(written)
         if self.metrics:
             self.metrics.row_writes.labels(kind, "devices").inc(plan.row_writes)
             for item in rejected:
@@ -316,8 +337,8 @@ class InventorySync:
         kind = self.backend.name
         listed_keys = {d.vendor_id for d in devices}
         async with self.db.write() as session:
-            status = await session.get(InventoryStatus, kind)
-            previous_success = status.last_success_at if status else None
+            status = await self._lock_status(session)
+            previous_success = status.last_success_at
             stored = [
                 StoredItem(
                     row.id,
@@ -354,7 +375,12 @@ class InventorySync:
             if any(d.vendor_id not in stored_keys for d in devices):
                 taken = set((await session.scalars(select(Device.name))).all())
             plan = plan_devices(stored, devices, rejected_keys, taken, self.name_scope)
-            await self._write_devices(session, plan, now, previous_success)
+            unit_write = None
+            if plan.row_writes:
+                # Counted, and the rows marked, so that a full sync whose listing began
+                # before this leaves them alone (sync_once).
+                unit_write = status.unit_writes = (status.unit_writes or 0) + 1
+            await self._write_devices(session, plan, now, previous_success, unit_write)
         return plan, devices
 
     async def _apply(
@@ -363,13 +389,13 @@ class InventorySync:
         hosts: list[FabricHost],
         devices: list[FabricDevice],
         rejected: tuple[Rejected, ...],
-        written_since: set[str],
+        units_before: int,
     ) -> SyncResult:
         kind = self.backend.name
         rejected_keys = {r.vendor_id for r in rejected}
         async with self._turn, self.db.write() as session:
-            status = await session.get(InventoryStatus, kind)
-            previous_success = status.last_success_at if status else None
+            status = await self._lock_status(session)
+            previous_success = status.last_success_at
 
             stored_hosts = [
                 StoredItem(
@@ -384,10 +410,9 @@ class InventorySync:
             host_plan = plan_hosts(stored_hosts, hosts, rejected_keys)
 
             stored_devices = []
-            # Devices apply_unit wrote (after an event) since this listing began: newer than
-            # what the listing says of them, so the plan leaves them out (kept as they are).
-            # Known from this process's own writes, not from timestamps: a clock that moved
-            # (or another replica's) cannot make a row look newer than it is.
+            # Devices a unit write (after an event, by any process) wrote since this listing
+            # began: newer than what the listing says of them, so the plan leaves them out
+            # (kept as they are).
             newer: dict[str, bool] = {}  # vendor id -> present
             for row in await session.execute(
                 select(
@@ -399,9 +424,10 @@ class InventorySync:
                     Device.host_id,
                     Device.name,
                     Device.attach_unit,
+                    Device.unit_write,
                 ).where(Device.backend == kind)
             ):
-                if row.vendor_id in written_since:
+                if row.unit_write is not None and row.unit_write > units_before:
                     newer[row.vendor_id] = row.removed_at is None
                     continue
                 stored_devices.append(
@@ -441,8 +467,6 @@ class InventorySync:
                 )
                 + sum(newer.values())
             )
-            status = status or InventoryStatus(backend=kind)
-            session.add(status)
             status.last_attempt_at = now
             status.last_success_at = now
             status.consecutive_failures = 0
@@ -567,9 +591,17 @@ class InventorySync:
             )
 
     async def _write_devices(
-        self, session: Any, plan: Plan, now: dt.datetime, previous_success: dt.datetime | None
+        self,
+        session: Any,
+        plan: Plan,
+        now: dt.datetime,
+        previous_success: dt.datetime | None,
+        unit_write: int | None = None,
     ) -> None:
+        """Write ``plan``; with ``unit_write`` (a unit write's count) every row written is
+        marked with it."""
         kind = self.backend.name
+        marked = {} if unit_write is None else {"unit_write": unit_write}
         ids: dict[str, int] = {c.stored.key: c.stored.id for c in plan.updates}
         ids.update({s.key: s.id for s in plan.removals})
         rows = []
@@ -585,6 +617,7 @@ class InventorySync:
                     "last_seen": now,
                     "health_changed_at": None,
                     "removed_at": None,
+                    **marked,
                     **device_values(new.item),
                 }
             )
@@ -603,6 +636,7 @@ class InventorySync:
                 "content_hash": changed.content_hash,
                 "last_seen": now,
                 "removed_at": None,
+                **marked,
                 **device_values(changed.item),
             }
             if changed.stored.key in health_moved:
@@ -622,7 +656,7 @@ class InventorySync:
             await session.execute(
                 update(Device)
                 .where(Device.id.in_(chunk))
-                .values(removed_at=now, last_seen=previous_success or now)
+                .values(removed_at=now, last_seen=previous_success or now, **marked)
                 .execution_options(synchronize_session=False)
             )
         events = [
@@ -636,18 +670,7 @@ class InventorySync:
     async def _record_failure(self, now: dt.datetime, error: str) -> SyncResult:
         kind = self.backend.name
         async with self.db.write() as session:
-            status = await session.get(InventoryStatus, kind)
-            if status is None:
-                status = InventoryStatus(
-                    backend=kind,
-                    consecutive_failures=0,
-                    device_count=0,
-                    host_count=0,
-                    rejected_count=0,
-                    last_rejects=[],
-                    stale=False,
-                )
-                session.add(status)
+            status = await self._lock_status(session)
             status.last_attempt_at = now
             status.consecutive_failures = (status.consecutive_failures or 0) + 1
             status.last_error = error[:2000]
@@ -701,3 +724,11 @@ class InventorySync:
             )
         self.last_result = result
         return result
+
+
+def _insert_missing(dialect: str, backend: str) -> Any:
+    """``INSERT`` of a new status row for ``backend`` that does nothing when another
+    transaction made it first (``ON CONFLICT DO NOTHING``, in both databases' dialects)."""
+    if dialect == "postgresql":
+        return postgresql_insert(InventoryStatus).values(backend=backend).on_conflict_do_nothing()
+    return sqlite_insert(InventoryStatus).values(backend=backend).on_conflict_do_nothing()

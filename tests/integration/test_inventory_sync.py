@@ -180,6 +180,83 @@ async def test_a_unit_an_event_wrote_while_a_full_sync_listed_is_kept(db: Databa
     assert (await sync.sync_once()).row_writes == 0
 
 
+async def test_a_unit_another_process_wrote_while_a_one_off_sync_listed_is_kept(
+    db: Database, database_url: str
+) -> None:
+    # ``fabric-dra sync`` run by hand while the controller applies events: two processes,
+    # each with its own sync and its own connections to one database.
+    first = inventory(regions=1, racks=1, per_rack=3)
+    backend = ChangesWhileListing(first.devices, first.hosts)
+    one_off, _ = make_sync(backend, db)
+    await one_off.sync_once()
+    other_db = Database.connect(database_url)
+    try:
+        controller, _ = make_sync(MemoryBackend(list(backend.devices), backend.hosts), other_db)
+        critical = replace(backend.devices[0], health=Health.CRITICAL)
+
+        async def event_applied_elsewhere() -> None:
+            backend.devices[0] = critical
+            read = UnitRead(critical.attach_unit, Listing((critical,)))
+            assert (await controller.apply_unit(read, controller.clock())).row_writes == 1
+
+        backend.during = event_applied_elsewhere
+        result = await one_off.sync_once()
+        assert result.ok and result.row_writes == 0
+        assert (await devices_by_vendor_id(db))[critical.vendor_id].health == "Critical"
+        async with db.read() as s:
+            status = await s.get(InventoryStatus, "memory")
+        assert status is not None and status.unit_writes == 1 and status.device_count == 3
+
+        # A listing that begins after the unit write is newer than it, and wins.
+        backend.devices[0] = replace(critical, health=Health.OK)
+        assert (await one_off.sync_once()).row_writes == 1
+        assert (await devices_by_vendor_id(db))[critical.vendor_id].health == "OK"
+    finally:
+        await other_db.dispose()
+
+
+async def test_a_unit_write_waits_for_a_full_sync_of_another_process_to_commit(
+    db: Database, database_url: str
+) -> None:
+    # Under READ COMMITTED (PostgreSQL), a unit write landing between a full sync's read of
+    # the rows and its write would be overwritten: both lock the status row first.
+    backend = inventory(regions=1, racks=1, per_rack=2)
+    one_off, _ = make_sync(backend, db)
+    await one_off.sync_once()
+    other_db = Database.connect(database_url)
+    try:
+        controller, _ = make_sync(MemoryBackend(list(backend.devices), backend.hosts), other_db)
+        critical = replace(backend.devices[0], health=Health.CRITICAL)
+        read = UnitRead(critical.attach_unit, Listing((critical,)))
+        async with db.write() as session:
+            await one_off._lock_status(session)  # as a full sync's transaction does
+            unit = asyncio.create_task(controller.apply_unit(read, controller.clock()))
+            await asyncio.sleep(0.5)
+            assert not unit.done()
+        assert (await asyncio.wait_for(unit, 10)).row_writes == 1
+    finally:
+        await other_db.dispose()
+
+
+async def test_a_unit_write_before_any_full_sync_makes_the_status_row_and_counts(
+    db: Database,
+) -> None:
+    backend = inventory(regions=1, racks=1, per_rack=2)
+    sync, _ = make_sync(backend, db)
+    device = backend.devices[0]
+    read = UnitRead(device.attach_unit, Listing((device,)))
+    assert (await sync.apply_unit(read, sync.clock())).row_writes == 1
+    assert (await sync.apply_unit(read, sync.clock())).row_writes == 0  # nothing new: no count
+    async with db.read() as s:
+        status = await s.get(InventoryStatus, "memory")
+        row = (await s.scalars(select(Device))).one()
+    assert status is not None and status.unit_writes == 1 and status.last_success_at is None
+    assert row.unit_write == 1
+    # The first full sync keeps the row the unit write made and adds the rest.
+    result = await sync.sync_once()
+    assert result.ok and result.added == 1 and result.devices == 2
+
+
 async def test_a_row_from_a_clock_ahead_is_still_corrected_by_a_full_sync(db: Database) -> None:
     # Another replica with a clock a day ahead wrote the rows: only this process's own unit
     # writes during a listing are kept from it, never rows that merely look newer.

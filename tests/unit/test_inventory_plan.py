@@ -67,16 +67,6 @@ def test_missing_device_is_removed_but_a_rejected_one_is_kept() -> None:
     assert [(e.key, e.kind) for e in plan.events] == [(b.vendor_id, "removed")]
 
 
-def test_written_keys_name_every_row_a_plan_writes_and_no_other() -> None:
-    a, b, c, d = gpu(1), gpu(2), gpu(3), gpu(4)
-    rows = [stored(a, id_=1), stored(b, id_=2), stored(c, id_=3)]
-    plan = plan_devices(rows, [a, replace(b, health=Health.CRITICAL), d], set(), set())
-    assert plan.written_keys() == {b.vendor_id, c.vendor_id, d.vendor_id}
-    h1, h2 = host(1), host(2)
-    hosts = plan_hosts([StoredItem(1, h1.host_id, content_hash(h1), False, "OK")], [h1, h2], set())
-    assert hosts.written_keys() == {h2.host_id}
-
-
 def test_a_rejected_attach_unit_keeps_its_devices() -> None:
     a, b = gpu(1), gpu(2)
     rows = [
