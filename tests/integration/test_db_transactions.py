@@ -13,7 +13,7 @@ import threading
 
 import pytest
 from sqlalchemy import Connection, func, insert, select, text
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -98,6 +98,28 @@ async def test_sqlite_transactions_run_on_threads_of_their_own(
     assert len(names) == 1
     (name,) = names
     assert name.startswith("fabric-dra-sqlite") and name != threading.current_thread().name
+
+
+async def test_a_sqlite_thread_keeps_its_connection_until_a_transaction_fails(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("PostgreSQL connections come from the engine's pool")
+
+    def connection_of(conn: Connection) -> int:
+        return id(conn.connection.dbapi_connection)
+
+    first = {await db.run_write(connection_of) for _ in range(3)}
+    assert len(first) == 1  # no check-out and reset per transaction
+
+    def fails(conn: Connection) -> None:
+        conn.execute(text("SELECT * FROM no_such_table"))
+
+    with pytest.raises(OperationalError):
+        await db.run_write(fails)
+    # The failed transaction dropped the connection; the next one opens it again.
+    await db.run_write(lambda conn: _add_host(conn, "h1"))
+    assert await db.run_read(_count) == 1
 
 
 async def test_a_cancelled_caller_waits_for_the_transaction_it_started(
