@@ -132,7 +132,12 @@ async def list_devices(db: Database, *, include_removed: bool = False) -> list[D
 async def list_status(db: Database) -> list[StatusView]:
     """The sync status of every backend that has synced at least once."""
     async with db.read() as session:
-        rows = (await session.scalars(select(InventoryStatus))).all()
+        # A row an event's unit write made before the backend's first sync is left out.
+        rows = (
+            await session.scalars(
+                select(InventoryStatus).where(InventoryStatus.last_attempt_at.is_not(None))
+            )
+        ).all()
     return [
         StatusView(
             backend=r.backend,

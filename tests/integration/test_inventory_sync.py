@@ -23,6 +23,7 @@ from app.db.models import Device, DeviceEvent, Host, InventoryStatus
 from app.fabric.errors import FabricUnavailable
 from app.fabric.types import Health, Listing, Rejected, UnitRead
 from app.inventory import InventorySync
+from app.inventory.queries import list_status
 from app.metrics import InventoryMetrics
 from app.naming import is_dns_label
 
@@ -252,9 +253,11 @@ async def test_a_unit_write_before_any_full_sync_makes_the_status_row_and_counts
         row = (await s.scalars(select(Device))).one()
     assert status is not None and status.unit_writes == 1 and status.last_success_at is None
     assert row.unit_write == 1
+    assert await list_status(db) == []  # not synced yet: no status to show
     # The first full sync keeps the row the unit write made and adds the rest.
     result = await sync.sync_once()
     assert result.ok and result.added == 1 and result.devices == 2
+    assert [(s.backend, s.device_count) for s in await list_status(db)] == [("memory", 2)]
 
 
 async def test_a_row_from_a_clock_ahead_is_still_corrected_by_a_full_sync(db: Database) -> None:
