@@ -302,7 +302,8 @@ def _count_statements(db: Database) -> list[str]:
     def before(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         sent.append(statement)
 
-    event.listen(db.engine.sync_engine, "before_cursor_execute", before)
+    for engine in db.engines:
+        event.listen(engine.sync_engine, "before_cursor_execute", before)
     return sent
 
 

@@ -701,7 +701,7 @@ async def test_a_stop_past_its_deadline_cancels_the_attach_in_flight_and_leaves_
             return any(r.state == ATTACHING for r in await journal.active())
 
         await eventually(attaching, what="an attach in flight")
-        pool = service.db.engine.pool
+        pools = [engine.pool for engine in service.db.engines]
         await asyncio.wait_for(service.stop(deadline_s=1.0), 15)
         stopped = True
         left = [
@@ -712,7 +712,7 @@ async def test_a_stop_past_its_deadline_cancels_the_attach_in_flight_and_leaves_
             and t.get_name().startswith(("claims-", "supervised-", "event-recorder", "leading"))
         ]
         assert left == []
-        assert pool.checkedout() == 0
+        assert [pool.checkedout() for pool in pools] == [0] * len(pools)
         assert service.leading is None
     finally:
         sim.faults.latency_s = 0
