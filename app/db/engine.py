@@ -164,6 +164,41 @@ def _ping_idle_connections(engine: Engine) -> None:
             raise DisconnectionError("idle connection lost")
 
 
+class _CancelledResetFilter(logging.Filter):
+    """Keeps SQLAlchemy's "Exception during reset or similar" off the log when the exception
+    is a cancellation.
+
+    A task cancelled in the middle of a session (the service stopping) has the rollback of
+    the connection it returns cancelled too. The pool then logs that with a traceback,
+    discards the connection, and lets the cancellation go on
+    (sqlalchemy/pool/base.py ``_finalize_fairy``): nothing is lost, and a traceback on stderr
+    at a clean stop would read as a crash. Such a record becomes one debug line here; any
+    other error of a reset is logged as SQLAlchemy logs it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, asyncio.CancelledError):
+            logging.getLogger(__name__).debug(
+                "a pooled connection's reset was cancelled; the pool discarded the connection"
+            )
+            return False
+        return True
+
+
+_CANCELLED_RESET_FILTER = _CancelledResetFilter()
+
+
+def _quiet_cancelled_resets(engine: AsyncEngine) -> AsyncEngine:
+    """Put :class:`_CancelledResetFilter` on the logger of ``engine``'s pool (its class's
+    logger; with ``echo_pool`` an instance logger wrapping one). Returns ``engine``."""
+    pool_logger: Any = getattr(engine.sync_engine.pool, "logger", None)
+    target = getattr(pool_logger, "logger", pool_logger)
+    if isinstance(target, logging.Logger) and _CANCELLED_RESET_FILTER not in target.filters:
+        target.addFilter(_CANCELLED_RESET_FILTER)
+    return engine
+
+
 def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, echo: bool = False) -> AsyncEngine:
     """Create an async engine for ``url`` (``sqlite+aiosqlite://`` or ``postgresql+asyncpg://``).
 
@@ -182,11 +217,11 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, echo: bool = Fa
             url, echo=echo, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         )
         _setup_sqlite(engine.sync_engine)
-        return engine
+        return _quiet_cancelled_resets(engine)
     if backend == "postgresql":
         engine = create_async_engine(url, echo=echo, pool_size=pool_size, max_overflow=pool_size)
         _ping_idle_connections(engine.sync_engine)
-        return engine
+        return _quiet_cancelled_resets(engine)
     raise ValueError(f"unsupported database {backend!r}: use SQLite or PostgreSQL")
 
 
@@ -349,6 +384,7 @@ class Database:
                 isolation_level="AUTOCOMMIT",
             )
             _ping_idle_connections(self._autocommit.sync_engine)
+            _quiet_cancelled_resets(self._autocommit)
 
     @classmethod
     def connect(

@@ -9,6 +9,7 @@ committed is what the next reader and the async sessions see.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import pytest
@@ -225,3 +226,19 @@ async def test_closes_stuck_after_a_cancelled_statement_are_ended_by_dispose(
     await stuck.started.wait()
     await asyncio.wait_for(db.dispose(), timeout=10)
     assert task.done() and task.cancelled()
+
+
+async def test_a_cancelled_reset_of_a_pooled_connection_is_not_logged_as_an_error(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SQLAlchemy's pool logs a reset that fails, traceback included, and discards the
+    # connection; a cancellation there (the service stopping mid-session) loses nothing.
+    for engine in db.engines:
+        pool_logger = engine.sync_engine.pool.logger
+        for error in (asyncio.CancelledError(), ValueError("broken")):
+            try:
+                raise error
+            except BaseException:
+                pool_logger.error("Exception during reset or similar", exc_info=True)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [type(r.exc_info[1]) for r in errors if r.exc_info] == [ValueError] * len(db.engines)
