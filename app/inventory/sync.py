@@ -272,9 +272,7 @@ class InventorySync:
         status = await session.get(InventoryStatus, kind, with_for_update=True)
         if status is None:
             await session.execute(_insert_missing(self.db.dialect, kind))
-            status = await session.get(
-                InventoryStatus, kind, with_for_update=True, populate_existing=True
-            )
+            status = await session.get(InventoryStatus, kind, with_for_update=True)
             assert status is not None
         return status
 

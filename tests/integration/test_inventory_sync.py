@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 import pytest
@@ -181,8 +181,21 @@ async def test_a_unit_an_event_wrote_while_a_full_sync_listed_is_kept(db: Databa
     assert (await sync.sync_once()).row_writes == 0
 
 
+@pytest.fixture
+async def other_db(database_url: str) -> AsyncIterator[Database]:
+    """A second Database on the test's database: another process's connections."""
+    database = Database.connect(database_url)
+    yield database
+    await database.dispose()
+
+
+def controller_of(backend: MemoryBackend, database: Database) -> InventorySync:
+    """The running controller's sync of ``backend``'s fabric, on ``database``."""
+    return make_sync(MemoryBackend(list(backend.devices), backend.hosts), database)[0]
+
+
 async def test_a_unit_another_process_wrote_while_a_one_off_sync_listed_is_kept(
-    db: Database, database_url: str
+    db: Database, other_db: Database
 ) -> None:
     # ``fabric-dra sync`` run by hand while the controller applies events: two processes,
     # each with its own sync and its own connections to one database.
@@ -190,53 +203,45 @@ async def test_a_unit_another_process_wrote_while_a_one_off_sync_listed_is_kept(
     backend = ChangesWhileListing(first.devices, first.hosts)
     one_off, _ = make_sync(backend, db)
     await one_off.sync_once()
-    other_db = Database.connect(database_url)
-    try:
-        controller, _ = make_sync(MemoryBackend(list(backend.devices), backend.hosts), other_db)
-        critical = replace(backend.devices[0], health=Health.CRITICAL)
+    controller = controller_of(backend, other_db)
+    critical = replace(backend.devices[0], health=Health.CRITICAL)
 
-        async def event_applied_elsewhere() -> None:
-            backend.devices[0] = critical
-            read = UnitRead(critical.attach_unit, Listing((critical,)))
-            assert (await controller.apply_unit(read, controller.clock())).row_writes == 1
+    async def event_applied_elsewhere() -> None:
+        backend.devices[0] = critical
+        read = UnitRead(critical.attach_unit, Listing((critical,)))
+        assert (await controller.apply_unit(read, controller.clock())).row_writes == 1
 
-        backend.during = event_applied_elsewhere
-        result = await one_off.sync_once()
-        assert result.ok and result.row_writes == 0
-        assert (await devices_by_vendor_id(db))[critical.vendor_id].health == "Critical"
-        async with db.read() as s:
-            status = await s.get(InventoryStatus, "memory")
-        assert status is not None and status.unit_writes == 1 and status.device_count == 3
+    backend.during = event_applied_elsewhere
+    result = await one_off.sync_once()
+    assert result.ok and result.row_writes == 0
+    assert (await devices_by_vendor_id(db))[critical.vendor_id].health == "Critical"
+    async with db.read() as s:
+        status = await s.get(InventoryStatus, "memory")
+    assert status is not None and status.unit_writes == 1 and status.device_count == 3
 
-        # A listing that begins after the unit write is newer than it, and wins.
-        backend.devices[0] = replace(critical, health=Health.OK)
-        assert (await one_off.sync_once()).row_writes == 1
-        assert (await devices_by_vendor_id(db))[critical.vendor_id].health == "OK"
-    finally:
-        await other_db.dispose()
+    # A listing that begins after the unit write is newer than it, and wins.
+    backend.devices[0] = replace(critical, health=Health.OK)
+    assert (await one_off.sync_once()).row_writes == 1
+    assert (await devices_by_vendor_id(db))[critical.vendor_id].health == "OK"
 
 
 async def test_a_unit_write_waits_for_a_full_sync_of_another_process_to_commit(
-    db: Database, database_url: str
+    db: Database, other_db: Database
 ) -> None:
     # Under READ COMMITTED (PostgreSQL), a unit write landing between a full sync's read of
     # the rows and its write would be overwritten: both lock the status row first.
     backend = inventory(regions=1, racks=1, per_rack=2)
     one_off, _ = make_sync(backend, db)
     await one_off.sync_once()
-    other_db = Database.connect(database_url)
-    try:
-        controller, _ = make_sync(MemoryBackend(list(backend.devices), backend.hosts), other_db)
-        critical = replace(backend.devices[0], health=Health.CRITICAL)
-        read = UnitRead(critical.attach_unit, Listing((critical,)))
-        async with db.write() as session:
-            await one_off._lock_status(session)  # as a full sync's transaction does
-            unit = asyncio.create_task(controller.apply_unit(read, controller.clock()))
-            await asyncio.sleep(0.5)
-            assert not unit.done()
-        assert (await asyncio.wait_for(unit, 10)).row_writes == 1
-    finally:
-        await other_db.dispose()
+    controller = controller_of(backend, other_db)
+    critical = replace(backend.devices[0], health=Health.CRITICAL)
+    read = UnitRead(critical.attach_unit, Listing((critical,)))
+    async with db.write() as session:
+        await one_off._lock_status(session)  # as a full sync's transaction does
+        unit = asyncio.create_task(controller.apply_unit(read, controller.clock()))
+        await asyncio.sleep(0.5)
+        assert not unit.done()
+    assert (await asyncio.wait_for(unit, 10)).row_writes == 1
 
 
 async def test_a_unit_write_before_any_full_sync_makes_the_status_row_and_counts(
