@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fabric_dra_sim.kubeapi.apply import (
+    _get,
     field_set,
+    fields_changed,
     from_fields_v1,
     managed_fields_json,
     record_update,
@@ -86,3 +88,76 @@ def test_update_takes_changed_fields_from_appliers() -> None:
     owners = {o.manager: o.fields for o in record_update(live, new, "editor")}
     assert owners["editor"] == {("f:spec", "f:a")}
     assert owners["m1"] == {("f:spec", "f:b")}
+
+
+# Objects that exercise every list type of an update's field walk: a set (finalizers), keyed
+# lists (conditions by type; devices by driver/device/pool and an optional shareID, with
+# conditions of their own), atomic lists, empty dicts, nulls, and values that change type.
+_small = st.one_of(st.none(), st.integers(0, 2), st.sampled_from(["a", "b"]), st.just({}))
+_condition = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["Ready", "Gone"])}, optional={"status": _small}
+    ),
+    st.fixed_dictionaries({}, optional={"status": _small}),  # no key: the list is one leaf
+    _small,
+)
+_device = st.fixed_dictionaries(
+    {"driver": st.just("d"), "device": st.sampled_from(["g0", "g1"]), "pool": st.just("p")},
+    optional={
+        "shareID": st.sampled_from(["s0", "s1"]),
+        "conditions": st.lists(_condition, max_size=3),
+        "data": st.one_of(_small, st.dictionaries(keys, _small, max_size=2)),
+    },
+)
+_objects = st.fixed_dictionaries(
+    {},
+    optional={
+        "metadata": st.fixed_dictionaries(
+            {"name": st.just("x")},
+            optional={
+                "finalizers": st.lists(st.sampled_from(["a/b", "c/d", "e/f"]), max_size=3),
+                "labels": st.one_of(_small, st.dictionaries(keys, _small, max_size=2)),
+            },
+        ),
+        "spec": st.one_of(
+            _small,
+            st.dictionaries(keys, st.one_of(trees, st.lists(_small, max_size=2)), max_size=3),
+        ),
+        "status": st.one_of(
+            _small,
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "conditions": st.one_of(_small, st.lists(_condition, max_size=3)),
+                    "devices": st.lists(_device, max_size=3),
+                },
+            ),
+        ),
+    },
+)
+
+
+def _changed_by_definition(old: dict[str, Any], new: dict[str, Any]) -> set[tuple[str, ...]]:
+    """The changed leaves as record_update defines them: a leaf of ``new`` that is not a leaf
+    of ``old``, or whose value (looked up the way the field paths name it) differs."""
+    old_fields = field_set(old)
+    return {p for p in field_set(new) if p not in old_fields or _get(old, p) != _get(new, p)}
+
+
+_G0 = {"driver": "d", "device": "g0", "pool": "p"}
+
+
+@settings(max_examples=1000)
+@given(_objects, _objects, st.integers(0, 2))
+# A repeated key in the new list: its paths resolve to the first item with that key.
+@example(
+    {"status": {"devices": [{**_G0, "data": 1}]}},
+    {"status": {"devices": [_G0, {**_G0, "data": 1}]}},
+    0,
+)
+def test_the_one_walk_of_an_update_finds_what_the_definition_does(
+    old: dict[str, Any], new: dict[str, Any], mix: int
+) -> None:
+    # Besides two unrelated objects, old ones that share much with the new one.
+    for before in (old, [new, {**new, **old}, {**old, **new}][mix]):
+        assert fields_changed(before, new) == (field_set(new), _changed_by_definition(before, new))
