@@ -10,8 +10,10 @@ Short transactions on the claim path run as a whole: :meth:`Database.run_write` 
 on one thread of its own with its own pysqlite connection, one hand-over to that thread per
 transaction; through aiosqlite every statement costs four (cursor, execute, fetch, close) plus
 begin and commit, and those hand-overs were the largest part of a claim's database time. On
-PostgreSQL the function runs in ``AsyncConnection.run_sync``: asyncpg is asynchronous itself,
-so there is no thread to save.
+PostgreSQL the function runs, with the pool's check-out and check-in around it, in one greenlet
+(SQLAlchemy's bridge from its synchronous core to asyncpg): asyncpg is asynchronous itself, so
+there is no thread to save. ``AsyncConnection`` would start three greenlets per transaction
+(check-out, the work, check-in), about 80 µs of CPU more per statement.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.pool import QueuePool, StaticPool
+from sqlalchemy.util import greenlet_spawn
 
 from app.config import redact_url
 
@@ -226,6 +229,18 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, echo: bool = Fa
 
 
 _TABLE_NAME = re.compile(r"[a-z_]+")
+
+
+def _in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
+    # Runs in a greenlet of greenlet_spawn: the synchronous engine's I/O awaits asyncpg there.
+    with engine.begin() as conn:
+        return work(conn)
+
+
+def _on_connection(engine: Engine, work: Callable[[Connection], T]) -> T:
+    # As _in_transaction, on an engine in autocommit: no BEGIN, no COMMIT.
+    with engine.connect() as conn:
+        return work(conn)
 
 
 class _SqliteThread:
@@ -432,14 +447,14 @@ class Database:
         database's) in one transaction, committed when it returns and rolled back when it
         raises; return what it returned. On SQLite it runs on the database's own thread after
         ``BEGIN IMMEDIATE``, in turn with this process's other writers (the lock of
-        :meth:`write`); on PostgreSQL in ``run_sync`` on a pooled connection.
+        :meth:`write`); on PostgreSQL on a pooled connection, in one greenlet with the
+        check-out and check-in.
 
         Raises:
             whatever ``work`` raises, and the driver's errors (SQLAlchemyError).
         """
         if self._thread is None:
-            async with self.engine.begin() as conn:
-                return await conn.run_sync(work)
+            return await greenlet_spawn(_in_transaction, self.engine.sync_engine, work)
         async with self._write_lock:
             return await self._thread.run(work)
 
@@ -454,8 +469,7 @@ class Database:
             whatever ``work`` raises, and the driver's errors (SQLAlchemyError).
         """
         if self._autocommit is not None:
-            async with self._autocommit.connect() as conn:
-                return await conn.run_sync(work)
+            return await greenlet_spawn(_on_connection, self._autocommit.sync_engine, work)
         return await self.run_write(work)
 
     async def run_read(self, work: Callable[[Connection], T]) -> T:
@@ -465,8 +479,7 @@ class Database:
         autocommit, which saves the BEGIN and the ROLLBACK around the statement (two round
         trips to the server). Use :meth:`read` when statements must see one snapshot."""
         if self._autocommit is not None:
-            async with self._autocommit.connect() as conn:
-                return await conn.run_sync(work)
+            return await greenlet_spawn(_on_connection, self._autocommit.sync_engine, work)
         assert self._reader is not None
         return await self._reader.run(work)
 
