@@ -867,6 +867,11 @@ def build_app(
     app = web.Application(middlewares=[make_middleware(state)], client_max_size=16 * 1024**2)
     app.add_routes(
         [
+            # The resource routes first: aiohttp tries the routes that share a path prefix
+            # ("/apis", "/api/v1") in the order they were added, and nearly every request is
+            # for a resource. A non-empty tail never matches a discovery path below.
+            web.route("*", "/api/v1/{tail:.+}", handlers.core_resource),
+            web.route("*", "/apis/{group}/{version}/{tail:.+}", handlers.group_resource),
             web.get("/version", handlers.version),
             web.get("/version/", handlers.version),
             web.get("/healthz", handlers.healthz),
@@ -882,8 +887,6 @@ def build_app(
             web.get("/apis/{group}/", handlers.group),
             web.get("/apis/{group}/{version}", handlers.group_version),
             web.get("/apis/{group}/{version}/", handlers.group_version),
-            web.route("*", "/api/v1/{tail:.+}", handlers.core_resource),
-            web.route("*", "/apis/{group}/{version}/{tail:.+}", handlers.group_resource),
             *(extra_routes or []),
         ]
     )
