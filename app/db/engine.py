@@ -222,10 +222,18 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, echo: bool = Fa
         _setup_sqlite(engine.sync_engine)
         return _quiet_cancelled_resets(engine)
     if backend == "postgresql":
-        engine = create_async_engine(url, echo=echo, pool_size=pool_size, max_overflow=pool_size)
-        _ping_idle_connections(engine.sync_engine)
-        return _quiet_cancelled_resets(engine)
+        return _postgresql_engine(url, pool_size, echo)
     raise ValueError(f"unsupported database {backend!r}: use SQLite or PostgreSQL")
+
+
+def _postgresql_engine(url: str | URL, pool_size: int, echo: bool, **options: Any) -> AsyncEngine:
+    # A pool of pool_size connections that opens as many again under load, pings connections
+    # that sat idle, and keeps cancelled resets off the log; ``options`` go to the engine.
+    engine = create_async_engine(
+        url, echo=echo, pool_size=pool_size, max_overflow=pool_size, **options
+    )
+    _ping_idle_connections(engine.sync_engine)
+    return _quiet_cancelled_resets(engine)
 
 
 _TABLE_NAME = re.compile(r"[a-z_]+")
@@ -391,15 +399,9 @@ class Database:
         else:
             pool = self.engine.pool
             size = pool.size() if isinstance(pool, QueuePool) else DEFAULT_POOL_SIZE
-            self._autocommit = create_async_engine(
-                self.engine.url,
-                echo=self.engine.echo,
-                pool_size=size,
-                max_overflow=size,
-                isolation_level="AUTOCOMMIT",
+            self._autocommit = _postgresql_engine(
+                self.engine.url, size, self.engine.echo, isolation_level="AUTOCOMMIT"
             )
-            _ping_idle_connections(self._autocommit.sync_engine)
-            _quiet_cancelled_resets(self._autocommit)
 
     @classmethod
     def connect(
