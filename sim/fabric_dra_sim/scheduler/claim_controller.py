@@ -286,6 +286,9 @@ class ClaimController:
         client: the Kubernetes client.
         version: the resource.k8s.io version to speak (v1, v1beta2, v1beta1 or v1alpha3).
         settings: see :class:`ClaimControllerSettings`.
+        pods, claims: informers of the same process to share (the pods and the claims of
+            ``settings.namespace``, claims converted by ``claim_from_wire``), started and
+            stopped by their owner before and after this controller; None: its own.
 
     ``await start()`` returns once the informers have listed and the worker runs; ``await
     stop()`` ends it. :attr:`counters` counts the writes. API errors of one key are logged and
@@ -297,6 +300,9 @@ class ClaimController:
         client: KubeClient,
         version: ResourceApiVersion,
         settings: ClaimControllerSettings | None = None,
+        *,
+        pods: Informer | None = None,
+        claims: Informer | None = None,
     ) -> None:
         self.settings = settings or ClaimControllerSettings()
         self.version = version
@@ -304,19 +310,33 @@ class ClaimController:
         self.custom: Any = CustomObjectsApi(client.api)
         namespace = self.settings.namespace
         base = self.settings.informer
-        self.pods = Informer(
-            self.core.list_namespaced_pod if namespace else self.core.list_pod_for_all_namespaces,
-            dataclasses.replace(base, name="claim-controller-pods", namespace=namespace),
-        )
-        if namespace:
-            list_claims: Any = self._bind(self.custom.list_namespaced_custom_object, namespace)
-        else:
-            list_claims = self._bind(self.custom.list_cluster_custom_object)
-        self.claims = Informer(
-            list_claims,
-            dataclasses.replace(base, name="claim-controller-resourceclaims", namespace=None),
-            converter=lambda obj: claim_from_wire(obj, version, owned=True),
-        )
+        # Informers handed in are shared with the process's other controllers, as client-go's
+        # SharedInformerFactory shares them within kube-controller-manager
+        # (k8s.io/client-go/informers/factory.go): one list and watch each, started and
+        # stopped by their owner. Their objects must be the wire objects of ``version``
+        # (claims through claim_from_wire).
+        self._own_informers: list[Informer] = []
+        if pods is None:
+            pods = Informer(
+                self.core.list_namespaced_pod
+                if namespace
+                else self.core.list_pod_for_all_namespaces,
+                dataclasses.replace(base, name="claim-controller-pods", namespace=namespace),
+            )
+            self._own_informers.append(pods)
+        if claims is None:
+            if namespace:
+                list_claims: Any = self._bind(self.custom.list_namespaced_custom_object, namespace)
+            else:
+                list_claims = self._bind(self.custom.list_cluster_custom_object)
+            claims = Informer(
+                list_claims,
+                dataclasses.replace(base, name="claim-controller-resourceclaims", namespace=None),
+                converter=lambda obj: claim_from_wire(obj, version, owned=True),
+            )
+            self._own_informers.append(claims)
+        self.pods = pods
+        self.claims = claims
         self.pods.add_handler(self._on_pod)
         self.claims.add_handler(self._on_claim)
         self.queue: WorkQueue[Key] = WorkQueue(self.settings.queue)
@@ -341,8 +361,9 @@ class ClaimController:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start the informers, wait until both have listed, then start the worker."""
-        for informer in (self.pods, self.claims):
+        """Start its own informers, wait until both informers have listed (shared ones are
+        started by their owner), then start the worker."""
+        for informer in self._own_informers:
             informer.start()
         for informer in (self.pods, self.claims):
             await informer.has_synced.wait()
@@ -356,7 +377,7 @@ class ClaimController:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for informer in (self.pods, self.claims):
+        for informer in self._own_informers:
             await informer.stop()
 
     # ------------------------------------------------------------------ events

@@ -152,7 +152,11 @@ class ClassicScheduler:
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.claim_controller = (
             ClaimController(
-                client, VERSION, ClaimControllerSettings(namespace=namespace, informer=base)
+                client,
+                VERSION,
+                ClaimControllerSettings(namespace=namespace, informer=base),
+                pods=self.pods,
+                claims=self.claims,
             )
             if settings.claim_controller
             else None

@@ -484,6 +484,8 @@ class StructuredScheduler:
                 ClaimControllerSettings(
                     namespace=namespace, informer=self.settings.informer, queue=self.settings.queue
                 ),
+                pods=self.pods,
+                claims=self.claims,
             )
             if self.settings.claim_controller
             else None
