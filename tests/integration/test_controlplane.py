@@ -796,6 +796,40 @@ async def test_the_scheduler_stand_in_lists_no_node_cordoned_since_its_last_pod(
     assert not (harness.pod("p2") or {})["spec"].get("nodeName")
 
 
+async def test_the_scheduler_stand_in_shares_its_pod_and_claim_informers_with_its_claim_controller(
+    harness: Harness,
+) -> None:
+    # One process, one list and one watch per resource (client-go's SharedInformerFactory):
+    # the claim controller stand-in inside the scheduler stand-in uses the scheduler's
+    # informers, and still does its work (a claim of a pod that is gone is deallocated).
+    def lists(plural: str) -> int:
+        return sum(
+            1
+            for r in harness.emu.requests
+            if r.method == "GET" and r.path.endswith(f"/{plural}") and "watch" not in r.query
+        )
+
+    harness.create_claim("c1")
+    harness.create_pod("p1", "c1")
+    scheduler = harness.scheduler()
+    assert scheduler.claim_controller is not None
+    async with running(harness.controller(), scheduler):
+        await eventually(lambda: len(scheduler.bound) == 1, what="p1 bound")
+        assert scheduler.claim_controller.pods is scheduler.pods
+        assert scheduler.claim_controller.claims is scheduler.claims
+        # The controller lists each once too.
+        assert lists("pods") == 2
+        assert lists("resourceclaims") == 2
+        harness.emu.delete("v1", "Pod", "p1", "default")
+        await eventually(
+            lambda: (
+                ((harness.claim("c1") or {}).get("status") or {}).get("deallocationRequested")
+                or not ((harness.claim("c1") or {}).get("status") or {}).get("allocation")
+            ),
+            what="the claim of the deleted pod let go",
+        )
+
+
 async def test_slices_that_disagree_on_their_count_leave_the_pool_unused_and_say_why(
     harness: Harness,
 ) -> None:
