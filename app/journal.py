@@ -542,7 +542,7 @@ class Journal:
                     return reserved
                 # Not present, held (perhaps by this very claim) or on another fabric
                 # manager: the transaction tells which.
-            return await self.db.run_write(work)
+            return await self.db.run_write(work, brief=True)
         except IntegrityError as err:
             # A concurrent reserve (another process, or PostgreSQL's weaker isolation) won
             # the race for the device; the index said no.
@@ -579,7 +579,7 @@ class Journal:
             fabric = _fabric_device_from(row[_RESERVATION_WIDTH:])
             return _view(row[:_RESERVATION_WIDTH]), fabric if attaching else None, True
 
-        return await self.db.run_statement(one)
+        return await self.db.run_statement(one, brief=True)
 
     async def _holder_of(self, device_name: str) -> ReservationView | None:
         row = await self.db.run_read(
@@ -587,7 +587,8 @@ class Journal:
                 select(*_COLUMNS)
                 .where(_TABLE.c.device_name == device_name, _TABLE.c.state.in_(_ACTIVE))
                 .order_by(_TABLE.c.id)
-            ).first()
+            ).first(),
+            brief=True,
         )
         return _view(row) if row else None
 
@@ -798,7 +799,7 @@ class Journal:
                     return view, None
                 return view, _fabric_device_from(device[1:])
 
-            moved = await self.db.run_statement(one)
+            moved = await self.db.run_statement(one, brief=True)
             if moved is not None or not (with_device and device_required):
                 return moved
             # Nothing moved: the reservation was in another state, or its device row is gone;
@@ -825,14 +826,15 @@ class Journal:
                 raise UnknownDevice(f"device {view.device_name} is not in the inventory")
             return view, _fabric_device_from(device) if device is not None else None
 
-        return await self.db.run_write(work)
+        return await self.db.run_write(work, brief=True)
 
     async def get(self, reservation_id: int) -> ReservationView | None:
         """One reservation by id."""
         row = await self.db.run_read(
             lambda conn: conn.execute(
                 select(*_COLUMNS).where(_TABLE.c.id == reservation_id)
-            ).first()
+            ).first(),
+            brief=True,
         )
         return _view(row) if row is not None else None
 
@@ -840,7 +842,8 @@ class Journal:
         """The reservations of one claim, oldest first."""
         query = _FOR_CLAIM_ACTIVE if active_only else _FOR_CLAIM
         return await self.db.run_read(
-            lambda conn: [_view(r) for r in conn.execute(query, {"b_uid": claim_uid})]
+            lambda conn: [_view(r) for r in conn.execute(query, {"b_uid": claim_uid})],
+            brief=True,
         )
 
     async def active(
@@ -876,7 +879,8 @@ class Journal:
         row = await self.db.run_read(
             lambda conn: conn.execute(
                 _FABRIC_DEVICE, {"b_device_id": reservation.device_id}
-            ).first()
+            ).first(),
+            brief=True,
         )
         if row is None:
             raise UnknownDevice(f"device {reservation.device_name} is not in the inventory")
@@ -889,7 +893,7 @@ class Journal:
             UnknownDevice: no device has that name.
         """
         query = select(*_FABRIC_COLUMNS).where(_DEVICES.c.name == name).limit(1)
-        row = await self.db.run_read(lambda conn: conn.execute(query).first())
+        row = await self.db.run_read(lambda conn: conn.execute(query).first(), brief=True)
         if row is None:
             raise UnknownDevice(f"device {name} is not in the inventory")
         return _fabric_device_from(row)

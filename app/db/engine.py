@@ -9,8 +9,10 @@ Short transactions on the claim path run as a whole: :meth:`Database.run_write` 
 :meth:`Database.run_read` take a function of a synchronous Core connection. On SQLite it runs
 on one thread of its own with its own pysqlite connection, one hand-over to that thread per
 transaction; through aiosqlite every statement costs four (cursor, execute, fetch, close) plus
-begin and commit, and those hand-overs were the largest part of a claim's database time. On
-PostgreSQL the function runs, with the pool's check-out and check-in around it, in one greenlet
+begin and commit, and those hand-overs were the largest part of a claim's database time.
+The journal's transactions of a few rows by key (``brief=True``) skip that thread too when
+SQLite's lock is free at once, and run on the event loop's thread (see :class:`_SqliteThread`).
+On PostgreSQL the function runs, with the pool's check-out and check-in around it, in one greenlet
 (SQLAlchemy's bridge from its synchronous core to asyncpg): asyncpg is asynchronous itself, so
 there is no thread to save. ``AsyncConnection`` would start three greenlets per transaction
 (check-out, the work, check-in), about 80 µs of CPU more per statement.
@@ -23,13 +25,14 @@ import contextlib
 import logging
 import queue
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
@@ -265,15 +268,38 @@ class _SqliteThread:
     costs one wake-up each way, without ``run_in_executor``'s concurrent future chained to an
     asyncio one, and without a pool check-out and reset per transaction (the thread keeps its
     connection). Together those were most of a small read's CPU.
+
+    A *brief* transaction (a few rows by key, see :meth:`run`) skips the thread: it runs on the
+    event loop's thread, on a second connection whose busy timeout is 0, when nothing is
+    queued for the thread (a writer's transactions stay in submission order) and SQLite's
+    lock is free at once. The two thread switches and the hand-over of the GIL cost about
+    60-110 µs of CPU, more than such a transaction itself (about 45 µs). When the lock is
+    taken (another process, or another connection of this one, writes), ``BEGIN IMMEDIATE``
+    fails at once with SQLITE_BUSY, nothing has run yet, and the transaction goes to the
+    thread, which waits for the lock with the usual busy timeout: the loop never waits for
+    SQLite's lock. That connection does no automatic checkpoint (it would copy the WAL into
+    the database and sync it on the loop's thread); every :data:`CHECKPOINT_EVERY` commits
+    of it, the thread runs a passive checkpoint instead ("Checkpointing" and
+    ``wal_autocheckpoint`` in SQLite's "Write-Ahead Logging" page).
     """
 
     def __init__(self, url: URL, *, write: bool) -> None:
         self._url = url.set(drivername="sqlite+pysqlite")
+        self._write = write
         self._begin = "IMMEDIATE" if write else "DEFERRED"
         self._jobs: queue.SimpleQueue[_Job | None] | None = None  # started at first use
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
         self._conn: Connection | None = None  # the thread's own
+        # Jobs handed to the thread and not yet settled (counted on the loop's side).
+        self._pending = 0
+        # The loop thread's connection for brief transactions, and its commits since the
+        # last checkpoint the thread ran.
+        self._inline_engine: Engine | None = None
+        self._inline_conn: Connection | None = None
+        self._inline_commits = 0
+        # Passive checkpoints run for the brief transactions' commits (for tests and metrics).
+        self.checkpoints = 0
 
     def _connection(self) -> Connection:
         if self._conn is None:
@@ -312,10 +338,14 @@ class _SqliteThread:
             except BaseException as err:  # handed to the waiting coroutine
                 outcome = (False, err)
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(_settle, future, outcome)
+                loop.call_soon_threadsafe(self._settled, future, outcome)
 
-    async def _call(self, call: Callable[[], T]) -> T:
-        """``call()`` in the thread (started at first use); its result or its error."""
+    def _settled(self, future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+        self._pending -= 1
+        _settle(future, outcome)
+
+    def _submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue ``call()`` for the thread (started at first use); the future of its outcome."""
         if self._jobs is None:
             self._jobs = queue.SimpleQueue()
             self._thread = threading.Thread(
@@ -324,7 +354,13 @@ class _SqliteThread:
             self._thread.start()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._pending += 1
         self._jobs.put((call, loop, future))
+        return future
+
+    async def _call(self, call: Callable[[], T]) -> T:
+        """``call()`` in the thread (started at first use); its result or its error."""
+        future = self._submit(call)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -333,9 +369,85 @@ class _SqliteThread:
             await asyncio.wait({future})
             raise
 
-    async def run(self, work: Callable[[Connection], T]) -> T:
-        """``work`` in one transaction in the thread; what it returned, or its error."""
+    async def run(self, work: Callable[[Connection], T], *, brief: bool = False) -> T:
+        """``work`` in one transaction; what it returned, or its error.
+
+        ``brief``: ``work`` reads or writes a few rows by key. It then runs on the loop's
+        thread when it can (see the class); a brief read that meets SQLITE_BUSY there is run
+        again on the thread, so it must not mind running twice.
+        """
+        if brief and (not self._write or self._pending == 0):
+            ran, result = self._run_inline(work)
+            if ran:
+                return cast(T, result)
         return await self._call(lambda: self._transaction(work))
+
+    def _inline_connection(self) -> Connection:
+        if self._inline_conn is None:
+            if self._inline_engine is None:
+                engine = create_engine(self._url, poolclass=StaticPool)
+                _setup_sqlite(engine)
+                self._inline_engine = engine
+            conn = self._inline_engine.connect()
+            try:
+                raw = conn.connection.dbapi_connection
+                assert raw is not None
+                # Never wait for the lock here, never checkpoint here (see the class).
+                raw.execute("PRAGMA busy_timeout=0")
+                raw.execute("PRAGMA wal_autocheckpoint=0")
+            except BaseException:
+                conn.close()
+                raise
+            self._inline_conn = conn.execution_options(**{_BEGIN_MODE: self._begin})
+        return self._inline_conn
+
+    def _run_inline(self, work: Callable[[Connection], T]) -> tuple[bool, Any]:
+        """(True, what ``work`` returned) when it ran here; (False, None) when SQLite was busy
+        before anything was written (the thread must run it)."""
+        conn = self._inline_connection()
+        try:
+            transaction = conn.begin()
+        except DBAPIError as err:
+            self._drop_inline()
+            if _sqlite_busy(err):
+                return False, None
+            raise
+        try:
+            with transaction:
+                result = work(conn)
+        except DBAPIError as err:
+            self._drop_inline()
+            if not self._write and _sqlite_busy(err):
+                return False, None
+            raise
+        except BaseException:
+            self._drop_inline()
+            raise
+        if self._write:
+            self._inline_commits += 1
+            if self._inline_commits >= CHECKPOINT_EVERY:
+                self._inline_commits = 0
+                # Not awaited: the thread's next jobs wait behind it, the loop does not.
+                self._submit(self._checkpoint)
+        return True, result
+
+    def _checkpoint(self) -> None:
+        """A passive checkpoint, outside any transaction (runs in the thread)."""
+        raw = self._connection().connection.dbapi_connection
+        assert raw is not None
+        try:
+            raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except Exception:  # the next one, or another connection's, catches up
+            logging.getLogger(__name__).warning("SQLite: a WAL checkpoint failed", exc_info=True)
+            self._drop()
+            return
+        self.checkpoints += 1
+
+    def _drop_inline(self) -> None:
+        conn, self._inline_conn = self._inline_conn, None
+        if conn is not None:
+            with contextlib.suppress(SQLAlchemyError):
+                conn.close()
 
     def _close(self) -> None:
         self._drop()
@@ -346,6 +458,10 @@ class _SqliteThread:
     async def dispose(self) -> None:
         """Close the connection in its thread and stop the thread (a later use starts
         another); a no-op when it was never used."""
+        self._drop_inline()
+        if self._inline_engine is not None:
+            self._inline_engine.dispose()
+            self._inline_engine = None
         jobs, thread = self._jobs, self._thread
         if jobs is None or thread is None:
             return
@@ -358,6 +474,16 @@ class _SqliteThread:
 
 
 _Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+# Commits of brief transactions between two checkpoints (SQLite's automatic checkpoint comes
+# at 1,000 WAL pages; such a commit writes a few pages).
+CHECKPOINT_EVERY = 200
+
+
+def _sqlite_busy(err: DBAPIError) -> bool:
+    """True when SQLite refused for a lock (SQLITE_BUSY, any extended code)."""
+    code = getattr(err.orig, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
@@ -444,7 +570,7 @@ class Database:
             await session.connection(execution_options={_BEGIN_MODE: "IMMEDIATE"})
             yield session
 
-    async def run_write(self, work: Callable[[Connection], T]) -> T:
+    async def run_write(self, work: Callable[[Connection], T], *, brief: bool = False) -> T:
         """Run ``work`` (a function of a synchronous Core connection, doing no I/O but the
         database's) in one transaction, committed when it returns and rolled back when it
         raises; return what it returned. On SQLite it runs on the database's own thread after
@@ -452,38 +578,45 @@ class Database:
         :meth:`write`); on PostgreSQL on a pooled connection, in one greenlet with the
         check-out and check-in.
 
+        ``brief``: ``work`` touches a few rows by key (tens of microseconds). On SQLite it
+        then runs on the event loop's thread when SQLite's lock is free at once, and on the
+        database's thread otherwise (see :class:`_SqliteThread`); no effect on PostgreSQL.
+
         Raises:
             whatever ``work`` raises, and the driver's errors (SQLAlchemyError).
         """
         if self._thread is None:
             return await greenlet_spawn(_in_transaction, self.engine.sync_engine, work)
         async with self._write_lock:
-            return await self._thread.run(work)
+            return await self._thread.run(work, brief=brief)
 
-    async def run_statement(self, work: Callable[[Connection], T]) -> T:
+    async def run_statement(self, work: Callable[[Connection], T], *, brief: bool = False) -> T:
         """Run ``work``, which sends exactly one statement (it may write), as that statement's
         own transaction. On PostgreSQL in autocommit: one statement is atomic on its own
         (an implicit transaction, "Transactions" in the PostgreSQL manual's SQL tutorial), and
         autocommit saves the BEGIN and the COMMIT, two of the three round trips to the server.
-        On SQLite as :meth:`run_write`.
+        On SQLite as :meth:`run_write` (``brief`` too).
 
         Raises:
             whatever ``work`` raises, and the driver's errors (SQLAlchemyError).
         """
         if self._autocommit is not None:
             return await greenlet_spawn(_on_connection, self._autocommit.sync_engine, work)
-        return await self.run_write(work)
+        return await self.run_write(work, brief=brief)
 
-    async def run_read(self, work: Callable[[Connection], T]) -> T:
+    async def run_read(self, work: Callable[[Connection], T], *, brief: bool = False) -> T:
         """Run ``work`` as :meth:`run_write` does, for reading: one statement, or several that
         need no common snapshot. On SQLite in a read transaction on the database's thread
         (not behind :meth:`write`'s lock, which only writers take); on PostgreSQL in
         autocommit, which saves the BEGIN and the ROLLBACK around the statement (two round
-        trips to the server). Use :meth:`read` when statements must see one snapshot."""
+        trips to the server). Use :meth:`read` when statements must see one snapshot.
+
+        ``brief``: as for :meth:`run_write`; ``work`` may then run twice (again on the
+        database's thread when SQLite answered busy), so it must only read."""
         if self._autocommit is not None:
             return await greenlet_spawn(_on_connection, self._autocommit.sync_engine, work)
         assert self._reader is not None
-        return await self._reader.run(work)
+        return await self._reader.run(work, brief=brief)
 
     async def analyze(self, table: str) -> None:
         """Refresh the planner's statistics of ``table`` (PostgreSQL's ``ANALYZE``), after a

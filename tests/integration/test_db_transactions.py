@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import threading
 
 import pytest
@@ -55,7 +56,8 @@ async def test_a_write_commits_when_it_returns_and_readers_see_it(db: Database) 
         assert (await session.execute(select(func.count()).select_from(_HOSTS))).scalar_one() == 1
 
 
-async def test_a_write_that_raises_leaves_nothing_behind(db: Database) -> None:
+@pytest.mark.parametrize("brief", [False, True])
+async def test_a_write_that_raises_leaves_nothing_behind(db: Database, brief: bool) -> None:
     class Refused(Exception):
         pass
 
@@ -64,11 +66,11 @@ async def test_a_write_that_raises_leaves_nothing_behind(db: Database) -> None:
         raise Refused
 
     with pytest.raises(Refused):
-        await db.run_write(half)
-    assert await db.run_read(_count) == 0
+        await db.run_write(half, brief=brief)
+    assert await db.run_read(_count, brief=brief) == 0
     # The connection is usable again after the rollback.
-    await db.run_write(lambda conn: _add_host(conn, "h2"))
-    assert await db.run_read(_count) == 1
+    await db.run_write(lambda conn: _add_host(conn, "h2"), brief=brief)
+    assert await db.run_read(_count, brief=brief) == 1
 
 
 async def test_a_database_error_reaches_the_caller_and_the_next_transaction_works(
@@ -81,11 +83,14 @@ async def test_a_database_error_reaches_the_caller_and_the_next_transaction_work
 
 
 async def test_concurrent_writes_all_land(db: Database) -> None:
+    # Brief and other writes mixed: the brief ones run on the loop's thread while the
+    # database's thread is idle, and behind its queue otherwise.
     ids = await asyncio.gather(
-        *(db.run_write(lambda c, i=i: _add_host(c, f"h{i}")) for i in range(20))
+        *(db.run_write(lambda c, i=i: _add_host(c, f"h{i}"), brief=i % 3 != 0) for i in range(30))
     )
-    assert sorted(ids) == sorted(f"h{i}" for i in range(20))
-    assert await db.run_read(_count) == 20
+    assert sorted(ids) == sorted(f"h{i}" for i in range(30))
+    assert await db.run_read(_count) == 30
+    assert await db.run_read(_count, brief=True) == 30
 
 
 async def test_sqlite_transactions_run_on_threads_of_their_own(
@@ -99,6 +104,126 @@ async def test_sqlite_transactions_run_on_threads_of_their_own(
     assert len(names) == 1
     (name,) = names
     assert name.startswith("fabric-dra-sqlite") and name != threading.current_thread().name
+
+
+def _thread_name(_conn: Connection) -> str:
+    return threading.current_thread().name
+
+
+def _busy_error() -> OperationalError:
+    # What pysqlite raises when SQLite answers SQLITE_BUSY, as SQLAlchemy wraps it.
+    err = sqlite3.OperationalError("database is locked")
+    err.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+    return OperationalError("SELECT 1", {}, err)
+
+
+async def test_brief_sqlite_transactions_run_on_the_loops_thread(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("PostgreSQL transactions run on the event loop (asyncpg)")
+    here = threading.current_thread().name
+    assert await db.run_write(_thread_name, brief=True) == here
+    assert await db.run_statement(_thread_name, brief=True) == here
+    assert await db.run_read(_thread_name, brief=True) == here
+    assert (await db.run_write(_thread_name)).startswith("fabric-dra-sqlite")
+    # Written on the loop's thread, seen by the database's threads and the async sessions.
+    await db.run_write(lambda conn: _add_host(conn, "h1"), brief=True)
+    assert await db.run_read(_count) == 1
+    async with db.read() as session:
+        assert (await session.execute(select(func.count()).select_from(_HOSTS))).scalar_one() == 1
+
+
+async def test_a_brief_write_waits_on_the_thread_while_another_connection_holds_the_lock(
+    db: Database, database_kind: str
+) -> None:
+    # The loop never waits for SQLite's lock: BEGIN IMMEDIATE fails at once on the loop's
+    # connection, and the write goes to the thread, which waits with the busy timeout.
+    if database_kind != "sqlite":
+        pytest.skip("SQLite's lock")
+    other = sqlite3.connect(str(db.engine.url.database), isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        ran_on: list[str] = []
+
+        def add(conn: Connection) -> str:
+            ran_on.append(threading.current_thread().name)
+            return _add_host(conn, "h1")
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        task = asyncio.ensure_future(db.run_write(add, brief=True))
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+        # The loop ran on while the write waited: had it waited for the lock itself, these
+        # sleeps would have ended only after the 15 s busy timeout.
+        assert loop.time() - started < engine_module.SQLITE_BUSY_TIMEOUT_MS / 1000 / 2
+        assert not task.done()
+        other.execute("COMMIT")
+        assert await task == "h1"
+    finally:
+        other.close()
+    assert len(ran_on) == 1 and ran_on[0].startswith("fabric-dra-sqlite")
+    assert await db.run_read(_count, brief=True) == 1
+    # The lock is free again: the next brief write runs on the loop's thread.
+    assert await db.run_write(_thread_name, brief=True) == threading.current_thread().name
+
+
+async def test_a_brief_read_that_meets_a_busy_database_runs_again_on_the_thread(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("SQLite's lock")
+    calls: list[str] = []
+
+    def read(conn: Connection) -> int:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise _busy_error()
+        return _count(conn)
+
+    assert await db.run_read(read, brief=True) == 0
+    assert calls[0] == threading.current_thread().name
+    assert len(calls) == 2 and calls[1].startswith("fabric-dra-sqlite")
+
+
+async def test_a_brief_write_that_meets_a_busy_database_after_begin_is_not_run_twice(
+    db: Database, database_kind: str
+) -> None:
+    # Once BEGIN IMMEDIATE has the lock SQLite does not answer busy; if it did, the work may
+    # have done part of its job: the error goes to the caller, nothing is run again.
+    if database_kind != "sqlite":
+        pytest.skip("SQLite's lock")
+    calls = 0
+
+    def write(conn: Connection) -> None:
+        nonlocal calls
+        calls += 1
+        _add_host(conn, "h1")
+        raise _busy_error()
+
+    with pytest.raises(OperationalError):
+        await db.run_write(write, brief=True)
+    assert calls == 1
+    assert await db.run_read(_count, brief=True) == 0
+
+
+async def test_brief_sqlite_writes_are_checkpointed_by_the_thread(
+    db: Database, database_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("SQLite's write-ahead log")
+    monkeypatch.setattr(engine_module, "CHECKPOINT_EVERY", 5)
+    for i in range(12):
+        await db.run_write(lambda conn, i=i: _add_host(conn, f"h{i}"), brief=True)
+    # A write on the thread runs after the checkpoints queued before it.
+    await db.run_write(_count)
+    writer = db._thread
+    assert writer is not None and writer.checkpoints == 2
+    # The loop's connection never checkpoints on its own.
+    assert writer._inline_conn is not None
+    assert writer._inline_conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+    assert await db.run_read(_count) == 12
 
 
 async def test_a_sqlite_thread_keeps_its_connection_until_a_transaction_fails(
