@@ -52,6 +52,7 @@ SQLITE_BUSY_TIMEOUT_MS = 15_000
 # PostgreSQL: a pooled connection idle this long (seconds) is pinged before use.
 PING_AFTER_IDLE_S = 2.0
 _BEGIN_MODE = "fabric_dra_sqlite_begin"
+_BEGIN_STATEMENTS = {m: f"BEGIN {m}" for m in ("DEFERRED", "IMMEDIATE")}
 # PostgreSQL connections kept per pool (database.pool_size).
 DEFAULT_POOL_SIZE = 5
 T = TypeVar("T")
@@ -141,8 +142,19 @@ def _setup_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
+        # On the driver's own cursor: through exec_driver_sql the BEGIN cost a third of a
+        # small transaction's CPU (about 12 µs). The driver's error is wrapped as
+        # SQLAlchemy wraps those of the statements (DBAPIError.instance).
         mode = connection.get_execution_options().get(_BEGIN_MODE, "DEFERRED")
-        connection.exec_driver_sql(f"BEGIN {mode}")
+        statement = _BEGIN_STATEMENTS.get(mode) or f"BEGIN {mode}"
+        cursor = connection.connection.dbapi_connection.cursor()
+        try:
+            cursor.execute(statement)
+        except Exception as err:
+            dbapi = connection.dialect.loaded_dbapi
+            raise DBAPIError.instance(statement, None, err, dbapi.Error) from err
+        finally:
+            cursor.close()
 
 
 def _ping_idle_connections(engine: Engine) -> None:
