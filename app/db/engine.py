@@ -128,10 +128,18 @@ async def check_usable(engine: AsyncEngine) -> None:
         raise unusable(engine, err) from err
 
 
-def _setup_sqlite(engine: Engine) -> None:
+def _setup_sqlite(engine: Engine, *, begin_event: bool = True) -> None:
+    """SQLite's PRAGMAs on every new connection of ``engine``, and with ``begin_event`` its
+    BEGIN (mode from the ``_BEGIN_MODE`` execution option) emitted when a transaction starts.
+
+    Without ``begin_event`` the caller emits BEGIN itself (:func:`_emit_begin`): an engine with
+    a listener of its own dispatches every connection event of every statement (before and
+    after execute, before and after the cursor's), about 10 % of a journal transaction's CPU.
+    """
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let SQLAlchemy's "begin" event below emit BEGIN instead of pysqlite's lazy one.
+        # BEGIN comes from us (below, or the caller) instead of pysqlite's lazy one.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
@@ -140,21 +148,33 @@ def _setup_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(connection: Any) -> None:
-        # On the driver's own cursor: through exec_driver_sql the BEGIN cost a third of a
-        # small transaction's CPU (about 12 µs). The driver's error is wrapped as
-        # SQLAlchemy wraps those of the statements (DBAPIError.instance).
-        mode = connection.get_execution_options().get(_BEGIN_MODE, "DEFERRED")
-        statement = _BEGIN_STATEMENTS.get(mode) or f"BEGIN {mode}"
-        cursor = connection.connection.dbapi_connection.cursor()
-        try:
-            cursor.execute(statement)
-        except Exception as err:
-            dbapi = connection.dialect.loaded_dbapi
-            raise DBAPIError.instance(statement, None, err, dbapi.Error) from err
-        finally:
-            cursor.close()
+    if begin_event:
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(connection: Any) -> None:
+            _emit_begin(connection, connection.get_execution_options().get(_BEGIN_MODE, "DEFERRED"))
+
+
+def _emit_begin(connection: Connection, mode: str) -> None:
+    """Send ``BEGIN <mode>`` on ``connection``'s driver connection, in the transaction
+    SQLAlchemy just began (it sends none on SQLite).
+
+    On the driver's own cursor: through ``exec_driver_sql`` the BEGIN cost a third of a small
+    transaction's CPU (about 12 µs). The driver's error is wrapped as SQLAlchemy wraps those of
+    the statements (``DBAPIError.instance``).
+
+    Raises:
+        DBAPIError: the driver's error (SQLITE_BUSY when the lock was not had in time).
+    """
+    statement = _BEGIN_STATEMENTS.get(mode) or f"BEGIN {mode}"
+    cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(statement)
+    except Exception as err:
+        dbapi = connection.dialect.loaded_dbapi
+        raise DBAPIError.instance(statement, None, err, dbapi.Error) from err
+    finally:
+        cursor.close()
 
 
 def _ping_idle_connections(engine: Engine) -> None:
@@ -321,9 +341,9 @@ class _SqliteThread:
                     poolclass=StaticPool,
                     connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
                 )
-                _setup_sqlite(engine)
+                _setup_sqlite(engine, begin_event=False)
                 self._engine = engine
-            self._conn = self._engine.connect().execution_options(**{_BEGIN_MODE: self._begin})
+            self._conn = self._engine.connect()
         return self._conn
 
     def _transaction(self, work: Callable[[Connection], T]) -> T:
@@ -331,6 +351,7 @@ class _SqliteThread:
         conn = self._connection()
         try:
             with conn.begin():
+                _emit_begin(conn, self._begin)
                 return work(conn)
         except BaseException:
             self._drop()
@@ -398,7 +419,7 @@ class _SqliteThread:
         if self._inline_conn is None:
             if self._inline_engine is None:
                 engine = create_engine(self._url, poolclass=StaticPool)
-                _setup_sqlite(engine)
+                _setup_sqlite(engine, begin_event=False)
                 self._inline_engine = engine
             conn = self._inline_engine.connect()
             try:
@@ -410,16 +431,18 @@ class _SqliteThread:
             except BaseException:
                 conn.close()
                 raise
-            self._inline_conn = conn.execution_options(**{_BEGIN_MODE: self._begin})
+            self._inline_conn = conn
         return self._inline_conn
 
     def _run_inline(self, work: Callable[[Connection], T]) -> tuple[bool, Any]:
         """(True, what ``work`` returned) when it ran here; (False, None) when SQLite was busy
         before anything was written (the thread must run it)."""
         conn = self._inline_connection()
+        transaction = conn.begin()
         try:
-            transaction = conn.begin()
+            _emit_begin(conn, self._begin)
         except DBAPIError as err:
+            transaction.rollback()
             self._drop_inline()
             if _sqlite_busy(err):
                 return False, None
