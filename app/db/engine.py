@@ -52,7 +52,6 @@ SQLITE_BUSY_TIMEOUT_MS = 15_000
 # PostgreSQL: a pooled connection idle this long (seconds) is pinged before use.
 PING_AFTER_IDLE_S = 2.0
 _BEGIN_MODE = "fabric_dra_sqlite_begin"
-_BEGIN_STATEMENTS = {m: f"BEGIN {m}" for m in ("DEFERRED", "IMMEDIATE")}
 # PostgreSQL connections kept per pool (database.pool_size).
 DEFAULT_POOL_SIZE = 5
 T = TypeVar("T")
@@ -128,13 +127,22 @@ async def check_usable(engine: AsyncEngine) -> None:
         raise unusable(engine, err) from err
 
 
-def _setup_sqlite(engine: Engine, *, begin_event: bool = True) -> None:
+def _setup_sqlite(
+    engine: Engine,
+    *,
+    begin_event: bool = True,
+    busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    autocheckpoint: bool = True,
+) -> None:
     """SQLite's PRAGMAs on every new connection of ``engine``, and with ``begin_event`` its
     BEGIN (mode from the ``_BEGIN_MODE`` execution option) emitted when a transaction starts.
 
     Without ``begin_event`` the caller emits BEGIN itself (:func:`_emit_begin`): an engine with
     a listener of its own dispatches every connection event of every statement (before and
     after execute, before and after the cursor's), about 10 % of a journal transaction's CPU.
+    ``busy_timeout_ms``: how long a statement waits for SQLite's lock (0: SQLITE_BUSY at once).
+    Without ``autocheckpoint`` the connection's commits never checkpoint the WAL
+    (``wal_autocheckpoint=0``): another connection must.
     """
 
     @event.listens_for(engine, "connect")
@@ -143,9 +151,11 @@ def _setup_sqlite(engine: Engine, *, begin_event: bool = True) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        if not autocheckpoint:
+            cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.close()
 
     if begin_event:
@@ -166,7 +176,7 @@ def _emit_begin(connection: Connection, mode: str) -> None:
     Raises:
         DBAPIError: the driver's error (SQLITE_BUSY when the lock was not had in time).
     """
-    statement = _BEGIN_STATEMENTS.get(mode) or f"BEGIN {mode}"
+    statement = f"BEGIN {mode}"
     cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
         cursor.execute(statement)
@@ -333,16 +343,25 @@ class _SqliteThread:
         # Passive checkpoints run for the brief transactions' commits (for tests and metrics).
         self.checkpoints = 0
 
+    def _new_engine(self, *, busy_timeout_ms: int, autocheckpoint: bool) -> Engine:
+        """A pysqlite engine of one connection, sending BEGIN itself (:func:`_emit_begin`)."""
+        engine = create_engine(
+            self._url, poolclass=StaticPool, connect_args={"timeout": busy_timeout_ms / 1000}
+        )
+        _setup_sqlite(
+            engine,
+            begin_event=False,
+            busy_timeout_ms=busy_timeout_ms,
+            autocheckpoint=autocheckpoint,
+        )
+        return engine
+
     def _connection(self) -> Connection:
         if self._conn is None:
             if self._engine is None:
-                engine = create_engine(
-                    self._url,
-                    poolclass=StaticPool,
-                    connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+                self._engine = self._new_engine(
+                    busy_timeout_ms=SQLITE_BUSY_TIMEOUT_MS, autocheckpoint=True
                 )
-                _setup_sqlite(engine, begin_event=False)
-                self._engine = engine
             self._conn = self._engine.connect()
         return self._conn
 
@@ -418,20 +437,9 @@ class _SqliteThread:
     def _inline_connection(self) -> Connection:
         if self._inline_conn is None:
             if self._inline_engine is None:
-                engine = create_engine(self._url, poolclass=StaticPool)
-                _setup_sqlite(engine, begin_event=False)
-                self._inline_engine = engine
-            conn = self._inline_engine.connect()
-            try:
-                raw = conn.connection.dbapi_connection
-                assert raw is not None
                 # Never wait for the lock here, never checkpoint here (see the class).
-                raw.execute("PRAGMA busy_timeout=0")
-                raw.execute("PRAGMA wal_autocheckpoint=0")
-            except BaseException:
-                conn.close()
-                raise
-            self._inline_conn = conn
+                self._inline_engine = self._new_engine(busy_timeout_ms=0, autocheckpoint=False)
+            self._inline_conn = self._inline_engine.connect()
         return self._inline_conn
 
     def _run_inline(self, work: Callable[[Connection], T]) -> tuple[bool, Any]:
@@ -443,17 +451,17 @@ class _SqliteThread:
             _emit_begin(conn, self._begin)
         except DBAPIError as err:
             transaction.rollback()
-            self._drop_inline()
-            if _sqlite_busy(err):
+            if _sqlite_busy(err):  # no transaction began: the connection is fine as it is
                 return False, None
+            self._drop_inline()
             raise
         try:
             with transaction:
                 result = work(conn)
         except DBAPIError as err:
-            self._drop_inline()
-            if not self._write and _sqlite_busy(err):
+            if not self._write and _sqlite_busy(err):  # rolled back, nothing written
                 return False, None
+            self._drop_inline()
             raise
         except BaseException:
             self._drop_inline()
@@ -468,9 +476,9 @@ class _SqliteThread:
 
     def _checkpoint(self) -> None:
         """A passive checkpoint, outside any transaction (runs in the thread)."""
-        raw = self._connection().connection.dbapi_connection
-        assert raw is not None
         try:
+            raw = self._connection().connection.dbapi_connection
+            assert raw is not None
             raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except Exception:  # the next one, or another connection's, catches up
             logging.getLogger(__name__).warning("SQLite: a WAL checkpoint failed", exc_info=True)
