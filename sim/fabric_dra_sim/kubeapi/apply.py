@@ -64,14 +64,8 @@ def field_set(obj: Any, prefix: FieldPath = ()) -> set[FieldPath]:
                 out |= {(*path, "v:" + json.dumps(v)) for v in value}
             elif isinstance(strategy, tuple):
                 for item in value:
-                    # Optional key fields (a device status' shareID) are left out of the key.
-                    key = (
-                        {k: item[k] for k in strategy if k in item}
-                        if isinstance(item, dict)
-                        else {}
-                    )
-                    if key:
-                        key_json = json.dumps(key, separators=(",", ":"), sort_keys=True)
+                    key_json = _key_json(item, strategy)
+                    if key_json:
                         out |= field_set(item, (*path, "k:" + key_json))
                     else:
                         out.add(path)
