@@ -14,7 +14,7 @@ import sqlite3
 import threading
 
 import pytest
-from sqlalchemy import Connection, func, insert, select, text
+from sqlalchemy import Connection, event, func, insert, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
@@ -325,6 +325,37 @@ async def test_postgresql_does_not_ping_a_connection_in_steady_use(
         await db.run_read(_count)
     assert caught.value.connection_invalidated
     assert await db.run_read(_count) == 0
+
+
+async def test_postgresql_keeps_the_statement_connections_it_opens_under_concurrency(
+    db: Database, database_kind: str
+) -> None:
+    if database_kind != "postgresql":
+        pytest.skip("PostgreSQL's pool")
+    engines = db.engines
+    assert len(engines) == 2
+    statements = engines[1]
+    size = engines[0].sync_engine.pool.size()
+    opened: list[object] = []
+    event.listen(statements.sync_engine, "connect", lambda conn, _record: opened.append(conn))
+    # More statements in flight than the main pool's size (the claim workers outnumber it),
+    # within the most it may open (its size and as much overflow).
+    in_flight = 2 * size
+    gate = asyncio.Barrier(in_flight)
+
+    async def one() -> int:
+        await gate.wait()
+        return await db.run_read(lambda conn: conn.execute(text("SELECT pg_sleep(0.02)")).scalar())
+
+    for burst in range(4):
+        await asyncio.gather(*(one() for _ in range(in_flight)))
+        assert len(opened) <= in_flight, burst
+    # Every burst after the first found its connections kept: none was closed on return.
+    first = len(opened)
+    for _ in range(3):
+        await asyncio.gather(*(one() for _ in range(in_flight)))
+    assert len(opened) == first
+    assert statements.sync_engine.pool.checkedin() == first
 
 
 class _StuckConnection:
