@@ -61,7 +61,7 @@ def field_set(obj: Any, prefix: FieldPath = ()) -> set[FieldPath]:
         elif isinstance(value, list):
             strategy = list_type(_plain(path))
             if strategy == "set":
-                out |= {(*path, "v:" + json.dumps(v)) for v in value}
+                out |= {(*path, "v:" + _value_json(v)) for v in value}
             elif isinstance(strategy, tuple):
                 for item in value:
                     key_json = _key_json(item, strategy)
@@ -137,9 +137,9 @@ class _ChangeWalk:
             elif isinstance(value, list):
                 strategy = list_type(_plain(path))
                 if strategy == "set":
-                    old_set = {json.dumps(v) for v in was} if isinstance(was, list) else set()
+                    old_set = {_value_json(v) for v in was} if isinstance(was, list) else set()
                     for v in value:
-                        text = json.dumps(v)
+                        text = _value_json(v)
                         self.fields.add((*path, "v:" + text))
                         if text not in old_set:
                             self.changed.add((*path, "v:" + text))
@@ -183,8 +183,38 @@ def _key_json(item: Any, strategy: tuple[str, ...]) -> str:
     (optional key fields, such as a device status' shareID, are left out)."""
     if not isinstance(item, dict):
         return ""
-    key = {k: item[k] for k in strategy if k in item}
-    return json.dumps(key, separators=(",", ":"), sort_keys=True) if key else ""
+    # Keyed by each value's type too: 1, 1.0 and True are equal keys of a dict but three
+    # different JSON texts.
+    typed = tuple((k, type(item[k]), item[k]) for k in strategy if k in item)
+    if not typed:
+        return ""
+    try:
+        return _typed_key_json(typed)
+    except TypeError:  # a key field holding a list or an object: nothing to remember it by
+        return _key_text({k: value for k, _, value in typed})
+
+
+def _key_text(key: dict[str, Any]) -> str:
+    return json.dumps(key, separators=(",", ":"), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=65536)
+def _typed_key_json(typed: tuple[tuple[str, type, Any], ...]) -> str:
+    # Remembered: every write of an object walks its keyed lists again, item by item.
+    return _key_text({k: value for k, _, value in typed})
+
+
+def _value_json(value: Any) -> str:
+    """``json.dumps(value)``: the ``v:`` element of a set list's item."""
+    try:
+        return _typed_value_json((type(value), value))
+    except TypeError:  # a list or an object: nothing to remember it by
+        return json.dumps(value)
+
+
+@functools.lru_cache(maxsize=65536)
+def _typed_value_json(typed: tuple[type, Any]) -> str:
+    return json.dumps(typed[1])
 
 
 def _first(items: list[Any], key: dict[str, Any]) -> Any:

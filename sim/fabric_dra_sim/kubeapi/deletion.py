@@ -118,6 +118,9 @@ def plan_delete(
     ``deletionTimestamp`` (now, or now + the grace period) and
     ``deletionGracePeriodSeconds``; the first mark bumps a set ``metadata.generation``.
     """
+    if not graceful and not (old.get("metadata") or {}).get("finalizers"):
+        # Removed at once, unchanged (the most common delete): one copy, for the answer.
+        return DeletePlan(json_copy(old), write=False, remove=True)
     new = json_copy(old)
     meta = new["metadata"]
     requested = options.get("gracePeriodSeconds")

@@ -45,6 +45,34 @@ def test_field_set_uses_keys_for_keyed_lists_and_values_for_finalizers() -> None
     }
 
 
+@pytest.mark.parametrize("order", [(1, True, 1.0), (True, 1.0, 1), (1.0, 1, True)])
+def test_equal_key_values_of_other_types_keep_their_own_json(order: tuple[Any, ...]) -> None:
+    # 1, True and 1.0 are one key of a Python dict but three JSON texts; each write must
+    # name its own, whichever was seen first.
+    texts = [(int, "1"), (bool, "true"), (float, "1.0")]
+    for value in order:
+        obj = {
+            "metadata": {"finalizers": [value]},
+            "status": {"conditions": [{"type": value, "status": "x"}]},
+        }
+        text = next(t for kind, t in texts if type(value) is kind)
+        assert field_set(obj) == {
+            ("f:metadata", "f:finalizers", "v:" + text),
+            ("f:status", "f:conditions", f'k:{{"type":{text}}}', "f:type"),
+            ("f:status", "f:conditions", f'k:{{"type":{text}}}', "f:status"),
+        }
+
+
+def test_key_fields_holding_lists_or_objects_are_still_named() -> None:
+    obj = {"status": {"conditions": [{"type": [1, {"b": 2, "a": 1}], "status": "x"}]}}
+    assert ("f:status", "f:conditions", 'k:{"type":[1,{"a":1,"b":2}]}', "f:status") in field_set(
+        obj
+    )
+    assert field_set({"metadata": {"finalizers": [{"a": [1]}]}}) == {
+        ("f:metadata", "f:finalizers", 'v:{"a": [1]}')
+    }
+
+
 def _stamp(obj: dict[str, Any], managers: list[Any]) -> dict[str, Any]:
     obj.setdefault("metadata", {})["managedFields"] = managed_fields_json(
         managers, "v1", "2026-01-01T00:00:00Z"
