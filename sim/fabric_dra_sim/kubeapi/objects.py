@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-import datetime
 import secrets
+import time
 from typing import Any
 
 from .resources import RESOURCE_GROUP, ResourceType
@@ -15,8 +15,16 @@ _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
 def now_rfc3339() -> str:
-    """The current UTC time as a Kubernetes ``metav1.Time`` string (second precision)."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current UTC time as a Kubernetes ``metav1.Time`` string (second precision),
+    formatted once per second and reused within it (every write stamps one or more)."""
+    global _now_text
+    second = int(time.time())
+    if _now_text[0] != second:
+        _now_text = (second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second)))
+    return _now_text[1]
+
+
+_now_text: tuple[int, str] = (-1, "")
 
 
 def random_suffix(length: int = 5) -> str:

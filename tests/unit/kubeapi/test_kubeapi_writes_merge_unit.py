@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from fabric_dra_sim.kubeapi import objects
 from fabric_dra_sim.kubeapi.apply import (
     managed_fields_json,
     path_string,
@@ -260,3 +261,15 @@ def test_an_event_source_selector_reads_the_component_else_the_reporting_control
 def test_only_slices_classes_and_pods_keep_a_generation() -> None:
     keeping = {rt.plural for rt in served_types(("v1",)) if uses_generation(rt)}
     assert keeping == {"resourceslices", "deviceclasses", "pods"}
+
+
+def test_now_is_the_current_second_in_rfc3339(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1_796_512_345.9]
+    monkeypatch.setattr(objects.time, "time", lambda: clock[0])
+    assert objects.now_rfc3339() == "2026-12-05T23:12:25Z"
+    clock[0] += 0.05  # the same second: the same text
+    assert objects.now_rfc3339() == "2026-12-05T23:12:25Z"
+    clock[0] += 0.05  # the next second
+    assert objects.now_rfc3339() == "2026-12-05T23:12:26Z"
+    clock[0] += 86_400
+    assert objects.now_rfc3339() == "2026-12-06T23:12:26Z"
