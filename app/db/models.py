@@ -236,6 +236,14 @@ class Reservation(Base):
             sqlite_where=text("exclusive AND state != 'released'"),
             postgresql_where=text("exclusive AND state != 'released'"),
         ),
+        # Whether a device is held, by any active reservation, shareable or not: one look-up
+        # instead of a walk of every active reservation (journal.py's reserve).
+        Index(
+            "ix_reservations_active_device_id",
+            "device_id",
+            sqlite_where=text("state != 'released'"),
+            postgresql_where=text("state != 'released'"),
+        ),
         Index("ix_reservations_claim_uid", "claim_uid"),
         Index("ix_reservations_state", "state"),
     )

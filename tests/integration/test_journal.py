@@ -19,11 +19,14 @@ from app.db.models import Device, Reservation
 from app.heldfeed import HeldFeed
 from app.inventory import InventorySync
 from app.journal import (
+    _ACTIVE,
+    _DEVICE_AND_HOLDERS,
     ATTACHED,
     ATTACHING,
     DETACHING,
     PENDING,
     RELEASED,
+    STATES,
     ClaimRef,
     DeviceHeld,
     HeldDevice,
@@ -31,7 +34,10 @@ from app.journal import (
     UnknownDevice,
     WrongManager,
     _move_statement,
+    _new_reservation,
+    _reserve_free_statement,
     _state_in,
+    _Wanted,
 )
 
 
@@ -460,3 +466,45 @@ async def _a_backend_waits_on_a_lock(db: Database) -> bool:
             )
         )
         return bool(waiting.scalar())
+
+
+def test_the_active_states_are_every_state_but_released() -> None:
+    # _active writes "state != 'released'" for them: the term of the partial index.
+    assert set(_ACTIVE) == set(STATES) - {RELEASED}
+
+
+async def _plan(db: Database, statement: Any, params: dict[str, Any]) -> str:
+    compiled = statement.compile(dialect=db.engine.dialect)
+    values = compiled.construct_params(params)
+    args = tuple(values[name] for name in compiled.positiontup or ())
+    async with db.engine.connect() as conn:
+        if db.dialect == "sqlite":
+            rows = await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", args)
+            return "\n".join(str(row[-1]) for row in rows)
+        # A table of a few rows is read whole whatever its indexes: planned as if large.
+        await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        rows = await conn.exec_driver_sql(f"EXPLAIN (COSTS OFF) {compiled}", args)
+        return "\n".join(str(row[0]) for row in rows)
+
+
+async def test_whether_a_device_is_held_is_looked_up_by_its_active_reservations_index(
+    db: Database,
+) -> None:
+    # Not by a walk of every active reservation (ix_reservations_state), which grew with the
+    # devices attached: 0.37 ms of a 0.59 ms reserve on PostgreSQL with 2,000 of them.
+    plan = await _plan(db, _DEVICE_AND_HOLDERS, {"b_name": "gpu-1"})
+    assert "ix_reservations_active_device_id" in plan, plan
+    if db.dialect != "postgresql":
+        return  # the one-statement reserve is PostgreSQL's
+    wanted = _Wanted(claim(1), "gpu", "gpu-1", "pool", "structured", "node-a", "host-a", None)
+    params = {
+        **_new_reservation(wanted, False, dt.datetime.now(dt.UTC)),
+        "operation_id": None,
+        "last_error": None,
+        "attached_at": None,
+        "released_at": None,
+        "b_manager": "m",
+    }
+    for with_manager in (False, True):
+        plan = await _plan(db, _reserve_free_statement(with_manager), params)
+        assert "ix_reservations_active_device_id" in plan, plan
