@@ -49,6 +49,7 @@ BENCHMARKS = (
     "events",
     "controlplane",
     "allocate",
+    "journal",
     "kubeapi",
     "node",
     "cdim",
@@ -237,6 +238,31 @@ def cases(short: bool) -> list[Case]:
                     f"{pools * 125:,} devices in {pools} pools, 150 allocations",
                     ("--allocations", "150", "--devices", str(pools * 125), "--pools", str(pools)),
                     900,
+                )
+            )
+    # A reserve as the journal fills with active reservations (and a history of released
+    # ones): its cost must not grow with them.
+    devices, released, reserves = (2_000, 5_000, 200) if short else (20_000, 50_000, 1_000)
+    for database in ("sqlite",) if short else ("sqlite", "postgresql"):
+        for active in (0, devices // 2):
+            out.append(
+                Case(
+                    "journal",
+                    f"{active:,} active and {released:,} released reservations, "
+                    f"{_DATABASES[database]}",
+                    (
+                        "--devices",
+                        str(devices),
+                        "--active",
+                        str(active),
+                        "--released",
+                        str(released),
+                        "--reserves",
+                        str(reserves),
+                        "--database",
+                        database,
+                    ),
+                    300,
                 )
             )
     requests = 50 if short else 500
@@ -634,6 +660,18 @@ METRICS: tuple[Metric, ...] = (
         "node answers worked out per allocation",
         _key("node_answers_computed_per_allocation", "allocations"),
     ),
+    Metric("journal", "CPU per reserve", _key("cpu_ms_per_reserve", "reserves"), "ms"),
+    Metric(
+        "journal",
+        "PostgreSQL server CPU per reserve",
+        lambda f: (
+            _key("database_server_cpu_ms_per_reserve", "reserves")(f)
+            if _key("database", "reserves")(f) == "postgresql"
+            else None
+        ),
+        "ms",
+    ),
+    Metric("journal", "reserve p99", _key("p99_ms", "reserves"), "ms"),
     Metric(
         "allocate",
         "allocations per second (allocator alone)",
