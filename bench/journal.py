@@ -175,12 +175,14 @@ def main() -> None:
     add_database_option(parser)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    try:
-        figures = asyncio.run(
-            measure(args.devices, args.active, args.released, args.reserves, args.database)
+    if args.devices < args.active + args.reserves:
+        parser.error(
+            f"{args.devices} devices cannot hold {args.active} active reservations and "
+            f"{args.reserves} more"
         )
-    except ValueError as err:
-        parser.error(str(err))
+    figures = asyncio.run(
+        measure(args.devices, args.active, args.released, args.reserves, args.database)
+    )
     write_figures(args.json, figures)
 
 

@@ -223,6 +223,13 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(
         ("bench.node", ["--devices-per-claim", "x"], "'x' is not a whole number"),
         ("bench.events", ["--devices", "10"], "--devices: must be at least 64"),
         ("bench.events", ["--mode", "push"], "invalid choice: 'push'"),
+        (
+            "bench.journal",
+            ["--devices", "100", "--active", "90", "--reserves", "20"],
+            "100 devices cannot hold 90 active reservations and 20 more",
+        ),
+        ("bench.journal", ["--reserves", "0"], "--reserves: must be at least 1, got 0"),
+        ("bench.journal", ["--database", "mysql"], "invalid choice: 'mysql'"),
     ],
 )
 def test_bad_benchmark_arguments_are_refused_with_a_message(
