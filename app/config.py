@@ -35,6 +35,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.aio import EventLoopChoice, uvloop_installed
+
 ENV_PREFIX = "FABRIC_DRA_"
 ENV_CONFIG_FILE = "FABRIC_DRA_CONFIG"
 # FABRIC_DRA_ variables that are not settings: the operator commands' own (the admin endpoint
@@ -796,6 +798,10 @@ class Settings(BaseSettings):
         default="fabric.example.com",
         description="a lowercase DNS subdomain of at most 63 characters, e.g. fabric.example.com",
     )
+    event_loop: EventLoopChoice = Field(
+        default="auto",
+        description="auto (uvloop when installed, else asyncio), uvloop or asyncio",
+    )
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     fabric: FabricSettings = Field(default_factory=FabricSettings)
     fabrics: tuple[FabricSettings, ...] = Field(
@@ -822,6 +828,15 @@ class Settings(BaseSettings):
         # Layers are merged by load_settings so that errors can name where a value came
         # from; the model itself validates only what it is given.
         return (init_settings,)
+
+    @field_validator("event_loop")
+    @classmethod
+    def _event_loop_installed(cls, value: EventLoopChoice) -> EventLoopChoice:
+        if value == "uvloop" and not uvloop_installed():
+            raise ValueError(
+                "uvloop is not installed; install it (pip install uvloop) or choose auto or asyncio"
+            )
+        return value
 
     @model_validator(mode="after")
     def _fabric_complete(self) -> Settings:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes_asyncio.client import CoreV1Api
 from sqlalchemy.exc import SQLAlchemyError
 
+from app import aio
 from app.admin.actions import DatabaseActions
 from app.admin.context import AdminContext, Check
 from app.admin.history import History, take_sample
@@ -293,7 +294,12 @@ class Service:
             KubeError: discovery failed (the API server is unreachable or refuses us).
             KubeVersionError: no resource.k8s.io version fits the configured mode.
         """
-        log.info("fabric-dra %s starting (driver %s)", self.identity, self.settings.driver_name)
+        log.info(
+            "fabric-dra %s starting (driver %s, event loop %s)",
+            self.identity,
+            self.settings.driver_name,
+            aio.running_loop_name(),
+        )
         if self.settings.database.migrate_on_start:
             await check_usable(self.db.engine)
             await migrate.upgrade(self.db.engine)

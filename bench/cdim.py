@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
+from app import aio
 from app.claims.reconciler import ClaimSettings
 from app.db.engine import Database
 from app.db.migrate import upgrade
@@ -267,7 +268,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     stop_on_sigterm()
-    figures = asyncio.run(measure(args.in_flight, args.sequential, args.apply_seconds))
+    figures = aio.run(measure(args.in_flight, args.sequential, args.apply_seconds))
     write_figures(args.json, [figures])
 
 

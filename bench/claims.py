@@ -36,6 +36,7 @@ from typing import Any, cast
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from sqlalchemy import select
 
+from app import aio
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.db.engine import Database
 from app.db.migrate import upgrade
@@ -432,7 +433,7 @@ def main() -> None:
         help="write a cProfile of the burst (attach and release) to this file",
     )
     options = parser.parse_args()
-    figures = asyncio.run(
+    figures = aio.run(
         measure(
             options.claims,
             options.database,

@@ -25,6 +25,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
+from app import aio
 from app.kube.client import KubeAuthMode, KubeClientSettings, call_json, connect
 from app.kube.informer import InformerSettings
 from fabric_dra_sim.scheduler.classic import ClassicScheduler, ClassicSchedulerSettings
@@ -114,7 +115,7 @@ async def run(url: str, spec: dict[str, Any]) -> None:
 
 def main() -> None:
     """Entry point: ``python -m bench.classic_scheduler URL CLAIM_SPEC_JSON``."""
-    asyncio.run(run(sys.argv[1], json.loads(sys.argv[2])))
+    aio.run(run(sys.argv[1], json.loads(sys.argv[2])))
 
 
 if __name__ == "__main__":

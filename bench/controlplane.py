@@ -41,6 +41,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
+from app import aio
 from app.controlplane import ControlPlaneController, ControlPlaneSettings
 from app.db.engine import Database
 from app.db.migrate import upgrade
@@ -589,7 +590,7 @@ def main() -> None:
         )
     write_figures(
         options.json,
-        asyncio.run(
+        aio.run(
             measure(
                 options.devices,
                 options.racks,

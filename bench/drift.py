@@ -30,6 +30,7 @@ from typing import Any
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from sqlalchemy import select
 
+from app import aio
 from app.claims.drift import DriftWatch
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.clock import utcnow
@@ -348,7 +349,7 @@ def main() -> None:
             f"--samples must be at most the number of racks "
             f"({-(-options.devices // PER_RACK)} for {options.devices} devices)"
         )
-    figures = asyncio.run(measure(options.devices, options.samples, options.poll_interval))
+    figures = aio.run(measure(options.devices, options.samples, options.poll_interval))
     write_figures(options.json, [figures])
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 from sqlalchemy import select
 
+from app import aio
 from app.configload import load_settings
 from app.db.models import Device
 from app.service import Service
@@ -236,7 +237,7 @@ def main() -> None:
     args = parser.parse_args()
     global PROFILE
     PROFILE = args.profile
-    figures = asyncio.run(measure(args.devices, args.samples, args.mode))
+    figures = aio.run(measure(args.devices, args.samples, args.mode))
     line = {
         "benchmark": "events",
         "devices": args.devices,

@@ -17,13 +17,13 @@ a page per request;
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from app import aio
 from app.db.engine import Database
 from app.db.migrate import upgrade
 from app.fabric.redfish.backend import RedfishBackend
@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     results = [
-        asyncio.run(measure(size, options.database_url, options.expand)) for size in options.devices
+        aio.run(measure(size, options.database_url, options.expand)) for size in options.devices
     ]
     write_figures(options.json, results)
 

@@ -15,7 +15,6 @@ Those figures should not grow with the active reservations.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
+from app import aio
 from app.clock import utcnow
 from app.db.engine import Database
 from app.db.migrate import upgrade
@@ -180,7 +180,7 @@ def main() -> None:
             f"{args.devices} devices cannot hold {args.active} active reservations and "
             f"{args.reserves} more"
         )
-    figures = asyncio.run(
+    figures = aio.run(
         measure(args.devices, args.active, args.released, args.reserves, args.database)
     )
     write_figures(args.json, figures)

@@ -12,7 +12,6 @@ the emulator process's CPU time from /proc before and after each kind of request
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import datetime as dt
 import json
@@ -22,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from app import aio
 from bench.common import at_least, command_line, server_process, write_figures
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -254,7 +254,7 @@ def main() -> None:
     parser.add_argument("--requests", type=at_least(1), default=200, help="requests of each kind")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    write_figures(args.json, asyncio.run(run(args.requests)))
+    write_figures(args.json, aio.run(run(args.requests)))
 
 
 if __name__ == "__main__":

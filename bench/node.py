@@ -29,7 +29,6 @@ and peak memory. Target: prepare p99 < 100 ms.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shutil
 import statistics
 import tempfile
@@ -41,6 +40,7 @@ from typing import Any
 
 import aiohttp
 
+from app import aio
 from app.config import Settings
 from app.node.agent import NodeAgent
 from bench.common import (
@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args(argv)
-    figures = asyncio.run(measure(options.devices_per_claim, options.claims, options.warmup))
+    figures = aio.run(measure(options.devices_per_claim, options.claims, options.warmup))
     write_figures(options.json, [figures])
 
 

@@ -14,13 +14,13 @@ process for a true peak memory figure (the peak only ever grows).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from app import aio
 from app.fabric.types import Location
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
 from app.kube.informer import InformerSettings
@@ -179,9 +179,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     sizes = [*options.devices, *([100_000] if options.large else [])]
-    results = [
-        asyncio.run(measure(size, options.devices_per_rack, options.workers)) for size in sizes
-    ]
+    results = [aio.run(measure(size, options.devices_per_rack, options.workers)) for size in sizes]
     write_figures(options.json, results)
 
 

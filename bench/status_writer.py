@@ -23,6 +23,8 @@ from typing import Any
 
 import aiohttp
 
+from app import aio
+
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 
 
@@ -61,7 +63,7 @@ def main() -> None:
     """Run as ``python -m bench.status_writer URL [RATE] < entries.json``."""
     entries = json.load(sys.stdin)
     rate = float(sys.argv[2]) if len(sys.argv) > 2 else None
-    print(json.dumps(asyncio.run(write(sys.argv[1], entries, rate))), flush=True)
+    print(json.dumps(aio.run(write(sys.argv[1], entries, rate))), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from app.aio import EventLoopChoice
 from app.config import ConfigError, Settings, redact_url
 from app.configload import load_settings
 from app.db.engine import DatabaseUnavailable, run_to_end
@@ -118,11 +119,12 @@ def _with_settings(
     return wrapper  # type: ignore[return-value]
 
 
-def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run ``coroutine`` to completion; a :class:`ConfigError` or a
-    :class:`DatabaseUnavailable` becomes a clean CLI error."""
+def run(coroutine: Coroutine[Any, Any, T], event_loop: EventLoopChoice = "auto") -> T:
+    """Run ``coroutine`` to completion on a loop of ``event_loop`` (the ``event_loop``
+    setting); a :class:`ConfigError` or a :class:`DatabaseUnavailable` becomes a clean CLI
+    error."""
     try:
-        return run_to_end(coroutine)
+        return run_to_end(coroutine, event_loop)
     except (ConfigError, DatabaseUnavailable) as err:
         raise click.ClickException(str(err)) from None
 

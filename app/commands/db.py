@@ -76,7 +76,7 @@ def db() -> None:
 @settings_options
 def upgrade(revision: str, settings: Settings) -> None:
     """Upgrade the schema to REVISION (default: head, the newest)."""
-    now = run(_do(settings, "upgrade", revision))
+    now = run(_do(settings, "upgrade", revision), settings.event_loop)
     click.echo(f"database at revision {now}")
 
 
@@ -100,7 +100,7 @@ def downgrade(revision: str, yes: bool, settings: Settings) -> None:
                 "a downgrade drops tables or columns with their rows; give --yes to go on"
             )
         click.confirm(question, abort=True)
-    now = run(_do(settings, "downgrade", revision))
+    now = run(_do(settings, "downgrade", revision), settings.event_loop)
     click.echo(f"database at revision {now or 'base (empty)'}")
 
 
@@ -114,6 +114,6 @@ def current(settings: Settings) -> None:
     if missing is not None:
         click.echo(f"none (no database file at {missing}; head is {head})")
         return
-    now = run(_do(settings, "current", None))
+    now = run(_do(settings, "current", None), settings.event_loop)
     state = "up to date" if now == head else f"head is {head}"
     click.echo(f"{now or 'none'} ({state})")

@@ -205,7 +205,7 @@ def inventory(
 
     With --sync, a failed sync still prints the last known inventory and exits with status 1.
     """
-    read = run(_inventory(settings, sync, include_removed))
+    read = run(_inventory(settings, sync, include_removed), settings.event_loop)
     if read.sync_error is not None:
         click.echo(
             f"Warning: sync failed, showing the last known inventory (may be stale): "

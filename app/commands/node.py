@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from app import aio
 from app.commands.common import Settings, settings_options_with
 from app.config import ConfigError
 from app.kube.errors import KubeError
@@ -117,4 +118,4 @@ def node(
 ) -> None:
     """Run the node plugin: register with the kubelet, prepare claims (CDI specs), report
     the prepared devices' health."""
-    asyncio.run(serve_node(settings))
+    aio.run(serve_node(settings), settings.event_loop)

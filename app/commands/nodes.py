@@ -330,7 +330,7 @@ async def _report(settings: Settings) -> NodesReport:
 @settings_options
 def nodes(output: Format, as_json: bool, settings: Settings) -> None:
     """Show each Kubernetes node's fabric host and the pools it can reach, with warnings."""
-    report = run(_report(settings))
+    report = run(_report(settings), settings.event_loop)
     if as_json:
         output = "json"
     if output in ("json", "yaml"):

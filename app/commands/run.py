@@ -115,4 +115,4 @@ def run(
     settings: Settings,
 ) -> None:
     """Run the controller: inventory, publishing, claims, admin endpoint, leader election."""
-    run_to_end(serve(settings, shutdown_deadline_s=shutdown_deadline))
+    run_to_end(serve(settings, shutdown_deadline_s=shutdown_deadline), settings.event_loop)

@@ -46,6 +46,8 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.pool import QueuePool, StaticPool
 from sqlalchemy.util import greenlet_spawn
 
+from app import aio
+from app.aio import EventLoopChoice
 from app.config import redact_url
 
 SQLITE_BUSY_TIMEOUT_MS = 15_000
@@ -797,9 +799,15 @@ async def driver_threads_ended(timeout_s: float = 2.0) -> bool:
     return True
 
 
-def run_to_end(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)``, with the event loop kept open until the SQLite driver's threads
-    have ended (:func:`driver_threads_ended`), whether ``main`` returned or raised."""
+def run_to_end(main: Coroutine[Any, Any, T], event_loop: EventLoopChoice = "auto") -> T:
+    """``asyncio.run(main)`` on a loop of ``event_loop`` (:func:`app.aio.run`), with the loop
+    kept open until the SQLite driver's threads have ended (:func:`driver_threads_ended`),
+    whether ``main`` returned or raised.
+
+    Raises:
+        app.aio.EventLoopUnavailable: ``event_loop`` is ``uvloop`` and uvloop is missing.
+        Exception: what ``main`` raised.
+    """
 
     async def ended() -> T:
         try:
@@ -812,4 +820,8 @@ def run_to_end(main: Coroutine[Any, Any, T]) -> T:
                     "until it is closed"
                 )
 
-    return asyncio.run(ended())
+    try:
+        return aio.run(ended(), event_loop)
+    except aio.EventLoopUnavailable:
+        main.close()
+        raise

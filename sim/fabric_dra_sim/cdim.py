@@ -66,6 +66,8 @@ from typing import Any, Literal
 import click
 from aiohttp import web
 
+from app import aio
+
 BASE = "/cdim/api/v1"
 IN_PROGRESS = "IN_PROGRESS"
 CANCELING = "CANCELING"
@@ -1007,4 +1009,4 @@ def cli(
             await sim.stop()
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+        aio.run(serve())

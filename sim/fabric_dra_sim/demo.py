@@ -862,9 +862,15 @@ def demo(
             defaults = {section: dict(values) for section, values in DEMO_DEFAULTS.items()}
             if not set(given.get("leader", {})) & set(DEMO_LEADER_TIMINGS):
                 defaults["leader"].update(DEMO_LEADER_TIMINGS)
-            run_to_end(run_cdim_demo(settings, defaults, once, admin_port, _wait_for_signal))
+            run_to_end(
+                run_cdim_demo(settings, defaults, once, admin_port, _wait_for_signal),
+                settings.event_loop,
+            )
             return
-        run_to_end(_run(settings, once, admin_port, regions, racks_per_region, devices_per_rack))
+        run_to_end(
+            _run(settings, once, admin_port, regions, racks_per_region, devices_per_rack),
+            settings.event_loop,
+        )
     except ConfigError as err:
         raise click.ClickException(f"the demo could not start: {err}") from None
     except OSError as err:

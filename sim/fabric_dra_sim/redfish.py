@@ -133,6 +133,7 @@ from typing import Any, Literal
 import click
 from aiohttp import web
 
+from app import aio
 from fabric_dra_sim.listen import listen
 from fabric_dra_sim.redfish_events import (
     EVENT_SERVICE,
@@ -1470,4 +1471,4 @@ def cli(
     except ValueError as err:
         raise click.UsageError(str(err)) from err
     sim.control = control
-    asyncio.run(_serve_until_stopped(sim, host, port))
+    aio.run(_serve_until_stopped(sim, host, port))

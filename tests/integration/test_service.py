@@ -594,6 +594,8 @@ async def test_sigterm_lets_the_attach_in_flight_finish_then_releases_the_lease(
         logs = (await process.stderr.read()).decode()
         assert all(line.startswith("{") for line in logs.splitlines() if line.strip())
         assert "s3cret-pw" not in logs
+        # The command runs on uvloop (event_loop auto), and drained on SIGTERM above.
+        assert "starting (driver fabric.example.com, event loop uvloop)" in logs
     finally:
         sim.faults.latency_s = 0
         if process.returncode is None:
@@ -633,6 +635,8 @@ async def test_the_log_says_starting_the_admin_address_and_open_reads_before_sto
         for needle in ("starting", "admin endpoint listening on", " started:", " stopped")
     ]
     assert order == sorted(order), lines
+    # pytest runs the test on asyncio's own loop, and the log says so.
+    assert any("starting (driver fabric.example.com, event loop asyncio)" in line for line in lines)
     assert f"admin endpoint listening on http://{host}:{service.admin_port}" in lines
     open_reads = [line for line in lines if "reads need no token" in line]
     assert bool(open_reads) is warned, lines

@@ -1,4 +1,5 @@
-"""Stopping background tasks: :func:`app.aio.cancel_and_wait`."""
+"""Stopping background tasks (:func:`app.aio.cancel_and_wait`) and the event loop the
+commands run on (:func:`app.aio.run`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 
 import pytest
 
+from app import aio
 from app.aio import cancel_and_wait
 
 
@@ -81,3 +83,76 @@ async def test_a_task_that_failed_is_raised_after_the_others_are_waited_for() ->
     with pytest.raises(RuntimeError, match="boom"):
         await cancel_and_wait(failed, other)
     assert ended == ["other"]
+
+
+# -- the event loop (app.aio.run, loop_factory; the event_loop setting) ------------------------
+
+
+async def _loop_name() -> str:
+    return aio.running_loop_name()
+
+
+def test_auto_runs_on_uvloop_when_it_is_installed() -> None:
+    assert aio.uvloop_installed()
+    assert aio.run(_loop_name()) == "uvloop"
+    assert aio.run(_loop_name(), "uvloop") == "uvloop"
+
+
+def test_asyncio_runs_on_asyncio_s_own_loop() -> None:
+    assert aio.run(_loop_name(), "asyncio") == "asyncio"
+
+
+def test_auto_falls_back_to_asyncio_without_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aio, "uvloop_installed", lambda: False)
+    assert aio.run(_loop_name()) == "asyncio"
+
+
+def test_uvloop_asked_for_but_missing_is_an_error_and_the_coroutine_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(aio, "uvloop_installed", lambda: False)
+    main = _loop_name()
+    with pytest.raises(aio.EventLoopUnavailable, match="uvloop is not installed"):
+        aio.run(main, "uvloop")
+    # Closed, never started: no "coroutine was never awaited" warning (an error here).
+    assert main.cr_frame is None
+
+
+def test_an_unknown_loop_is_refused() -> None:
+    main = _loop_name()
+    with pytest.raises(ValueError, match="expected auto, uvloop or asyncio"):
+        aio.run(main, "trio")  # type: ignore[arg-type]
+    assert main.cr_frame is None
+
+
+def test_run_cancels_what_is_left_and_closes_the_loop() -> None:
+    left: list[asyncio.Task[None]] = []
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def main() -> int:
+        loops.append(asyncio.get_running_loop())
+        left.append(asyncio.create_task(asyncio.sleep(3600)))
+        await asyncio.sleep(0)
+        return 7
+
+    assert aio.run(main()) == 7
+    assert left[0].cancelled()
+    assert loops[0].is_closed()
+
+
+def test_run_to_end_without_uvloop_closes_the_caller_s_coroutine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from app.db.engine import run_to_end
+
+    monkeypatch.setattr(aio, "uvloop_installed", lambda: False)
+    main = _loop_name()
+    with pytest.raises(aio.EventLoopUnavailable):
+        run_to_end(main, "uvloop")
+    assert main.cr_frame is None
+    assert run_to_end(_loop_name(), "auto") == "asyncio"
+
+
+def test_running_loop_name_outside_a_loop_raises() -> None:
+    with pytest.raises(RuntimeError):
+        aio.running_loop_name()

@@ -162,9 +162,9 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
         # driver_name is a setting, not a section: the message lists it apart.
         (
             {"FABRIC_DRA_DRIVER_NAME__X": "1"},
-            "FABRIC_DRA_<NAME> (names: driver_name, fabrics) or FABRIC_DRA_<SECTION>__<NAME> "
-            "(sections: admin, controller, database, fabric, hosts, inventory, kube, leader, "
-            "log, node, node_labels, pools, publisher)",
+            "FABRIC_DRA_<NAME> (names: driver_name, event_loop, fabrics) or "
+            "FABRIC_DRA_<SECTION>__<NAME> (sections: admin, controller, database, fabric, "
+            "hosts, inventory, kube, leader, log, node, node_labels, pools, publisher)",
         ),
         (
             {"FABRIC_DRA_FABRIC__PASSWORD": "hunter2"},
@@ -180,6 +180,11 @@ def test_unset_flags_do_not_override(tmp_path: Path) -> None:
             "than 0",
         ),
         ({"FABRIC_DRA_FABRIC__PASSWORD_FILE": "/p"}, "fabric.username_file is not"),
+        (
+            {"FABRIC_DRA_EVENT_LOOP": "trio"},
+            "setting event_loop (from environment FABRIC_DRA_EVENT_LOOP): value 'trio': input "
+            "should be 'auto', 'uvloop' or 'asyncio'",
+        ),
     ],
 )
 def test_bad_environment_values_fail_with_one_clear_line(
@@ -434,3 +439,23 @@ def test_a_boolean_setting_still_takes_a_yaml_boolean(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("database:\n  migrate_on_start: false\n")
     assert load_settings(config, environ={}).database.migrate_on_start is False
+
+
+def test_the_event_loop_is_auto_by_default_and_may_be_chosen() -> None:
+    assert load_settings(environ={}).event_loop == "auto"
+    assert load_settings(environ={"FABRIC_DRA_EVENT_LOOP": "asyncio"}).event_loop == "asyncio"
+    assert load_settings(environ={"FABRIC_DRA_EVENT_LOOP": "uvloop"}).event_loop == "uvloop"
+
+
+def test_uvloop_chosen_where_it_is_not_installed_stops_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import app.config
+
+    monkeypatch.setattr(app.config, "uvloop_installed", lambda: False)
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ={"FABRIC_DRA_EVENT_LOOP": "uvloop"})
+    assert "setting event_loop (from environment FABRIC_DRA_EVENT_LOOP)" in str(err.value)
+    assert "uvloop is not installed; install it (pip install uvloop)" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert load_settings(environ={"FABRIC_DRA_EVENT_LOOP": "auto"}).event_loop == "auto"

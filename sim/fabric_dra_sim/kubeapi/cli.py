@@ -11,6 +11,8 @@ from pathlib import Path
 import click
 import yaml
 
+from app import aio
+
 from ..listen import listen
 from .cluster import (
     DEFAULT_KUBERNETES_VERSION,
@@ -280,4 +282,4 @@ def cli(
         tokens=tokens,
         rbac=rbac,
     )
-    asyncio.run(_serve(emulator, host, port, nodes))
+    aio.run(_serve(emulator, host, port, nodes))

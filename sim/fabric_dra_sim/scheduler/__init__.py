@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import click
 
+from app import aio
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
 from app.kube.errors import KubeError
 from app.logs import setup_logging
@@ -264,7 +265,7 @@ def cli(
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--kube-url") from err
     try:
-        asyncio.run(
+        aio.run(
             _serve(
                 client_settings, mode, poll_interval, binding_timeout, namespace, claim_controller
             )
@@ -358,7 +359,7 @@ def claim_controller_cli(
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--kube-url") from err
     try:
-        asyncio.run(_serve_claim_controller(client_settings, resource_api_version, namespace))
+        aio.run(_serve_claim_controller(client_settings, resource_api_version, namespace))
     except KubeError as err:
         raise click.ClickException(str(err)) from err
 
