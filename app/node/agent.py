@@ -19,7 +19,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.aio import cancel_and_wait
+from app.aio import cancel_and_wait, running_loop_name
 from app.config import ConfigError, Settings, read_secret
 from app.jsontypes import JsonDict
 from app.kube.client import KubeClient, call_json, connect
@@ -194,10 +194,11 @@ class NodeAgent:
             )
         )
         log.info(
-            "node plugin for DRA driver %s on node %s started (resource.k8s.io/%s)",
+            "node plugin for DRA driver %s on node %s started (resource.k8s.io/%s, event loop %s)",
             s.driver_name,
             self.node,
             self.version.value,
+            running_loop_name(),
         )
 
     async def _read_journal(self, uid: str) -> list[JsonDict]:

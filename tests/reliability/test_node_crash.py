@@ -220,6 +220,9 @@ async def test_a_plugin_killed_between_cdi_write_and_answer_leaves_nothing_behin
             assert answer[uid] == ""
         assert list((root / "cdi").iterdir()) == []
         assert checkpoint(root) == {}
+        # The real command served the kubelet's gRPC calls above on uvloop (event_loop auto).
+        logged = (tmp_path / "node.log").read_text(errors="replace")
+        assert f"on node {NODE} started (resource.k8s.io/v1, event loop uvloop)" in logged
     finally:
         await kubelet.stop()
         await node.stop()
