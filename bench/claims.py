@@ -52,6 +52,7 @@ from bench.common import (
     StatementCount,
     WindowProfile,
     add_database_option,
+    add_event_loop_option,
     at_least,
     bench_database,
     command_line,
@@ -144,6 +145,7 @@ async def measure(
                 await backend.close()
                 await database.dispose()
     figures["database"] = database_kind
+    figures["event_loop"] = aio.running_loop_name()
     figures["devices"] = racks * 64
     figures["reference_cpu_seconds"] = round(reference, 4)
     figures["ref_units_per_claim_cycle"] = round(
@@ -425,6 +427,7 @@ def main() -> None:
         help="devices in the fabric (default: one rack of 64 per 64 claims)",
     )
     add_database_option(parser)
+    add_event_loop_option(parser)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(
         "--profile",
@@ -441,7 +444,8 @@ def main() -> None:
             options.rate,
             options.profile,
             options.devices,
-        )
+        ),
+        options.event_loop,
     )
     write_figures(options.json, [figures])
 

@@ -420,6 +420,18 @@ def add_database_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_event_loop_option(parser: argparse.ArgumentParser) -> None:
+    """``--event-loop auto|uvloop|asyncio`` (default auto, as the ``event_loop`` setting): the
+    loop the controller runs on in the benchmark's process, to compare one with the other. The
+    simulators and stand-ins it starts run on their default (uvloop when installed)."""
+    parser.add_argument(
+        "--event-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="the controller's event loop (the event_loop setting)",
+    )
+
+
 def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least ``minimum``."""
 

@@ -68,6 +68,7 @@ from bench.common import (
     ServerProcess,
     WindowProfile,
     add_database_option,
+    add_event_loop_option,
     at_least,
     bench_database,
     command_line,
@@ -278,6 +279,7 @@ async def measure(
     for line in lines:
         if line["step"] == "allocations":
             line["database"] = database_kind
+            line["event_loop"] = aio.running_loop_name()
             line["devices"] = devices
             line["in_flight"] = in_flight
             line["ref_units_per_allocation"] = round(
@@ -575,6 +577,7 @@ def main() -> None:
         "--warmup", type=at_least(0), default=20, help="pods allocated before the measured ones"
     )
     add_database_option(parser)
+    add_event_loop_option(parser)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(
         "--profile",
@@ -600,7 +603,8 @@ def main() -> None:
                 options.warmup,
                 options.database,
                 options.profile,
-            )
+            ),
+            options.event_loop,
         ),
     )
 

@@ -64,6 +64,8 @@ def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: P
     for step in ("to_context", "driver_answers", "node_selection", "driver_allocation", "to_bind"):
         assert allocations[f"{step}_p50_ms"] >= 0, step
     assert allocations["context_passes_per_allocation"] > 0
+    # The controller runs on the loop the product runs on by default.
+    assert allocations["event_loop"] == "uvloop"
     # Every process sharing the cores is counted: the controller's CPU is a part of the whole,
     # and the rate the CPUs allow follows from the whole.
     whole = allocations["all_processes_cpu_ms_per_allocation"]
@@ -85,6 +87,7 @@ def test_the_short_suite_runs_every_benchmark_and_writes_its_results(tmp_path: P
             claims["cpu_ms_per_claim_cycle"] + sum(parts), abs=0.05
         )
         assert 0 < claims["claim_cycles_per_second"] < claims["claims_per_second"]
+        assert claims["event_loop"] == "uvloop"
         # At least the four journal writes of a cycle: reserve, attached, detaching, released.
         assert claims["database_transactions_per_claim_cycle"] >= 4, claims
         assert (
@@ -230,6 +233,8 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(
         ),
         ("bench.journal", ["--reserves", "0"], "--reserves: must be at least 1, got 0"),
         ("bench.journal", ["--database", "mysql"], "invalid choice: 'mysql'"),
+        ("bench.claims", ["--event-loop", "trio"], "--event-loop: invalid choice: 'trio'"),
+        ("bench.controlplane", ["--event-loop", ""], "--event-loop: invalid choice: ''"),
     ],
 )
 def test_bad_benchmark_arguments_are_refused_with_a_message(
@@ -376,3 +381,28 @@ async def test_a_benchmark_database_of_another_kind_or_an_unreachable_server_is_
             pass
     assert str(caught.value).startswith(f"PostgreSQL at {closed}: ")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+def test_the_control_plane_benchmark_runs_its_controller_on_the_loop_asked_for(
+    tmp_path: Path,
+) -> None:
+    figures = tmp_path / "figures.json"
+    finished = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.controlplane",
+            *("--devices", "400", "--racks", "4", "--pods", "10", "--warmup", "2"),
+            *("--event-loop", "asyncio", "--json", str(figures)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr
+    (allocations,) = [f for f in json.loads(figures.read_text()) if f["step"] == "allocations"]
+    assert allocations["event_loop"] == "asyncio"
+    assert allocations["allocations"] == 10
