@@ -806,7 +806,10 @@ def run_to_end(main: Coroutine[Any, Any, T], event_loop: EventLoopChoice = "auto
 
     Raises:
         app.aio.EventLoopUnavailable: ``event_loop`` is ``uvloop`` and uvloop is missing.
+        ValueError: ``event_loop`` is not a loop's name.
         Exception: what ``main`` raised.
+
+    ``main`` is closed, never started, when the loop cannot be had.
     """
 
     async def ended() -> T:
@@ -821,7 +824,8 @@ def run_to_end(main: Coroutine[Any, Any, T], event_loop: EventLoopChoice = "auto
                 )
 
     try:
-        return aio.run(ended(), event_loop)
-    except aio.EventLoopUnavailable:
+        aio.loop_factory(event_loop)  # a loop that cannot be had: nothing has started yet
+    except (aio.EventLoopUnavailable, ValueError):
         main.close()
         raise
+    return aio.run(ended(), event_loop)

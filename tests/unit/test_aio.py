@@ -140,7 +140,7 @@ def test_run_cancels_what_is_left_and_closes_the_loop() -> None:
     assert loops[0].is_closed()
 
 
-def test_run_to_end_without_uvloop_closes_the_caller_s_coroutine(
+def test_run_to_end_closes_the_caller_s_coroutine_when_the_loop_cannot_be_had(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from app.db.engine import run_to_end
@@ -150,6 +150,10 @@ def test_run_to_end_without_uvloop_closes_the_caller_s_coroutine(
     with pytest.raises(aio.EventLoopUnavailable):
         run_to_end(main, "uvloop")
     assert main.cr_frame is None
+    unknown = _loop_name()
+    with pytest.raises(ValueError, match="expected auto, uvloop or asyncio"):
+        run_to_end(unknown, "trio")  # type: ignore[arg-type]
+    assert unknown.cr_frame is None
     assert run_to_end(_loop_name(), "auto") == "asyncio"
 
 
