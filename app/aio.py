@@ -15,6 +15,12 @@ EventLoopChoice = Literal["auto", "uvloop", "asyncio"]
 asyncio's own loop; ``uvloop``: uvloop or an error; ``asyncio``: asyncio's own loop."""
 
 
+UVLOOP_MISSING = (
+    "uvloop is not installed; install it (pip install uvloop) or choose auto or asyncio"
+)
+"""The error for ``event_loop: uvloop`` where uvloop is missing (settings check and :func:`run`)."""
+
+
 class EventLoopUnavailable(RuntimeError):
     """The event loop asked for is not installed."""
 
@@ -41,10 +47,7 @@ def loop_factory(choice: EventLoopChoice = "auto") -> Callable[[], asyncio.Abstr
         raise ValueError(f"event loop {choice!r}: expected auto, uvloop or asyncio")
     if not uvloop_installed():
         if choice == "uvloop":
-            raise EventLoopUnavailable(
-                "event_loop is uvloop but uvloop is not installed: install it "
-                "(pip install uvloop) or set event_loop to auto or asyncio"
-            )
+            raise EventLoopUnavailable(f"event_loop is uvloop, but {UVLOOP_MISSING}")
         return asyncio.new_event_loop
     import uvloop
 

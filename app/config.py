@@ -35,7 +35,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.aio import EventLoopChoice, uvloop_installed
+from app.aio import UVLOOP_MISSING, EventLoopChoice, uvloop_installed
 
 ENV_PREFIX = "FABRIC_DRA_"
 ENV_CONFIG_FILE = "FABRIC_DRA_CONFIG"
@@ -833,9 +833,7 @@ class Settings(BaseSettings):
     @classmethod
     def _event_loop_installed(cls, value: EventLoopChoice) -> EventLoopChoice:
         if value == "uvloop" and not uvloop_installed():
-            raise ValueError(
-                "uvloop is not installed; install it (pip install uvloop) or choose auto or asyncio"
-            )
+            raise ValueError(UVLOOP_MISSING)
         return value
 
     @model_validator(mode="after")

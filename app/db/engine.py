@@ -824,8 +824,8 @@ def run_to_end(main: Coroutine[Any, Any, T], event_loop: EventLoopChoice = "auto
                 )
 
     try:
-        aio.loop_factory(event_loop)  # a loop that cannot be had: nothing has started yet
-    except (aio.EventLoopUnavailable, ValueError):
+        return aio.run(ended(), event_loop)
+    finally:
+        # Finished by now, or never started when the loop could not be had (aio.run closes
+        # ended() then, which leaves main): closing a finished coroutine does nothing.
         main.close()
-        raise
-    return aio.run(ended(), event_loop)
