@@ -228,13 +228,14 @@ _SAME_PHASE = {
 }
 
 # PostgreSQL runs the claim path's writes as one statement each, in autocommit
-# (Database.run_statement): a data-modifying WITH ("Data-Modifying Statements in WITH", in
-# the PostgreSQL manual's "WITH Queries") does the move, the device row's holder and the
-# device's read at once, where a transaction of two or three statements took BEGIN, each
-# statement and COMMIT as round trips to the server. SQLite has no data-modifying WITH and
-# keeps the transactions (which cost it no round trip). All the statements of a WITH see one
-# snapshot, taken before any of them writes: a device row updated by the statement is not
-# read back by it, so no move both updates and reads the device this way.
+# (Database.fetch, straight through asyncpg): a data-modifying WITH ("Data-Modifying
+# Statements in WITH", in the PostgreSQL manual's "WITH Queries") does the move, the device
+# row's holder and the device's read at once, where a transaction of two or three
+# statements took BEGIN, each statement and COMMIT as round trips to the server. SQLite has
+# no data-modifying WITH and keeps the transactions (which cost it no round trip). All the
+# statements of a WITH see one snapshot, taken before any of them writes: a device row
+# updated by the statement is not read back by it, so no move both updates and reads the
+# device this way.
 _RESERVATION_WIDTH = len(_COLUMNS)
 DEVICE_ON, DEVICE_OFF = "on", "off"
 
@@ -573,25 +574,24 @@ class Journal:
         """
         statement = _reserve_free_statement(wanted.manager is not None)
 
-        def one(conn: Connection) -> tuple[ReservationView, FabricDevice | None, bool] | None:
-            row = conn.execute(
-                statement,
-                {
-                    **_new_reservation(wanted, attaching, self.clock()),
-                    # columns a new reservation starts without
-                    "operation_id": None,
-                    "last_error": None,
-                    "attached_at": None,
-                    "released_at": None,
-                    "b_manager": wanted.manager,
-                },
-            ).first()
-            if row is None:
-                return None
-            fabric = _fabric_device_from(row[_RESERVATION_WIDTH:])
-            return _view(row[:_RESERVATION_WIDTH]), fabric if attaching else None, True
-
-        return await self.db.run_statement(one, brief=True)
+        rows = await self.db.fetch(
+            statement,
+            {
+                **_new_reservation(wanted, attaching, self.clock()),
+                # columns a new reservation starts without
+                "operation_id": None,
+                "last_error": None,
+                "attached_at": None,
+                "released_at": None,
+                "b_manager": wanted.manager,
+            },
+            writes=True,
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        fabric = _fabric_device_from(row[_RESERVATION_WIDTH:])
+        return _view(row[:_RESERVATION_WIDTH]), fabric if attaching else None, True
 
     async def _holder_of(self, device_name: str) -> ReservationView | None:
         row = await self.db.run_read(
@@ -801,19 +801,16 @@ class Journal:
                 with_device and device_required,
             )
 
-            def one(conn: Connection) -> tuple[ReservationView, FabricDevice | None] | None:
-                row = conn.execute(statement, values(self.clock())).first()
-                if row is None:
-                    return None
+            rows = await self.db.fetch(statement, values(self.clock()), writes=True)
+            if rows:
+                row = rows[0]
                 view = _view(row[:_RESERVATION_WIDTH])
                 device = row[_RESERVATION_WIDTH:]
                 if not with_device or device[0] is None:
                     return view, None
                 return view, _fabric_device_from(device[1:])
-
-            moved = await self.db.run_statement(one, brief=True)
-            if moved is not None or not (with_device and device_required):
-                return moved
+            if not (with_device and device_required):
+                return None
             # Nothing moved: the reservation was in another state, or its device row is gone;
             # the transaction below tells which (UnknownDevice for the second).
 
@@ -853,10 +850,7 @@ class Journal:
     async def for_claim(self, claim_uid: str, *, active_only: bool = True) -> list[ReservationView]:
         """The reservations of one claim, oldest first."""
         query = _FOR_CLAIM_ACTIVE if active_only else _FOR_CLAIM
-        return await self.db.run_read(
-            lambda conn: [_view(r) for r in conn.execute(query, {"b_uid": claim_uid})],
-            brief=True,
-        )
+        return [_view(row) for row in await self.db.fetch(query, {"b_uid": claim_uid})]
 
     async def active(
         self, states: Collection[str] = ACTIVE_RESERVATION_STATES

@@ -21,6 +21,8 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from app.db import direct
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -235,7 +237,9 @@ async def database_server_cpu_seconds(url: str) -> float:
 class StatementCount:
     """Statements and transactions every SQLAlchemy engine of this process sends to its
     database, counted from :meth:`start` (a listener on the ``Engine`` class, so the SQLite
-    threads' own engines and the event loop's connection count too). Rolled-back transactions
+    threads' own engines and the event loop's connection count too), and the statements sent
+    straight through asyncpg (:func:`app.db.direct.listen`; each one is its own transaction,
+    and counts as one). Rolled-back transactions
     count as transactions; SQLite's PRAGMAs on a new connection count as statements."""
 
     def __init__(self) -> None:
@@ -249,6 +253,10 @@ class StatementCount:
     def _begin(self, *_: Any) -> None:
         self.transactions += 1
 
+    def _direct(self, _sql: str) -> None:
+        self.statements += 1
+        self.transactions += 1
+
     def start(self) -> None:
         """Reset the counts to zero and count from now on."""
         from sqlalchemy import event
@@ -258,6 +266,7 @@ class StatementCount:
         if not self._on:
             event.listen(Engine, "before_cursor_execute", self._statement)
             event.listen(Engine, "begin", self._begin)
+            direct.listen(self._direct)
             self._on = True
 
     def stop(self) -> None:
@@ -268,6 +277,7 @@ class StatementCount:
         if self._on:
             event.remove(Engine, "before_cursor_execute", self._statement)
             event.remove(Engine, "begin", self._begin)
+            direct.unlisten(self._direct)
             self._on = False
 
 

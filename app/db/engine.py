@@ -28,7 +28,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +43,14 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
-from sqlalchemy.pool import QueuePool, StaticPool
+from sqlalchemy.pool import NullPool, QueuePool, StaticPool
+from sqlalchemy.sql.expression import Executable
 from sqlalchemy.util import greenlet_spawn
 
 from app import aio
 from app.aio import EventLoopChoice
 from app.config import redact_url
+from app.db.direct import DirectStatements
 
 SQLITE_BUSY_TIMEOUT_MS = 15_000
 # PostgreSQL: a pooled connection idle this long (seconds) is pinged before use.
@@ -311,6 +313,20 @@ def _autocommit_engine(engine: AsyncEngine) -> AsyncEngine:
     # _postgresql_engine gives a pool of ``size`` as much overflow again.
     return _postgresql_engine(
         engine.url, 2 * size, engine.echo, max_overflow=0, isolation_level="AUTOCOMMIT"
+    )
+
+
+def _direct_statements(engine: AsyncEngine) -> DirectStatements:
+    """The held connections of :meth:`Database.fetch` beside PostgreSQL ``engine``: as many
+    as the autocommit engine's pool may open (twice ``engine``'s pool size), each opened by
+    an engine of the same URL without a pool of its own (``NullPool``), so that SQLAlchemy's
+    dialect sets the connection up (its JSON codecs) and :mod:`app.db.direct` keeps it."""
+    pool = engine.pool
+    size = pool.size() if isinstance(pool, QueuePool) else DEFAULT_POOL_SIZE
+    return DirectStatements(
+        create_async_engine(engine.url, echo=engine.echo, poolclass=NullPool),
+        2 * size,
+        PING_AFTER_IDLE_S,
     )
 
 
@@ -593,6 +609,9 @@ class Database:
     # to autocommit at each check-out and back at each check-in (execution_options on the
     # same pool) cost about 50 µs of CPU per statement. See _autocommit_engine for its size.
     _autocommit: AsyncEngine | None = field(default=None, repr=False)
+    # PostgreSQL only: the connections of fetch (app.db.direct), as many as the autocommit
+    # engine's pool may open.
+    _direct: DirectStatements | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.engine.dialect.name == "sqlite":
@@ -600,6 +619,7 @@ class Database:
             self._reader = _SqliteThread(self.engine.url, write=False)
         else:
             self._autocommit = _autocommit_engine(self.engine)
+            self._direct = _direct_statements(self.engine)
 
     @classmethod
     def connect(
@@ -690,6 +710,38 @@ class Database:
         assert self._reader is not None
         return await self._reader.run(work, brief=brief)
 
+    async def fetch(
+        self, statement: Executable, params: Mapping[str, Any], *, writes: bool = False
+    ) -> list[Sequence[Any]]:
+        """Run ``statement``, a Core statement built once and kept (on PostgreSQL its compiled
+        form is kept beside it), with ``params``; return its rows as tuples in the
+        statement's column order.
+
+        On PostgreSQL it is sent straight to asyncpg on a connection held for such
+        statements, in autocommit, without SQLAlchemy's execution layer (a third of the
+        CPU; see :mod:`app.db.direct`). On SQLite it runs as :meth:`run_write` (``writes``)
+        or :meth:`run_read` does with ``brief``.
+
+        Raises:
+            SQLAlchemyError: ``StatementError`` for a parameter without a value or a value
+                its type refuses (its ``orig`` says which), ``IntegrityError`` for a
+                constraint, other ``DBAPIError`` when the database failed.
+        """
+        if self._direct is not None:
+            return await self._direct.fetch(statement, params)  # type: ignore[return-value]
+
+        def rows(conn: Connection) -> list[Sequence[Any]]:
+            return list(conn.execute(statement, params).all())
+
+        if writes:
+            return await self.run_write(rows, brief=True)
+        return await self.run_read(rows, brief=True)
+
+    @property
+    def direct(self) -> DirectStatements | None:
+        """PostgreSQL: the connections of :meth:`fetch`; None on SQLite."""
+        return self._direct
+
     async def analyze(self, table: str) -> None:
         """Refresh the planner's statistics of ``table`` (PostgreSQL's ``ANALYZE``), after a
         bulk change: until autovacuum's own ANALYZE runs (up to a minute later, "The
@@ -728,6 +780,8 @@ class Database:
         for thread in (self._thread, self._reader):
             if thread is not None:
                 await thread.dispose()
+        if self._direct is not None:
+            await self._direct.dispose()
         if self._autocommit is not None:
             await self._autocommit.dispose()
         await self.engine.dispose()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +15,7 @@ from builders import MemoryBackend, gpu
 from sqlalchemy import delete, event, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
+from app.db import direct
 from app.db.engine import Database
 from app.db.models import Device, Reservation
 from app.heldfeed import HeldFeed
@@ -301,8 +303,10 @@ def test_the_states_of_the_claim_path_statements_are_written_into_their_sql() ->
         _state_in(Reservation.__table__.c.state, ["x'); DROP TABLE reservations; --"])
 
 
-def _count_statements(db: Database) -> list[str]:
-    """The statements ``db`` sends from now on (the list fills as they go)."""
+@contextlib.contextmanager
+def _count_statements(db: Database) -> Iterator[list[str]]:
+    """The statements ``db`` sends in the block (the list fills as they go): through its
+    engines and straight through asyncpg (app.db.direct)."""
     sent: list[str] = []
 
     def before(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
@@ -310,7 +314,13 @@ def _count_statements(db: Database) -> list[str]:
 
     for engine in db.engines:
         event.listen(engine.sync_engine, "before_cursor_execute", before)
-    return sent
+    direct.listen(sent.append)
+    try:
+        yield sent
+    finally:
+        direct.unlisten(sent.append)
+        for engine in db.engines:
+            event.remove(engine.sync_engine, "before_cursor_execute", before)
 
 
 async def _device_holder(db: Database, name: str) -> str | None:
@@ -379,25 +389,25 @@ async def test_on_postgresql_each_write_of_the_claim_path_is_one_statement(
     if db.dialect != "postgresql":
         pytest.skip("SQLite has no data-modifying WITH; its transactions cost no round trip")
     journal = Journal(db)
-    sent = _count_statements(db)
-    view, device = await journal.reserve_for_attach(
-        claim(1), "gpu", names[0], "p", "structured", "node-a", "host-a"
-    )
-    assert device is not None and len(sent) == 1
-    await journal.transition(view.id, [ATTACHING], ATTACHED)
-    assert await journal.begin_detach(view.id) is not None
-    await journal.transition(view.id, [DETACHING], RELEASED, detached=True)
-    assert len(sent) == 4, sent
-    # Outside the common case (a device someone holds) the transaction tells why.
-    held, _ = await journal.reserve_for_attach(
-        claim(2), "gpu", names[2], "p", "structured", "node-a", "host-a"
-    )
-    sent.clear()
-    with pytest.raises(DeviceHeld, match="claim default/claim-2"):
-        await journal.reserve_for_attach(
-            claim(3), "gpu", names[2], "p", "structured", "node-a", "host-a"
+    with _count_statements(db) as sent:
+        view, device = await journal.reserve_for_attach(
+            claim(1), "gpu", names[0], "p", "structured", "node-a", "host-a"
         )
-    assert len(sent) == 2  # the one statement wrote nothing; then the transaction's read
+        assert device is not None and len(sent) == 1
+        await journal.transition(view.id, [ATTACHING], ATTACHED)
+        assert await journal.begin_detach(view.id) is not None
+        await journal.transition(view.id, [DETACHING], RELEASED, detached=True)
+        assert len(sent) == 4, sent
+        # Outside the common case (a device someone holds) the transaction tells why.
+        held, _ = await journal.reserve_for_attach(
+            claim(2), "gpu", names[2], "p", "structured", "node-a", "host-a"
+        )
+        sent.clear()
+        with pytest.raises(DeviceHeld, match="claim default/claim-2"):
+            await journal.reserve_for_attach(
+                claim(3), "gpu", names[2], "p", "structured", "node-a", "host-a"
+            )
+        assert len(sent) == 2  # the one statement wrote nothing; then the transaction's read
     assert [r.id for r in await journal.for_claim(claim(3).uid)] == []
     assert [r.id for r in await journal.for_claim(claim(2).uid)] == [held.id]
 
