@@ -337,20 +337,25 @@ class DirectStatements:
             conn.terminate()
 
     async def dispose(self) -> None:
-        """Close every idle connection (gracefully, within ``CLOSE_TIMEOUT_S`` each) and
-        every connection in use (at once: a statement on it fails as lost), then dispose
-        of the engine. Later :meth:`fetch` calls raise RuntimeError."""
+        """Close every idle connection (gracefully and all at once, within
+        ``CLOSE_TIMEOUT_S``) and every connection in use (at once: a statement on it fails
+        as lost), then dispose of the engine. Later :meth:`fetch` calls raise RuntimeError.
+        Cancelled meanwhile, the connections not yet closed are ended at once (asyncpg
+        aborts a close that is cancelled)."""
         self._closed = True
         idle, self._idle = self._idle, []
         for conn in self._busy:
             conn.terminate()
         self._busy.clear()
-        for conn, _since in idle:
-            try:
-                await conn.close(timeout=CLOSE_TIMEOUT_S)
-            except Exception:  # lost already, or too slow: end it at once
-                conn.terminate()
+        await asyncio.gather(*(_close(conn) for conn, _since in idle))
         await self.engine.dispose()
+
+
+async def _close(conn: asyncpg.Connection) -> None:
+    try:
+        await conn.close(timeout=CLOSE_TIMEOUT_S)
+    except Exception:  # lost already, or too slow: end it at once
+        conn.terminate()
 
 
 async def _ping(conn: asyncpg.Connection) -> None:
