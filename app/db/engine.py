@@ -298,22 +298,31 @@ def _autocommit_engine(engine: AsyncEngine) -> AsyncEngine:
     and as much overflow again: twice its size), instead of a pool of the same size with
     the same overflow.
 
-    This engine carries the claim path's statements (:meth:`Database.run_statement` and
-    :meth:`Database.run_read`), one check-out per statement from every worker at once, so
-    its concurrency often stands above the pool's size (8 claim workers against the
-    default 5). A QueuePool closes a connection checked in while its size is reached
-    (sqlalchemy/pool/impl.py ``QueuePool._do_return_conn``), so under such load it opened
+    This engine carries :meth:`Database.run_statement` and :meth:`Database.run_read`, one
+    check-out per statement from every worker at once, so its concurrency may stand above
+    the pool's size (8 claim workers against the default 5; the claim path's hottest
+    statements have since moved to :meth:`Database.fetch`). A QueuePool closes a
+    connection checked in while its size is reached (sqlalchemy/pool/impl.py
+    ``QueuePool._do_return_conn``), so under such load it opened
     and closed a connection every few bursts: about 4 ms of CPU each (1.3 ms in this
     process, 2.7 ms in the server's new backend) and a connect's wait in some claim's
     path (bench.controlplane on PostgreSQL: 9 connects in a 4 s window; pod to bind p99
     62.9-79.5 ms before and 57.8-65.5 ms with the connections kept, three pairs of runs).
     """
-    pool = engine.pool
-    size = pool.size() if isinstance(pool, QueuePool) else DEFAULT_POOL_SIZE
-    # _postgresql_engine gives a pool of ``size`` as much overflow again.
     return _postgresql_engine(
-        engine.url, 2 * size, engine.echo, max_overflow=0, isolation_level="AUTOCOMMIT"
+        engine.url,
+        _most_open(engine),
+        engine.echo,
+        max_overflow=0,
+        isolation_level="AUTOCOMMIT",
     )
+
+
+def _most_open(engine: AsyncEngine) -> int:
+    """The most connections PostgreSQL ``engine``'s pool may open: its size and as much
+    overflow again (:func:`_postgresql_engine`), twice its size."""
+    pool = engine.pool
+    return 2 * (pool.size() if isinstance(pool, QueuePool) else DEFAULT_POOL_SIZE)
 
 
 def _direct_statements(engine: AsyncEngine) -> DirectStatements:
@@ -321,11 +330,9 @@ def _direct_statements(engine: AsyncEngine) -> DirectStatements:
     as the autocommit engine's pool may open (twice ``engine``'s pool size), each opened by
     an engine of the same URL without a pool of its own (``NullPool``), so that SQLAlchemy's
     dialect sets the connection up (its JSON codecs) and :mod:`app.db.direct` keeps it."""
-    pool = engine.pool
-    size = pool.size() if isinstance(pool, QueuePool) else DEFAULT_POOL_SIZE
     return DirectStatements(
         create_async_engine(engine.url, echo=engine.echo, poolclass=NullPool),
-        2 * size,
+        _most_open(engine),
         PING_AFTER_IDLE_S,
     )
 
