@@ -29,7 +29,6 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 
-from app import aio
 from app.claims.reconciler import ClaimSettings
 from app.db.engine import Database
 from app.db.migrate import upgrade
@@ -53,6 +52,7 @@ from bench.common import (
     cpu_seconds,
     kube_emulator_process,
     positive_float,
+    run_benchmark,
     server_process,
     stop_on_sigterm,
     write_figures,
@@ -259,7 +259,7 @@ async def measure(in_flight: int, sequential: int, apply_s: float) -> dict[str, 
 
 def main() -> None:
     """Command line entry (``python -m bench.cdim``)."""
-    parser = command_line(__doc__, "python -m bench.cdim")
+    parser = command_line(__doc__, "bench.cdim")
     parser.add_argument("--in-flight", type=at_least(1), default=32, help="attaches at once")
     parser.add_argument("--sequential", type=at_least(1), default=8, help="attaches one at a time")
     parser.add_argument(
@@ -268,7 +268,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     stop_on_sigterm()
-    figures = aio.run(measure(args.in_flight, args.sequential, args.apply_seconds))
+    figures = run_benchmark(measure(args.in_flight, args.sequential, args.apply_seconds))
     write_figures(args.json, [figures])
 
 

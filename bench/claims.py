@@ -65,6 +65,7 @@ from bench.common import (
     redfish_simulator_server,
     reference_cpu_seconds,
     reference_units,
+    run_benchmark,
     write_figures,
 )
 
@@ -436,7 +437,7 @@ def main() -> None:
         help="write a cProfile of the burst (attach and release) to this file",
     )
     options = parser.parse_args()
-    figures = aio.run(
+    figures = run_benchmark(
         measure(
             options.claims,
             options.database,

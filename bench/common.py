@@ -14,14 +14,17 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy.engine import make_url
 
+from app import aio
 from app.db import direct
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -396,26 +399,78 @@ class WindowProfile:
 
 def command_line(doc: str | None, prog: str) -> argparse.ArgumentParser:
     """An argument parser for ``python -m PROG`` described by ``doc``'s first paragraph;
-    SIGTERM is handled like Ctrl-C from then on (see :func:`stop_on_sigterm`)."""
+    SIGTERM is handled like Ctrl-C from then on (see :func:`stop_on_sigterm`), and
+    :func:`run_benchmark` names ``PROG`` when a run is stopped."""
+    global _prog
+    _prog = f"python -m {prog.removeprefix('python -m ')}"
     stop_on_sigterm()
     summary = " ".join((doc or "").split("\n\n")[0].split())
     return argparse.ArgumentParser(
-        prog=f"python -m {prog}",
+        prog=_prog,
         description=summary,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
 
 
+_prog = "python -m bench"
+
+
 def stop_on_sigterm() -> None:
-    """Handle SIGTERM like Ctrl-C: raise KeyboardInterrupt, which ``asyncio.run`` answers by
-    cancelling the benchmark, whose ``finally`` blocks and context managers then stop the
-    simulator and emulator processes it started instead of leaving them running. (Sending
-    ourselves SIGINT would not do: a job started in the background has SIGINT ignored.)"""
+    """Handle SIGTERM like Ctrl-C: raise KeyboardInterrupt. This covers the time outside the
+    event loop (start-up, argument parsing); while :func:`run_benchmark` runs the loop, SIGTERM
+    cancels the benchmark's main task instead. (Sending ourselves SIGINT would not do: a job
+    started in the background has SIGINT ignored.)"""
 
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def run_benchmark(main: Coroutine[Any, Any, T], event_loop: aio.EventLoopChoice = "auto") -> T:
+    """Run a benchmark's ``main`` on a loop of ``event_loop`` (:func:`app.aio.run`).
+
+    Ctrl-C (asyncio's own handling) or SIGTERM (a handler on the loop) cancels ``main``, so its
+    ``finally`` blocks and context managers stop the simulator, emulator and stand-in
+    processes it started, and no task is interrupted half way. The process then ends with
+    one line on stderr (``python -m bench.X: stopped by SIGTERM``) and status 128 + the
+    signal's number (130 for Ctrl-C, 143 for SIGTERM), not a traceback.
+
+    Raises:
+        SystemExit: the run was stopped.
+        Exception: what ``main`` raised.
+    """
+    stopped_by: list[str] = []
+
+    async def guarded() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def stop() -> None:
+            stopped_by.append("SIGTERM")
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        try:
+            return await main
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            stop_on_sigterm()
+
+    try:
+        result = aio.run(guarded(), event_loop)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        _stopped(bool(stopped_by))
+    if stopped_by:  # the benchmark ended on its own meanwhile: its figures are not whole
+        _stopped(True)
+    return result
+
+
+def _stopped(by_sigterm: bool) -> NoReturn:
+    how, signum = ("SIGTERM", signal.SIGTERM) if by_sigterm else ("Ctrl-C", signal.SIGINT)
+    print(f"{_prog}: stopped by {how}", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
 
 
 def add_database_option(parser: argparse.ArgumentParser) -> None:

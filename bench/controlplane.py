@@ -80,6 +80,7 @@ from bench.common import (
     process_cpu_seconds,
     reference_cpu_seconds,
     reference_units,
+    run_benchmark,
     write_figures,
 )
 
@@ -593,7 +594,7 @@ def main() -> None:
         )
     write_figures(
         options.json,
-        aio.run(
+        run_benchmark(
             measure(
                 options.devices,
                 options.racks,

@@ -30,7 +30,6 @@ from typing import Any
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from sqlalchemy import select
 
-from app import aio
 from app.claims.drift import DriftWatch
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.clock import utcnow
@@ -53,6 +52,7 @@ from bench.common import (
     kube_emulator_process,
     peak_rss_mib,
     redfish_simulator_process,
+    run_benchmark,
     write_figures,
 )
 
@@ -349,7 +349,7 @@ def main() -> None:
             f"--samples must be at most the number of racks "
             f"({-(-options.devices // PER_RACK)} for {options.devices} devices)"
         )
-    figures = aio.run(measure(options.devices, options.samples, options.poll_interval))
+    figures = run_benchmark(measure(options.devices, options.samples, options.poll_interval))
     write_figures(options.json, [figures])
 
 

@@ -34,7 +34,6 @@ from typing import Any
 import aiohttp
 from sqlalchemy import select
 
-from app import aio
 from app.configload import load_settings
 from app.db.models import Device
 from app.service import Service
@@ -46,6 +45,7 @@ from bench.common import (
     kube_emulator_process,
     peak_rss_mib,
     redfish_simulator_process,
+    run_benchmark,
     write_figures,
 )
 
@@ -237,7 +237,7 @@ def main() -> None:
     args = parser.parse_args()
     global PROFILE
     PROFILE = args.profile
-    figures = aio.run(measure(args.devices, args.samples, args.mode))
+    figures = run_benchmark(measure(args.devices, args.samples, args.mode))
     line = {
         "benchmark": "events",
         "devices": args.devices,

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app import aio
 from app.db.engine import Database
 from app.db.migrate import upgrade
 from app.fabric.redfish.backend import RedfishBackend
@@ -36,6 +35,7 @@ from bench.common import (
     redfish_simulator_process,
     reference_cpu_seconds,
     reference_units,
+    run_benchmark,
     write_figures,
 )
 
@@ -132,7 +132,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     results = [
-        aio.run(measure(size, options.database_url, options.expand)) for size in options.devices
+        run_benchmark(measure(size, options.database_url, options.expand))
+        for size in options.devices
     ]
     write_figures(options.json, results)
 

@@ -23,7 +23,6 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
-from app import aio
 from app.clock import utcnow
 from app.db.engine import Database
 from app.db.migrate import upgrade
@@ -40,6 +39,7 @@ from bench.common import (
     database_server_cpu_seconds,
     reference_cpu_seconds,
     reference_units,
+    run_benchmark,
     write_figures,
 )
 from bench.controlplane import InstantBackend, inventory
@@ -180,7 +180,7 @@ def main() -> None:
             f"{args.devices} devices cannot hold {args.active} active reservations and "
             f"{args.reserves} more"
         )
-    figures = aio.run(
+    figures = run_benchmark(
         measure(args.devices, args.active, args.released, args.reserves, args.database)
     )
     write_figures(args.json, figures)

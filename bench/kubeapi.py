@@ -21,8 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from app import aio
-from bench.common import at_least, command_line, server_process, write_figures
+from bench.common import at_least, command_line, run_benchmark, server_process, write_figures
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 SLICES = f"{RESOURCE}/resourceslices"
@@ -254,7 +253,7 @@ def main() -> None:
     parser.add_argument("--requests", type=at_least(1), default=200, help="requests of each kind")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    write_figures(args.json, aio.run(run(args.requests)))
+    write_figures(args.json, run_benchmark(run(args.requests)))
 
 
 if __name__ == "__main__":

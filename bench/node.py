@@ -40,7 +40,6 @@ from typing import Any
 
 import aiohttp
 
-from app import aio
 from app.config import Settings
 from app.node.agent import NodeAgent
 from bench.common import (
@@ -50,6 +49,7 @@ from bench.common import (
     peak_rss_mib,
     reference_cpu_seconds,
     reference_units,
+    run_benchmark,
     write_figures,
 )
 from fabric_dra_sim.fakehost import FakeHost
@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args(argv)
-    figures = aio.run(measure(options.devices_per_claim, options.claims, options.warmup))
+    figures = run_benchmark(measure(options.devices_per_claim, options.claims, options.warmup))
     write_figures(options.json, [figures])
 
 

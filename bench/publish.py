@@ -20,7 +20,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from app import aio
 from app.fabric.types import Location
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
 from app.kube.informer import InformerSettings
@@ -36,6 +35,7 @@ from bench.common import (
     peak_rss_mib,
     reference_cpu_seconds,
     reference_units,
+    run_benchmark,
     write_figures,
 )
 
@@ -179,7 +179,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     options = parser.parse_args()
     sizes = [*options.devices, *([100_000] if options.large else [])]
-    results = [aio.run(measure(size, options.devices_per_rack, options.workers)) for size in sizes]
+    results = [
+        run_benchmark(measure(size, options.devices_per_rack, options.workers)) for size in sizes
+    ]
     write_figures(options.json, results)
 
 

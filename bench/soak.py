@@ -30,7 +30,6 @@ from typing import Any, cast
 from kubernetes_asyncio.client import CoreV1Api, ResourceV1Api
 from sqlalchemy import select
 
-from app import aio
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.db.engine import Database
 from app.db.migrate import upgrade
@@ -45,6 +44,7 @@ from bench.common import (
     command_line,
     kube_emulator_process,
     redfish_simulator_process,
+    run_benchmark,
     write_figures,
 )
 
@@ -329,7 +329,7 @@ def main() -> None:
         help="name the biggest Python allocation growth sites (slower)",
     )
     args = parser.parse_args()
-    figures = aio.run(
+    figures = run_benchmark(
         soak(args.cycles, args.warmup, args.lanes, args.database_url, args.tracemalloc)
     )
     figures["max_growth"] = args.max_growth

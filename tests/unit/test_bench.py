@@ -406,3 +406,63 @@ def test_the_control_plane_benchmark_runs_its_controller_on_the_loop_asked_for(
     (allocations,) = [f for f in json.loads(figures.read_text()) if f["step"] == "allocations"]
     assert allocations["event_loop"] == "asyncio"
     assert allocations["allocations"] == 10
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Field 4, after the command name in parentheses (which may hold spaces).
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_a_benchmark_and_its_emulator_with_one_line() -> None:
+    import signal
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.kubeapi", "--requests", "1000000"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        emulator: list[int] = []
+        while not emulator and time.monotonic() < deadline:
+            emulator = _children(process.pid)
+            time.sleep(0.1)
+        assert emulator, "the benchmark started no emulator"
+        time.sleep(1.0)  # the emulator answers and the measured requests run
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err == "python -m bench.kubeapi: stopped by SIGTERM\n"
+    assert out == ""  # no figures from a run cut short
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in emulator) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in emulator), "the emulator was left running"
