@@ -80,6 +80,9 @@ class Outcome:
     # os.getloadavg() (1, 5 and 15 minutes) just before and just after the case ran.
     load_start: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # The share of the machine's CPU time the hypervisor gave other guests while the case ran
+    # (steal, %), or None where /proc/stat does not say.
+    steal_percent: float | None = None
 
 
 def cases(short: bool) -> list[Case]:
@@ -300,15 +303,49 @@ def cases(short: bool) -> list[Case]:
 
 
 def run_case(case: Case) -> Outcome:
-    """Run ``case`` (see :func:`_run_case`), with the load average at its start and end."""
+    """Run ``case`` (see :func:`_run_case`), with the load average at its start and end and
+    the CPU time stolen meanwhile (:func:`steal_percent`)."""
     load_start = os.getloadavg()
+    cpu_start = machine_cpu_ticks()
     outcome = _run_case(case)
     outcome.load_start, outcome.load_end = load_start, os.getloadavg()
+    outcome.steal_percent = steal_percent(cpu_start, machine_cpu_ticks())
     return outcome
+
+
+def machine_cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+    """(all CPU time, stolen CPU time) of the machine since boot, in clock ticks, from the
+    ``cpu`` line of ``/proc/stat`` (proc(5): user, nice, system, idle, iowait, irq, softirq,
+    steal; guest time is counted in user already and left out); None where it cannot be read.
+    """
+    try:
+        with stat.open(encoding="ascii") as lines:
+            first = lines.readline().split()
+        if first[0] != "cpu":
+            return None
+        ticks = [int(v) for v in first[1:9]]
+    except (OSError, ValueError, IndexError):
+        return None
+    if len(ticks) < 8:
+        return None
+    return sum(ticks), ticks[7]
+
+
+def steal_percent(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time between two :func:`machine_cpu_ticks` readings that
+    the hypervisor gave to other guests (steal), in %: a busy host that the load average does
+    not show. None when either reading is missing or no time passed."""
+    if start is None or end is None or end[0] <= start[0]:
+        return None
+    return 100.0 * max(0, end[1] - start[1]) / (end[0] - start[0])
 
 
 def _load(values: Sequence[float]) -> str:
     return " ".join(f"{v:.2f}" for v in values)
+
+
+def _steal(percent: float | None) -> str:
+    return "not known" if percent is None else f"{percent:.1f} %"
 
 
 def _run_case(case: Case) -> Outcome:
@@ -754,6 +791,17 @@ def rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
                 "met": None,
             }
         )
+        out.append(
+            {
+                "benchmark": case.benchmark,
+                "case": case.label,
+                "metric": "CPU time stolen by the hypervisor meanwhile (steal)",
+                "value": _steal(outcome.steal_percent),
+                "unit": "",
+                "target": "",
+                "met": None,
+            }
+        )
         if outcome.status != "ok":
             out.append(
                 {
@@ -949,7 +997,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcome = run_case(case)
         print(
             f"  {outcome.status} in {outcome.seconds:.1f} s, load average "
-            f"{_load(outcome.load_start)} at start, {_load(outcome.load_end)} at end"
+            f"{_load(outcome.load_start)} at start, {_load(outcome.load_end)} at end, "
+            f"steal {_steal(outcome.steal_percent)}"
             + (f": {outcome.error}" if outcome.error else ""),
             file=sys.stderr,
             flush=True,
@@ -983,6 +1032,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "seconds": round(o.seconds, 1),
                 "load_average_start": list(o.load_start),
                 "load_average_end": list(o.load_end),
+                "steal_percent": o.steal_percent,
                 "error": o.error,
                 "figures": o.figures,
             }

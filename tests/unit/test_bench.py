@@ -363,6 +363,35 @@ def test_every_case_shows_the_load_average_at_its_start_and_end() -> None:
     assert loads[0]["met"] is None
 
 
+def test_every_case_shows_the_cpu_time_the_hypervisor_stole_meanwhile(tmp_path: Path) -> None:
+    from bench.__main__ import machine_cpu_ticks, steal_percent
+
+    outcome = _allocate("1,000 devices", 2, 50.0)
+    outcome.steal_percent = 12.345
+    failed = Outcome(Case("claims", "2 claims", (), 1), "timeout", 1.0, error="too slow")
+    steal = [r for r in rows([outcome, failed]) if "stolen" in r["metric"]]
+    assert [(r["case"], r["value"], r["met"]) for r in steal] == [
+        ("1,000 devices", "12.3 %", None),
+        ("2 claims", "not known", None),
+    ]
+
+    # proc(5): cpu user nice system idle iowait irq softirq steal guest guest_nice.
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 20 800 10 1 4 60 7 0\ncpu0 50 2 10 400 5 0 2 30 3 0\n")
+    assert machine_cpu_ticks(stat) == (1000, 60)  # guest time is part of user already
+    later = (2000, 160)
+    assert steal_percent((1000, 60), later) == pytest.approx(10.0)
+    assert steal_percent((1000, 60), (1000, 60)) is None  # no time passed
+    assert steal_percent(None, later) is None
+    assert machine_cpu_ticks(tmp_path / "missing") is None
+    for bad in ("intr 1 2 3\n", "cpu 1 2 x 4 5 6 7 8\n", "cpu 1 2 3\n", ""):
+        stat.write_text(bad)
+        assert machine_cpu_ticks(stat) is None, bad
+    real = machine_cpu_ticks()
+    if Path("/proc/stat").exists():
+        assert real is not None and real[0] >= real[1] >= 0
+
+
 async def test_a_benchmark_database_of_another_kind_or_an_unreachable_server_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
