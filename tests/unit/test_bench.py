@@ -462,9 +462,17 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_sigterm_stops_a_benchmark_and_its_emulator_with_one_line() -> None:
+@pytest.mark.parametrize(("signum", "how"), [(15, "SIGTERM"), (2, "Ctrl-C")])
+def test_sigterm_or_ctrl_c_stops_a_benchmark_and_its_emulator_with_one_line(
+    signum: int, how: str
+) -> None:
     import signal
     import time
+
+    def default_sigint() -> None:
+        # A job started in the background inherits SIGINT ignored, and Python then leaves it
+        # so: give the benchmark the default, as a terminal's foreground job has.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.kubeapi", "--requests", "1000000"],
@@ -472,6 +480,7 @@ def test_sigterm_stops_a_benchmark_and_its_emulator_with_one_line() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     try:
         deadline = time.monotonic() + 60
@@ -482,14 +491,14 @@ def test_sigterm_stops_a_benchmark_and_its_emulator_with_one_line() -> None:
         assert emulator, "the benchmark started no emulator"
         time.sleep(1.0)  # the emulator answers and the measured requests run
         assert process.poll() is None
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signum)
         out, err = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate()
-    assert process.returncode == 128 + signal.SIGTERM, err
-    assert err == "python -m bench.kubeapi: stopped by SIGTERM\n"
+    assert process.returncode == 128 + signum, err
+    assert err == f"python -m bench.kubeapi: stopped by {how}\n"
     assert out == ""  # no figures from a run cut short
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in emulator) and time.monotonic() < deadline:
