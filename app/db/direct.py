@@ -1,11 +1,12 @@
 """PostgreSQL: the claim path's hottest statements sent straight to asyncpg.
 
-A statement through SQLAlchemy's execution layer (:meth:`Database.run_statement`: a greenlet,
-the pool's check-out and check-in, the execution context, the result's wrapping) cost about
-230 µs of CPU on the controller's event loop, where asyncpg alone on a connection held open
-spent about 70 µs on the same prepared statement (bench notes of the journal's statements,
-on uvloop). An allocation sends four such statements. So the journal's one-statement moves,
-its reserve of a free device and its reads by claim go through :class:`DirectStatements`:
+A statement through SQLAlchemy's execution layer (a greenlet, the pool's check-out and
+check-in, the execution context, the result's wrapping, as :meth:`Database.run_read` sends
+one in autocommit) cost about 230 µs of CPU on the controller's event loop, where asyncpg
+alone on a connection held open spent about 70 µs on the same prepared statement (bench
+notes of the journal's statements, on uvloop). An allocation sends four such statements. So
+the journal's one-statement moves, its reserve of a free device and its reads by claim go
+through :class:`DirectStatements`:
 
 * The statement is still built with SQLAlchemy Core and compiled once by the engine's own
   dialect (:class:`DirectQuery`): the same SQL text, with ``$n`` parameters and their casts,
@@ -14,8 +15,8 @@ its reserve of a free device and its reads by claim go through :class:`DirectSta
   connect arguments and the dialect's set-up of each new connection (asyncpg's JSON codecs)
   are SQLAlchemy's own; each is then detached from the engine's pool and kept here, idle
   connections last in, first out. Up to ``size`` are open at once; more callers wait.
-* Each statement runs on its own (autocommit: asyncpg starts no transaction), which the
-  journal's single statements were already doing (:meth:`Database.run_statement`).
+* Each statement runs on its own (autocommit: asyncpg starts no transaction), as the
+  journal's single statements did before on SQLAlchemy's autocommit engine.
 
 What SQLAlchemy's pool did and this keeps:
 

@@ -298,10 +298,10 @@ def _autocommit_engine(engine: AsyncEngine) -> AsyncEngine:
     and as much overflow again: twice its size), instead of a pool of the same size with
     the same overflow.
 
-    This engine carries :meth:`Database.run_statement` and :meth:`Database.run_read`, one
-    check-out per statement from every worker at once, so its concurrency may stand above
-    the pool's size (8 claim workers against the default 5; the claim path's hottest
-    statements have since moved to :meth:`Database.fetch`). A QueuePool closes a
+    This engine carries :meth:`Database.run_read`, one check-out per statement from every
+    worker at once, so its concurrency may stand above the pool's size (8 claim workers
+    against the default 5; the claim path's hottest statements have since moved to
+    :meth:`Database.fetch`). A QueuePool closes a
     connection checked in while its size is reached (sqlalchemy/pool/impl.py
     ``QueuePool._do_return_conn``), so under such load it opened
     and closed a connection every few bursts: about 4 ms of CPU each (1.3 ms in this
@@ -611,7 +611,7 @@ class Database:
     # run_read, so that a read never waits behind a write that waits for SQLite's lock.
     _thread: _SqliteThread | None = field(default=None, repr=False)
     _reader: _SqliteThread | None = field(default=None, repr=False)
-    # PostgreSQL only: an engine without transactions, for run_read and run_statement, with
+    # PostgreSQL only: an engine without transactions, for run_read, with
     # a pool of its own whose connections stay in autocommit. Switching a pooled connection
     # to autocommit at each check-out and back at each check-in (execution_options on the
     # same pool) cost about 50 µs of CPU per statement. See _autocommit_engine for its size.
@@ -639,8 +639,8 @@ class Database:
     @property
     def engines(self) -> tuple[AsyncEngine, ...]:
         """Every engine this Database sends statements through: :attr:`engine`, and on
-        PostgreSQL the autocommit engine of :meth:`run_read` and :meth:`run_statement`
-        (for event listeners that must see every statement)."""
+        PostgreSQL the autocommit engine of :meth:`run_read` (for event listeners that must
+        see every statement; :meth:`fetch`'s statements have :func:`app.db.direct.listen`)."""
         return (self.engine,) if self._autocommit is None else (self.engine, self._autocommit)
 
     @property
@@ -688,20 +688,6 @@ class Database:
             return await greenlet_spawn(_in_transaction, self.engine.sync_engine, work)
         async with self._write_lock:
             return await self._thread.run(work, brief=brief)
-
-    async def run_statement(self, work: Callable[[Connection], T], *, brief: bool = False) -> T:
-        """Run ``work``, which sends exactly one statement (it may write), as that statement's
-        own transaction. On PostgreSQL in autocommit: one statement is atomic on its own
-        (an implicit transaction, "Transactions" in the PostgreSQL manual's SQL tutorial), and
-        autocommit saves the BEGIN and the COMMIT, two of the three round trips to the server.
-        On SQLite as :meth:`run_write` (``brief`` too).
-
-        Raises:
-            whatever ``work`` raises, and the driver's errors (SQLAlchemyError).
-        """
-        if self._autocommit is not None:
-            return await greenlet_spawn(_on_connection, self._autocommit.sync_engine, work)
-        return await self.run_write(work, brief=brief)
 
     async def run_read(self, work: Callable[[Connection], T], *, brief: bool = False) -> T:
         """Run ``work`` as :meth:`run_write` does, for reading: one statement, or several that

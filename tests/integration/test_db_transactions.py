@@ -124,7 +124,6 @@ async def test_brief_sqlite_transactions_run_on_the_loops_thread(
         pytest.skip("PostgreSQL transactions run on the event loop (asyncpg)")
     here = threading.current_thread().name
     assert await db.run_write(_thread_name, brief=True) == here
-    assert await db.run_statement(_thread_name, brief=True) == here
     assert await db.run_read(_thread_name, brief=True) == here
     assert (await db.run_write(_thread_name)).startswith("fabric-dra-sqlite")
     # Written on the loop's thread, seen by the database's threads and the async sessions.
