@@ -422,9 +422,15 @@ def stop_on_sigterm() -> None:
     started in the background has SIGINT ignored.)"""
 
     def interrupt(_signum: int, _frame: object) -> None:
+        global _sigterm
+        _sigterm = True
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+# SIGTERM arrived (in or outside the event loop): :func:`run_benchmark` names it.
+_sigterm = False
 
 
 def run_benchmark(main: Coroutine[Any, Any, T], event_loop: aio.EventLoopChoice = "auto") -> T:
@@ -440,7 +446,6 @@ def run_benchmark(main: Coroutine[Any, Any, T], event_loop: aio.EventLoopChoice 
         SystemExit: the run was stopped.
         Exception: what ``main`` raised.
     """
-    stopped_by: list[str] = []
 
     async def guarded() -> T:
         loop = asyncio.get_running_loop()
@@ -448,7 +453,8 @@ def run_benchmark(main: Coroutine[Any, Any, T], event_loop: aio.EventLoopChoice 
         assert task is not None
 
         def stop() -> None:
-            stopped_by.append("SIGTERM")
+            global _sigterm
+            _sigterm = True
             task.cancel()
 
         loop.add_signal_handler(signal.SIGTERM, stop)
@@ -461,8 +467,8 @@ def run_benchmark(main: Coroutine[Any, Any, T], event_loop: aio.EventLoopChoice 
     try:
         result = aio.run(guarded(), event_loop)
     except (KeyboardInterrupt, asyncio.CancelledError):
-        _stopped(bool(stopped_by))
-    if stopped_by:  # the benchmark ended on its own meanwhile: its figures are not whole
+        _stopped(_sigterm)
+    if _sigterm:  # the benchmark ended on its own meanwhile: its figures are not whole
         _stopped(True)
     return result
 
