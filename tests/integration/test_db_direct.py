@@ -220,11 +220,11 @@ async def test_a_connection_lost_mid_statement_fails_it_and_is_dropped(db: Datab
     statements = _direct(db)
     ((pid,),) = await db.fetch(_BACKEND_PID, {})
     sleeping = asyncio.create_task(db.fetch(_SLEEP, {"b_seconds": 30.0}))
-    for _ in range(200):
-        if not statements.idle_connections:
+    # Ended while the server runs the statement (its session active), not before it is sent.
+    for _ in range(500):
+        if await _activity(db, pid) == "active":
             break
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)
+        await asyncio.sleep(0.02)
     await _terminate(db, pid)
     with pytest.raises(exc.OperationalError) as caught:
         await asyncio.wait_for(sleeping, 10)
