@@ -16,6 +16,8 @@ and ``status.deallocationRequested`` passed through untouched.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -448,8 +450,8 @@ class InUseView(Collection[DeviceId]):
 
 class _PassView(InUseView):
     """An :class:`InUseView` for one synchronous pass (nothing changes what is in use
-    meanwhile): each pool's key, and the keys of each list of reachable pools, are worked out
-    once instead of once per node (nodes of one rack share their list of pools)."""
+    meanwhile), with each pool's key worked out once (:meth:`pool_key`) and one cheap key per
+    list of pools (:meth:`pools_key`) for :class:`NodeAnswers`."""
 
     def __init__(self, view: InUseView) -> None:
         super().__init__(view.index, view.exclude_uids)
@@ -459,8 +461,18 @@ class _PassView(InUseView):
     def pool_key(self, pool: str) -> tuple[Any, ...]:
         return (self.index._versions.get(pool, 0), self._freed.get(pool, _NONE))
 
-    def pools_key(self, usable: Sequence[Pool]) -> tuple[Any, ...]:
-        """The keys of ``usable``'s pools, in order."""
+    def pools_key(self, usable: Sequence[Pool]) -> int | tuple[Any, ...]:
+        """A value that is the same for two questions about the same list of pools (in one
+        :class:`InUse`'s life) only when the devices in use in every one of them are the same.
+
+        When the left-out claims hold no device alone (the usual question: a pod's claims
+        before their allocation), it is the sum of the pools' versions, one C-level pass over
+        the list: a pool's version only grows, by one on each change of its devices in use
+        (:meth:`InUse._bump`), so over one list of pools the sum grows with every change of
+        any of them, and two equal sums mean nothing changed in between. Otherwise it is the
+        tuple of :meth:`pool_key` of each pool, in order (a tuple never equals an int)."""
+        if not self._freed:
+            return sum(map(self.index._versions.get, map(_POOL_NAME, usable), _ZEROS))
         known = self._lists.get(id(usable))
         if known is not None and known[0] is usable:
             return known[1]
@@ -469,6 +481,10 @@ class _PassView(InUseView):
         keys = tuple([(versions.get(p.name, 0), freed.get(p.name, _NONE)) for p in usable])
         self._lists[id(usable)] = (usable, keys)
         return keys
+
+
+_POOL_NAME = operator.attrgetter("name")
+_ZEROS = itertools.repeat(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,7 +557,7 @@ class NodeAnswers:
         :meth:`Allocator.allocate`), from memory when the same question was answered.
         ``spec_key``: :meth:`spec_key` of ``claims``, when the caller has it."""
         if isinstance(in_use, _PassView):
-            pools_key: tuple[Any, ...] = in_use.pools_key(usable)
+            pools_key: int | tuple[Any, ...] = in_use.pools_key(usable)
         elif isinstance(in_use, InUseView):
             pools_key = tuple(in_use.pool_key(p.name) for p in usable)
         else:

@@ -519,6 +519,7 @@ def test_the_in_use_index_matches_a_count_from_scratch(
     held: set[tuple[str, tuple[str, str]]] = set()
     keys: dict[str, tuple[Any, ...]] = {}
     sets: dict[str, frozenset[Any]] = {}
+    list_sets: dict[tuple[Any, ...], frozenset[Any]] = {}
     for kind, uid, value in steps:
         if kind == "claim":
             claims[uid] = value
@@ -553,8 +554,15 @@ def test_the_in_use_index_matches_a_count_from_scratch(
             # One synchronous pass works the keys out once, to the same values.
             one_pass = cp._PassView(view)
             assert one_pass.pool_key(pool) == key
-            pools: Any = [SimpleNamespace(name=n) for n in (pool, "east/r1", "west/r1")]
-            assert one_pass.pools_key(pools) == tuple(view.pool_key(p.name) for p in pools)
+            names = (pool, "east/r1", "west/r1")
+            pools: Any = [SimpleNamespace(name=n) for n in names]
+            # A list's key is the same as at any earlier step only when the devices in use
+            # in its pools are too (the sum of versions or, with devices only left-out
+            # claims hold, every pool's key).
+            in_list = frozenset(x for x in expected if x[1] in names)
+            list_key = (names, one_pass.pools_key(pools))
+            assert list_sets.setdefault(list_key, in_list) == in_list
+            assert one_pass.pools_key(pools) == list_key[1]
             # An unchanged key always means unchanged in-use devices of the pool.
             if keys.get(pool) == key:
                 assert sets[pool] == now
