@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
@@ -132,3 +133,33 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
             failure = failure or err
     if failure is not None:
         raise failure
+
+
+async def unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Await ``work`` (a service's start-up) unless ``stop`` is set first, as SIGTERM or
+    Ctrl-C sets it while start-up still waits on a server that does not answer.
+
+    Returns:
+        True when ``work`` finished; False when ``stop`` was set first: ``work`` was then
+        cancelled and has ended (an error it raised while ending is logged, not raised).
+
+    Raises:
+        Exception: what ``work`` raised, when it ended before ``stop`` was set.
+        asyncio.CancelledError: the caller was cancelled (``work`` is cancelled too).
+    """
+    task: asyncio.Task[None] = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        await asyncio.gather(cancel_and_wait(task, waiter), return_exceptions=True)
+        raise
+    if task.done():
+        waiter.cancel()
+        task.result()  # raises what start-up raised
+        return True
+    try:
+        await cancel_and_wait(task, waiter)
+    except Exception:
+        logging.getLogger(__name__).warning("start-up failed while it was stopped", exc_info=True)
+    return False

@@ -530,6 +530,11 @@ class KubeSettings(_Section):
         default="auto",
         description="auto (from discovery: v1, then v1beta2, then v1beta1) or a fixed version",
     )
+    request_timeout_seconds: Seconds = Field(
+        default=30.0,
+        description="the longest one API request may take (watches and lists excepted: they "
+        "have their own), seconds, a number > 0 and at most 86400",
+    )
 
     @field_validator("url")
     @classmethod

@@ -59,7 +59,7 @@ async def serve_node(settings: Settings, stop: asyncio.Event | None = None) -> N
     except ConfigError as err:
         raise click.ClickException(str(err)) from None
     try:
-        await agent.start()
+        started = await aio.unless_stopped(agent.start(), stop)
     except (ConfigError, KubeError, OSError, CheckpointError) as err:
         await agent.stop()
         raise click.ClickException(f"cannot start: {err}") from None
@@ -67,8 +67,11 @@ async def serve_node(settings: Settings, stop: asyncio.Event | None = None) -> N
         await agent.stop()
         raise
     try:
-        await stop.wait()
-        log.info("stopping the node plugin")
+        if started:
+            await stop.wait()
+            log.info("stopping the node plugin")
+        else:
+            log.info("stopping the node plugin before its start-up finished")
     finally:
         await agent.stop()
 

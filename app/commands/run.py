@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from app import aio
 from app.commands.common import Settings, settings_options_with
 from app.config import ConfigError
 from app.db.engine import DatabaseUnavailable, run_to_end
@@ -59,7 +60,7 @@ async def serve(
     service = Service(settings, backend=backend, freeze_heap=True)
     try:
         try:
-            await service.start()
+            started = await aio.unless_stopped(service.start(), stop)
         except (ConfigError, DatabaseUnavailable, KubeError, OSError) as err:
             await service.stop(deadline_s=5)
             raise click.ClickException(f"cannot start: {err}") from None
@@ -67,8 +68,11 @@ async def serve(
             await service.stop(deadline_s=5)
             raise
         try:
-            await stop.wait()
-            log.info("stopping: finishing work in flight (at most %.0fs)", shutdown_deadline_s)
+            if started:
+                await stop.wait()
+                log.info("stopping: finishing work in flight (at most %.0fs)", shutdown_deadline_s)
+            else:
+                log.info("stopping before start-up finished")
         finally:
             await service.stop(deadline_s=shutdown_deadline_s)
     finally:

@@ -18,6 +18,7 @@ field under the default ``fieldValidation=Warn``) must not pass unseen.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -74,6 +75,10 @@ class KubeClientSettings:
         token_refresh_s: re-read the token file at most this often, seconds (>= 0).
         user_agent: sent with every request.
         connection_pool_size: most concurrent connections to the server (watches count).
+        request_timeout_s: the longest a request that names no timeout of its own may take,
+            seconds (finite, > 0): discovery, reads and writes. Watches and lists name their
+            own. kubernetes-asyncio's default is none at all, so a server that accepts the
+            connection and never answers would hold the caller (start-up, a worker) forever.
     """
 
     mode: KubeAuthMode
@@ -86,6 +91,7 @@ class KubeClientSettings:
     token_refresh_s: float = 60.0
     user_agent: str = "fabric-dra"
     connection_pool_size: int = 64
+    request_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.mode in (KubeAuthMode.URL, KubeAuthMode.IN_CLUSTER) and not self.url:
@@ -100,6 +106,11 @@ class KubeClientSettings:
             raise ValueError("kube client: token_refresh_s must be >= 0")
         if self.connection_pool_size < 1:
             raise ValueError("kube client: connection_pool_size must be >= 1")
+        if not 0 < self.request_timeout_s < math.inf:
+            raise ValueError(
+                f"kube client: request_timeout_s must be a finite number > 0, "
+                f"not {self.request_timeout_s}"
+            )
 
     @classmethod
     def in_cluster(
@@ -182,10 +193,39 @@ class JsonApiClient(ApiClient):
     :class:`KubeError`.
     """
 
+    default_timeout: aiohttp.ClientTimeout | None = None
+    """The timeout of a request that names none (see ``KubeClientSettings.request_timeout_s``);
+    None leaves kubernetes-asyncio's (no timeout)."""
+
     def sanitize_for_serialization(self, obj: Any) -> Any:
         if type(obj) is dict:
             return obj
         return super().sanitize_for_serialization(obj)
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        query_params: Any = None,
+        headers: Any = None,
+        post_params: Any = None,
+        body: Any = None,
+        _preload_content: bool = True,
+        _request_timeout: Any = None,
+    ) -> Any:
+        """``ApiClient.request`` with :attr:`default_timeout` for a request that names none."""
+        return super().request(
+            method,
+            url,
+            query_params=query_params,
+            headers=headers,
+            post_params=post_params,
+            body=body,
+            _preload_content=_preload_content,
+            _request_timeout=(
+                self.default_timeout if _request_timeout is None else _request_timeout
+            ),
+        )
 
 
 class KubeClient:
@@ -308,6 +348,7 @@ async def connect(
     configuration = await build_configuration(settings, now=now)
     api = JsonApiClient(configuration=configuration)
     api.user_agent = settings.user_agent
+    api.default_timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)
     _proxy_from_environment_once(api)
     return KubeClient(api, settings)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 
@@ -19,11 +20,18 @@ def kube_client_settings(
         ConfigError: in-cluster mode outside a pod, or an inconsistent combination.
     """
     try:
+        timeout = kube.request_timeout_seconds
         if kube.mode == "in-cluster":
-            return KubeClientSettings.in_cluster(os.environ if environ is None else environ)
+            return dataclasses.replace(
+                KubeClientSettings.in_cluster(os.environ if environ is None else environ),
+                request_timeout_s=timeout,
+            )
         if kube.mode == "kubeconfig":
             return KubeClientSettings(
-                mode=KubeAuthMode.KUBECONFIG, kubeconfig=kube.kubeconfig, context=kube.context
+                mode=KubeAuthMode.KUBECONFIG,
+                kubeconfig=kube.kubeconfig,
+                context=kube.context,
+                request_timeout_s=timeout,
             )
         return KubeClientSettings(
             mode=KubeAuthMode.URL,
@@ -31,6 +39,7 @@ def kube_client_settings(
             token_file=kube.token_file,
             ca_file=kube.ca_bundle,
             verify_tls=kube.tls_verify,
+            request_timeout_s=timeout,
         )
     except (KubeError, ValueError) as err:
         raise ConfigError(f"settings kube: {err}") from None

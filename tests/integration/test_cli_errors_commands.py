@@ -331,6 +331,91 @@ def test_fabric_url_takes_ipv6_and_a_trailing_slash(url: str) -> None:
     assert settings.fabric.url == url.rstrip("/")
 
 
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[str]:
+    """A server that accepts connections, reads what comes and never answers (an API server
+    stuck behind a load balancer, a half-open connection): its URL."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+def _run_against(url: str) -> dict[str, str]:
+    return {
+        "FABRIC_DRA_KUBE__MODE": "url",
+        "FABRIC_DRA_KUBE__URL": url,
+        "FABRIC_DRA_FABRIC__AUTH": "none",
+        "FABRIC_DRA_FABRIC__URL": "http://127.0.0.1:1",
+        "FABRIC_DRA_ADMIN__PORT": "0",
+        "FABRIC_DRA_LEADER__ENABLED": "false",
+    }
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_run_stops_on_a_signal_while_start_up_waits_on_the_api_server(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    # Start-up waits on discovery, which a silent server never answers: SIGTERM (a pod's
+    # deletion) or Ctrl-C must still stop the service, cleanly and at once.
+    async with silent_server() as url:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_DRA_")}
+        process = await asyncio.create_subprocess_exec(
+            *FABRIC_DRA,
+            "run",
+            cwd=tmp_path,
+            env={**clean, **_run_against(url)},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            # A background job inherits SIGINT ignored: give the service the default.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        assert process.stderr is not None
+        started = b""
+        while b"starting" not in started:
+            line = await asyncio.wait_for(process.stderr.readline(), 60)
+            assert line, "the service ended before it started"
+            started = line
+        process.send_signal(sig)
+        rest = await asyncio.wait_for(process.stderr.read(), 30)
+        assert await process.wait() == 0
+    err = rest.decode()
+    assert "stopping before start-up finished" in err
+    assert "Traceback" not in err and "Error" not in err
+
+
+async def test_run_gives_up_on_an_api_server_that_never_answers(tmp_path: Path) -> None:
+    async with silent_server() as url:
+        code, _, err = await cli(
+            "run",
+            cwd=tmp_path,
+            env={**_run_against(url), "FABRIC_DRA_KUBE__REQUEST_TIMEOUT_SECONDS": "1"},
+        )
+    assert code == 1
+    errors = [line for line in err.splitlines() if not line[:4].isdigit()]  # no log lines
+    assert errors == ["Error: cannot start: discover resource.k8s.io: timed out"], err
+
+
+async def test_run_refuses_a_request_timeout_that_is_not_finite(tmp_path: Path) -> None:
+    for value in ("nan", "inf", "0", "-1"):
+        code, _, err = await cli(
+            "run", cwd=tmp_path, env={"FABRIC_DRA_KUBE__REQUEST_TIMEOUT_SECONDS": value}
+        )
+        assert code == 2
+        one_error_line(code, err, "setting kube.request_timeout_seconds", repr(value))
+
+
 # -- fabric-dra demo -------------------------------------------------------------------------
 
 

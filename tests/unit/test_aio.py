@@ -160,3 +160,72 @@ def test_run_to_end_closes_the_caller_s_coroutine_when_the_loop_cannot_be_had(
 def test_running_loop_name_outside_a_loop_raises() -> None:
     with pytest.raises(RuntimeError):
         aio.running_loop_name()
+
+
+# ------------------------------------------------------------------ start-up unless stopped
+async def test_start_up_that_ends_first_is_awaited() -> None:
+    stop = asyncio.Event()
+    ran: list[str] = []
+
+    async def start() -> None:
+        await asyncio.sleep(0)
+        ran.append("started")
+
+    assert await aio.unless_stopped(start(), stop) is True
+    assert ran == ["started"]
+
+
+async def test_start_up_error_is_raised_when_it_comes_first() -> None:
+    async def start() -> None:
+        raise ValueError("no API server")
+
+    with pytest.raises(ValueError, match="no API server"):
+        await aio.unless_stopped(start(), asyncio.Event())
+
+
+async def test_stop_during_start_up_cancels_it_and_waits_for_its_end() -> None:
+    # A start-up waiting on a server that never answers: SIGTERM (the stop event) must end
+    # it, and its clean-up must have run before unless_stopped returns.
+    stop = asyncio.Event()
+    ended: list[str] = []
+    waiting = asyncio.Event()
+
+    async def start() -> None:
+        waiting.set()
+        await _slow_to_stop(ended, "start")
+
+    async def signal_when_waiting() -> None:
+        await waiting.wait()
+        stop.set()
+
+    setter = asyncio.create_task(signal_when_waiting())
+    assert await aio.unless_stopped(start(), stop) is False
+    assert ended == ["start"]
+    await setter
+
+
+async def test_an_error_while_start_up_ends_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = asyncio.Event()
+
+    async def start() -> None:
+        try:
+            stop.set()
+            await asyncio.sleep(3600)
+        finally:
+            raise RuntimeError("half-open connection")
+
+    assert await aio.unless_stopped(start(), stop) is False
+    assert "start-up failed while it was stopped" in caplog.text
+    assert "half-open connection" in caplog.text
+
+
+async def test_cancelling_the_caller_cancels_start_up_too() -> None:
+    ended: list[str] = []
+    outer = asyncio.create_task(aio.unless_stopped(_slow_to_stop(ended, "start"), asyncio.Event()))
+    await asyncio.sleep(0.01)
+    outer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+    assert ended == ["start"]
