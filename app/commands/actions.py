@@ -21,6 +21,7 @@ import click
 
 from app.commands.common import run
 from app.commands.output import Format, output_option, structured, table
+from app.commands.params import MAX_SECONDS, FiniteFloatRange
 from app.config import redact_url
 from app.reservations import STATES
 
@@ -171,7 +172,7 @@ def admin_options(function: F) -> F:
             click.option(
                 "--timeout",
                 "timeout_s",
-                type=click.FloatRange(min=0.1),
+                type=FiniteFloatRange(0.1, MAX_SECONDS),
                 default=10.0,
                 show_default=True,
                 help="Seconds to wait for the answer.",

@@ -12,6 +12,7 @@ import click
 
 from app import aio
 from app.commands.common import Settings, settings_options_with
+from app.commands.params import FiniteFloatRange
 from app.config import ConfigError
 from app.db.engine import DatabaseUnavailable, run_to_end
 from app.fabric.factory import fleet_from_settings
@@ -104,7 +105,7 @@ async def serve(
 )
 @click.option(
     "--shutdown-deadline",
-    type=click.FloatRange(0, 600),
+    type=FiniteFloatRange(0, 600),
     default=20.0,
     show_default=True,
     help="Seconds in-flight work may take after SIGTERM.",

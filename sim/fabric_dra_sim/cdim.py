@@ -67,6 +67,7 @@ import click
 from aiohttp import web
 
 from app import aio
+from app.commands.params import MAX_SECONDS, FiniteFloatRange
 
 BASE = "/cdim/api/v1"
 IN_PROGRESS = "IN_PROGRESS"
@@ -941,21 +942,21 @@ class CdimSimulator:
     "--apply-seconds",
     default=1.0,
     show_default=True,
-    type=click.FloatRange(0, 600),
+    type=FiniteFloatRange(0, 600),
     help="Seconds every apply takes besides its steps.",
 )
 @click.option(
     "--step-seconds",
     default=0.05,
     show_default=True,
-    type=click.FloatRange(0, 600),
+    type=FiniteFloatRange(0, 600),
     help="Seconds each hardware call takes.",
 )
 @click.option(
     "--sync-seconds",
     default=600.0,
     show_default=True,
-    type=click.FloatRange(0.1, 86_400),
+    type=FiniteFloatRange(0.1, MAX_SECONDS),
     help="Seconds between inventory cache syncs.",
 )
 def cli(

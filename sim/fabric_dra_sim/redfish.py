@@ -134,6 +134,7 @@ import click
 from aiohttp import web
 
 from app import aio
+from app.commands.params import FiniteFloatRange
 from fabric_dra_sim.listen import listen
 from fabric_dra_sim.redfish_events import (
     EVENT_SERVICE,
@@ -1312,6 +1313,13 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
         await sim.stop()
 
 
+MAX_GENERATED_DEVICES = 500_000
+"""The most devices a generated inventory has (five times the largest benchmark's): more
+would take many GB before the first answer."""
+MAX_GENERATED_HOSTS = 100_000
+"""The most fabric hosts (servers) a generated inventory has."""
+
+
 @click.command("redfish")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option(
@@ -1322,11 +1330,15 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
     help="Port to bind (0: any free port).",
 )
 @click.option(
-    "--regions", default=2, show_default=True, type=click.IntRange(0), help="Generated regions."
+    "--regions",
+    default=2,
+    show_default=True,
+    type=click.IntRange(0, 1_000),
+    help="Generated regions.",
 )
-@click.option("--racks-per-region", default=4, show_default=True, type=click.IntRange(0))
-@click.option("--devices-per-rack", default=16, show_default=True, type=click.IntRange(0))
-@click.option("--hosts-per-rack", default=4, show_default=True, type=click.IntRange(0))
+@click.option("--racks-per-region", default=4, show_default=True, type=click.IntRange(0, 1_000))
+@click.option("--devices-per-rack", default=16, show_default=True, type=click.IntRange(0, 100_000))
+@click.option("--hosts-per-rack", default=4, show_default=True, type=click.IntRange(0, 10_000))
 @click.option(
     "--device-mix",
     default="gpu",
@@ -1374,14 +1386,14 @@ async def _serve_until_stopped(sim: RedfishSimulator, host: str, port: int) -> N
     "--latency",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=FiniteFloatRange(0, 600),
     help="Seconds added to every answer.",
 )
 @click.option(
     "--error-rate",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(0, 1),
+    type=FiniteFloatRange(0, 1),
     help="Share of requests answered with 503.",
 )
 @click.option(
@@ -1442,6 +1454,19 @@ def cli(
             raise click.BadParameter(
                 f"cannot read {str(password_file)!r}: {reason}", param_hint="--password-file"
             ) from None
+    devices = regions * racks_per_region * devices_per_rack
+    hosts = regions * racks_per_region * hosts_per_rack
+    racks = f"--regions {regions} x --racks-per-region {racks_per_region}"
+    if mockup_dir is None and devices > MAX_GENERATED_DEVICES:
+        raise click.UsageError(
+            f"{racks} x --devices-per-rack {devices_per_rack} makes {devices:,} devices; at "
+            f"most {MAX_GENERATED_DEVICES:,} are generated"
+        )
+    if mockup_dir is None and hosts > MAX_GENERATED_HOSTS:
+        raise click.UsageError(
+            f"{racks} x --hosts-per-rack {hosts_per_rack} makes {hosts:,} hosts; at most "
+            f"{MAX_GENERATED_HOSTS:,} are generated"
+        )
     spec = (
         None
         if mockup_dir is not None

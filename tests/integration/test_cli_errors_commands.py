@@ -416,6 +416,54 @@ async def test_run_refuses_a_request_timeout_that_is_not_finite(tmp_path: Path) 
         one_error_line(code, err, "setting kube.request_timeout_seconds", repr(value))
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        # A NaN passes every range check (each comparison is false): refused by name.
+        (
+            ["status", "--admin-url", "http://127.0.0.1:1", "--timeout", "nan"],
+            ["'--timeout'", "'nan' is not a finite number"],
+        ),
+        (
+            ["reservations", "--admin-url", "http://127.0.0.1:1", "--timeout", "inf"],
+            ["'--timeout'", "inf is not in the range 0.1<=x<=86400.0"],
+        ),
+        (
+            ["status", "--admin-url", "http://127.0.0.1:1", "--timeout", "1e308"],
+            ["'--timeout'", "not in the range"],
+        ),
+        (["run", "--shutdown-deadline", "nan"], ["'--shutdown-deadline'", "not a finite number"]),
+        (["sim", "redfish", "--latency", "nan"], ["'--latency'", "not a finite number"]),
+        (["sim", "redfish", "--latency", "1e9"], ["'--latency'", "0<=x<=600"]),
+        (["sim", "redfish", "--error-rate", "nan"], ["'--error-rate'", "not a finite number"]),
+        (
+            ["sim", "scheduler", "--kube-url", "http://127.0.0.1:1", "--poll-interval", "nan"],
+            ["'--poll-interval'", "not a finite number"],
+        ),
+        (["sim", "cdim", "--apply-seconds", "nan"], ["'--apply-seconds'", "not a finite number"]),
+        # A generated inventory too large to build before the first answer.
+        (["sim", "redfish", "--regions", "99999999"], ["'--regions'", "0<=x<=1000"]),
+        (
+            ["sim", "redfish", "--regions", "1000", "--racks-per-region", "1000"],
+            ["makes 16,000,000 devices", "at most 500,000 are generated"],
+        ),
+        (
+            [
+                *("sim", "redfish", "--regions", "100"),
+                *("--devices-per-rack", "1", "--hosts-per-rack", "10000"),
+            ],
+            ["makes 4,000,000 hosts", "at most 100,000 are generated"],
+        ),
+    ],
+)
+async def test_numbers_out_of_reason_are_refused_in_one_line(
+    tmp_path: Path, args: list[str], expected: list[str]
+) -> None:
+    code, _, err = await cli(*args, cwd=tmp_path)
+    assert code == 2
+    one_error_line(code, err, *expected)
+
+
 # -- fabric-dra demo -------------------------------------------------------------------------
 
 

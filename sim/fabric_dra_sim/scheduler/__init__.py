@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import click
 
 from app import aio
+from app.commands.params import MAX_SECONDS, FiniteFloatRange
 from app.kube.client import KubeAuthMode, KubeClient, KubeClientSettings, connect
 from app.kube.errors import KubeError
 from app.logs import setup_logging
@@ -216,7 +217,7 @@ async def _run_until_signal(stand_in: StandIn) -> None:
     "--poll-interval",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(min=0.01),
+    type=FiniteFloatRange(0.01, MAX_SECONDS),
     help="Seconds between binding-condition polls (also the retry interval of pods "
     "that fit nowhere).",
 )
@@ -224,7 +225,7 @@ async def _run_until_signal(stand_in: StandIn) -> None:
     "--binding-timeout",
     default=600.0,
     show_default=True,
-    type=click.FloatRange(min=0.01),
+    type=FiniteFloatRange(0.01, MAX_SECONDS),
     help="Seconds after allocation before a bind whose conditions are not met fails.",
 )
 @click.option("--namespace", default=None, help="Only pods and claims of this namespace.")
