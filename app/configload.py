@@ -70,6 +70,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r}: not UTF-8 text") from err
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except RecursionError:
+        raise ConfigError(
+            f"config file {str(path)!r}: nested too deeply to read "
+            f"(settings are at most {MAX_CONFIG_DEPTH} levels deep)"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -85,7 +90,47 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             f"config file {str(path)!r}: expected a mapping of settings at the top level, "
             f"found {type(data).__name__}"
         )
+    problem = _shape_problem(data)
+    if problem is not None:
+        raise ConfigError(f"config file {str(path)!r}: {problem}")
     return data
+
+
+MAX_CONFIG_DEPTH = 16
+"""The deepest nesting a config file may have (the settings themselves go 4 levels deep)."""
+
+
+def _shape_problem(data: dict[Any, Any]) -> str | None:
+    """What makes ``data`` (a config file's document) unusable before its settings are read,
+    or None: a mapping key that is not text (YAML's ``1:``, ``null:`` or ``true:``; a setting
+    name is text), or nesting deeper than :data:`MAX_CONFIG_DEPTH`. Walked without recursion,
+    so any depth that PyYAML could read is reported, not a RecursionError."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    while stack:
+        value, where = stack.pop()
+        if len(where) > MAX_CONFIG_DEPTH:
+            return f"nested more than {MAX_CONFIG_DEPTH} levels deep (at {_dotted(where[:3])}...)"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    place = f" under {_dotted(where)}" if where else " at the top level"
+                    # YAML's own spelling (1 == True in a dict look-up: compare by identity).
+                    shown = (
+                        "null"
+                        if key is None
+                        else str(key).lower()
+                        if isinstance(key, bool)
+                        else key
+                    )
+                    return f"key {shown}{place} is not a setting name (setting names are text)"
+                stack.append((item, (*where, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*where, f"[{i}]")) for i, item in enumerate(value))
+    return None
+
+
+def _dotted(where: Sequence[str]) -> str:
+    return ".".join(where).replace(".[", "[")
 
 
 def _is_section(annotation: Any) -> bool:

@@ -286,10 +286,87 @@ def _check_kubeconfig(path: Path) -> None:
         # Not the error's text: it quotes the offending line, which may hold a token.
         where = f" at line {err.problem_mark.line + 1}" if err.problem_mark else ""
         raise KubeError(f"kubeconfig {path}: invalid YAML{where}: {err.problem}") from err
+    except RecursionError:
+        raise KubeError(f"kubeconfig {path}: nested too deeply to read") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise KubeError(f"kubeconfig {path}: {_one_line(err)}") from err
     if not isinstance(document, dict):
         raise KubeError(f"kubeconfig {path}: not a kubeconfig (empty, or not a YAML mapping)")
+    problem = kubeconfig_shape_problem(document)
+    if problem is not None:
+        raise KubeError(f"kubeconfig {path}: {problem}")
+
+
+# The named lists of a kubeconfig and the mapping each entry holds, with the fields of that
+# mapping that are text (k8s.io/client-go/tools/clientcmd/api/v1/types.go: Config,
+# NamedCluster/Cluster, NamedAuthInfo/AuthInfo, NamedContext/Context). client-go's strict
+# decoding refuses any other type there ("cannot unmarshal number into Go struct field").
+_KUBECONFIG_LISTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "clusters": (
+        "cluster",
+        ("server", "certificate-authority", "certificate-authority-data", "tls-server-name"),
+    ),
+    "users": (
+        "user",
+        (
+            *("token", "tokenFile", "client-certificate", "client-certificate-data"),
+            *("client-key", "client-key-data"),
+        ),
+    ),
+    "contexts": ("context", ("cluster", "user", "namespace")),
+}
+
+
+def kubeconfig_shape_problem(document: Mapping[str, Any]) -> str | None:
+    """What in a kubeconfig's ``document`` has a type client-go would refuse, in one phrase
+    (``clusters[0].cluster.server is a number, not text``), or None.
+
+    kubernetes-asyncio reads such a file without checking and fails later with an
+    ``AssertionError`` or an ``AttributeError`` that names nothing; this names the field.
+    Only the fields fabric-dra's connection uses are checked, with their types from
+    k8s.io/client-go/tools/clientcmd/api/v1/types.go.
+    """
+    current = document.get("current-context")
+    if current is not None and not isinstance(current, str):
+        return f"current-context is {_yaml_type(current)}, not text"
+    for field, (inner, texts) in _KUBECONFIG_LISTS.items():
+        entries = document.get(field)
+        if entries is None:
+            continue
+        if not isinstance(entries, list):
+            return f"{field} is {_yaml_type(entries)}, not a list of {{name, {inner}}} entries"
+        for index, entry in enumerate(entries):
+            where = f"{field}[{index}]"
+            if not isinstance(entry, dict):
+                return f"{where} is {_yaml_type(entry)}, not a {{name, {inner}}} mapping"
+            if not isinstance(entry.get("name"), str):
+                return f"{where}.name is {_yaml_type(entry.get('name'))}, not text"
+            body = entry.get(inner)
+            if body is None:
+                continue
+            if not isinstance(body, dict):
+                return f"{where}.{inner} is {_yaml_type(body)}, not a mapping"
+            for key in texts:
+                if key in body and not isinstance(body[key], str):
+                    return f"{where}.{inner}.{key} is {_yaml_type(body[key])}, not text"
+    return None
+
+
+def _yaml_type(value: Any) -> str:
+    """A YAML value's kind as a person reads it: ``a number``, ``a list``, ``missing``..."""
+    if value is None:
+        return "missing or null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
 
 
 async def build_configuration(

@@ -149,6 +149,7 @@ async def test_sim_kube_on_a_busy_port_names_the_port(tmp_path: Path, busy_port:
         (b"\xff\xfe\x00garbage", "is not UTF-8 text"),
         (b"- metadata: {name: Bad_Name}\n", 'Node 1: Node "Bad_Name" is invalid: metadata.name'),
         (b"kind: Node\n", "must be a YAML list of Node objects"),
+        (b"a: " + b"[" * 2000 + b"]" * 2000 + b"\n", "is nested too deeply to read"),
     ],
 )
 async def test_sim_kube_refuses_a_bad_nodes_file_in_one_line(

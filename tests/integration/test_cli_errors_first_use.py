@@ -161,12 +161,36 @@ current-context: x
             ["kubeconfig kc.yaml", "Expected object with name nope"],
         ),
         (
+            {"kc.yaml": "clusters: 5\n"},
+            {"KUBECONFIG": "kc.yaml"},
+            ["kubeconfig kc.yaml: clusters is a number, not a list of {name, cluster} entries"],
+        ),
+        (
+            {"kc.yaml": KUBECONFIG_OK.replace('"http://127.0.0.1:1"', "7")},
+            {"KUBECONFIG": "kc.yaml"},
+            ["kubeconfig kc.yaml: clusters[0].cluster.server is a number, not text"],
+        ),
+        (
+            {"kc.yaml": KUBECONFIG_OK.replace("{cluster: c, user: u}", "3")},
+            {"KUBECONFIG": "kc.yaml"},
+            ["kubeconfig kc.yaml: contexts[0].context is a number, not a mapping"],
+        ),
+        (
+            {"kc.yaml": "a: " + "[" * 2000 + "]" * 2000 + "\n"},
+            {"KUBECONFIG": "kc.yaml"},
+            ["kubeconfig kc.yaml: nested too deeply to read"],
+        ),
+        (
             {},
             {"MODE": "url", "URL": "http://x", "TOKEN_FILE": "/nope"},
             ["bearer token file /nope", "No such file or directory"],
         ),
     ],
-    ids=["missing", "directory", "invalid-yaml", "empty", "not-a-mapping", "context", "token-file"],
+    ids=[
+        *("missing", "directory", "invalid-yaml", "empty", "not-a-mapping", "context"),
+        *("clusters-not-a-list", "server-not-text", "context-not-a-mapping", "too-deep"),
+        "token-file",
+    ],
 )
 async def test_nodes_with_an_unusable_kube_file_is_one_line(
     tmp_path: Path,

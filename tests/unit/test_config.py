@@ -248,6 +248,33 @@ def test_unknown_and_secret_settings_never_show_their_value(
     assert "hunter2" not in str(err.value) and "extra inputs" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1: 2\n", "key 1 at the top level is not a setting name (setting names are text)"),
+        ("null: 2\n", "key null at the top level is not a setting name"),
+        ("true: 2\n", "key true at the top level is not a setting name"),
+        ("admin:\n  null: 2\n", "key null under admin is not a setting name"),
+        (
+            "fabric:\n  managers:\n    - {url: 'http://a', 3: x}\n",
+            "key 3 under fabric.managers[0] is not a setting name",
+        ),
+        # Deep enough for a RecursionError in PyYAML, and readable but deeper than settings go.
+        ("a: " + "[" * 2000 + "]" * 2000 + "\n", "nested too deeply to read"),
+        ("a: " + "[" * 20 + "]" * 20 + "\n", "nested more than 16 levels deep (at a[0][0]...)"),
+    ],
+)
+def test_config_files_of_the_wrong_shape_are_refused_in_one_line(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    config = tmp_path / "shape.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(config, environ={})
+    assert f"config file {str(config)!r}: {message}" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read it"):
         load_settings(tmp_path / "nope.yaml", environ={})

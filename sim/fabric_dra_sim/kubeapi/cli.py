@@ -115,7 +115,8 @@ def _load_nodes(path: Path) -> object:
     """The YAML document of ``--nodes-file`` (None for an empty file).
 
     Raises:
-        click.BadParameter: the file is unreadable, not UTF-8 or not valid YAML.
+        click.BadParameter: the file is unreadable, not UTF-8, not valid YAML or nested too
+            deeply for the YAML reader.
     """
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -125,6 +126,10 @@ def _load_nodes(path: Path) -> object:
         ) from None
     except UnicodeDecodeError:
         raise click.BadParameter("is not UTF-8 text", param_hint="--nodes-file") from None
+    except RecursionError:
+        raise click.BadParameter(
+            "is nested too deeply to read", param_hint="--nodes-file"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
