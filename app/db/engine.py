@@ -76,7 +76,12 @@ def unusable(engine: AsyncEngine, err: BaseException) -> DatabaseUnavailable:
     # A DBAPIError's own text adds the statement and "(Background on this error at: ...)".
     cause = err.orig if isinstance(err, DBAPIError) and err.orig is not None else err
     lines = str(cause).strip().splitlines()
-    first = lines[0] if lines else type(err).__name__
+    if lines:
+        first = lines[0]
+    elif isinstance(cause, TimeoutError) and engine.dialect.name == "postgresql":
+        first = f"no answer within {POSTGRESQL_CONNECT_TIMEOUT_S:.0f} s (TimeoutError)"
+    else:
+        first = type(cause).__name__
     return DatabaseUnavailable(f"database {_shown(engine)}: {redact_url(first)}")
 
 
@@ -275,6 +280,12 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, echo: bool = Fa
     raise ValueError(f"unsupported database {backend!r}: use SQLite or PostgreSQL")
 
 
+POSTGRESQL_CONNECT_TIMEOUT_S = 15.0
+"""The longest a new PostgreSQL connection may take to open, seconds (asyncpg's own default
+is 60 s): a server that accepts TCP and never answers fails a command or a transaction in
+this time instead of a minute."""
+
+
 def _postgresql_engine(
     url: str | URL, pool_size: int, echo: bool, *, max_overflow: int | None = None, **options: Any
 ) -> AsyncEngine:
@@ -286,6 +297,7 @@ def _postgresql_engine(
         echo=echo,
         pool_size=pool_size,
         max_overflow=pool_size if max_overflow is None else max_overflow,
+        connect_args={"timeout": POSTGRESQL_CONNECT_TIMEOUT_S},
         **options,
     )
     _ping_idle_connections(engine.sync_engine)
