@@ -363,7 +363,11 @@ def make_app(context: AdminContext) -> web.Application:
     )
     table = routes()
     for route in table:
-        app.router.add_route(route.method, route.path, endpoint(route))
+        handler = endpoint(route)
+        app.router.add_route(route.method, route.path, handler)
+        if route.method == "GET":
+            # RFC 9110 section 9.3.2: HEAD wherever GET is (aiohttp leaves the body out).
+            app.router.add_route("HEAD", route.path, handler)
     app[OPENAPI] = document(table, title="fabric-dra admin API", version="1")
     app.on_response_prepare.append(security_headers)
     return app

@@ -19,6 +19,7 @@ where :func:`app.admin.app.make_app` puts what the handlers read.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -43,6 +44,8 @@ TEXT = r"^[^\u0000-\u001f\u007f]+$"
 _CONTROL = re.compile(r"[\u0000-\u001f\u007f]")
 MAX_BODY_DEPTH = 64
 """How deep a JSON body may nest (a claim spec needs fewer than ten levels)."""
+BODY_READ_TIMEOUT_S = 30.0
+"""The longest a request body may take to arrive once its headers have, seconds."""
 JSON_TYPES = ("application/json",)
 API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 
@@ -156,6 +159,7 @@ async def security_headers(request: web.Request, response: web.StreamResponse) -
     headers["Referrer-Policy"] = "no-referrer"
     headers.setdefault("Content-Security-Policy", API_CSP)
     headers["Cache-Control"] = "no-store"
+    headers["Server"] = "fabric-dra"  # not aiohttp's name and version with Python's
 
 
 # --------------------------------------------------------------------------- checks
@@ -183,6 +187,8 @@ def _authorize(request: web.Request, context: AdminContext, access: str) -> None
 def _parse_param(param: Param, raw: str) -> Any:
     where = f"parameter {param.name!r}"
     if param.kind == "integer":
+        if re.fullmatch(r"[+-]?\d{13,}", raw):
+            raise ApiError(400, f"{where}: too large, got {raw[:40]!r}")
         if not re.fullmatch(r"[+-]?\d{1,12}", raw):
             raise ApiError(400, f"{where}: an integer is expected, got {raw[:40]!r}")
         value = int(raw)
@@ -225,6 +231,18 @@ def _too_deep(value: Any, limit: int) -> bool:
     return False
 
 
+def _not_unicode(value: Any) -> bool:
+    """True when a string of ``value`` (a key or a value) holds a lone surrogate: JSON's
+    ``"\\ud800"`` escape decodes to one, which is not Unicode text and cannot be stored,
+    logged as UTF-8 or sent on (RFC 8259 section 8.2: such a string's behaviour is
+    unpredictable)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _query(request: web.Request, route: Route) -> dict[str, Any]:
     declared = {p.name: p for p in route.params}
     values: dict[str, Any] = {}
@@ -258,7 +276,22 @@ async def _body(request: web.Request, context: AdminContext, route: Route) -> An
             415, f"the body must be application/json, not {request.content_type or 'unspecified'}"
         )
     try:
-        raw = await request.read()  # bounded by client_max_size: 413 past it
+        # Bounded by client_max_size (413 past it) and in time: a client that sends part of
+        # the body it announced and stops would hold the request open for ever.
+        async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+            raw = await request.read()
+    except TimeoutError as err:
+        raise ApiError(
+            408,
+            f"the body did not arrive within {BODY_READ_TIMEOUT_S:g} s",
+            {"Connection": "close"},
+        ) from err
+    except web.RequestPayloadError as err:
+        # The body arrived but cannot be decoded: a Content-Encoding (gzip, deflate, br)
+        # that does not match the bytes, or broken chunked framing.
+        cause = err.__cause__
+        reason = getattr(cause, "message", None) or str(cause or err).strip().splitlines()[-1]
+        raise ApiError(400, f"the body cannot be read: {reason}") from err
     except (OSError, aiohttp.ClientPayloadError) as err:  # ConnectionResetError: the client left
         raise ClientGone(str(err) or type(err).__name__) from err
     if not raw:
@@ -274,6 +307,8 @@ async def _body(request: web.Request, context: AdminContext, route: Route) -> An
         raise ApiError(400, too_deep) from err
     if _too_deep(value, MAX_BODY_DEPTH):
         raise ApiError(400, too_deep)
+    if _not_unicode(value):
+        raise ApiError(400, "the body holds a lone surrogate (such as \\ud800): not Unicode text")
     return value
 
 

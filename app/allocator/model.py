@@ -309,8 +309,57 @@ def _toleration_seconds(request: str, value: Any) -> int | None:
     return value
 
 
+def _objects(value: Any, where: str) -> list[Mapping[str, Any]]:
+    """``value`` as a list of JSON objects (absent or null: empty).
+
+    Raises:
+        SpecError: it is something else (the API server's schema refuses it; what-if bodies
+            come from people)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise SpecError(f"{where} must be a list of objects")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    """``value`` as a JSON list (absent or null: empty); SpecError otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SpecError(f"{where} must be a list")
+    return value
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    """``value`` as a JSON object (absent or null: empty); SpecError otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(f"{where} must be an object")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    """``value`` as a string (absent or null: empty); SpecError otherwise."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise SpecError(f"{where} must be a string, not {value!r}")
+    return value
+
+
+def _selectors(value: Any, where: str) -> tuple[str, ...]:
+    """The CEL expressions of a ``selectors`` list (``[{"cel": {"expression": ...}}]``)."""
+    return tuple(
+        _text(_object(s.get("cel"), f"{where}[{i}].cel").get("expression"), f"{where}[{i}]")
+        for i, s in enumerate(_objects(value, where))
+    )
+
+
 def _device_request(name: str, parent: str, body: Mapping[str, Any]) -> DeviceRequest:
-    mode = str(body.get("allocationMode") or ALLOCATION_MODE_EXACT_COUNT)
+    mode = _text(body.get("allocationMode"), f"request {name!r}: allocationMode")
+    mode = mode or ALLOCATION_MODE_EXACT_COUNT
     if mode not in (ALLOCATION_MODE_EXACT_COUNT, ALLOCATION_MODE_ALL):
         raise SpecError(f"request {name!r}: unknown allocationMode {mode!r}")
     count = body.get("count")
@@ -321,17 +370,14 @@ def _device_request(name: str, parent: str, body: Mapping[str, Any]) -> DeviceRe
         raise SpecError(f"request {name!r}: count must be an integer, not {count!r}")
     if mode == ALLOCATION_MODE_EXACT_COUNT and count < 1:
         raise SpecError(f"request {name!r}: count must be greater than 0, not {count}")
-    class_name = str(body.get("deviceClassName") or "")
+    class_name = _text(body.get("deviceClassName"), f"request {name!r}: deviceClassName")
     if not class_name:
         raise SpecError(f"request {name!r}: deviceClassName is required")
     return DeviceRequest(
         name=name,
         parent=parent,
         device_class_name=class_name,
-        selectors=tuple(
-            str(((s or {}).get("cel") or {}).get("expression") or "")
-            for s in body.get("selectors") or ()
-        ),
+        selectors=_selectors(body.get("selectors"), f"request {name!r}: selectors"),
         allocation_mode=mode,
         count=count,
         admin_access=body.get("adminAccess") is True,
@@ -343,7 +389,7 @@ def _device_request(name: str, parent: str, body: Mapping[str, Any]) -> DeviceRe
                 str(t.get("effect") or ""),
                 _toleration_seconds(name, t.get("tolerationSeconds")),
             )
-            for t in body.get("tolerations") or ()
+            for t in _objects(body.get("tolerations"), f"request {name!r}: tolerations")
         ),
     )
 
@@ -359,12 +405,13 @@ def claim_from_json(
     Raises:
         SpecError: a request with neither or both forms, no class, a bad count, mode or
             ``tolerationSeconds``, a constraint with neither or both attributes, or naming an
-            unknown request.
+            unknown request; a field of the wrong JSON type (a list, object or string where
+            the v1 schema has another), named by its place.
     """
-    devices = spec.get("devices") or {}
+    devices = _object(spec.get("devices"), "devices")
     requests: list[Request] = []
-    for raw in devices.get("requests") or ():
-        request_name = str(raw.get("name") or "")
+    for index, raw in enumerate(_objects(devices.get("requests"), "devices.requests")):
+        request_name = _text(raw.get("name"), f"devices.requests[{index}].name")
         exactly, first = raw.get("exactly"), raw.get("firstAvailable")
         if (exactly is None) == (not first):
             raise SpecError(
@@ -373,27 +420,37 @@ def claim_from_json(
             )
         alternatives: tuple[DeviceRequest, ...]
         if exactly is not None:
-            alternatives = (_device_request(request_name, request_name, exactly),)
+            body = _object(exactly, f"request {request_name!r}: exactly")
+            alternatives = (_device_request(request_name, request_name, body),)
         else:
+            subs = _objects(first, f"request {request_name!r}: firstAvailable")
             alternatives = tuple(
-                _device_request(f"{request_name}/{sub.get('name', '')}", request_name, sub)
-                for sub in first
+                _device_request(
+                    f"{request_name}/{_text(sub.get('name'), f'request {request_name!r}: name')}",
+                    request_name,
+                    sub,
+                )
+                for sub in subs
             )
         requests.append(Request(request_name, alternatives))
     names = {r.name for r in requests} | {a.name for r in requests for a in r.alternatives}
     constraints: list[Constraint] = []
-    for raw in devices.get("constraints") or ():
-        match, distinct = raw.get("matchAttribute"), raw.get("distinctAttribute")
+    for index, raw in enumerate(_objects(devices.get("constraints"), "devices.constraints")):
+        where = f"devices.constraints[{index}]"
+        match = _text(raw.get("matchAttribute"), f"{where}.matchAttribute")
+        distinct = _text(raw.get("distinctAttribute"), f"{where}.distinctAttribute")
         if bool(match) == bool(distinct):
             raise SpecError(
                 "constraint: exactly one of matchAttribute or distinctAttribute is required"
             )
-        listed = tuple(str(r) for r in raw.get("requests") or ())
+        listed = tuple(
+            _text(r, f"{where}.requests") for r in _list(raw.get("requests"), f"{where}.requests")
+        )
         unknown = [r for r in listed if r not in names]
         if unknown:
             raise SpecError(f"constraint on {match or distinct}: unknown requests {unknown}")
         constraints.append(Constraint(listed, match or None, distinct or None))
-    config = tuple(c for c in devices.get("config") or () if (c or {}).get("opaque"))
+    config = tuple(c for c in _objects(devices.get("config"), "devices.config") if c.get("opaque"))
     return Claim(
         uid=uid,
         namespace=namespace,

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import SecretStr
 from sqlalchemy import select
 
+from app.admin import pipeline
 from app.admin.actions import DatabaseActions
 from app.admin.app import make_app, serve
 from app.admin.context import AdminContext, Check
@@ -425,6 +426,8 @@ BAD_DEVICE_FILTERS = [
     ("limit=0", ["'limit'", "at least 1"]),
     ("limit=501", ["'limit'", "at most 500"]),
     ("limit=ten", ["'limit'", "integer"]),
+    ("limit=9223372036854775808", ["'limit'", "too large"]),
+    ("offset=9223372036854775807", ["'offset'", "too large"]),
     ("offset=-1", ["'offset'", "at least 0"]),
     ("colour=red", ["unknown parameter 'colour'", "state"]),
     ("state=free&state=reserved", ["more than once"]),
@@ -615,6 +618,79 @@ BAD_WHAT_IFS = [
         413,
         ["4096 bytes"],
     ),
+    # Fields of the wrong JSON type, each named by its place (they were 500s).
+    *(
+        (
+            json.dumps({"devices": {"requests": [{"name": "a", "exactly": exactly}]}}).encode(),
+            JSON,
+            400,
+            ["claim spec cannot be read", *words],
+        )
+        for exactly, words in [
+            (3, ["request 'a': exactly must be an object"]),
+            ({"deviceClassName": "gpu", "selectors": [5]}, ["selectors must be a list of objects"]),
+            ({"deviceClassName": "gpu", "selectors": "x"}, ["selectors must be a list of objects"]),
+            (
+                {"deviceClassName": "gpu", "selectors": [{"cel": 1}]},
+                ["selectors[0].cel must be an object"],
+            ),
+            (
+                {"deviceClassName": "gpu", "selectors": [{"cel": {"expression": 7}}]},
+                ["selectors[0] must be a string, not 7"],
+            ),
+            ({"deviceClassName": 5}, ["deviceClassName must be a string, not 5"]),
+            ({"deviceClassName": "gpu", "allocationMode": []}, ["allocationMode must be a string"]),
+            (
+                {"deviceClassName": "gpu", "tolerations": [1]},
+                ["tolerations must be a list of objects"],
+            ),
+        ]
+    ),
+    (
+        json.dumps({"devices": {"requests": [{"name": 3, "exactly": {}}]}}).encode(),
+        JSON,
+        400,
+        ["devices.requests[0].name must be a string, not 3"],
+    ),
+    (
+        json.dumps({"devices": {"requests": [{"name": "a", "firstAvailable": [1]}]}}).encode(),
+        JSON,
+        400,
+        ["request 'a': firstAvailable must be a list of objects"],
+    ),
+    (
+        json.dumps(
+            {
+                "devices": {
+                    "requests": [{"name": "a", "exactly": {"deviceClassName": "gpu"}}],
+                    "constraints": [{"matchAttribute": 5, "requests": ["a"]}],
+                }
+            }
+        ).encode(),
+        JSON,
+        400,
+        ["devices.constraints[0].matchAttribute must be a string, not 5"],
+    ),
+    (
+        json.dumps(
+            {
+                "devices": {
+                    "requests": [{"name": "a", "exactly": {"deviceClassName": "gpu"}}],
+                    "constraints": [{"matchAttribute": "x", "requests": "a"}],
+                }
+            }
+        ).encode(),
+        JSON,
+        400,
+        ["devices.constraints[0].requests must be a list"],
+    ),
+    # A body whose Content-Encoding does not match its bytes.
+    (
+        b"{}",
+        {"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        400,
+        ["the body cannot be read", "gzip"],
+    ),
 ]
 
 
@@ -699,6 +775,31 @@ async def _leave_mid_body(port: int) -> None:
     await asyncio.sleep(0.1)
     writer.close()
     await writer.wait_closed()
+
+
+async def test_a_body_that_stops_arriving_is_408(
+    admin: Admin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Part of the announced body, then nothing: answered and closed, not held for ever.
+    monkeypatch.setattr(pipeline, "BODY_READ_TIMEOUT_S", 0.5)
+    runner = await serve(admin.context, "127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", runner.addresses[0][1])
+        writer.write(
+            b"POST /api/v1/allocations/what-if HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            b'{"devices": '
+        )
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 30)  # to the server's close
+        writer.close()
+    finally:
+        await runner.cleanup()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b"Connection: close" in head
+    assert_error(json.loads(body), 408, "did not arrive within 0.5 s")
+    assert admin.live.what_if_seen == []
 
 
 async def test_what_if_is_503_without_the_allocator(db: Database) -> None:
@@ -854,6 +955,9 @@ BAD_CORDONS = [
     ({"reason": 7}, 400, ["'reason'"]),
     ({"why": "x"}, 400, ["at most a 'reason'"]),
     ([], 400, ["object"]),
+    # JSON's "\ud800" escape: not Unicode text (it was a 409 carrying a codec error).
+    ({"reason": "\ud800"}, 400, ["lone surrogate"]),
+    ({"reason": "ok", "\udfff": 1}, 400, ["lone surrogate"]),
 ]
 
 
@@ -1195,10 +1299,19 @@ async def test_the_forget_command_releases_through_the_admin_api(
 async def test_unknown_routes_and_methods_answer_json(admin: Admin) -> None:
     assert_error(await get_json(admin, "/api/v1/nothing", 404), 404, "no route")
     response = await admin.client.delete("/api/v1/devices")
-    assert response.status == 405 and response.headers["Allow"] == "GET"
+    assert response.status == 405 and response.headers["Allow"] == "GET,HEAD"
     assert_error(await response.json(), 405, "DELETE", "GET")
     response = await admin.client.get("/api/v1/reservations/1/release")
     assert response.status == 405
+    # HEAD wherever GET is (RFC 9110 9.3.2): GET's status and headers, no body.
+    for path in ("/", "/api/v1/devices", "/healthz"):
+        got = await admin.client.get(path)
+        head = await admin.client.head(path)
+        assert head.status == got.status == 200, path
+        assert head.headers["Content-Type"] == got.headers["Content-Type"]
+        assert await head.read() == b""
+    assert (await admin.client.head("/api/v1/reservations/1/release")).status == 405
+    assert (await admin.client.get("/healthz")).headers["Server"] == "fabric-dra"
 
 
 async def test_an_unexpected_failure_is_500_without_a_traceback(
