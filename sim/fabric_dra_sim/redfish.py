@@ -1320,6 +1320,27 @@ MAX_GENERATED_HOSTS = 100_000
 """The most fabric hosts (servers) a generated inventory has."""
 
 
+def generated_size_problem(
+    regions: int, racks_per_region: int, devices_per_rack: int, hosts_per_rack: int
+) -> str | None:
+    """Why a generated inventory of this size is refused (more than
+    :data:`MAX_GENERATED_DEVICES` devices or :data:`MAX_GENERATED_HOSTS` hosts), or None."""
+    racks = f"--regions {regions} x --racks-per-region {racks_per_region}"
+    devices = regions * racks_per_region * devices_per_rack
+    if devices > MAX_GENERATED_DEVICES:
+        return (
+            f"{racks} x --devices-per-rack {devices_per_rack} makes {devices:,} devices; at "
+            f"most {MAX_GENERATED_DEVICES:,} are generated"
+        )
+    hosts = regions * racks_per_region * hosts_per_rack
+    if hosts > MAX_GENERATED_HOSTS:
+        return (
+            f"{racks} x --hosts-per-rack {hosts_per_rack} makes {hosts:,} hosts; at most "
+            f"{MAX_GENERATED_HOSTS:,} are generated"
+        )
+    return None
+
+
 @click.command("redfish")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option(
@@ -1333,10 +1354,10 @@ MAX_GENERATED_HOSTS = 100_000
     "--regions",
     default=2,
     show_default=True,
-    type=click.IntRange(0, 1_000),
+    type=click.IntRange(0, 10_000),
     help="Generated regions.",
 )
-@click.option("--racks-per-region", default=4, show_default=True, type=click.IntRange(0, 1_000))
+@click.option("--racks-per-region", default=4, show_default=True, type=click.IntRange(0, 100_000))
 @click.option("--devices-per-rack", default=16, show_default=True, type=click.IntRange(0, 100_000))
 @click.option("--hosts-per-rack", default=4, show_default=True, type=click.IntRange(0, 10_000))
 @click.option(
@@ -1454,19 +1475,12 @@ def cli(
             raise click.BadParameter(
                 f"cannot read {str(password_file)!r}: {reason}", param_hint="--password-file"
             ) from None
-    devices = regions * racks_per_region * devices_per_rack
-    hosts = regions * racks_per_region * hosts_per_rack
-    racks = f"--regions {regions} x --racks-per-region {racks_per_region}"
-    if mockup_dir is None and devices > MAX_GENERATED_DEVICES:
-        raise click.UsageError(
-            f"{racks} x --devices-per-rack {devices_per_rack} makes {devices:,} devices; at "
-            f"most {MAX_GENERATED_DEVICES:,} are generated"
+    if mockup_dir is None:
+        problem = generated_size_problem(
+            regions, racks_per_region, devices_per_rack, hosts_per_rack
         )
-    if mockup_dir is None and hosts > MAX_GENERATED_HOSTS:
-        raise click.UsageError(
-            f"{racks} x --hosts-per-rack {hosts_per_rack} makes {hosts:,} hosts; at most "
-            f"{MAX_GENERATED_HOSTS:,} are generated"
-        )
+        if problem is not None:
+            raise click.UsageError(problem)
     spec = (
         None
         if mockup_dir is not None

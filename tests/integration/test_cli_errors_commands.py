@@ -443,10 +443,14 @@ async def test_run_refuses_a_request_timeout_that_is_not_finite(tmp_path: Path) 
         ),
         (["sim", "cdim", "--apply-seconds", "nan"], ["'--apply-seconds'", "not a finite number"]),
         # A generated inventory too large to build before the first answer.
-        (["sim", "redfish", "--regions", "99999999"], ["'--regions'", "0<=x<=1000"]),
+        (["sim", "redfish", "--regions", "99999999"], ["'--regions'", "0<=x<=10000"]),
         (
             ["sim", "redfish", "--regions", "1000", "--racks-per-region", "1000"],
             ["makes 16,000,000 devices", "at most 500,000 are generated"],
+        ),
+        (
+            ["sim", "redfish", "--regions", "1", "--racks-per-region", "100000"],
+            ["makes 1,600,000 devices", "at most 500,000 are generated"],
         ),
         (
             [

@@ -504,3 +504,28 @@ def test_sigterm_or_ctrl_c_stops_a_benchmark_and_its_emulator_with_one_line(
     while any(_alive(pid) for pid in emulator) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in emulator), "the emulator was left running"
+
+
+@pytest.mark.parametrize(
+    ("regions", "racks_per_region", "per_rack", "hosts"),
+    [
+        # bench.claims, bench.drift and bench.events at 100,000 devices: one region of racks
+        # of 64.
+        (1, -(-100_000 // 64), 64, 4),
+        # bench.inventory_sync at 100,000 devices: two regions.
+        (2, -(-(-(-100_000 // 64)) // 2), 64, 4),
+    ],
+)
+def test_the_benchmarks_largest_inventories_are_accepted_by_the_simulator(
+    regions: int, racks_per_region: int, per_rack: int, hosts: int
+) -> None:
+    # The simulator's limits on a generated inventory must leave room for the benchmarks'.
+    from fabric_dra_sim.redfish import cli, generated_size_problem
+
+    args = [
+        *("--regions", str(regions), "--racks-per-region", str(racks_per_region)),
+        *("--devices-per-rack", str(per_rack), "--hosts-per-rack", str(hosts)),
+    ]
+    context = cli.make_context("redfish", args)  # parses every option, runs nothing
+    assert context.params["racks_per_region"] == racks_per_region
+    assert generated_size_problem(regions, racks_per_region, per_rack, hosts) is None
