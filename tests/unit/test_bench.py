@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -511,9 +512,9 @@ def test_sigterm_or_ctrl_c_stops_a_benchmark_and_its_emulator_with_one_line(
     [
         # bench.claims, bench.drift and bench.events at 100,000 devices: one region of racks
         # of 64.
-        (1, -(-100_000 // 64), 64, 4),
+        (1, math.ceil(100_000 / 64), 64, 4),
         # bench.inventory_sync at 100,000 devices: two regions.
-        (2, -(-(-(-100_000 // 64)) // 2), 64, 4),
+        (2, math.ceil(math.ceil(100_000 / 64) / 2), 64, 4),
     ],
 )
 def test_the_benchmarks_largest_inventories_are_accepted_by_the_simulator(
