@@ -196,6 +196,15 @@ def test_bad_environment_values_fail_with_one_clear_line(
     assert "\n" not in str(err.value)
 
 
+def _refused(tmp_path: Path, text: str) -> tuple[Path, str]:
+    """Write ``text`` as a config file; the file and the ConfigError loading it raises."""
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(config, environ={})
+    return config, str(err.value)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -217,11 +226,8 @@ def test_bad_environment_values_fail_with_one_clear_line(
 def test_bad_config_files_name_the_file_and_setting(
     tmp_path: Path, text: str, message: str
 ) -> None:
-    config = tmp_path / "bad.yaml"
-    config.write_text(text)
-    with pytest.raises(ConfigError) as err:
-        load_settings(config, environ={})
-    assert message in str(err.value)
+    _, error = _refused(tmp_path, text)
+    assert message in error
 
 
 @pytest.mark.parametrize(
@@ -240,12 +246,9 @@ def test_bad_config_files_name_the_file_and_setting(
 def test_unknown_and_secret_settings_never_show_their_value(
     tmp_path: Path, text: str, message: str
 ) -> None:
-    config = tmp_path / "pw.yaml"
-    config.write_text(text)
-    with pytest.raises(ConfigError) as err:
-        load_settings(config, environ={})
-    assert message.format(path=config) in str(err.value)
-    assert "hunter2" not in str(err.value) and "extra inputs" not in str(err.value)
+    config, error = _refused(tmp_path, text)
+    assert message.format(path=config) in error
+    assert "hunter2" not in error and "extra inputs" not in error
 
 
 @pytest.mark.parametrize(
@@ -267,12 +270,9 @@ def test_unknown_and_secret_settings_never_show_their_value(
 def test_config_files_of_the_wrong_shape_are_refused_in_one_line(
     tmp_path: Path, text: str, message: str
 ) -> None:
-    config = tmp_path / "shape.yaml"
-    config.write_text(text)
-    with pytest.raises(ConfigError) as err:
-        load_settings(config, environ={})
-    assert f"config file {str(config)!r}: {message}" in str(err.value)
-    assert "\n" not in str(err.value)
+    config, error = _refused(tmp_path, text)
+    assert f"config file {str(config)!r}: {message}" in error
+    assert "\n" not in error
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
