@@ -335,6 +335,42 @@ def ambiguity_for_node(
     return None
 
 
+_NODE_METADATA = ("name", "uid", "resourceVersion", "labels", "annotations", "deletionTimestamp")
+
+
+def node_identity(node: dict[str, Any]) -> dict[str, Any]:
+    """``node`` (a core/v1 Node as a JSON dict) cut down to what the drivers read of it: its
+    name, labels and annotations (pool node selectors, the ``hostname``, ``label``,
+    ``annotation`` and ``serial`` rules), ``spec.providerID`` (the ``provider_id`` rule), and
+    the uid, resourceVersion and deletionTimestamp an informer keys and orders it by.
+
+    The node informers' converter: a Node's status (conditions, images, addresses, volumes) is
+    most of its size and changes far more often than these (kubelet reports its status at
+    least every ``nodeStatusReportFrequency``, 5 minutes, and on every change; the
+    attach-detach controller writes ``status.volumesAttached``). Returns a new dict; ``node``
+    is not changed. Never raises: a ``metadata`` or ``spec`` that is not an object is left out,
+    other fields are kept as they are.
+    """
+    metadata = node.get("metadata")
+    slim: dict[str, Any] = {}
+    if isinstance(metadata, dict):
+        slim["metadata"] = {k: metadata[k] for k in _NODE_METADATA if k in metadata}
+    spec = node.get("spec")
+    if isinstance(spec, dict) and "providerID" in spec:
+        slim["spec"] = {"providerID": spec["providerID"]}
+    return slim
+
+
+def same_node_identity(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """True when two versions of a Node (as :func:`node_identity` left them) differ in nothing
+    the drivers read: only their resourceVersion (or nothing) changed. A node event for which
+    this holds changes no host mapping and no pool's reach."""
+    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
+    return old.get("spec") == new.get("spec") and all(
+        old_meta.get(k) == new_meta.get(k) for k in _NODE_METADATA if k != "resourceVersion"
+    )
+
+
 def _node_names(metadata: Mapping[str, Any]) -> list[str]:
     labels = metadata.get("labels") or {}
     return [str(n) for n in (labels.get(HOSTNAME_LABEL), metadata.get("name")) if n]

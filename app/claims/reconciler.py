@@ -29,6 +29,7 @@ and settles each one before any new work (DESIGN.md invariants 1-3).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
@@ -76,7 +77,13 @@ from app.db.engine import Database
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
 from app.fabric.types import FabricDevice
-from app.hostmap import HostIndex, HostRef, host_ref_for_node
+from app.hostmap import (
+    HostIndex,
+    HostRef,
+    host_ref_for_node,
+    node_identity,
+    same_node_identity,
+)
 from app.inventory.queries import host_refs
 from app.journal import (
     FAILED,
@@ -183,7 +190,11 @@ class ClaimReconciler:
             # The informer hands over each decoded object: no copy is needed.
             converter=lambda obj: claim_from_wire(obj, version, owned=True),
         )
-        self.nodes = Informer(self._core.list_node, replace(settings.informer, name="nodes"))
+        self.nodes = Informer(
+            self._core.list_node,
+            replace(settings.informer, name="nodes"),
+            converter=node_identity,  # a node's status is neither read nor kept
+        )
         self.claims.add_handler(self._on_claim)
         self.nodes.add_handler(self._on_node)
         self._waiting: dict[str, str] = {}
@@ -193,6 +204,9 @@ class ClaimReconciler:
         self._release_waiters: dict[str, set[str]] = {}
         self._host_index: HostIndex | None = None
         self._host_index_at = -1e9
+        # One rebuild at a time: the workers that find the index stale together wait for it.
+        self._host_index_lock = asyncio.Lock()
+        self._node_changes = 0  # node events that may change the mapping, counted
         self._retry_reason: dict[str, str] = {}
         self.recent_errors: ErrorRing[RecentError] = ErrorRing(
             RecentError, lambda: self.clock(), MAX_RECENT_ERRORS
@@ -286,7 +300,11 @@ class ClaimReconciler:
             self.queue.add(uid)
 
     async def _on_node(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
-        # A node that appears or changes labels may be what a waiting claim needs.
+        # A node that appears or changes labels may be what a waiting claim needs. A status
+        # update (most node events) changes nothing read here.
+        if event == "MODIFIED" and old is not None and same_node_identity(old, obj):
+            return
+        self._node_changes += 1
         self._host_index_at = -1e9
         for uid in list(self._waiting):
             self.queue.add(uid)
@@ -543,19 +561,30 @@ class ClaimReconciler:
                 return str(node)
         return None
 
+    def _host_index_stale(self) -> bool:
+        return (
+            self._host_index is None
+            or time.monotonic() - self._host_index_at > self.settings.hosts_refresh_s
+        )
+
     async def _host_for(self, node_name: str) -> HostRef | None:
-        now = time.monotonic()
-        if self._host_index is None or now - self._host_index_at > self.settings.hosts_refresh_s:
-            self._host_index = HostIndex.build(
-                await host_refs(self.db), match=self.settings.host_match
-            )
-            self._host_index_at = now
+        if self._host_index_stale():
+            async with self._host_index_lock:
+                # Checked again: the worker that held the lock may have rebuilt it meanwhile.
+                if self._host_index_stale():
+                    changes, started = self._node_changes, time.monotonic()
+                    self._host_index = HostIndex.build(
+                        await host_refs(self.db), match=self.settings.host_match
+                    )
+                    # A node event during the read marked it stale again: it stays so.
+                    if self._node_changes == changes:
+                        self._host_index_at = started
+        index = self._host_index
+        assert index is not None
         node = self.nodes.get(node_name)
         if node is None:
             return None
-        return host_ref_for_node(
-            node, self._host_index, self.settings.host_match, self.settings.host_key
-        )
+        return host_ref_for_node(node, index, self.settings.host_match, self.settings.host_key)
 
     async def _reserve(
         self, claim: JsonDict | None, wanted: WantedDevice, wants: ClaimWants, attach_now: bool

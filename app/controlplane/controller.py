@@ -45,6 +45,7 @@ from app.db.engine import Database
 from app.fabric.backend import FabricBackend
 from app.fabric.errors import FabricError
 from app.heap import HeapSettler
+from app.hostmap import node_identity, same_node_identity
 from app.inventory.queries import host_refs
 from app.journal import Journal
 from app.jsontypes import JsonDict
@@ -150,7 +151,11 @@ class ControlPlaneController:
         self.pods = Informer(
             self._core.list_pod_for_all_namespaces, replace(settings.informer, name="pods")
         )
-        self.nodes = Informer(self._core.list_node, replace(settings.informer, name="nodes"))
+        self.nodes = Informer(
+            self._core.list_node,
+            replace(settings.informer, name="nodes"),
+            converter=node_identity,  # a node's status is neither read nor kept
+        )
         self.claims.add_handler(self._on_claim)
         self.contexts.add_handler(self._on_context)
         self.slices.add_handler(self._on_slice)
@@ -368,6 +373,10 @@ class ControlPlaneController:
         self._enqueue_contexts()
 
     async def _on_node(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
+        if event == "MODIFIED" and old is not None and same_node_identity(old, obj):
+            # A status update (most node events): no pool's reach and no host changed, so the
+            # cached nodes, host map and answers stay and no context is answered again.
+            return
         self.snapshots.changed("nodes", "hosts")
         self._enqueue_contexts()
 

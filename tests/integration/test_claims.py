@@ -950,3 +950,49 @@ async def test_a_deleted_event_for_a_claim_that_exists_detaches_nothing(harness:
         harness.emu.delete(CLAIMS, "ResourceClaim", "c1", "default")
         await eventually(lambda: _no_reservations(reconciler, uid), what="released")
         assert harness.sim.attachments()[harness.block_of(device)] is None
+
+
+async def test_the_host_index_is_read_once_for_workers_together_and_not_for_node_status(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.claims.reconciler as reconciler_module
+
+    reads: list[int] = []
+    real = reconciler_module.host_refs
+
+    async def counted(db: Database) -> Any:
+        reads.append(1)
+        await asyncio.sleep(0.05)  # the workers that find the index stale meet here
+        return await real(db)
+
+    monkeypatch.setattr(reconciler_module, "host_refs", counted)
+    async with running(harness.reconciler(hosts_refresh_s=60)) as reconciler:
+        await eventually(lambda: reconciler.nodes.get(NODES[0]) is not None)
+        found = await asyncio.gather(*(reconciler._host_for(NODES[0]) for _ in range(8)))
+        assert {ref.host_id for ref in found if ref is not None} == {NODES[0]}
+        assert len(reads) == 1
+
+        # A status update (a kubelet's report): the index stays, nothing is read again.
+        node = harness.emu.get("v1", "Node", NODES[0])
+        assert node is not None
+        node["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+        written = harness.emu.update_status(node)
+        version = written["metadata"]["resourceVersion"]
+        await eventually(
+            lambda: (reconciler.nodes.get(NODES[0]) or {})["metadata"]["resourceVersion"] == version
+        )
+        assert "status" not in (reconciler.nodes.get(NODES[0]) or {})
+        await reconciler._host_for(NODES[0])
+        assert len(reads) == 1
+
+        # A label change may map the node to another host: the index is read again.
+        node = harness.emu.get("v1", "Node", NODES[0])
+        assert node is not None
+        node["metadata"]["labels"]["kubernetes.io/hostname"] = NODES[1]
+        version = harness.emu.update(node)["metadata"]["resourceVersion"]
+        await eventually(
+            lambda: (reconciler.nodes.get(NODES[0]) or {})["metadata"]["resourceVersion"] == version
+        )
+        ref = await reconciler._host_for(NODES[0])
+        assert ref is not None and ref.host_id == NODES[1]
+        assert len(reads) == 2

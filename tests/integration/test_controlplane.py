@@ -1023,3 +1023,42 @@ async def test_a_shareable_device_is_not_given_twice_while_the_first_allocation_
         go_on.set()
         await eventually(lambda: harness.allocated_device("a") == device, what="a allocated")
     assert harness.allocated_device("b") is None
+
+
+async def test_a_node_status_update_answers_no_context_again_but_a_label_change_does(
+    harness: Harness,
+) -> None:
+    # Kubelets report node status at least every 5 minutes each, and the attach-detach
+    # controller writes status.volumesAttached: on a big cluster most node events are these.
+    # None of them changes a pool's reach or a host, so none may cost a rebuild.
+    harness.create_claim("c1")
+    pod = harness.create_pod("p1", "c1")
+    controller = harness.controller()
+    async with running(controller):
+        harness.create_context(pod, NODES)
+        await eventually(lambda: harness.answers("p1") is not None)
+        changes = dict(controller.snapshots._changes)
+        added: list[Any] = []
+        controller.queue.add = added.append  # type: ignore[method-assign]
+        node = harness.emu.get("v1", "Node", NODES[0])
+        assert node is not None
+        node["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+        written = harness.emu.update_status(node)
+        await eventually(
+            lambda: (
+                (controller.nodes.get(NODES[0]) or {}).get("metadata", {}).get("resourceVersion")
+                == written["metadata"]["resourceVersion"]
+            )
+        )
+        cached = controller.nodes.get(NODES[0])
+        assert cached is not None
+        assert "status" not in cached  # the informer keeps what is read, not the status
+        assert controller.snapshots._changes == changes
+        assert added == []
+
+        relabelled = harness.emu.get("v1", "Node", NODES[0])
+        assert relabelled is not None
+        relabelled["metadata"]["labels"]["fabric-dra.io/rack"] = "rack-99"
+        harness.emu.update(relabelled)
+        await eventually(lambda: ("context", "default", "p1") in added)
+        assert controller.snapshots._changes["nodes"] == changes["nodes"] + 1

@@ -18,6 +18,9 @@ from app.hostmap import (
     ambiguities,
     ambiguity_for_node,
     host_for_node,
+    host_ref_for_node,
+    node_identity,
+    same_node_identity,
 )
 
 INDEX = HostIndex.build(
@@ -253,3 +256,111 @@ def test_a_node_maps_to_the_one_host_with_its_name_or_to_none(
     assert (reason is not None) == (len(holders) > 1)
     if reason is not None:
         assert reason.hosts == tuple(sorted(holders))
+
+
+# ---------------------------------------------------------------- node_identity
+
+_TEXT = st.sampled_from(["", "a", "A", "sys-1", "sys-2", "node-a", "NODE-B", "x/y", "serial-7"])
+_KEYS = st.sampled_from(["kubernetes.io/hostname", "fabric.example.com/host", "other"])
+_STATUS = st.fixed_dictionaries(
+    {
+        "conditions": st.lists(
+            st.fixed_dictionaries({"type": _TEXT, "lastHeartbeatTime": _TEXT}), max_size=2
+        ),
+        "images": st.lists(st.fixed_dictionaries({"names": st.lists(_TEXT, max_size=2)})),
+    }
+)
+NODES = st.builds(
+    lambda name, uid, rv, labels, annotations, provider, status, extra: {
+        "metadata": {
+            "name": name,
+            "uid": uid,
+            "resourceVersion": rv,
+            "labels": labels,
+            "annotations": annotations,
+            "managedFields": [{"manager": "kubelet"}],
+            **extra,
+        },
+        "spec": {"podCIDR": "10.0.0.0/24", **({"providerID": provider} if provider else {})},
+        "status": status,
+    },
+    _TEXT,
+    st.sampled_from(["u1", "u2"]),
+    st.sampled_from(["1", "2"]),
+    st.dictionaries(_KEYS, _TEXT, max_size=3),
+    st.dictionaries(_KEYS, _TEXT, max_size=3),
+    st.one_of(st.none(), st.sampled_from(["aws:///zone/sys-1", "sys-2", "x/sys-3/"])),
+    _STATUS,
+    st.sampled_from([{}, {"deletionTimestamp": "2026-12-06T00:00:00Z"}, {"generation": 3}]),
+)
+RULES = st.sampled_from(["hostname", "label", "annotation", "provider_id", "serial"])
+INDEX_BY_ID = HostIndex.build(
+    [HostRef("sys-1", "node-a", serial="serial-7"), HostRef("sys-2", "NODE-B")], report=None
+)
+
+
+@given(NODES, RULES, _KEYS)
+def test_a_node_cut_down_maps_to_the_same_host_under_every_rule(
+    value: dict[str, Any], rule: str, key: str
+) -> None:
+    for index in (INDEX, INDEX_BY_ID):
+        assert host_ref_for_node(node_identity(value), index, rule, key) == host_ref_for_node(
+            value, index, rule, key
+        )
+        assert ambiguity_for_node(node_identity(value), index, rule, key) == ambiguity_for_node(
+            value, index, rule, key
+        )
+
+
+@given(NODES)
+def test_a_node_cut_down_keeps_what_an_informer_orders_it_by_and_leaves_the_node_alone(
+    value: dict[str, Any],
+) -> None:
+    before = repr(value)
+    slim = node_identity(value)
+    assert repr(value) == before
+    assert "status" not in slim
+    assert "managedFields" not in slim["metadata"]
+    for field_name in ("name", "uid", "resourceVersion", "deletionTimestamp"):
+        assert slim["metadata"].get(field_name) == value["metadata"].get(field_name)
+    assert (slim.get("spec") or {}).get("providerID") == value["spec"].get("providerID")
+
+
+@given(NODES, NODES)
+def test_two_nodes_are_the_same_identity_exactly_when_only_status_and_version_differ(
+    a: dict[str, Any], b: dict[str, Any]
+) -> None:
+    def read(n: dict[str, Any]) -> tuple[Any, ...]:
+        m = n["metadata"]
+        return (
+            m["name"],
+            m["uid"],
+            m["labels"],
+            m["annotations"],
+            m.get("deletionTimestamp"),
+            n["spec"].get("providerID"),
+        )
+
+    assert same_node_identity(node_identity(a), node_identity(b)) == (read(a) == read(b))
+    # A status update, a new resourceVersion and managedFields: the same identity.
+    heartbeat = {
+        **a,
+        "metadata": {**a["metadata"], "resourceVersion": "99", "managedFields": []},
+        "status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": "later"}]},
+    }
+    assert same_node_identity(node_identity(a), node_identity(heartbeat))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {},
+        {"metadata": None, "spec": None},
+        {"metadata": "x", "spec": []},
+        {"metadata": {"name": 5, "labels": "x"}, "spec": {"providerID": 7}},
+    ],
+)
+def test_a_malformed_node_is_cut_down_without_error(value: dict[str, Any]) -> None:
+    slim = node_identity(value)
+    assert "status" not in slim
+    assert same_node_identity(slim, node_identity(value))
