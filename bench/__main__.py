@@ -230,6 +230,31 @@ def cases(short: bool) -> list[Case]:
                     1800 if devices >= 100_000 else 1200,
                 )
             )
+        # Node events as a real cluster sends them: each kubelet reports its Node's status at
+        # least every 5 minutes, so 400 nodes send a few a second and a big cluster tens. 20
+        # a second over 400 nodes; none of them changes a pool's reach or a host.
+        out.append(
+            Case(
+                "controlplane",
+                "10,000 devices on 400 nodes, 600 pods, 16 in flight, SQLite, "
+                "20 Node status writes/s",
+                (
+                    "--devices",
+                    "10000",
+                    "--racks",
+                    "400",
+                    "--pods",
+                    "600",
+                    "--in-flight",
+                    "16",
+                    "--database",
+                    "sqlite",
+                    "--node-updates",
+                    "20",
+                ),
+                1200,
+            )
+        )
         # The allocator alone as pools are added (125 devices each; a node reaches a quarter
         # of them): its cost must grow no faster than the pools a node reaches. Every case
         # makes the same 150 allocations, which all fit in the smallest, so each case does
@@ -691,6 +716,11 @@ METRICS: tuple[Metric, ...] = (
         "allocations per second the CPUs allow (CPUs / all processes' CPU per allocation)",
         _key("cpu_bound_allocations_per_second", "allocations"),
         "/s",
+    ),
+    Metric(
+        "controlplane",
+        "Node status writes meanwhile (warm-up included)",
+        lambda f: _key("node_status_writes", "allocations")(f) or None,
     ),
     Metric(
         "controlplane",

@@ -249,8 +249,10 @@ async def measure(
     warmup: int = 20,
     database_kind: str = "sqlite",
     profile_path: Path | None = None,
+    node_updates: float = 0.0,
 ) -> list[dict[str, Any]]:
-    """Run the benchmark; return its figure lines."""
+    """Run the benchmark; return its figure lines. ``node_updates``: Node status writes per
+    second made meanwhile (kubelets' reports, each node in turn)."""
     reference = reference_cpu_seconds()
     lines: list[dict[str, Any]] = [
         {"step": "reference", "reference_cpu_seconds": round(reference, 4)}
@@ -273,6 +275,7 @@ async def measure(
                         warmup,
                         racks,
                         WindowProfile(profile_path),
+                        node_updates,
                     )
                 )
             finally:
@@ -299,6 +302,7 @@ async def _with_database(
     warmup: int,
     racks: int,
     profile: WindowProfile,
+    node_updates: float,
 ) -> list[dict[str, Any]]:
     lines: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -335,6 +339,7 @@ async def _with_database(
                     warmup,
                     emulator,
                     profile,
+                    node_updates,
                 )
             )
         finally:
@@ -353,6 +358,7 @@ async def _run(
     warmup: int,
     emulator: ServerProcess,
     profile: WindowProfile,
+    node_updates: float = 0.0,
 ) -> list[dict[str, Any]]:
     core = CoreV1Api(client.api)
     custom: Any = CustomObjectsApi(client.api)
@@ -430,6 +436,7 @@ async def _run(
         "bench.classic_scheduler",
         client.host,
         json.dumps(claim_spec),
+        str(node_updates),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -500,8 +507,11 @@ async def _run(
     finally:
         scheduler.stdin.close()
         out, _ = await scheduler.communicate()
+        node_status_writes = 0
         for raw in out.splitlines():
-            abandoned = int(json.loads(raw).get("abandoned", abandoned))
+            ended = json.loads(raw)
+            abandoned = int(ended.get("abandoned", abandoned))
+            node_status_writes = int(ended.get("node_status_writes", node_status_writes))
         await controller.stop()
     requests = await _request_count(client.host) - requests_before
     ordered = sorted(latencies)
@@ -547,6 +557,10 @@ async def _run(
             "node_answers_hit_rate": round(hits / max(1, hits + misses), 4),
             "node_answers_computed_per_allocation": round(misses / pods, 1),
             "abandoned_nodes": abandoned,
+            "nodes": len(hosts),
+            "node_updates_per_second": node_updates,
+            # Over the whole run, warm-up included: the stand-in writes until it is told to end.
+            "node_status_writes": node_status_writes,
             "peak_rss_mib": round(peak_rss_mib(), 1),
         },
     ]
@@ -577,6 +591,13 @@ def main() -> None:
     parser.add_argument(
         "--warmup", type=at_least(0), default=20, help="pods allocated before the measured ones"
     )
+    parser.add_argument(
+        "--node-updates",
+        type=float,
+        default=0.0,
+        help="Node status writes per second while pods are scheduled (kubelets' reports, "
+        "each node in turn)",
+    )
     add_database_option(parser)
     add_event_loop_option(parser)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -587,6 +608,8 @@ def main() -> None:
         help="write a cProfile of the measured pods (warm-up left out) to this file",
     )
     options = parser.parse_args()
+    if not 0 <= options.node_updates <= 10_000:
+        parser.error(f"--node-updates {options.node_updates}: expected 0 to 10000 per second")
     if options.devices < options.racks * 5:
         parser.error(
             f"--devices {options.devices} leaves fewer than 5 devices per rack "
@@ -604,6 +627,7 @@ def main() -> None:
                 options.warmup,
                 options.database,
                 options.profile,
+                options.node_updates,
             ),
             options.event_loop,
         ),

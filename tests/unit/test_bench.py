@@ -214,6 +214,8 @@ def test_a_results_file_that_cannot_be_written_is_refused_before_anything_runs(
             "fewer than 5 devices per rack",
         ),
         ("bench.controlplane", ["--warmup", "-1"], "--warmup: must be at least 0, got -1"),
+        ("bench.controlplane", ["--node-updates", "nan"], "--node-updates nan: expected 0 to"),
+        ("bench.controlplane", ["--node-updates", "-1"], "--node-updates -1.0: expected 0 to"),
         ("bench.publish", ["--devices", "0"], "--devices: must be at least 2, got 0"),
         ("bench.allocate", ["--allocations", "4"], "--allocations: must be at least 5, got 4"),
         ("bench.inventory_sync", ["--devices", "-3"], "--devices: must be at least 1, got -3"),
@@ -414,7 +416,7 @@ async def test_a_benchmark_database_of_another_kind_or_an_unreachable_server_is_
 
 
 @pytest.mark.slow
-def test_the_control_plane_benchmark_runs_its_controller_on_the_loop_asked_for(
+def test_the_control_plane_benchmark_runs_its_controller_on_the_loop_asked_for_beside_node_churn(
     tmp_path: Path,
 ) -> None:
     figures = tmp_path / "figures.json"
@@ -424,7 +426,7 @@ def test_the_control_plane_benchmark_runs_its_controller_on_the_loop_asked_for(
             "-m",
             "bench.controlplane",
             *("--devices", "400", "--racks", "4", "--pods", "10", "--warmup", "2"),
-            *("--event-loop", "asyncio", "--json", str(figures)),
+            *("--event-loop", "asyncio", "--json", str(figures), "--node-updates", "50"),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -436,6 +438,9 @@ def test_the_control_plane_benchmark_runs_its_controller_on_the_loop_asked_for(
     (allocations,) = [f for f in json.loads(figures.read_text()) if f["step"] == "allocations"]
     assert allocations["event_loop"] == "asyncio"
     assert allocations["allocations"] == 10
+    # The stand-in wrote Node statuses meanwhile, and the emulator took them.
+    assert allocations["node_status_writes"] > 0
+    assert allocations["nodes"] == 4
 
 
 def _children(pid: int) -> list[int]:
