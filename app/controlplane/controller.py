@@ -149,7 +149,9 @@ class ControlPlaneController:
         self.slices = self._informer("resourceslices", lambda obj: _slice_from_wire(obj, VERSION))
         self.classes = self._informer("deviceclasses")
         self.pods = Informer(
-            self._core.list_pod_for_all_namespaces, replace(settings.informer, name="pods")
+            self._core.list_pod_for_all_namespaces,
+            replace(settings.informer, name="pods"),
+            converter=cp.pod_view,  # every pod of the cluster: only what is read is kept
         )
         self.nodes = Informer(
             self._core.list_node,
@@ -383,6 +385,8 @@ class ControlPlaneController:
     async def _on_pod(self, event: str, obj: JsonDict, old: JsonDict | None) -> None:
         if (obj.get("spec") or {}).get("nodeName") or cp.being_deleted(obj):
             return  # bound or going: its context pass would do nothing (SchedulingPass.sync)
+        if event == "MODIFIED" and old is not None and cp.same_pod_view(old, obj):
+            return  # a status condition, say: nothing its context pass reads changed
         metadata = obj.get("metadata") or {}
         key = (str(metadata.get("namespace") or ""), str(metadata.get("name")))
         if self.contexts.get(key[1], key[0]) is not None:

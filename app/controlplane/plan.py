@@ -73,6 +73,42 @@ def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
     return out
 
 
+_POD_METADATA = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+
+
+def pod_view(pod: JsonDict) -> JsonDict:
+    """``pod`` (a core/v1 Pod as a JSON dict) cut down to what the controller reads of it:
+    its name, namespace, uid, resourceVersion and deletionTimestamp, ``spec.nodeName`` and
+    ``spec.resourceClaims``, and ``status.resourceClaimStatuses`` (:func:`pod_claims`).
+
+    The pod informer's converter: it holds every pod of the cluster, and a pod's containers,
+    volumes and status are most of its size. Returns a new dict; ``pod`` is not changed.
+    Never raises: a ``metadata``, ``spec`` or ``status`` that is not an object is left out.
+    """
+    view: JsonDict = {}
+    metadata = pod.get("metadata")
+    if isinstance(metadata, dict):
+        view["metadata"] = {k: metadata[k] for k in _POD_METADATA if k in metadata}
+    spec = pod.get("spec")
+    if isinstance(spec, dict):
+        view["spec"] = {k: spec[k] for k in ("nodeName", "resourceClaims") if k in spec}
+    status = pod.get("status")
+    if isinstance(status, dict) and "resourceClaimStatuses" in status:
+        view["status"] = {"resourceClaimStatuses": status["resourceClaimStatuses"]}
+    return view
+
+
+def same_pod_view(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """True when two versions of a pod (as :func:`pod_view` left them) differ in nothing the
+    controller reads: only their resourceVersion (or nothing) changed."""
+    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
+    return (
+        old.get("spec") == new.get("spec")
+        and old.get("status") == new.get("status")
+        and all(old_meta.get(k) == new_meta.get(k) for k in _POD_METADATA if k != "resourceVersion")
+    )
+
+
 def is_ours(claim: Mapping[str, Any], driver_name: str) -> bool:
     """True when ``spec.controller`` names our driver (we allocate it)."""
     return (claim.get("spec") or {}).get("controller") == driver_name
@@ -745,9 +781,11 @@ __all__ = [
     "needs_status_clear",
     "node_selector_for",
     "pod_claims",
+    "pod_view",
     "remove_finalizer_patch",
     "reserved_for",
     "same_claim_entries",
+    "same_pod_view",
     "unsuitable_nodes",
     "wanted_results",
 ]

@@ -622,7 +622,9 @@ async def test_the_echo_of_our_allocation_write_queues_no_second_claim_pass(
         await eventually(lambda: len(passes) == seen + 2, what="the other write looked at")
 
 
-async def test_a_bound_or_going_pod_queues_no_context_pass(harness: Harness) -> None:
+async def test_a_bound_or_going_pod_or_a_pod_condition_queues_no_context_pass(
+    harness: Harness,
+) -> None:
     # Its context pass would do nothing (SchedulingPass.sync returns at once for them).
     harness.create_claim("c1")
     pod = harness.create_pod("p1", "c1")
@@ -633,9 +635,25 @@ async def test_a_bound_or_going_pod_queues_no_context_pass(harness: Harness) -> 
         harness.create_context(pod, NODES)
         await eventually(lambda: controller.contexts.get("p1", "default") is not None)
         added.clear()
-        waiting = harness.pod("p1")
+        waiting = controller.pods.get("p1", "default")
         assert waiting is not None
-        await controller._on_pod("MODIFIED", waiting, waiting)
+        assert "containers" not in waiting["spec"]  # the informer keeps what is read
+        await controller._on_pod("ADDED", waiting, None)
+        assert added == [("context", "default", "p1")]
+        # A status condition (the scheduler's PodScheduled=False) changes nothing read.
+        added.clear()
+        conditioned = harness.pod("p1")
+        assert conditioned is not None
+        conditioned["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
+        conditioned["metadata"]["resourceVersion"] = "999999"
+        await controller._on_pod("MODIFIED", cp.pod_view(conditioned), waiting)
+        assert added == []
+        # A claim generated for the pod (resourceClaimStatuses) is read: the pass runs.
+        generated = copy.deepcopy(waiting)
+        generated.setdefault("status", {})["resourceClaimStatuses"] = [
+            {"name": "dev", "resourceClaimName": "p1-dev-x"}
+        ]
+        await controller._on_pod("MODIFIED", generated, waiting)
         assert added == [("context", "default", "p1")]
         bound = copy.deepcopy(waiting)
         bound["spec"]["nodeName"] = NODES[0]

@@ -676,3 +676,90 @@ def test_allocation_devices_leave_out_admin_access_and_other_drivers() -> None:
     }
     assert cp.allocation_devices(allocation, DRIVER) == {(DRIVER, "p", "d0")}
     assert cp.allocation_devices({}, DRIVER) == frozenset()
+
+
+# ---------------------------------------------------------------- pod_view
+
+_NAMES = st.sampled_from(["a", "b", "gpu", ""])
+_POD_CLAIM = st.one_of(
+    st.fixed_dictionaries({"name": _NAMES, "resourceClaimName": _NAMES}),
+    st.fixed_dictionaries({"name": _NAMES, "resourceClaimTemplateName": _NAMES}),
+)
+PODS = st.builds(
+    lambda name, rv, deleting, node, claims, statuses, conditions: {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"u-{name}",
+            "resourceVersion": rv,
+            "labels": {"app": "x"},
+            "managedFields": [{"manager": "kubectl"}],
+            **({"deletionTimestamp": "2026-12-06T00:00:00Z"} if deleting else {}),
+        },
+        "spec": {
+            "containers": [{"name": "c", "image": "busybox", "env": [{"name": "A"}]}],
+            "resourceClaims": claims,
+            **({"nodeName": node} if node else {}),
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": conditions,
+            "resourceClaimStatuses": statuses,
+        },
+    },
+    _NAMES,
+    st.sampled_from(["1", "2"]),
+    st.booleans(),
+    st.sampled_from(["", "node-1"]),
+    st.lists(_POD_CLAIM, max_size=3),
+    st.lists(st.fixed_dictionaries({"name": _NAMES, "resourceClaimName": _NAMES}), max_size=3),
+    st.lists(st.fixed_dictionaries({"type": st.sampled_from(["PodScheduled", "Ready"])})),
+)
+
+
+@given(PODS)
+def test_a_pod_cut_down_reads_the_same_to_the_controller_and_the_pod_is_left_alone(
+    pod: dict[str, Any],
+) -> None:
+    before = repr(pod)
+    view = cp.pod_view(pod)
+    assert repr(pod) == before
+    assert cp.pod_claims(view) == cp.pod_claims(pod)
+    assert cp.being_deleted(view) == cp.being_deleted(pod)
+    assert view["spec"].get("nodeName") == pod["spec"].get("nodeName")
+    for key in ("name", "namespace", "uid", "resourceVersion"):
+        assert view["metadata"][key] == pod["metadata"][key]
+    assert "containers" not in view["spec"] and "conditions" not in view["status"]
+    assert "managedFields" not in view["metadata"] and "labels" not in view["metadata"]
+
+
+@given(PODS, PODS)
+def test_two_pods_are_the_same_view_exactly_when_what_the_controller_reads_is_equal(
+    a: dict[str, Any], b: dict[str, Any]
+) -> None:
+    def read(pod: dict[str, Any]) -> tuple[Any, ...]:
+        return (
+            pod["metadata"]["name"],
+            pod["metadata"].get("deletionTimestamp"),
+            pod["spec"].get("nodeName"),
+            pod["spec"]["resourceClaims"],
+            pod["status"]["resourceClaimStatuses"],
+        )
+
+    assert cp.same_pod_view(cp.pod_view(a), cp.pod_view(b)) == (read(a) == read(b))
+    # A condition written by the scheduler and a new resourceVersion: the same view.
+    conditioned = {
+        **a,
+        "metadata": {**a["metadata"], "resourceVersion": "99"},
+        "status": {**a["status"], "conditions": [{"type": "PodScheduled", "status": "False"}]},
+    }
+    assert cp.same_pod_view(cp.pod_view(a), cp.pod_view(conditioned))
+
+
+@pytest.mark.parametrize(
+    "pod", [{}, {"metadata": None, "spec": "x", "status": []}, {"status": {"phase": "Running"}}]
+)
+def test_a_malformed_pod_is_cut_down_without_error(pod: dict[str, Any]) -> None:
+    view = cp.pod_view(pod)
+    assert cp.pod_claims(view) == []
+    assert cp.same_pod_view(view, cp.pod_view(pod))
