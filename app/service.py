@@ -601,6 +601,8 @@ class Service:
                 leading.publish_wanted.set()
                 if leading.control_plane is not None:
                     leading.control_plane.mark_inventory_changed()
+                if leading.claims is not None and result.hosts_written:
+                    leading.claims.hosts_changed()
                 first = False
             if result.ok:
                 await self._check_drift(leading, listed_from, manager.name)

@@ -206,7 +206,7 @@ class ClaimReconciler:
         self._host_index_at = -1e9
         # One rebuild at a time: the workers that find the index stale together wait for it.
         self._host_index_lock = asyncio.Lock()
-        self._node_changes = 0  # node events that may change the mapping, counted
+        self._mapping_changes = 0  # node or host changes that may change the mapping
         self._retry_reason: dict[str, str] = {}
         self.recent_errors: ErrorRing[RecentError] = ErrorRing(
             RecentError, lambda: self.clock(), MAX_RECENT_ERRORS
@@ -304,7 +304,16 @@ class ClaimReconciler:
         # update (most node events) changes nothing read here.
         if event == "MODIFIED" and old is not None and same_node_identity(old, obj):
             return
-        self._node_changes += 1
+        self._mapping_changed()
+
+    def hosts_changed(self) -> None:
+        """Say that the inventory's hosts changed (a sync wrote host rows): the node -> host
+        index is read again at its next use, not up to ``hosts_refresh_s`` later, and the
+        claims waiting (for a host, say) are worked on again."""
+        self._mapping_changed()
+
+    def _mapping_changed(self) -> None:
+        self._mapping_changes += 1
         self._host_index_at = -1e9
         for uid in list(self._waiting):
             self.queue.add(uid)
@@ -572,12 +581,12 @@ class ClaimReconciler:
             async with self._host_index_lock:
                 # Checked again: the worker that held the lock may have rebuilt it meanwhile.
                 if self._host_index_stale():
-                    changes, started = self._node_changes, time.monotonic()
+                    changes, started = self._mapping_changes, time.monotonic()
                     self._host_index = HostIndex.build(
                         await host_refs(self.db), match=self.settings.host_match
                     )
-                    # A node event during the read marked it stale again: it stays so.
-                    if self._node_changes == changes:
+                    # A change during the read marked it stale again: it stays so.
+                    if self._mapping_changes == changes:
                         self._host_index_at = started
         index = self._host_index
         assert index is not None

@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from app.claims.fabric_ops import EventRecorder
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
+from app.clock import utcnow
 from app.db.engine import Database
 from app.db.models import Device
 from app.fabric.redfish.backend import RedfishBackend
@@ -996,3 +997,36 @@ async def test_the_host_index_is_read_once_for_workers_together_and_not_for_node
         ref = await reconciler._host_for(NODES[0])
         assert ref is not None and ref.host_id == NODES[1]
         assert len(reads) == 2
+
+
+async def test_a_claim_waiting_for_its_host_goes_on_as_soon_as_a_sync_writes_the_host(
+    harness: Harness,
+) -> None:
+    from sqlalchemy import update
+
+    from app.db.models import Host
+
+    async def set_removed(removed: bool) -> None:
+        async with harness.db.write() as session:
+            await session.execute(
+                update(Host)
+                .where(Host.host_id == NODES[1])
+                .values(removed_at=utcnow() if removed else None)
+            )
+
+    await set_removed(True)  # the fabric manager does not report this server (yet)
+    device = harness.device_names()[0]
+    harness.create_claim("c1")
+    async with running(harness.reconciler(hosts_refresh_s=60)) as reconciler:
+        harness.allocate("c1", [("gpu", device)], NODES[1])
+        uid = harness.claim("c1")["metadata"]["uid"]
+        await eventually(lambda: "maps to no fabric host" in reconciler._waiting.get(uid, ""))
+        await set_removed(False)
+        await asyncio.sleep(0.5)  # the index is remembered for a minute: still waiting
+        assert uid in reconciler._waiting and not harness.sim.history
+        reconciler.hosts_changed()  # what the service calls when a sync wrote host rows
+        await eventually(
+            lambda: harness.condition("c1", device, "FabricDeviceReady") == "True",
+            what="attached once the host is known",
+        )
+        assert harness.sim.attachments()[harness.block_of(device)] == NODES[1]
