@@ -26,7 +26,10 @@ What SQLAlchemy's pool did and this keeps:
 * **Lost connections.** A connection that failed for any reason but an error the server
   answered with (a constraint, a bad value) is closed and dropped, never reused; the error
   says ``connection_invalidated``. A connection idle for ``PING_AFTER_IDLE_S`` is pinged
-  before use, and replaced if the ping fails (the server restarted meanwhile).
+  before use, and replaced if the ping fails (the server restarted meanwhile). One the
+  server ended a moment ago, whose protocol asyncpg finds still reading the server's last
+  message, refuses the statement before sending it: the statement goes on another
+  connection (:func:`_refused_before_sending`).
 * **Cancellation.** When the task awaiting a statement is cancelled, asyncpg sends the
   server a CancelRequest for it (on a connection of its own: the server stops the statement
   rather than running it to its end), and its next statement on the connection waits until
@@ -275,25 +278,34 @@ class DirectStatements:
             listener(query.sql)
         await self._slots.acquire()
         try:
-            conn = await self._connection()
-            try:
-                records = await conn.fetch(query.sql, *arguments)
-            except Exception as err:
-                error, usable = translate(err, query.sql, arguments)
-                self._put_back(conn, usable)
-                raise error from err
-            except asyncio.CancelledError:
-                self._put_back(conn, True, ping=True)
-                raise
-            except BaseException:
-                self._put_back(conn, False)
-                raise
+            while True:
+                conn, reused = await self._connection()
+                try:
+                    records = await conn.fetch(query.sql, *arguments)
+                    break
+                except asyncpg.InternalClientError as err:
+                    self._put_back(conn, False)
+                    if reused and _refused_before_sending(err):
+                        continue
+                    error, _ = translate(err, query.sql, arguments)
+                    raise error from err
+                except Exception as err:
+                    error, usable = translate(err, query.sql, arguments)
+                    self._put_back(conn, usable)
+                    raise error from err
+                except asyncio.CancelledError:
+                    self._put_back(conn, True, ping=True)
+                    raise
+                except BaseException:
+                    self._put_back(conn, False)
+                    raise
             self._put_back(conn, True)
         finally:
             self._slots.release()
         return [query.row(record) for record in records]
 
-    async def _connection(self) -> asyncpg.Connection:
+    async def _connection(self) -> tuple[asyncpg.Connection, bool]:
+        """An idle connection (True: it was used before), else a new one (False)."""
         if self._closed:
             raise RuntimeError("direct statements disposed")
         now = time.monotonic()
@@ -311,10 +323,10 @@ class DirectStatements:
                     conn.terminate()
                     raise
             self._busy.add(conn)
-            return conn
+            return conn, True
         conn = await self._open()
         self._busy.add(conn)
-        return conn
+        return conn, False
 
     async def _open(self) -> asyncpg.Connection:
         try:
@@ -350,6 +362,16 @@ class DirectStatements:
         self._busy.clear()
         await asyncio.gather(*(_close(conn) for conn, _since in idle))
         await self.engine.dispose()
+
+
+def _refused_before_sending(err: asyncpg.InternalClientError) -> bool:
+    """True for asyncpg's refusal to start a statement on a connection whose protocol is not
+    idle: the server ended it while it sat idle (its FATAL message read, the end of the
+    stream not yet), so the next statement found it busy reading an error. asyncpg checks
+    the state before it writes anything (``CoreProtocol._set_state``, asyncpg 0.29-0.32:
+    "cannot switch to state N; another operation (M) is in progress"), so the statement can
+    go on another connection. Any other internal error may come after sending: not this."""
+    return str(err).startswith("cannot switch to state")
 
 
 async def _close(conn: asyncpg.Connection) -> None:

@@ -192,6 +192,60 @@ async def test_a_connection_the_server_ended_while_idle_is_replaced(db: Database
     assert new_pid != pid and statements.opened == 2
 
 
+@pytest.mark.parametrize(
+    ("message", "replaced"),
+    [
+        # What asyncpg says when the server's FATAL has been read and the close not yet.
+        ("cannot switch to state 12; another operation (2) is in progress", True),
+        ('cannot switch to state 12; protocol is in the "failed" state', True),
+        # Any other internal error may come after the statement was sent: never sent again.
+        ("waiter is not done while handling critical protocol error", False),
+    ],
+)
+async def test_an_idle_connection_found_reading_the_servers_goodbye_is_replaced(
+    db: Database, monkeypatch: pytest.MonkeyPatch, message: str, replaced: bool
+) -> None:
+    statements = _direct(db)
+    ((pid,),) = await db.fetch(_BACKEND_PID, {})
+    (held,) = statements.idle_connections
+    real = asyncpg.connection.Connection.fetch
+    refused: list[str] = []
+
+    async def fetch(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> Any:
+        if self is held:
+            refused.append(message)
+            raise asyncpg.InternalClientError(message)
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "fetch", fetch)
+    if replaced:
+        ((new_pid,),) = await db.fetch(_BACKEND_PID, {})
+        assert new_pid != pid and statements.opened == 2
+    else:
+        with pytest.raises(exc.OperationalError, match="critical protocol error"):
+            await db.fetch(_BACKEND_PID, {})
+        assert statements.opened == 1
+    assert refused == [message] and held.is_closed()
+
+
+async def test_a_new_connection_that_refuses_its_first_statement_is_not_tried_forever(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    statements = _direct(db)
+    await db.fetch(_BACKEND_PID, {})
+
+    async def fetch(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> Any:
+        raise asyncpg.InternalClientError(
+            "cannot switch to state 12; another operation (2) is in progress"
+        )
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "fetch", fetch)
+    with pytest.raises(exc.OperationalError, match="cannot switch to state"):
+        await db.fetch(_BACKEND_PID, {})
+    # The idle one was replaced once; the new one's refusal is the caller's error.
+    assert statements.opened == 2 and statements.idle_connections == ()
+
+
 async def test_an_idle_connection_is_pinged_and_replaced_when_the_ping_fails(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
