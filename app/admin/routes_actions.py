@@ -28,12 +28,15 @@ async def cordon(call: Call) -> web.Response:
 
 
 async def uncordon(call: Call) -> web.Response:
-    """Uncordon a device."""
+    """Uncordon a device (no body, or ``{}``)."""
+    _no_fields(call, "uncordon")
     return await _act(call.context.actions.uncordon(call.query["name"]))
 
 
 async def release(call: Call) -> web.Response:
-    """Force-release a reservation: detach (best effort), then release."""
+    """Force-release a reservation: detach (best effort), then release (no body, or
+    ``{}``)."""
+    _no_fields(call, "release")
     reservation = await _act_value(call.context.actions.force_release(call.query["id"]))
     if reservation.get("state") == "released":
         return json_answer({"reservation": reservation, "message": "released"})
@@ -79,6 +82,13 @@ async def forget(call: Call) -> web.Response:
             "reads the device's holder from the fabric",
         }
     )
+
+
+def _no_fields(call: Call, action: str) -> None:
+    """Refuse a body with fields (400), as cordon refuses fields it does not know: a field
+    given here would be ignored without a word."""
+    if call.body is not None and call.body != {}:
+        raise ApiError(400, f"{action} takes no body (or an empty object)")
 
 
 async def _act_value(action: Awaitable[Mapping[str, Any]]) -> Mapping[str, Any]:

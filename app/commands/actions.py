@@ -21,7 +21,7 @@ import click
 
 from app.commands.common import run
 from app.commands.output import Format, output_option, structured, table
-from app.commands.params import MAX_SECONDS, FiniteFloatRange
+from app.commands.params import MAX_SECONDS, FiniteFloatRange, WholeNumberRange
 from app.config import redact_url
 from app.reservations import STATES
 
@@ -347,7 +347,7 @@ def status(output: Format, admin_url: str, token_file: Path | None, timeout_s: f
     help="Only reservations in this state; active: every state that holds the device "
     "(as the admin API's state=active).",
 )
-@click.option("--limit", type=click.IntRange(1, 1000), default=200, show_default=True)
+@click.option("--limit", type=WholeNumberRange(1, 1000), default=200, show_default=True)
 @output_option
 @admin_options
 def reservations(
@@ -422,7 +422,7 @@ def uncordon(device: str, admin_url: str, token_file: Path | None, timeout_s: fl
 
 
 @click.command()
-@click.argument("reservation_id", type=click.IntRange(min=1))
+@click.argument("reservation_id", type=WholeNumberRange(min=1))
 @admin_options
 def release(reservation_id: int, admin_url: str, token_file: Path | None, timeout_s: float) -> None:
     """Detach and release RESERVATION_ID by force (the claim loses the device)."""
@@ -437,7 +437,7 @@ def release(reservation_id: int, admin_url: str, token_file: Path | None, timeou
 
 
 @click.command()
-@click.argument("reservation_id", type=click.IntRange(min=1))
+@click.argument("reservation_id", type=WholeNumberRange(min=1))
 @click.option(
     "--reason",
     required=True,

@@ -13,6 +13,7 @@ import click
 
 from app import aio
 from app.commands.common import Settings, settings_options_with
+from app.commands.params import WholeNumberRange
 from app.config import ConfigError
 from app.kube.errors import KubeError
 from app.node.checkpoint import CheckpointError
@@ -105,7 +106,7 @@ async def serve_node(settings: Settings, stop: asyncio.Event | None = None) -> N
 )
 @click.option(
     "--health-port",
-    type=click.IntRange(0, 65535),
+    type=WholeNumberRange(0, 65535),
     default=None,
     help="Port of /healthz, /readyz and /metrics (node.health_port) [8081].",
 )

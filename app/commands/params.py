@@ -20,5 +20,12 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
+class WholeNumberRange(click.IntRange):
+    """``click.IntRange`` that calls itself a whole number: text that is not one reads
+    "'abc' is not a valid whole number." rather than click's "... integer range."."""
+
+    name = "whole number"
+
+
 MAX_SECONDS = 86_400.0
 """The largest number of seconds a command-line option takes (a day)."""

@@ -12,7 +12,7 @@ import click
 
 from app import aio
 from app.commands.common import Settings, settings_options_with
-from app.commands.params import FiniteFloatRange
+from app.commands.params import FiniteFloatRange, WholeNumberRange
 from app.config import ConfigError
 from app.db.engine import DatabaseUnavailable, run_to_end
 from app.fabric.factory import fleet_from_settings
@@ -83,7 +83,7 @@ async def serve(
 @click.command()
 @click.option(
     "--admin-port",
-    type=click.IntRange(0, 65535),
+    type=WholeNumberRange(0, 65535),
     default=None,
     help="Admin HTTP port (admin.port) [8080].",
 )

@@ -972,6 +972,23 @@ async def test_bad_cordon_bodies(admin: Admin) -> None:
     assert (await get_json(admin, f"/api/v1/devices/{name}"))["state"] == "free"
 
 
+@pytest.mark.parametrize("payload", [{"bogus": 1}, {"reason": "x"}, [], "x", 5])
+async def test_uncordon_and_release_refuse_a_body_with_fields(admin: Admin, payload: Any) -> None:
+    name = admin.seeded.names["us-west/rack-07"][0]
+    await admin.context.actions.cordon(name, "maint")
+    rid = await _detach_failed(admin)
+    for path, action in (
+        (f"/api/v1/devices/{name}/uncordon", "uncordon"),
+        (f"/api/v1/reservations/{rid}/release", "release"),
+    ):
+        body = await post_json(admin, path, 400, headers=AUTH, json=payload)
+        assert_error(body, 400, f"{action} takes no body")
+    assert (await get_json(admin, f"/api/v1/devices/{name}"))["state"] == "cordoned"
+    # An empty object is no body.
+    body = await post_json(admin, f"/api/v1/devices/{name}/uncordon", headers=AUTH, json={})
+    assert body["state"] != "cordoned"
+
+
 async def test_reasons_are_logged_escaped(admin: Admin, caplog: pytest.LogCaptureFixture) -> None:
     # The API refuses control characters; the log escapes the reason all the same.
     caplog.set_level(logging.INFO)

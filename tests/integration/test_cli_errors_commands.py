@@ -442,6 +442,9 @@ async def test_run_refuses_a_request_timeout_that_is_not_finite(tmp_path: Path) 
             ["'--poll-interval'", "not a finite number"],
         ),
         (["sim", "cdim", "--apply-seconds", "nan"], ["'--apply-seconds'", "not a finite number"]),
+        # Whole numbers are called so, not click's "integer range".
+        (["release", "abc"], ["'RESERVATION_ID'", "'abc' is not a valid whole number"]),
+        (["run", "--admin-port", "x"], ["'--admin-port'", "'x' is not a valid whole number"]),
         # A generated inventory too large to build before the first answer.
         (["sim", "redfish", "--regions", "99999999"], ["'--regions'", "0<=x<=10000"]),
         (
