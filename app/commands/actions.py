@@ -134,6 +134,16 @@ async def call_admin(
     if response.status >= 400:
         error = answer.get("error") if isinstance(answer, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
+        # The admin API's errors are {"error": {"code": <the HTTP status>, "message": ...}}
+        # (app.admin.pipeline); a Redfish service's have a text code, a proxy's are pages.
+        ours = isinstance(error, dict) and error.get("code") == response.status
+        if not ours:
+            raise click.ClickException(
+                f"{admin_url} answered HTTP {response.status} "
+                f"({(message or text.strip()[:200] or response.reason or '').strip()}), "
+                "not as the controller's admin API does: is --admin-url the controller's "
+                "admin endpoint?"
+            )
         hint = ""
         if response.status in (401, 403):
             hint = " (give the controller's admin token, admin.token_file, with --token-file)"

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from builders import MemoryBackend, gpu, host
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -1547,3 +1548,34 @@ async def test_a_request_that_cannot_be_parsed_is_one_warning_line_without_its_b
     assert "sup3rsecret" not in caplog.text
     # The endpoint goes on answering.
     assert await get_json(admin, "/healthz") == {"status": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "content_type"),
+    [
+        # A Redfish service (the simulator's port given by mistake): its error has a text code.
+        (
+            401,
+            '{"error": {"code": "Base.1.0.InsufficientPrivilege", "message": "no session"}}',
+            "application/json",
+        ),
+        # A proxy in between, or any other server: a page.
+        (502, "<html><body>Bad Gateway</body></html>", "text/html"),
+        (404, "", "text/plain"),
+    ],
+)
+async def test_an_answer_not_from_the_admin_api_names_the_url_not_the_token(
+    status: int, body: str, content_type: str
+) -> None:
+    async def answer(_request: web.Request) -> web.Response:
+        return web.Response(status=status, text=body, content_type=content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    async with TestServer(app) as server:
+        url = str(server.make_url("")).rstrip("/")
+        code, _, err = await _cli("status", "--admin-url", url)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"{url} answered HTTP {status}" in err
+    assert "is --admin-url the controller's admin endpoint?" in err
+    assert "--token-file" not in err
