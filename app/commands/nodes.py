@@ -16,7 +16,7 @@ from kubernetes_asyncio.client import CoreV1Api
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.commands.common import Settings, no_schema, run, settings_options
-from app.commands.output import Format, output_option, structured
+from app.commands.output import Format, output_option, structured, table
 from app.config import redact_url
 from app.db import migrate
 from app.db.engine import Database, check_usable, missing_sqlite_file, unusable
@@ -248,15 +248,25 @@ def _labels_asked(selector: Mapping[str, Any]) -> tuple[str, ...]:
     )
 
 
-def render_table(report: NodesReport) -> str:
-    """The report as a text table followed by its warnings."""
-    header = ("NODE", "HOST", "POOLS")
-    cells = [(r.node, r.host or "-", ", ".join(r.pools) or "-") for r in report.rows]
-    widths = [max([len(header[i])] + [len(c[i]) for c in cells]) for i in range(2)]
-    lines = [f"{header[0].ljust(widths[0])}  {header[1].ljust(widths[1])}  {header[2]}"]
-    lines += [f"{a.ljust(widths[0])}  {b.ljust(widths[1])}  {c}" for a, b, c in cells]
-    if not report.rows:
-        lines.append("(no nodes)")
+def render_table(report: NodesReport, *, wide: bool = False) -> str:
+    """The report as a text table followed by its warnings; ``wide`` adds the REASON a
+    node maps to no host (a shared name, say)."""
+    if wide:
+        lines = [
+            table(
+                ("NODE", "HOST", "POOLS", "REASON"),
+                [(r.node, r.host, ", ".join(r.pools), r.reason) for r in report.rows],
+                empty="(no nodes)",
+            )
+        ]
+    else:
+        header = ("NODE", "HOST", "POOLS")
+        cells = [(r.node, r.host or "-", ", ".join(r.pools) or "-") for r in report.rows]
+        widths = [max([len(header[i])] + [len(c[i]) for c in cells]) for i in range(2)]
+        lines = [f"{header[0].ljust(widths[0])}  {header[1].ljust(widths[1])}  {header[2]}"]
+        lines += [f"{a.ljust(widths[0])}  {b.ljust(widths[1])}  {c}" for a, b, c in cells]
+        if not report.rows:
+            lines.append("(no nodes)")
     warnings = report.warnings
     if warnings:
         lines.append("")
@@ -336,4 +346,4 @@ def nodes(output: Format, as_json: bool, settings: Settings) -> None:
     if output in ("json", "yaml"):
         click.echo(structured(report.to_json(), output))
     else:
-        click.echo(render_table(report))
+        click.echo(render_table(report, wide=output == "wide"))

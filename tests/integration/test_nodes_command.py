@@ -168,6 +168,12 @@ def test_a_hostname_shared_by_several_hosts_is_named_and_maps_no_node() -> None:
     ]
     assert data["nodes"][0] == {"node": "localhost", "host": None, "pools": [], "reason": shared}
     assert f"  {shared}: {HINT}" in render_table(report)
+    # -o wide adds why each node maps to no host.
+    wide = render_table(report, wide=True).splitlines()
+    assert wide[0].split() == ["NODE", "HOST", "POOLS", "REASON"]
+    assert wide[1].split()[:3] == ["localhost", "-", "-"] and wide[1].endswith(shared)
+    assert wide[2].split() == ["node-4", "sys-4", "-", "-"]
+    assert "REASON" not in render_table(report).splitlines()[0]
 
 
 def test_shared_hostnames_do_not_matter_when_nodes_are_matched_by_label() -> None:
