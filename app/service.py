@@ -56,7 +56,7 @@ from app.inventory.queries import (
     unconfigured_managers,
     unit_locations,
 )
-from app.journal import Journal
+from app.journal import ClaimRef, Journal
 from app.kube.client import KubeClient, call_json, connect
 from app.kube.factory import kube_client_settings
 from app.kube.leader import LeaderElectionSettings, LeaderElector
@@ -780,6 +780,17 @@ class Service:
                 found.extend(component.informers())
         return found
 
+    def work_on_claim(self, claim: ClaimRef) -> None:
+        """Queue ``claim`` in the leader's claim controllers (after an admin action released
+        one of its reservations); nothing when this replica does not lead."""
+        leading = self.leading
+        if leading is None:
+            return
+        if leading.claims is not None:
+            leading.claims.queue.add(claim.uid)
+        if leading.control_plane is not None:
+            leading.control_plane.queue.add(("claim", claim.uid, ""))
+
     def request_publish(self) -> None:
         """Recompute the desired pools soon (after an admin action, say)."""
         if self.leading is not None:
@@ -1044,7 +1055,13 @@ class Service:
             max_detach_attempts=settings.controller.detach_attempts,
         )
         actions = DatabaseActions(
-            self.db, journal, self.backend, pool_config, on_change=self.request_publish, ops=ops
+            self.db,
+            journal,
+            self.backend,
+            pool_config,
+            on_change=self.request_publish,
+            ops=ops,
+            on_release=self.work_on_claim,
         )
 
         async def readiness() -> list[Check]:

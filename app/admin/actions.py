@@ -36,7 +36,7 @@ from app.clock import utcnow
 from app.db.engine import Database
 from app.db.models import Device, DeviceEvent
 from app.fabric.backend import FabricBackend
-from app.journal import FORGET_FROM, RELEASED, Journal
+from app.journal import FORGET_FROM, RELEASED, ClaimRef, Journal
 from app.pools import PoolConfig
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,10 @@ class DatabaseActions:
         ops: the release routine to force-release with (the service passes one with its
             metrics and ``controller.detach_attempts``); default: one over ``journal`` and
             ``backend`` that records no Events.
+        on_release: called with the claim of a reservation a force-release or a forget
+            moved, so that the controller works on that claim at once: its status says what
+            happened, and a claim that still has the device allocated gets it attached again
+            (the service queues it in the live controllers). Its failure is logged.
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class DatabaseActions:
         on_change: Callable[[], Awaitable[None] | None] | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
         ops: FabricOps | None = None,
+        on_release: Callable[[ClaimRef], None] | None = None,
     ) -> None:
         self.db = db
         self.journal = journal
@@ -80,6 +85,17 @@ class DatabaseActions:
         self.on_change = on_change
         self.clock = clock
         self.ops = ops if ops is not None else FabricOps(journal, backend, None, clock=clock)
+        self.on_release = on_release
+
+    def _claim_changed(self, claim: ClaimRef) -> None:
+        if self.on_release is None:
+            return
+        try:
+            self.on_release(claim)
+        except Exception:
+            log.exception(
+                "queueing claim %s after an admin action failed; its resync comes later", claim
+            )
 
     async def _changed(self) -> None:
         if self.on_change is None:
@@ -197,6 +213,7 @@ class DatabaseActions:
                     done.claim,
                     done.state,
                 )
+                self._claim_changed(done.claim)
                 await self._changed()
                 return done.to_json()
             # Another worker moved it between our read and our write: read again.
@@ -254,5 +271,6 @@ class DatabaseActions:
             current.state,
             reason,
         )
+        self._claim_changed(done.claim)
         await self._changed()
         return done.to_json()

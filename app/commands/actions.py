@@ -435,7 +435,12 @@ def uncordon(device: str, admin_url: str, token_file: Path | None, timeout_s: fl
 @click.argument("reservation_id", type=WholeNumberRange(min=1))
 @admin_options
 def release(reservation_id: int, admin_url: str, token_file: Path | None, timeout_s: float) -> None:
-    """Detach and release RESERVATION_ID by force (the claim loses the device)."""
+    """Detach and release RESERVATION_ID by force.
+
+    The controller then works on the claim at once: a claim that still has the device
+    allocated (its pod runs) gets it attached again. To free a device, delete the pod or the
+    claim; use this for a reservation whose claim is gone or stuck.
+    """
     answer = _action(
         admin_url, f"/api/v1/reservations/{reservation_id}/release", token_file, timeout_s, None
     )

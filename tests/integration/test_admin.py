@@ -145,6 +145,7 @@ class Live:
     what_if_seen: list[dict[str, Any]] = field(default_factory=list)
     changes: int = 0
     status_error: Exception | None = None
+    released: list[Any] = field(default_factory=list)
 
     async def get_readiness(self) -> list[Check]:
         return self.readiness
@@ -214,7 +215,14 @@ def make_context(db: Database, seeded: Seeded, live: Live, **changes: Any) -> Ad
     registry = CollectorRegistry()
     Counter("admin_test_requests", "A counter for the metrics test.", registry=registry).inc()
     config = PoolConfig(driver_name=DRIVER)
-    actions = DatabaseActions(db, Journal(db), seeded.backend, config, on_change=live.changed)
+    actions = DatabaseActions(
+        db,
+        Journal(db),
+        seeded.backend,
+        config,
+        on_change=live.changed,
+        on_release=live.released.append,
+    )
     context = AdminContext(
         db=db,
         registry=registry,
@@ -1034,6 +1042,10 @@ async def test_force_release_detaches_then_releases(admin: Admin) -> None:
     assert admin.seeded.backend.detached == [(first.vendor_id, "us-east-rack-01-1")]
     assert first.host_id is None
     assert admin.live.changes == 1
+    # The controller is told to work on the claim at once (its status, an attach again).
+    assert [(c.uid, c.namespace, c.name) for c in admin.live.released] == [
+        (row.claim_uid, row.claim_namespace, row.claim_name)
+    ]
     again = await post_json(admin, f"/api/v1/reservations/{rid}/release", 409, headers=AUTH)
     assert_error(again, 409, "released already")
 
@@ -1158,6 +1170,7 @@ async def test_forget_releases_a_detach_failed_reservation_without_a_detach(admi
         ("detach-failed", "pulled the cable and re-seated the GPU")
     ]
     assert admin.live.changes == 1
+    assert [c.uid for c in admin.live.released] == [row.claim_uid]
     status = await get_json(admin, "/api/v1/status")
     assert status["attention"]["detach_failed"] == []
 

@@ -223,6 +223,49 @@ async def test_the_service_notices_a_device_detached_behind_its_back_and_attache
         await service.stop(deadline_s=10)
 
 
+async def test_a_force_released_device_of_a_live_claim_is_attached_again_at_once(
+    tmp_path: Path, cluster: tuple[KubeEmulator, RedfishSimulator]
+) -> None:
+    # The claim still has the device allocated: the controller works on it right after the
+    # release (not at its next resync), attaches the device again and says so on the claim.
+    emu, sim = cluster
+    settings = settings_for(tmp_path, emu, sim, f"sqlite+aiosqlite:///{tmp_path}/fd.db")
+    service = Service(settings)
+    await service.start()
+    try:
+        await eventually(lambda: len(slices(emu)) == 1, what="the pool's slice")
+        device = slices(emu)[0]["spec"]["devices"][0]["name"]
+        allocate(emu, "default", "c1", device, NODES[0])
+        await eventually(lambda: _ready_condition(emu, "c1"), what="device ready on the claim")
+        assert service.admin_port
+        _, listed = await get_json(
+            service.admin_port, "/api/v1/reservations?state=active", "admin-token-123"
+        )
+        (first,) = listed["items"]
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"http://127.0.0.1:{service.admin_port}/api/v1/reservations/{first['id']}/release",
+                headers={"Authorization": "Bearer admin-token-123"},
+            ) as response,
+        ):
+            assert response.status == 200, await response.text()
+
+        async def attached_again() -> bool:
+            _, now = await get_json(
+                service.admin_port, "/api/v1/reservations?state=attached", "admin-token-123"
+            )
+            return [(r["device_name"], r["id"] != first["id"]) for r in now["items"]] == [
+                (device, True)
+            ]
+
+        await eventually(attached_again, timeout_s=10, what="a new reservation, attached")
+        await eventually(lambda: _ready_condition(emu, "c1"), what="ready on the claim again")
+        assert NODES[0] in sim.attachments().values()
+    finally:
+        await service.stop(deadline_s=10)
+
+
 async def _ready(port: int | None) -> bool:
     assert port is not None
     status, _ = await get_json(port, "/readyz")
