@@ -221,8 +221,12 @@ _DEVICE_NOW_OFF = (
 )
 # A move to these states from those starts a new phase: its attempts are counted from zero.
 # Attach tries are counted over the reservation's life: a lost attachment attached again adds
-# to them, so that a device the fabric keeps losing is given up (FabricOps.lost).
-_NEW_PHASE_FROM = {DETACHING: (ATTACHING, ATTACHED, FAILED, DETACH_FAILED)}
+# to them, so that a device the fabric keeps losing is given up (FabricOps.lost). A failed
+# repair tried again later (FabricOps.retry_repair: failed -> attaching) starts anew.
+_NEW_PHASE_FROM = {
+    DETACHING: (ATTACHING, ATTACHED, FAILED, DETACH_FAILED),
+    ATTACHING: (FAILED,),
+}
 _SAME_PHASE = {
     state: tuple(s for s in STATES if s not in _NEW_PHASE_FROM.get(state, ())) for state in STATES
 }

@@ -42,6 +42,7 @@ from kubernetes_asyncio.client import CoreV1Api
 
 from app.aio import cancel_and_wait
 from app.claims.model import (
+    MOVED_MARK,
     REASON_ATTACH_FAILED,
     REASON_ATTACHED,
     REASON_DETACH_FAILED,
@@ -83,8 +84,6 @@ REASON_DETACHED = "Detached"
 DEFAULT_ATTACH_TRIES_WITH_LOSSES = 10
 """Attach tries over a reservation's life, re-attaches after losses included, after which a
 device lost again is given up."""
-MOVED_MARK = "the fabric now shows it on host"
-"""Part of the journalled message of a device found on another host."""
 DEFAULT_DETACH_ATTEMPTS = 15
 """Transient detach failures in a row before ``detach-failed``: with the work queue's default
 backoff (5 ms doubling) about 160 s of trying, on top of the backend's own retries per call."""
@@ -640,6 +639,35 @@ class FabricOps:
         await self._record(claim or _claim_stub(moving), "Warning", REASON_DETACH_FAILED, final)
         self._terminal(DETACH_FAILED)
         return ReleaseResult(True, done)
+
+    async def retry_repair(
+        self, reservation: ReservationView, claim: Mapping[str, Any] | None = None
+    ) -> ReservationView | None:
+        """Try again a ``failed`` repair (:func:`app.claims.plan.repair_due`): back to
+        ``attaching``, its attach tries counted from zero, with a Warning ``DeviceLost``
+        Event; the caller attaches it. The device's attach-failed taint is lifted at the
+        next publish.
+
+        Returns:
+            The reservation, ``attaching``; None when someone else moved it first.
+        """
+        message = (
+            f"device {reservation.device_name} lost its attachment to host "
+            f"{reservation.host_id} and could not be attached again; trying again "
+            f"({reservation.last_error or 'failed'})"
+        )
+        moved = await self.journal.transition(
+            reservation.id, [FAILED], ATTACHING, error=message, clear_operation=True
+        )
+        if moved is None:
+            return None
+        log.warning("claim %s: %s", reservation.claim, message)
+        await self._record(
+            claim or _claim_stub(reservation), "Warning", REASON_DEVICE_LOST, message
+        )
+        if self.on_failed_device:
+            self.on_failed_device()  # the taint of a failed device goes at the next publish
+        return moved
 
     async def lost(
         self, reservation: ReservationView, reason: str, claim: Mapping[str, Any] | None = None

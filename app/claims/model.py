@@ -23,6 +23,11 @@ REASON_ATTACHED = "Attached"
 REASON_ATTACH_FAILED = "AttachFailed"
 REASON_BAD_CONFIG = "InvalidConfig"
 REASON_DEVICE_LOST = "DeviceLost"
+MOVED_MARK = "the fabric now shows it on host"
+"""Part of the journalled message of a device found on another host."""
+REPAIR_RETRY_S = 300.0
+"""Seconds after which a reservation that failed to attach a lost device again (its pod
+bound and running on the node) is tried again, its attach tries counted from zero."""
 REASON_DEVICE_MOVED = "DeviceMoved"
 REASON_DETACH_FAILED = "DetachFailed"
 # The device is still held by another reservation (being detached, or not released yet): the

@@ -9,10 +9,11 @@ taken again.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.claims.model import WantedDevice
+from app.claims.model import MOVED_MARK, REPAIR_RETRY_S, WantedDevice
 from app.reservations import (
     ATTACHED,
     ATTACHING,
@@ -54,7 +55,10 @@ class ClaimPlan:
         reserve: results with no reservation yet, to reserve on ``host_id``.
         attach: reservations to (re)attach: pending, or attaching after a crash.
         ready: reservations already attached (reported ready).
-        failed: reservations that failed (reported as failed until reallocated).
+        failed: reservations that failed (reported as failed until reallocated, or until a
+            failed repair is tried again: see ``retry``).
+        retry: ``failed`` reservations of a lost attachment, due to be attached again
+            (:func:`repair_due`).
         refuse: results refused without a reservation (bad config), with the reason.
         waiting: results that wait (no node or host known yet), with the reason.
         stuck: ``detach-failed`` reservations: terminal, never released or retried by a pass
@@ -71,11 +75,12 @@ class ClaimPlan:
     waiting: tuple[tuple[WantedDevice, str], ...] = ()
     stuck: tuple[ReservationView, ...] = ()
     requeue: bool = False
+    retry: tuple[ReservationView, ...] = ()
 
     @property
     def idle(self) -> bool:
         """True when the plan writes nothing to the fabric or the journal."""
-        return not (self.release or self.reserve or self.attach)
+        return not (self.release or self.reserve or self.attach or self.retry)
 
 
 def reservation_key(reservation: ReservationView) -> WantedDevice:
@@ -83,12 +88,41 @@ def reservation_key(reservation: ReservationView) -> WantedDevice:
     return WantedDevice(reservation.request, reservation.pool, reservation.device_name)
 
 
-def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> ClaimPlan:
+def is_repair(reservation: ReservationView) -> bool:
+    """True for a ``failed`` reservation whose device had been attached: a lost attachment
+    that could not be attached again (not one found on another host, which is not ours to
+    take back, and not a first attach, which the scheduler answers by placing the pod
+    elsewhere)."""
+    return (
+        reservation.state == FAILED
+        and reservation.attached_at is not None
+        and MOVED_MARK not in (reservation.last_error or "")
+    )
+
+
+def repair_due(
+    reservation: ReservationView, now: dt.datetime, after_s: float = REPAIR_RETRY_S
+) -> bool:
+    """True when :func:`is_repair` and ``after_s`` seconds have passed since it failed: its
+    pod is bound and runs, so giving up for good would leave it without its device once the
+    fabric works again (a fabric manager that restarted, a flaky link)."""
+    return is_repair(reservation) and (now - reservation.updated_at).total_seconds() >= after_s
+
+
+def plan_claim(
+    wants: ClaimWants,
+    reservations: Sequence[ReservationView],
+    now: dt.datetime | None = None,
+    repair_after_s: float = REPAIR_RETRY_S,
+) -> ClaimPlan:
     """Plan one claim.
 
     Args:
         wants: see :class:`ClaimWants`.
         reservations: the claim's active reservations (not released).
+        now: the current time, for failed repairs (:func:`repair_due`); None never retries
+            them.
+        repair_after_s: see :func:`repair_due`.
 
     Returns:
         The :class:`ClaimPlan`. Every wanted result ends in exactly one of reserve, attach,
@@ -126,6 +160,7 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
     attach: list[ReservationView] = []
     ready: list[ReservationView] = []
     failed: list[ReservationView] = []
+    retry: list[ReservationView] = []
     refuse: list[tuple[WantedDevice, str]] = []
     waiting: list[tuple[WantedDevice, str]] = []
     for item in sorted(wanted):
@@ -154,6 +189,12 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
         elif held.state == ATTACHED:
             ready.append(held)
         elif held.state == FAILED:
+            if now is not None and wants.host_id == held.host_id and is_repair(held):
+                # Looked at again later (the queue's backoff), and tried again once due.
+                requeue = True
+                if repair_due(held, now, repair_after_s):
+                    retry.append(held)
+                    continue
             failed.append(held)
     return ClaimPlan(
         release=tuple(release),
@@ -165,6 +206,7 @@ def plan_claim(wants: ClaimWants, reservations: Sequence[ReservationView]) -> Cl
         waiting=tuple(waiting),
         stuck=tuple(stuck),
         requeue=requeue,
+        retry=tuple(retry),
     )
 
 

@@ -430,13 +430,17 @@ class ClaimReconciler:
             # the devices of a claim that still exists.
             claim = await self._still_there(uid, reservations[0])
         wants, configs = await self._wants(claim)
-        plan = plan_claim(wants, reservations)
+        plan = plan_claim(wants, reservations, self.clock())
         requeue = plan.requeue
         reports: dict[WantedDevice, DeviceReport] = {}
 
         for reservation in plan.release:
             requeue |= not await self._release(reservation, claim)
         attach: list[tuple[ReservationView, FabricDevice | None]] = [(r, None) for r in plan.attach]
+        for reservation in plan.retry:
+            again = await self.ops.retry_repair(reservation, claim)
+            if again is not None:
+                attach.append((again, None))
         # One device: reserved with its attach journalled in one transaction. Several: every
         # one is held first (pending), then each attach is journalled as it is sent, so that
         # no attempt is counted for an attach that a failure before it never sent.

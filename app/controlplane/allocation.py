@@ -99,11 +99,15 @@ class ClaimPass:
             host = next(
                 (r.host_id for r in reservations if r.node == node and r.host_id), None
             ) or (await c.snapshots.host_map()).get(node)
-        plan = plan_claim(ClaimWants(wanted, node, host, config_error), reservations)
+        plan = plan_claim(ClaimWants(wanted, node, host, config_error), reservations, c.clock())
         requeue = plan.requeue
         for reservation in plan.release:
             requeue |= not await c.ops.release(reservation, claim)
         attach = list(plan.attach)
+        for reservation in plan.retry:
+            again = await c.ops.retry_repair(reservation, claim)
+            if again is not None:
+                attach.append(again)
         metadata = claim["metadata"]
         ref = ClaimRef(str(metadata["uid"]), str(metadata["namespace"]), str(metadata["name"]))
         for item in plan.reserve:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import re
 import uuid
@@ -19,6 +20,7 @@ from kubernetes_asyncio.client import CoreV1Api
 from sqlalchemy import select
 
 from app.claims.fabric_ops import EventRecorder
+from app.claims.model import REPAIR_RETRY_S
 from app.claims.reconciler import ClaimReconciler, ClaimSettings
 from app.clock import utcnow
 from app.db.engine import Database
@@ -1030,3 +1032,43 @@ async def test_a_claim_waiting_for_its_host_goes_on_as_soon_as_a_sync_writes_the
             what="attached once the host is known",
         )
         assert harness.sim.attachments()[harness.block_of(device)] == NODES[1]
+
+
+async def test_a_failed_repair_is_attached_again_once_due_and_says_so(harness: Harness) -> None:
+    # The device was attached, lost, and could not be attached again (the fabric manager
+    # acknowledged attaches without doing them for a while): the reservation ended failed.
+    # Its pod is bound, so the claim is looked at again and, once due, the attach is tried
+    # again with fresh tries: the fabric works now, and the device comes back.
+    device = harness.device_names()[0]
+    block = harness.block_of(device)
+    harness.create_claim("c1")
+    async with running(harness.reconciler()) as reconciler:
+        harness.allocate("c1", [("gpu", device)], NODES[0])
+        await eventually(lambda: harness.condition("c1", device, "FabricDeviceReady") == "True")
+        uid = harness.claim("c1")["metadata"]["uid"]
+        (held,) = await reconciler.journal.for_claim(uid)
+        harness.sim.detach_out_of_band(block)
+        failed = await reconciler.journal.transition(
+            held.id,
+            [ATTACHED],
+            FAILED,
+            error=f"device {device} lost its attachment to host {NODES[0]} again: not effective",
+        )
+        assert failed is not None and failed.attached_at is not None
+        await reconciler.reconcile(uid)  # not due yet: reported failed, nothing sent
+        assert harness.condition("c1", device, "FabricDeviceFailed") == "True"
+        assert harness.sim.attachments()[block] is None
+        later = utcnow() + dt.timedelta(seconds=REPAIR_RETRY_S + 1)
+        reconciler.clock = lambda: later
+        await reconciler.reconcile(uid)
+        assert harness.sim.attachments()[block] == NODES[0]
+        (again,) = await reconciler.journal.for_claim(uid)
+        assert again.id == held.id and again.state == ATTACHED and again.attempts == 1
+        assert harness.condition("c1", device, "FabricDeviceReady") == "True"
+        assert harness.condition("c1", device, "FabricDeviceFailed") == "False"
+        await eventually(
+            lambda: any(
+                "trying again" in (e.get("message") or "") for e in harness.events("DeviceLost")
+            ),
+            what="a DeviceLost Event saying it is tried again",
+        )

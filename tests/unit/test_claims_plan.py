@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -125,6 +126,58 @@ def test_bad_config_refuses_without_reserving() -> None:
 def test_failed_reservation_is_reported_until_reallocation() -> None:
     plan = plan_claim(want("a"), [reservation(1, FAILED, "a")])
     assert [r.id for r in plan.failed] == [1] and plan.idle
+
+
+def _failed_repair(error: str = "attach a: not effective", *, attached: bool = True) -> Any:
+    return dataclasses.replace(
+        reservation(1, FAILED, "a"),
+        attached_at=NOW - dt.timedelta(hours=1) if attached else None,
+        last_error=error,
+    )
+
+
+@given(
+    waited=st.integers(min_value=0, max_value=10_000_000),  # milliseconds
+    after=st.integers(min_value=1_000, max_value=3_600_000),
+)
+def test_a_failed_repair_is_tried_again_once_its_time_has_come(waited: int, after: int) -> None:
+    # A lost attachment that could not be attached again: its pod runs on the node, so it is
+    # looked at again (requeue) and tried again once `after` seconds have passed.
+    plan = plan_claim(
+        want("a"),
+        [_failed_repair()],
+        NOW + dt.timedelta(milliseconds=waited),
+        repair_after_s=after / 1000,
+    )
+    assert plan.requeue
+    if waited >= after:
+        assert [r.id for r in plan.retry] == [1] and not plan.failed and not plan.idle
+    else:
+        assert [r.id for r in plan.failed] == [1] and not plan.retry and plan.idle
+
+
+@pytest.mark.parametrize(
+    ("row", "wants", "now"),
+    [
+        # A first attach that failed: the scheduler places the pod elsewhere.
+        (_failed_repair(attached=False), want("a"), NOW + dt.timedelta(days=1)),
+        # Found on another host: not ours to take back.
+        (
+            _failed_repair("device a lost ... but the fabric now shows it on host h9"),
+            want("a"),
+            NOW + dt.timedelta(days=1),
+        ),
+        # The node maps to no host now: nothing to attach to.
+        (_failed_repair(), want("a", host=None), NOW + dt.timedelta(days=1)),
+        # No time given: never.
+        (_failed_repair(), want("a"), None),
+    ],
+)
+def test_other_failed_reservations_are_never_tried_again(
+    row: ReservationView, wants: ClaimWants, now: dt.datetime | None
+) -> None:
+    plan = plan_claim(wants, [row], now)
+    assert not plan.retry and [r.id for r in plan.failed] == [1] and plan.idle
 
 
 def test_a_detach_failed_reservation_is_neither_released_nor_retried() -> None:
