@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import datetime as dt
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,8 @@ import pytest
 from builders import eventually
 from sqlalchemy import select, update
 
+from app.claims.model import REPAIR_RETRY_S
+from app.clock import utcnow
 from app.controlplane import ControlPlaneController, ControlPlaneSettings
 from app.controlplane import plan as cp
 from app.controlplane import snapshot as snapshot_module
@@ -1080,3 +1083,41 @@ async def test_a_node_status_update_answers_no_context_again_but_a_label_change_
         harness.emu.update(relabelled)
         await eventually(lambda: ("context", "default", "p1") in added)
         assert controller.snapshots._changes["nodes"] == changes["nodes"] + 1
+
+
+async def test_a_failed_repair_is_attached_again_once_due(harness: Harness) -> None:
+    # As in structured mode (tests/integration/test_claims.py): a lost attachment that could
+    # not be attached again is tried again once due, with fresh tries.
+    harness.create_claim("c1")
+    pod = harness.create_pod("p1", "c1")
+    controller = harness.controller()
+    async with running(controller):
+        harness.create_context(pod, NODES)
+        await eventually(lambda: harness.answers("p1") is not None, what="answers")
+        context = harness.context("p1")
+        assert context is not None
+        context["spec"]["selectedNode"] = NODES[0]
+        harness.emu.update(context)
+        await eventually(lambda: harness.allocated_device("c1") is not None, what="allocation")
+        claim = harness.claim("c1")
+        assert claim is not None
+        uid = claim["metadata"]["uid"]
+        await eventually(lambda: _state_is(harness, uid, ATTACHED), what="attached")
+        device = harness.allocated_device("c1")
+        assert device is not None
+        block = harness.block_of(device)
+        journal = Journal(harness.db)
+        (held,) = await journal.for_claim(uid)
+        harness.sim.detach_out_of_band(block)
+        failed = await journal.transition(
+            held.id, [ATTACHED], FAILED, error=f"device {device} lost its attachment again"
+        )
+        assert failed is not None and failed.attached_at is not None
+        await controller.sync_claim(uid)  # not due yet: nothing sent
+        assert harness.sim.attachments()[block] is None
+        later = utcnow() + dt.timedelta(seconds=REPAIR_RETRY_S + 1)
+        controller.clock = lambda: later
+        await controller.sync_claim(uid)
+        assert harness.sim.attachments()[block] == NODES[0]
+        (again,) = await journal.for_claim(uid)
+        assert again.id == held.id and again.state == ATTACHED and again.attempts == 1
