@@ -482,6 +482,7 @@ class Service:
                 ),
                 metrics=self.metrics.claims,
                 heap=HeapSettler() if self.freeze_heap else None,
+                on_failed_device=leading.publish_wanted.set,
             )
             await leading.control_plane.start()
         if leading.claims is not None or leading.control_plane is not None:

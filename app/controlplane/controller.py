@@ -102,6 +102,9 @@ class ControlPlaneController:
             the controller there. None in production.
         heap: settles the heap after the pools are rebuilt (see :mod:`app.heap`); None
             leaves the collector alone.
+        on_failed_device: called when a device's attach failed for good or a failed repair
+            is tried again, so that the pools are published again (the failed device is
+            withheld or tainted, then offered again).
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class ControlPlaneController:
         allocator: Allocator | None = None,
         checkpoint: Callable[[str], Awaitable[None]] | None = None,
         heap: HeapSettler | None = None,
+        on_failed_device: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
         self.db = db
@@ -140,6 +144,7 @@ class ControlPlaneController:
             on_error=self._claim_error,
             checkpoint=self.at,
             max_detach_attempts=settings.max_detach_attempts,
+            on_failed_device=on_failed_device,
         )
         self.queue: WorkQueue[Key] = WorkQueue(replace(settings.queue, name="control-plane"))
         self.claims = self._informer(

@@ -419,11 +419,14 @@ async def test_a_failed_attach_is_journalled_and_reported_with_a_warning(
     await harness.backend.attach(await Journal(harness.db).fabric_device_by_name(device), NODES[1])
     harness.create_claim("c1", device=device)
     pod = harness.create_pod("p1", "c1")
-    async with running(harness.controller()):
+    republished: list[bool] = []
+    controller = harness.controller(on_failed_device=lambda: republished.append(True))
+    async with running(controller):
         context = harness.create_context(pod, NODES)
         context["spec"]["selectedNode"] = NODES[0]
         harness.emu.update(context)
         await eventually(lambda: len(harness.events("AttachFailed")) == 1, what="AttachFailed")
+        assert republished == [True]  # the failed device is withheld at the next publish
         assert harness.events("AttachFailed")[0]["type"] == "Warning"
         uid = (harness.claim("c1") or {})["metadata"]["uid"]
         (held,) = await Journal(harness.db).for_claim(uid)
