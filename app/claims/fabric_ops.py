@@ -640,6 +640,27 @@ class FabricOps:
         self._terminal(DETACH_FAILED)
         return ReleaseResult(True, done)
 
+    async def _move_and_warn(
+        self,
+        reservation: ReservationView,
+        expected: str,
+        state: str,
+        message: str,
+        reason: str,
+        claim: Mapping[str, Any] | None,
+    ) -> ReservationView | None:
+        """Move ``reservation`` from ``expected`` to ``state`` with ``message`` as its error
+        (its operation forgotten); once moved, log ``message`` and send a Warning Event
+        ``reason`` on the claim. Returns the moved reservation, or None when someone else
+        moved it first (nothing logged or sent)."""
+        moved = await self.journal.transition(
+            reservation.id, [expected], state, error=message, clear_operation=True
+        )
+        if moved is not None:
+            log.warning("claim %s: %s", reservation.claim, message)
+            await self._record(claim or _claim_stub(reservation), "Warning", reason, message)
+        return moved
+
     async def retry_repair(
         self, reservation: ReservationView, claim: Mapping[str, Any] | None = None
     ) -> ReservationView | None:
@@ -656,15 +677,11 @@ class FabricOps:
             f"{reservation.host_id} and could not be attached again; trying again "
             f"({reservation.last_error or 'failed'})"
         )
-        moved = await self.journal.transition(
-            reservation.id, [FAILED], ATTACHING, error=message, clear_operation=True
+        moved = await self._move_and_warn(
+            reservation, FAILED, ATTACHING, message, REASON_DEVICE_LOST, claim
         )
         if moved is None:
             return None
-        log.warning("claim %s: %s", reservation.claim, message)
-        await self._record(
-            claim or _claim_stub(reservation), "Warning", REASON_DEVICE_LOST, message
-        )
         if self.on_failed_device:
             self.on_failed_device()  # the taint of a failed device goes at the next publish
         return moved
@@ -682,7 +699,8 @@ class FabricOps:
         over the reservation's life: once it has used :attr:`max_attach_tries_with_losses`,
         a device lost again is given up instead (``failed``, the claim's failure condition
         with reason ``DeviceLost``, the device tainted): a device the fabric keeps dropping
-        is not attached again forever.
+        is not attached again at once, only after ``REPAIR_RETRY_S`` with fresh tries
+        (:meth:`retry_repair`).
 
         Returns:
             True when the journal was moved (False: someone else moved it first).
@@ -700,18 +718,14 @@ class FabricOps:
                 f"{reservation.host_id}: {reason}; attaching it again"
             )
             target = ATTACHING
-        moved = await self.journal.transition(
-            reservation.id, [ATTACHED], target, error=message, clear_operation=True
+        moved = await self._move_and_warn(
+            reservation, ATTACHED, target, message, REASON_DEVICE_LOST, claim
         )
         if moved is None:
             return False
         if self.metrics:
             self.metrics.drift.labels("lost").inc()
         self._error(reservation.claim.uid, message)
-        log.warning("claim %s: %s", reservation.claim, message)
-        await self._record(
-            claim or _claim_stub(reservation), "Warning", REASON_DEVICE_LOST, message
-        )
         if target == FAILED:
             self._terminal(FAILED)
         return True
@@ -731,18 +745,14 @@ class FabricOps:
             f"device {reservation.device_name} was attached to host "
             f"{reservation.host_id} but {MOVED_MARK} {holder}"
         )
-        moved = await self.journal.transition(
-            reservation.id, [ATTACHED], FAILED, error=message, clear_operation=True
+        moved = await self._move_and_warn(
+            reservation, ATTACHED, FAILED, message, REASON_DEVICE_MOVED, claim
         )
         if moved is None:
             return False
         if self.metrics:
             self.metrics.drift.labels("moved").inc()
         self._error(reservation.claim.uid, message)
-        log.warning("claim %s: %s", reservation.claim, message)
-        await self._record(
-            claim or _claim_stub(reservation), "Warning", REASON_DEVICE_MOVED, message
-        )
         self._terminal(FAILED)
         return True
 

@@ -1097,10 +1097,7 @@ async def test_a_failed_repair_is_attached_again_once_due(harness: Harness) -> N
     async with running(controller):
         harness.create_context(pod, NODES)
         await eventually(lambda: harness.answers("p1") is not None, what="answers")
-        context = harness.context("p1")
-        assert context is not None
-        context["spec"]["selectedNode"] = NODES[0]
-        harness.emu.update(context)
+        _select(harness, "p1", NODES[0])
         await eventually(lambda: harness.allocated_device("c1") is not None, what="allocation")
         claim = harness.claim("c1")
         assert claim is not None
