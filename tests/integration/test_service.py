@@ -259,7 +259,7 @@ async def test_a_force_released_device_of_a_live_claim_is_attached_again_at_once
                 (device, True)
             ]
 
-        await eventually(attached_again, timeout_s=10, what="a new reservation, attached")
+        await eventually(attached_again, what="a new reservation, attached")
         await eventually(lambda: _ready_condition(emu, "c1"), what="ready on the claim again")
         assert NODES[0] in sim.attachments().values()
     finally:
